@@ -1,0 +1,65 @@
+#pragma once
+// KeyTable: the store's state and its semantics, with no sockets and no threads.
+//
+// It holds the key -> value map, the FIFO queues, and the waiters: a waiter is an opaque id
+// (the server uses one per connection) registered on the keys it still misses. Mutations
+// that create a key report which waiters became complete, and the caller decides how to wake
+// them. A waiter is complete when every key it waited for exists; cancel() forgets it.
+// The server calls this from its single I/O thread; MemoryStore guards it with a mutex.
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace ddprun::rendezvous {
+
+class KeyTable {
+ public:
+  using WaiterId = uint64_t;
+  using Woken = std::vector<WaiterId>;
+
+  void set(const std::string& key, std::string value, Woken& woken);
+  const std::string* get(const std::string& key) const;
+  // ADD: the value is ASCII decimal, a missing key counts as 0. nullopt when the stored value
+  // is not an integer or the sum overflows; the stored value is then left as it was.
+  std::optional<int64_t> add(const std::string& key, int64_t delta, Woken& woken);
+  // COMPARE_SET with c10d's semantics (see docs/protocol.md), returns the resulting value.
+  std::string compareSet(const std::string& key, const std::string& expected,
+                         std::string desired, Woken& woken);
+  void append(const std::string& key, const std::string& value, Woken& woken);
+  bool erase(const std::string& key);
+  int64_t size() const { return static_cast<int64_t>(map_.size()); }
+  // A key exists when it is in the map or names a non-empty queue (as in torch's libuv server).
+  bool exists(const std::string& key) const;
+  bool check(const std::vector<std::string>& keys) const;
+
+  // Registers `id` on the missing keys. Returns true, registering nothing, when all exist.
+  // An id may have one registration at a time.
+  bool wait(WaiterId id, const std::vector<std::string>& keys);
+  // Forgets the waiter (client gone or CANCEL_WAIT). Returns true when it was waiting.
+  bool cancel(WaiterId id);
+  size_t waiterCount() const { return waiters_.size(); }
+
+  // Queues: PUSH appends and completes at most one waiter on the queue's name.
+  void queuePush(const std::string& key, std::string value, Woken& woken);
+  // Returns the length before the pop and, when it was > 0, the popped value.
+  std::pair<int64_t, std::optional<std::string>> queuePop(const std::string& key);
+  int64_t queueLen(const std::string& key) const;
+
+ private:
+  // Marks `key` as present for its waiters; with `onlyOne`, completes at most one.
+  void keyArrived(const std::string& key, Woken& woken, bool onlyOne = false);
+
+  struct Waiter {
+    size_t missing = 0;
+    std::vector<std::string> keys;  // keys it is registered on
+  };
+  std::unordered_map<std::string, std::string> map_;
+  std::unordered_map<std::string, std::deque<std::string>> queues_;
+  std::unordered_map<std::string, std::vector<WaiterId>> waitersByKey_;
+  std::unordered_map<WaiterId, Waiter> waiters_;
+};
+
+}  // namespace ddprun::rendezvous

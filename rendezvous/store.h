@@ -1,0 +1,68 @@
+#pragma once
+// Store: the key-value interface everything in ddprun meets through.
+//
+// A store maps string keys to byte strings (std::string is used as a byte container; values
+// may hold any bytes, including NUL). It is the same model as PyTorch's c10d::Store, so the
+// operations mean what a PyTorch user expects:
+//   - get() blocks until the key exists (up to the timeout), then returns its value;
+//   - add() treats the value as ASCII decimal, a missing key as 0, and returns the new value;
+//   - wait() blocks until every key exists; check() only asks.
+// Every blocking call is bounded: by its own timeout argument, or else by timeout(). A call that
+// runs out of time throws TimeoutError; a transport failure throws NetworkError; a bad reply
+// throws StoreError or ProtocolError. Messages name the store's address and the key.
+//
+// Implementations: TcpStore (a client of ddprun-store or of any TCPStore server),
+// MemoryStore (in-process, for tests), PrefixStore (namespacing on top of another store).
+// A Store object is used by one thread at a time unless the implementation says otherwise.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddprun::rendezvous {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Waits until `key` exists, then returns its value.
+  virtual std::string get(const std::string& key) = 0;
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Atomically: if the key's value equals `expected` (a missing key equals ""), store `desired`.
+  // Returns the value after the operation (see docs/protocol.md for the missing-key quirk).
+  virtual std::string compareSet(const std::string& key, const std::string& expected,
+                                 const std::string& desired) = 0;
+  // True when every key exists.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // Waits until every key exists, or throws TimeoutError after `timeout`.
+  virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
+  // Returns true when the key existed.
+  virtual bool deleteKey(const std::string& key) = 0;
+  virtual int64_t numKeys() = 0;
+  // Waits until every key exists, then returns their values in order.
+  virtual std::vector<std::string> multiGet(const std::vector<std::string>& keys) = 0;
+  virtual void multiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values) = 0;
+  // Appends to the value (creating the key when missing).
+  virtual void append(const std::string& key, const std::string& value) = 0;
+
+  Millis timeout() const { return timeout_; }
+  void setTimeout(Millis t) { timeout_ = t; }
+
+ protected:
+  explicit Store(Millis timeout) : timeout_(timeout) {}
+
+ private:
+  Millis timeout_;
+};
+
+// The default per-call timeout, as PyTorch's (300 s).
+inline constexpr Millis kDefaultStoreTimeout{300'000};
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,81 @@
+#pragma once
+// Internal to the store server: one client connection.
+//
+// Data flows one way: socket bytes -> InputBuffer -> parseRequest() -> handle() (one switch
+// over Op, mutating the shared KeyTable) -> reply bytes -> socket. Frames are handled strictly
+// in order; while a WAIT is held the connection handles nothing but CANCEL_WAIT, so replies
+// keep the order of requests. Nothing here throws on the I/O thread: a protocol violation
+// becomes close(reason).
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
+
+#include <boost/asio/ip/tcp.hpp>
+#include <memory>
+#include <string>
+
+#include "rendezvous/key_table.h"
+#include "rendezvous/protocol.h"
+
+namespace ddprun::rendezvous {
+
+// Shared state of the server that connections work on (owned by StoreServer::Impl).
+struct ServerCore {
+  KeyTable table;
+  protocol::Limits limits;
+  std::optional<std::string> authToken;
+  // Completes the WAITs of woken connections (their ids are waiter ids).
+  virtual void wake(const KeyTable::Woken& woken) = 0;
+  virtual void forget(uint64_t connectionId) = 0;
+  virtual ~ServerCore() = default;
+};
+
+class StoreConnection : public std::enable_shared_from_this<StoreConnection> {
+ public:
+  StoreConnection(uint64_t id, boost::asio::ip::tcp::socket socket, ServerCore& core);
+  void start();
+  // Called by the server when this connection's WAIT became complete.
+  void completeWait();
+  // Closes the socket and forgets every waiter; logs `reason` when not empty.
+  void close(const std::string& reason);
+  bool waiting() const { return waitKind_ != WaitKind::None; }
+  uint64_t id() const { return id_; }
+
+ private:
+  enum class WaitKind : uint8_t { None, Wait, WaitGet };
+
+  void readMore();
+  void onRead(size_t n);
+  // Handles every complete frame in the input; then flushes replies.
+  void process();
+  // Handles one frame; returns false when the connection was closed.
+  bool handle(protocol::Request& req);
+  bool allowedBeforeAuth(protocol::Op op) const;
+  void replyWaitDone();
+  void flush();
+  void onWritten();
+
+  uint64_t id_;
+  boost::asio::ip::tcp::socket socket_;
+  ServerCore& core_;
+  std::string peer_;
+
+  // Input: bytes [start_, end_) of buf_ are received and not yet handled.
+  std::unique_ptr<char[]> buf_;
+  size_t cap_ = 0, start_ = 0, end_ = 0;
+  size_t needAtLeast_ = 0;  // don't parse again before this many bytes are buffered
+  std::optional<protocol::Dialect> dialect_;
+  protocol::Request req_;  // reused to keep its allocations
+
+  // Output: replies accumulate in pending_ while inflight_ is being written.
+  std::string pending_, inflight_;
+  bool writing_ = false;
+  bool closed_ = false;
+  bool closeAfterFlush_ = false;
+  bool processPosted_ = false;
+
+  WaitKind waitKind_ = WaitKind::None;
+  std::string waitGetKey_;
+  bool authenticated_ = false;
+  std::string nonce_;
+};
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,68 @@
+// ddprun-store: a standalone TCPStore-compatible key-value server.
+//
+//   ddprun-store --port 29400 [--host 0.0.0.0] [--auth-token-file FILE]
+//
+// With --port 0 a free port is chosen. The first line on stdout is always
+// "ddprun-store listening on HOST:PORT", so scripts can read the port. SIGINT or SIGTERM
+// stops it cleanly.
+#include <utility>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <iostream>
+
+#include "rendezvous/auth.h"
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+#include "rendezvous/store_server.h"
+
+int main(int argc, char** argv) {
+  using namespace ddprun;
+  CLI::App app{"ddprun-store: a TCPStore-compatible key-value store for ddprun and PyTorch"};
+  int port = 0;
+  std::string host = "0.0.0.0";
+  std::string tokenFile;
+  app.add_option("--port", port, "TCP port to listen on (0 picks a free port)")
+      ->required()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--host", host, "address to bind (default 0.0.0.0; '::' for IPv6 too)");
+  app.add_option("--auth-token-file", tokenFile,
+                 "require clients to prove this token (HMAC-SHA256 challenge-response)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors exit with 2, like every ddprun tool.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  try {
+    rendezvous::StoreServerOptions options{.host = host, .port = static_cast<uint16_t>(port)};
+    if (!tokenFile.empty()) options.authToken = rendezvous::auth::readTokenFile(tokenFile);
+    const uint64_t fdLimit = rendezvous::raiseFileLimit();
+
+    boost::asio::io_context io(1);
+    rendezvous::StoreServer server(io, options);
+    std::cout << "ddprun-store listening on " << host << ":" << server.port() << std::endl;
+    DDPRUN_LOG(INFO, "store") << "serving on " << host << ":" << server.port()
+                              << (options.authToken ? " with authentication" : "")
+                              << "; up to " << fdLimit << " open descriptors";
+
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      DDPRUN_LOG(INFO, "store") << "signal " << sig << ": stopping";
+      server.stop();
+      io.stop();
+    });
+    io.run();
+    return 0;
+  } catch (const ConfigError& e) {
+    std::cerr << "ddprun-store: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ddprun-store: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,125 @@
+#include "rendezvous/store_server.h"
+
+#include <sys/resource.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <unordered_map>
+
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+#include "rendezvous/store_connection.h"
+
+namespace ddprun::rendezvous {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this<Impl> {
+ public:
+  Impl(asio::io_context& io, StoreServerOptions options)
+      : io_(io), options_(std::move(options)), acceptor_(io), retryTimer_(io) {
+    limits = options_.limits;
+    authToken = options_.authToken;
+  }
+
+  void listen() {
+    boost::system::error_code ec;
+    auto address = asio::ip::make_address(options_.host, ec);
+    if (ec) {
+      throw ConfigError("store: '" + options_.host + "' is not an IP address: " + ec.message());
+    }
+    tcp::endpoint ep(address, options_.port);
+    const std::string where = options_.host + ":" + std::to_string(options_.port);
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec && address.is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(options_.backlog, ec);
+    if (ec) throw NetworkError("store: cannot listen on " + where + ": " + ec.message());
+    port_ = acceptor_.local_endpoint().port();
+  }
+
+  void accept() {
+    acceptor_.async_accept([self = shared_from_this()](boost::system::error_code ec,
+                                                       tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !self->acceptor_.is_open()) return;
+      if (ec) {
+        // Out of descriptors or a transient error: log, back off a little, keep serving.
+        DDPRUN_LOG(WARN, "store") << "accept failed: " << ec.message();
+        self->retryTimer_.expires_after(std::chrono::milliseconds(10));
+        self->retryTimer_.async_wait([self](boost::system::error_code e) {
+          if (!e) self->accept();
+        });
+        return;
+      }
+      const uint64_t id = ++self->nextId_;
+      auto conn = std::make_shared<StoreConnection>(id, std::move(socket), *self);
+      self->connections_.emplace(id, conn);
+      conn->start();
+      self->accept();
+    });
+  }
+
+  void wake(const KeyTable::Woken& woken) override {
+    for (uint64_t id : woken) {
+      auto it = connections_.find(id);
+      if (it != connections_.end()) it->second->completeWait();
+    }
+  }
+
+  void forget(uint64_t id) override { connections_.erase(id); }
+
+  void stop() {
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    retryTimer_.cancel();
+    auto all = std::move(connections_);
+    connections_.clear();
+    for (auto& [id, c] : all) c->close("");
+  }
+
+  StoreServerStats stats() const {
+    StoreServerStats s;
+    s.connections = connections_.size();
+    s.waiters = table.waiterCount();
+    s.keys = table.size();
+    return s;
+  }
+
+  asio::io_context& io_;
+  StoreServerOptions options_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer retryTimer_;
+  uint16_t port_ = 0;
+  uint64_t nextId_ = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<StoreConnection>> connections_;
+};
+
+StoreServer::StoreServer(asio::io_context& io, StoreServerOptions options)
+    : impl_(std::make_shared<Impl>(io, std::move(options))) {
+  impl_->listen();
+  impl_->accept();
+}
+
+StoreServer::~StoreServer() { impl_->stop(); }
+
+uint16_t StoreServer::port() const { return impl_->port_; }
+const std::string& StoreServer::host() const { return impl_->options_.host; }
+void StoreServer::stop() { impl_->stop(); }
+StoreServerStats StoreServer::stats() const { return impl_->stats(); }
+
+uint64_t raiseFileLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit want = rl;
+    want.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+  }
+  return rl.rlim_cur;
+}
+
+}  // namespace ddprun::rendezvous

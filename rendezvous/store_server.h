@@ -1,0 +1,67 @@
+#pragma once
+// StoreServer: the TCP key-value server (ddprun-store, and the store an agent hosts).
+//
+// It speaks both TCPStore dialects, chosen per connection from its first bytes, plus ddprun's
+// extensions (HELLO, AUTH, WAIT_GET); see rendezvous/protocol.h and docs/protocol.md.
+// It runs on the io_context it is given, never blocks it, and never throws from a handler:
+// a connection that sends a malformed, oversized or unknown frame is closed with one log line
+// naming the peer and the reason, and nothing else is touched. A WAIT is held on the server
+// until its keys exist; a client that disconnects mid-WAIT leaves no waiter behind.
+//
+//   boost::asio::io_context io;
+//   StoreServer server(io, {.host = "127.0.0.1", .port = 0});
+//   std::cout << server.port();
+//   io.run();
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "rendezvous/protocol.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::rendezvous {
+
+struct StoreServerOptions {
+  std::string host = "0.0.0.0";           // address to bind; "::" for IPv6 + IPv4
+  uint16_t port = 0;                      // 0 picks a free port; see StoreServer::port()
+  std::optional<std::string> authToken;   // when set, clients must prove it (HMAC challenge)
+  protocol::Limits limits{};
+  int backlog = 65535;                    // capped by the kernel's somaxconn
+};
+
+struct StoreServerStats {
+  size_t connections = 0;  // open now
+  size_t waiters = 0;      // connections held in a WAIT
+  int64_t keys = 0;
+};
+
+class StoreServer {
+ public:
+  // Binds and listens at once, so port() is valid on return; serves while `io` runs.
+  // Throws NetworkError naming the address when it cannot bind.
+  StoreServer(boost::asio::io_context& io, StoreServerOptions options);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  uint16_t port() const;
+  const std::string& host() const;
+  // Closes the listening socket and every connection. Call on the io_context's thread.
+  void stop();
+  StoreServerStats stats() const;
+
+  class Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Raises the soft RLIMIT_NOFILE to the hard limit (a store holds one descriptor per client).
+// Returns the new soft limit.
+uint64_t raiseFileLimit();
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,87 @@
+#pragma once
+// TcpStore: the blocking Store client over TCP.
+//
+// It talks to ddprun-store (the default, StoreDialect::Ddprun: current framing plus ddprun's
+// HELLO/AUTH/WAIT_GET), to a torch >= 2.2 TCPStore server (Current) or to a torch 1.13 one
+// (Legacy). The connection is made in the constructor, retried with exponential backoff and
+// jitter until connectTimeout; every later call is bounded by the store's timeout().
+// After a transport error or timeout the connection is dropped and the next call reconnects.
+// get() is one round trip against ddprun-store (WAIT_GET) and two (WAIT, GET) elsewhere.
+// Calls are serialized by an internal mutex, so one TcpStore may be shared by threads.
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "rendezvous/protocol.h"
+#include "rendezvous/store.h"
+
+namespace ddprun::rendezvous {
+
+enum class StoreDialect : uint8_t {
+  Ddprun,   // ddprun-store: current framing + extensions; authenticates when asked
+  Current,  // a torch >= 2.2 TCPStore server
+  Legacy,   // a torch 1.13 TCPStore server
+};
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  Millis timeout = kDefaultStoreTimeout;  // per call
+  Millis connectTimeout{60'000};          // total time to keep retrying the first connect
+  StoreDialect dialect = StoreDialect::Ddprun;
+  // Token for an authenticating ddprun-store. When unset, DDPRUN_STORE_TOKEN_FILE is read
+  // (if that variable is set).
+  std::optional<std::string> authToken;
+};
+
+class TcpStore final : public Store {
+ public:
+  // Connects and performs the handshake. Throws NetworkError/TimeoutError when the server
+  // cannot be reached within connectTimeout, AuthError when it refuses our token (or wants
+  // one we lack), StoreError when it is not the kind of server `dialect` says.
+  explicit TcpStore(TcpStoreOptions options);
+  ~TcpStore() override;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compareSet(const std::string& key, const std::string& expected,
+                         const std::string& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  bool deleteKey(const std::string& key) override;
+  int64_t numKeys() override;
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::string>& values) override;
+  void append(const std::string& key, const std::string& value) override;
+
+  // Round trip with no effect (PING in the current dialects, GETNUMKEYS in legacy).
+  void ping();
+  // "host:port", as used in error messages.
+  const std::string& address() const { return address_; }
+  const TcpStoreOptions& options() const { return options_; }
+
+ // The socket with its buffer (defined in tcp_store.cpp).
+  class Connection;
+
+ private:
+  // Runs `fn` on a connected socket, reconnecting first when needed; on any transport error
+  // drops the connection and rethrows with the operation and key named.
+  template <typename Fn>
+  auto call(const char* op, const std::string& what, Fn&& fn);
+  void connect();
+  void handshake();
+  void waitImpl(const std::vector<std::string>& keys, Millis timeout, const char* op);
+
+  TcpStoreOptions options_;
+  std::string address_;
+  protocol::Dialect wire_;
+  std::mutex mu_;
+  std::unique_ptr<Connection> conn_;
+  bool connectedOnce_ = false;  // later reconnects are bounded by timeout(), not connectTimeout
+};
+
+}  // namespace ddprun::rendezvous
