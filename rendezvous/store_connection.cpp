@@ -15,8 +15,6 @@ using protocol::Op;
 namespace {
 constexpr size_t kInitialBuffer = 16 * 1024;
 constexpr size_t kMinReadSpace = 4 * 1024;
-// While a WAIT is held, a client may queue this much behind it before we call it abuse.
-constexpr size_t kMaxBufferedWhileWaiting = 1 << 20;
 }  // namespace
 
 StoreConnection::StoreConnection(uint64_t id, asio::ip::tcp::socket socket, ServerCore& core)
@@ -74,11 +72,6 @@ void StoreConnection::onRead(size_t n) {
   end_ += n;
   process();
   if (closed_) return;
-  if (waiting() && end_ - start_ > kMaxBufferedWhileWaiting) {
-    close("sent more than " + std::to_string(kMaxBufferedWhileWaiting) +
-          " bytes while its WAIT was held");
-    return;
-  }
   readMore();
 }
 
@@ -103,8 +96,6 @@ void StoreConnection::process() {
       return;
     }
     needAtLeast_ = 0;
-    // While a WAIT is held only CANCEL_WAIT may be handled; the rest stays buffered.
-    if (waiting() && req_.op != Op::CancelWait) break;
     start_ += r.consumed;
     if (!handle(req_)) return;
   }
@@ -175,6 +166,7 @@ bool StoreConnection::handle(protocol::Request& req) {
                                                         : protocol::CheckReply::NotReady));
       break;
     case Op::Wait:
+      abandonWait();
       if (table.wait(id_, req.keys)) {
         out.u8(static_cast<uint8_t>(protocol::WaitReply::StopWaiting));
       } else {
@@ -182,6 +174,7 @@ bool StoreConnection::handle(protocol::Request& req) {
       }
       break;
     case Op::WaitGet:
+      abandonWait();
       waitGetKey_ = std::move(req.keys[0]);
       waitKind_ = WaitKind::WaitGet;
       if (table.wait(id_, {waitGetKey_})) replyWaitDone();
@@ -230,6 +223,14 @@ bool StoreConnection::handle(protocol::Request& req) {
   }
   if (!woken.empty()) core_.wake(woken);
   return true;
+}
+
+void StoreConnection::abandonWait() {
+  // A new WAIT while one is held: the client gave up on the old one (torch 1.13 has no
+  // CANCEL_WAIT, it just moves on after its timeout). The old one is dropped, unanswered.
+  if (!waiting()) return;
+  core_.table.cancel(id_);
+  waitKind_ = WaitKind::None;
 }
 
 void StoreConnection::replyWaitDone() {

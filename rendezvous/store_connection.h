@@ -1,11 +1,12 @@
 #pragma once
 // Internal to the store server: one client connection.
 //
-// Data flows one way: socket bytes -> InputBuffer -> parseRequest() -> handle() (one switch
-// over Op, mutating the shared KeyTable) -> reply bytes -> socket. Frames are handled strictly
-// in order; while a WAIT is held the connection handles nothing but CANCEL_WAIT, so replies
-// keep the order of requests. Nothing here throws on the I/O thread: a protocol violation
-// becomes close(reason).
+// Data flows one way: socket bytes -> input buffer -> parseRequest() -> handle() (one switch
+// over Op, mutating the shared KeyTable) -> reply bytes -> socket. Frames are handled in
+// order. A held WAIT does not stop the connection: later frames are handled meanwhile, as
+// torch's servers do (torch 1.13 clients go on after a WAIT timeout, having no CANCEL_WAIT);
+// a second WAIT replaces the first, which is never answered. Nothing here throws on the I/O
+// thread: a protocol violation becomes close(reason).
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
 
 #include <boost/asio/ip/tcp.hpp>
@@ -50,6 +51,7 @@ class StoreConnection : public std::enable_shared_from_this<StoreConnection> {
   bool handle(protocol::Request& req);
   bool allowedBeforeAuth(protocol::Op op) const;
   void replyWaitDone();
+  void abandonWait();
   void flush();
   void onWritten();
 

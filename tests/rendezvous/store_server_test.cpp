@@ -318,3 +318,24 @@ TEST_CASE("a server that is not a ddprun store is recognised", "[server]") {
   CHECK(legacy.get("x") == "12");
   CHECK(legacy.multiGet({"x"}) == std::vector<std::string>{"12"});
 }
+
+TEST_CASE("a held WAIT does not block later frames; a new WAIT replaces it", "[server]") {
+  // torch 1.13 clients have no CANCEL_WAIT: after a client-side timeout they just go on.
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  RawSocket raw(server.port());
+  std::string f;
+  protocol::FrameWriter w(f);
+  w.u8(static_cast<uint8_t>(protocol::LegacyCommand::Wait)).u64(1).str("/never");
+  w.u8(static_cast<uint8_t>(protocol::LegacyCommand::Add)).str("/n").i64(5);
+  w.u8(static_cast<uint8_t>(protocol::LegacyCommand::Wait)).u64(1).str("/n");
+  raw.send(f);
+  std::string reply = raw.read(9);
+  REQUIRE(reply.size() == 9);
+  int64_t n;
+  std::memcpy(&n, reply.data(), 8);
+  CHECK(n == 5);
+  CHECK(reply[8] == static_cast<char>(protocol::WaitReply::StopWaiting));
+  CHECK(server.stats().waiters == 0);  // the abandoned WAIT on /never is gone
+  client(server.port()).set("/never", "now");
+  CHECK(raw.read(1, 200).empty());  // and it is never answered
+}
