@@ -1,0 +1,87 @@
+#pragma once
+// Checkpoints for elastic restarts.
+//
+// Rank 0 saves model, optimizer, step, epoch, sampler state and any JSON the program adds; after a
+// restart every rank loads the newest complete checkpoint, so the group resumes where it stopped.
+//
+// A save is atomic: the file is written under a temporary name in the same directory, fsync'ed,
+// renamed to ckpt-<step>.ddpck and the directory fsync'ed. A crash at any moment leaves either the
+// old set of checkpoints or the old set plus the new one, never a half-written file under a final
+// name. A save that fails (disk full, file too large, I/O error) throws CheckpointError naming the
+// file, removes its temporary file and leaves every earlier checkpoint untouched. After a
+// successful save, checkpoints beyond the newest `keep` are deleted.
+//
+// File format (version 1): a fixed header (magic "DDPRUNCK", version, lengths and CRC-32s), a JSON
+// document with the metadata, then the torch::serialize archive (model under "model", optimizer
+// under "optimizer"), then the end magic "DDPRUNCK-END". A file whose size, magic or checksums do not
+// match is torn or damaged: loadLatest() skips it with a warning and takes the next newest; load()
+// of that one file throws CheckpointError naming the file and what is wrong.
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "rendezvous/errors.h"
+#include "worker_runtime/sampler.h"
+
+namespace ddprun::runtime {
+
+class Communicator;
+
+// A checkpoint could not be written or read.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Everything but the tensors.
+struct TrainingState {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  SamplerState sampler;
+  nlohmann::json extra = nlohmann::json::object();  // the program's own values (best accuracy...)
+};
+
+struct CheckpointOptions {
+  std::filesystem::path directory;
+  int keep = 2;  // complete checkpoints kept after a save (>= 1)
+};
+
+class CheckpointManager {
+ public:
+  // Creates the directory when missing (CheckpointError when it cannot).
+  explicit CheckpointManager(CheckpointOptions options);
+
+  // Writes ckpt-<state.step>.ddpck atomically (see above) and returns its path. Call on one rank
+  // only (rank 0). A checkpoint of the same step is replaced atomically.
+  std::filesystem::path save(const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
+                             const TrainingState& state);
+
+  // Loads the newest complete checkpoint into model and optimizer (optimizer may be null) and
+  // returns its state; nullopt when there is none (a fresh start). Torn or damaged files are
+  // skipped with a warning. With `comm`, rank 0 chooses the checkpoint and broadcasts its step, and
+  // every rank loads that one (they must all see the directory); a rank that cannot is an error.
+  std::optional<TrainingState> loadLatest(torch::nn::Module& model,
+                                          torch::optim::Optimizer* optimizer,
+                                          Communicator* comm = nullptr);
+
+  // Loads one file; CheckpointError naming the file and the defect when it is not a complete
+  // checkpoint.
+  static TrainingState load(const std::filesystem::path& file, torch::nn::Module& model,
+                            torch::optim::Optimizer* optimizer);
+
+  // Complete-looking checkpoints (by name), newest step first. Cheap: headers are not read.
+  std::vector<std::filesystem::path> list() const;
+  // Reads only the header and metadata; CheckpointError when the file is not a complete checkpoint.
+  static TrainingState inspect(const std::filesystem::path& file);
+
+  const CheckpointOptions& options() const { return options_; }
+
+ private:
+  CheckpointOptions options_;
+};
+
+}  // namespace ddprun::runtime

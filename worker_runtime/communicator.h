@@ -1,0 +1,83 @@
+#pragma once
+// Communicator: the collectives a data-parallel worker needs, over one fixed group of ranks.
+//
+// Contract, for every backend:
+//   - Every rank calls the same collectives in the same order, with tensors of the same dtype and
+//     number of elements (allreduce, broadcast, allgather). Tensors must be dense, contiguous and
+//     on device(): the CPU for Gloo, this rank's CUDA device for NCCL. They are updated in place.
+//   - Supported dtypes: float32, float64, float16, int32, int64, int8, uint8. ReduceOp::Avg needs a
+//     floating dtype (the sum is divided by size()). Anything else throws ConfigError naming the
+//     operation, the dtype and what is allowed.
+//   - Every collective is bounded by timeout(). A dead peer or a missed deadline makes the call
+//     throw BackendError (or TimeoutError): never an endless hang. After such an error the
+//     communicator is broken and every later call throws at once; the expected reaction is to exit
+//     non-zero so that the launcher restarts the group.
+//   - *Async variants return at once with a Work; collectives still run in submission order (one
+//     communication thread for Gloo, one CUDA stream for NCCL). Work::wait() rethrows the error of
+//     that collective. The tensor must stay alive and untouched until wait() returns.
+//   - One Communicator is used from one thread at a time (the communication thread is internal).
+//
+// Created by ddprun::init() (see runtime.h), or directly with makeGlooCommunicator() /
+// makeNcclCommunicator() on any rendezvous::Store.
+#include <chrono>
+#include <memory>
+#include <string_view>
+
+#include <torch/torch.h>
+
+namespace ddprun::runtime {
+
+using Millis = std::chrono::milliseconds;
+
+// The default bound of every collective: PyTorch's default process-group timeout (30 min).
+inline constexpr Millis kDefaultCollectiveTimeout{30 * 60 * 1000};
+
+enum class ReduceOp : uint8_t { Sum, Avg, Min, Max };
+
+std::string_view toString(ReduceOp op);
+
+// One collective in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective finished; rethrows its error (BackendError, TimeoutError...).
+  virtual void wait() = 0;
+  // True once finished, successfully or not. Never blocks.
+  virtual bool completed() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "gloo" or "nccl".
+  virtual std::string_view backend() const = 0;
+  // Where tensors must live.
+  virtual torch::Device device() const = 0;
+  virtual Millis timeout() const = 0;
+
+  // Reduces `tensor` over all ranks; every rank receives the result (bit-identical on all ranks).
+  virtual std::shared_ptr<Work> allreduceAsync(torch::Tensor tensor, ReduceOp op) = 0;
+  // Copies rank `root`'s `tensor` into every rank's `tensor`.
+  virtual std::shared_ptr<Work> broadcastAsync(torch::Tensor tensor, int root) = 0;
+  // Returns a new tensor of shape [size(), *input.sizes()] holding every rank's input, in rank
+  // order.
+  virtual torch::Tensor allgather(const torch::Tensor& input) = 0;
+  // Returns once every rank has entered the barrier.
+  virtual void barrier() = 0;
+
+  void allreduce(torch::Tensor tensor, ReduceOp op = ReduceOp::Sum) {
+    allreduceAsync(std::move(tensor), op)->wait();
+  }
+  void broadcast(torch::Tensor tensor, int root = 0) {
+    broadcastAsync(std::move(tensor), root)->wait();
+  }
+};
+
+// Throws ConfigError unless `t` is a tensor every backend accepts for `op` (see the contract
+// above). `what` names the collective in the message, e.g. "allreduce".
+void checkCollectiveTensor(const torch::Tensor& t, const Communicator& comm, const char* what);
+
+}  // namespace ddprun::runtime

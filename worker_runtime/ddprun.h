@@ -1,0 +1,11 @@
+#pragma once
+// Everything a training program needs from ddprun::runtime, in one include.
+#include "worker_runtime/backend.h"
+#include "worker_runtime/checkpoint.h"
+#include "worker_runtime/communicator.h"
+#include "worker_runtime/ddp.h"
+#include "worker_runtime/env.h"
+#include "worker_runtime/gloo_communicator.h"
+#include "worker_runtime/nccl_communicator.h"
+#include "worker_runtime/runtime.h"
+#include "worker_runtime/sampler.h"

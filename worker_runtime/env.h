@@ -1,0 +1,45 @@
+#pragma once
+// WorkerEnv: what the launcher (ddprun, or torchrun) tells a worker through its environment.
+//
+// ddprun and torchrun set the same variables (see docs/worker_runtime.md):
+//   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+//   MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
+//   TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID.
+// RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are required; the others have torchrun's defaults
+// (LOCAL_RANK = RANK, LOCAL_WORLD_SIZE = WORLD_SIZE, no agent store, attempt 0).
+// A missing, malformed or inconsistent variable is a ConfigError that names the variable and its
+// value, says what is allowed, and suggests starting the program under ddprun.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace ddprun::runtime {
+
+struct WorkerEnv {
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  int localWorldSize = 1;
+  int groupRank = 0;       // node rank
+  int groupWorldSize = 1;  // number of nodes
+  std::string masterAddr;
+  uint16_t masterPort = 0;
+  // True: MASTER_ADDR:MASTER_PORT is the agent's store and every rank is a client of it.
+  // False: rank 0 hosts a store at MASTER_PORT (torch 1.13 --standalone behaviour).
+  bool useAgentStore = false;
+  int restartCount = 0;  // the attempt number; store keys are scoped by it
+  int maxRestarts = 0;
+  std::string runId;
+};
+
+// Returns the value of an environment variable, or nullopt when unset.
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+// The real process environment (getenv).
+std::optional<std::string> processEnv(const std::string& name);
+
+// Reads and validates the worker environment. Throws ConfigError (see above).
+WorkerEnv readWorkerEnv(const EnvLookup& lookup = processEnv);
+
+}  // namespace ddprun::runtime
