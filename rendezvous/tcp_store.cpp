@@ -53,6 +53,7 @@ class TcpStore::Connection {
   ~Connection() { ::close(fd_); }
 
   void setDeadline(Clock::time_point d) { deadline_ = d; }
+  int fd() const { return fd_; }
 
   void write(const std::string& bytes) {
     size_t off = 0;
@@ -337,10 +338,34 @@ void TcpStore::handshake() {
   }
 }
 
+void TcpStore::interrupt() {
+  std::lock_guard<std::mutex> g(interruptMu_);
+  interrupted_ = true;
+  if (activeFd_ >= 0) ::shutdown(activeFd_, SHUT_RDWR);
+}
+
 template <typename Fn>
 auto TcpStore::call(const char* op, const std::string& what, Fn&& fn) {
   std::lock_guard<std::mutex> g(mu_);
+  {
+    std::lock_guard<std::mutex> i(interruptMu_);
+    if (interrupted_) throw NetworkError("store at " + address_ + ": interrupted");
+  }
   if (!conn_) connect();
+  // Publishes the socket to interrupt() for the duration of the call (conn_ cannot be
+  // destroyed meanwhile: that needs mu_, which we hold).
+  struct Active {
+    TcpStore& s;
+    Active(TcpStore& st, int fd) : s(st) {
+      std::lock_guard<std::mutex> g(s.interruptMu_);
+      if (s.interrupted_) throw NetworkError("store at " + s.address_ + ": interrupted");
+      s.activeFd_ = fd;
+    }
+    ~Active() {
+      std::lock_guard<std::mutex> g(s.interruptMu_);
+      s.activeFd_ = -1;
+    }
+  } active(*this, conn_->fd());
   try {
     conn_->setDeadline(Clock::now() + timeout());
     return fn(*conn_);

@@ -60,6 +60,10 @@ class TcpStore final : public Store {
 
   // Round trip with no effect (PING in the current dialects, GETNUMKEYS in legacy).
   void ping();
+  // Makes a call blocked in another thread (typically a long WAIT) fail at once with
+  // NetworkError, and every later call too. Safe to call from any thread; used to stop a
+  // background watcher without waiting for its WAIT to time out.
+  void interrupt();
   // "host:port", as used in error messages.
   const std::string& address() const { return address_; }
   const TcpStoreOptions& options() const { return options_; }
@@ -82,6 +86,10 @@ class TcpStore final : public Store {
   std::mutex mu_;
   std::unique_ptr<Connection> conn_;
   bool connectedOnce_ = false;  // later reconnects are bounded by timeout(), not connectTimeout
+  // interrupt(): the socket of the call in progress (-1 when none), guarded by interruptMu_.
+  std::mutex interruptMu_;
+  int activeFd_ = -1;
+  bool interrupted_ = false;
 };
 
 }  // namespace ddprun::rendezvous
