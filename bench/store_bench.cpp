@@ -22,6 +22,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+
 #include "bench/registry.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/tcp_store.h"
@@ -244,6 +249,36 @@ BarrierResult runBarrier(const std::string& kind, int k) {
   return r;
 }
 
+// The physical floor in this run: a raw TCP ping-pong of 32 bytes over loopback, with an echo
+// thread that does nothing else. Reported next to the store figures.
+double loopbackRoundTripUs(int iterations) {
+  boost::asio::io_context io;
+  using tcp = boost::asio::ip::tcp;
+  tcp::acceptor acc(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  std::thread echo([&] {
+    tcp::socket s = acc.accept();
+    s.set_option(tcp::no_delay(true));
+    char buf[32];
+    boost::system::error_code ec;
+    for (int i = 0; i < iterations; ++i) {
+      boost::asio::read(s, boost::asio::buffer(buf), ec);
+      boost::asio::write(s, boost::asio::buffer(buf), ec);
+    }
+  });
+  tcp::socket c(io);
+  c.connect(acc.local_endpoint());
+  c.set_option(tcp::no_delay(true));
+  char buf[32] = {};
+  auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    boost::asio::write(c, boost::asio::buffer(buf));
+    boost::asio::read(c, boost::asio::buffer(buf));
+  }
+  double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iterations;
+  echo.join();
+  return us;
+}
+
 int benchStore(int argc, char** argv) {
   CLI::App app{"ddprun-store vs c10d::TCPStore: ops/s, latency, K-client barrier"};
   std::string childKind;
@@ -261,7 +296,11 @@ int benchStore(int argc, char** argv) {
   raiseFileLimit();
   if (!childKind.empty()) return barrierChild(childKind, static_cast<uint16_t>(port), clients, total);
 
+  const double rtt = loopbackRoundTripUs(20000);
+  std::printf("raw loopback round trip (32 B, TCP_NODELAY) in this run: %.1f us = %.0f round trips/s\n\n",
+              rtt, 1e6 / rtt);
   std::ofstream out(csv);
+  out << "# raw loopback round trip us," << rtt << "\n";
   out << "workload,clients,ddprun_ops_per_s,torch_ops_per_s,ratio,ddprun_p50_us,torch_p50_us,"
          "ddprun_p99_us,torch_p99_us\n";
   std::printf("%-8s %7s | %12s %12s %6s | %9s %9s | %9s %9s\n", "op", "clients", "ddprun op/s",
