@@ -1,0 +1,152 @@
+#pragma once
+// DynamicRendezvous: one agent's side of the multi-node rendezvous (docs/rendezvous.md).
+//
+// Agents on several nodes meet in rounds through a store (ddprun-store, or the store one of
+// them hosts). A round closes with a membership: node ranks, each node's share of the global
+// worker ranks (prefix sums of nproc), MASTER_ADDR/PORT. While workers run, the round can end
+// under the agent's feet -- a node arrived, left or died, or workers failed on another node --
+// and the agent hears of it at once through `onEvent` (a background thread WAITs on the
+// round's `over` marker). The agent then stops its workers and calls nextRound() again; only
+// worker failures spend the restart budget, which is counted once per job in the state.
+//
+//   DynamicRendezvous rdzv(options, [&](const RoundEvent& e) { post(io, stopWorkers); });
+//   for (;;) {
+//     RoundInfo r = rdzv.nextRound();
+//     ... run workers; on an event: stop them, continue ...
+//     on failure:  if (rdzv.reportFailure(code, what) == AfterFailure::JobFailed) return code;
+//     on success:  if (rdzv.finishRound() == AfterSuccess::Finished) return 0;
+//   }
+//
+// The static backend is the same protocol with fixed node ranks (NodeInfo::fixedRank),
+// MIN = MAX and no heartbeats. Methods other than the constructor's event callback are called
+// from one thread (the agent's).
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "rendezvous/heartbeat.h"
+#include "rendezvous/state_log.h"
+#include "rendezvous/tcp_store.h"
+
+namespace ddprun::rendezvous {
+
+struct DynamicRendezvousOptions {
+  std::string runId;        // --rdzv-id; the job's keys live under "ddprun/rdzv/<runId>/"
+  TcpStoreOptions store;    // the endpoint; store.timeout is read_timeout
+  JobLimits limits;         // --nnodes MIN:MAX, --max-restarts
+  std::string localAddr;    // advertised address; empty: the one that routes to the store
+  int nproc = 1;
+  int fixedRank = -1;       // static backend: --node-rank
+  Millis joinTimeout{600'000};
+  Millis lastCallTimeout{30'000};
+  Millis closeTimeout{30'000};          // the store host's wait for every node to pass the exit barrier
+  Millis exitBarrierTimeout{300'000};  // a finished node's wait for the others' workers
+  HeartbeatOptions heartbeat{};         // interval 0: no heartbeats (static backend)
+  bool isHost = false;                  // this agent hosts the store: see finishRound()
+};
+
+// One closed round, from this node's point of view.
+struct RoundInfo {
+  int64_t round = 0;
+  int restartCount = 0;  // restarts the job has spent (TORCHELASTIC_RESTART_COUNT)
+  int nodeRank = 0;      // GROUP_RANK
+  int nodeCount = 0;     // GROUP_WORLD_SIZE
+  int rankOffset = 0;    // global rank of this node's local rank 0
+  int worldSize = 0;     // WORLD_SIZE: sum of every node's nproc
+  std::string masterAddr;
+  uint16_t masterPort = 0;
+  std::vector<NodeInfo> nodes;  // by node rank
+};
+
+// Something that ended the current round without this agent asking (delivered once per round).
+struct RoundEvent {
+  enum class Kind {
+    Superseded,  // a new round opened (arrival, departure, eviction, failure elsewhere)
+    JobFailed,   // workers failed somewhere and no restart is left
+    StoreLost,   // the store cannot be reached: the agent must stop
+  };
+  Kind kind;
+  int64_t round = 0;
+  int exitCode = 0;    // JobFailed: the root cause's exit code
+  std::string message;
+};
+
+class DynamicRendezvous {
+ public:
+  // Called on a background thread: must not block, nor call back into the rendezvous.
+  using EventFn = std::function<void(const RoundEvent&)>;
+
+  // Connects (failing clearly when the endpoint is not a ddprun store, or the token is
+  // wrong), checks that the job's settings match the other nodes', starts the heartbeats.
+  DynamicRendezvous(DynamicRendezvousOptions options, EventFn onEvent);
+  ~DynamicRendezvous();
+  DynamicRendezvous(const DynamicRendezvous&) = delete;
+  DynamicRendezvous& operator=(const DynamicRendezvous&) = delete;
+
+  // Joins the next round and blocks until it closes with this node in it. Throws
+  // TimeoutError after join_timeout, JobEndedError when the job has finished or failed.
+  RoundInfo nextRound();
+
+  enum class AfterFailure { Restart, JobFailed };
+  // This node's workers failed in the current round: spends one restart of the job's budget
+  // (unless the round had already ended) and returns Restart -- call nextRound() -- or ends
+  // the job for every node and returns JobFailed (see jobExitCode()).
+  AfterFailure reportFailure(int exitCode, const std::string& what);
+
+  enum class AfterSuccess { Finished, Rejoin, JobFailed };
+  // This node's workers succeeded: the exit barrier. Finished once every node's workers have
+  // succeeded (the store host, isHost, also waits up to close_timeout for every node to pass
+  // the barrier); Rejoin when the round ended first (call nextRound()).
+  AfterSuccess finishRound();
+
+  // Leaves the job for good (SIGTERM/SIGINT on this node); the others re-form without it.
+  void leave(const std::string& reason);
+
+  const NodeInfo& self() const { return self_; }
+  const DynamicRendezvousOptions& options() const { return options_; }
+  int jobExitCode() const { return jobExitCode_; }
+  const std::string& jobFailure() const { return jobFailure_; }
+
+ private:
+  struct Connection;  // one TcpStore wrapped in the job's PrefixStore
+  std::unique_ptr<Connection> connect() const;
+  void checkSettings();
+  RoundInfo roundInfo(const RoundState& s) const;
+  Versioned joinAndWait();
+  // Arms (round >= 0) or disarms (-1) the watcher; disarming makes a pending event stale.
+  void watch(int64_t round);
+  void watcherLoop();
+  void emit(const RoundEvent& e);
+  void onBackgroundError(std::exception_ptr e);
+  Versioned fresh();
+
+  DynamicRendezvousOptions options_;
+  EventFn onEvent_;
+  NodeInfo self_;
+  std::unique_ptr<Connection> main_;
+  std::unique_ptr<Connection> watcherConn_;
+  std::unique_ptr<StateLog> log_;
+  StateView view_;
+  std::unique_ptr<HeartbeatWriter> writer_;
+  std::unique_ptr<HeartbeatMonitor> monitor_;
+  Versioned current_;  // the newest state the agent thread knows
+  RoundInfo round_;
+  std::atomic<int64_t> roundNo_{-1};  // round_.round, for background threads
+  bool inRound_ = false;
+  bool left_ = false;
+  int jobExitCode_ = 0;
+  std::string jobFailure_;
+
+  std::mutex mu_;  // guards the watcher's fields below
+  std::condition_variable cv_;
+  int64_t watchRound_ = -1;
+  bool stopping_ = false;
+  bool storeLost_ = false;
+  std::thread watcher_;
+};
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,154 @@
+#include "rendezvous/heartbeat.h"
+
+#include <algorithm>
+
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+
+namespace ddprun::rendezvous {
+
+std::string heartbeatCounterKey(const std::string& id) { return "hb/" + id; }
+std::string heartbeatKey(const std::string& id, int64_t beat) {
+  return "hb/" + id + "/" + std::to_string(beat);
+}
+
+std::string ringSuccessor(const std::vector<std::string>& ids, const std::string& self) {
+  if (ids.size() < 2) return {};
+  auto it = std::upper_bound(ids.begin(), ids.end(), self);
+  if (it == ids.end()) it = ids.begin();
+  return *it == self ? std::string() : *it;
+}
+
+// ---- HeartbeatWriter ----
+
+HeartbeatWriter::HeartbeatWriter(std::shared_ptr<Store> store, std::string id,
+                                 HeartbeatOptions options, ErrorFn onError)
+    : store_(std::move(store)), id_(std::move(id)), options_(options),
+      onError_(std::move(onError)) {
+  beat();
+  thread_ = std::thread([this] { run(); });
+}
+
+HeartbeatWriter::~HeartbeatWriter() { stop(false); }
+
+void HeartbeatWriter::beat() {
+  last_ = store_->add(heartbeatCounterKey(id_), 1);  // a round trip: proves the store is there
+  store_->set(heartbeatKey(id_, last_), "");
+  if (last_ > 2) store_->deleteKey(heartbeatKey(id_, last_ - 2));
+}
+
+void HeartbeatWriter::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  int failures = 0;
+  while (!cv_.wait_for(lock, options_.interval, [&] { return stopping_; })) {
+    lock.unlock();
+    try {
+      beat();
+      failures = 0;
+    } catch (const Error& e) {
+      // One retry (the next call reconnects, bounded by the store's timeout), then give up.
+      if (++failures >= 2) {
+        lock.lock();
+        const bool report = !stopping_;
+        lock.unlock();
+        if (report) onError_(std::current_exception());
+        return;
+      }
+      DDPRUN_LOG(WARN, "rendezvous") << "heartbeat failed, retrying: " << e.what();
+    }
+    lock.lock();
+  }
+}
+
+void HeartbeatWriter::stop(bool clear) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (!clear) return;
+  try {
+    store_->deleteKey(heartbeatCounterKey(id_));
+    for (int64_t k = std::max<int64_t>(1, last_ - 2); k <= last_; ++k)
+      store_->deleteKey(heartbeatKey(id_, k));
+  } catch (const Error& e) {
+    DDPRUN_LOG(DEBUG, "rendezvous") << "could not delete heartbeat keys: " << e.what();
+  }
+}
+
+// ---- HeartbeatMonitor ----
+
+HeartbeatMonitor::HeartbeatMonitor(std::shared_ptr<Store> store, std::function<void()> interrupt,
+                                   std::string self, HeartbeatOptions options, JobLimits limits,
+                                   StateView& view, ErrorFn onError)
+    : store_(std::move(store)), interrupt_(std::move(interrupt)), self_(std::move(self)),
+      options_(options), log_(*store_, limits), view_(view), onError_(std::move(onError)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+HeartbeatMonitor::~HeartbeatMonitor() { stop(); }
+
+void HeartbeatMonitor::stop() {
+  stopping_ = true;
+  if (interrupt_) interrupt_();
+  view_.stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HeartbeatMonitor::run() {
+  try {
+    while (!stopping_) {
+      const Versioned v = view_.get();
+      const std::vector<std::string> ids = v.state.allIds();
+      const bool inRing = std::binary_search(ids.begin(), ids.end(), self_);
+      const std::string target = inRing ? ringSuccessor(ids, self_) : std::string();
+      if (target.empty()) {
+        if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
+        continue;
+      }
+      if (watch(target, v.version)) evict(target);
+    }
+  } catch (const Error&) {
+    if (!stopping_) onError_(std::current_exception());
+  }
+}
+
+bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion) {
+  int64_t beat = store_->add(heartbeatCounterKey(target), 0);
+  DDPRUN_LOG(DEBUG, "rendezvous") << "watching node " << target << " from beat " << beat;
+  while (!stopping_) {
+    bool arrived = true;
+    try {
+      store_->wait({heartbeatKey(target, beat + 1)}, options_.timeout());
+    } catch (const TimeoutError&) {
+      arrived = false;
+    }
+    if (stopping_) return false;
+    if (!arrived) {
+      // The beat we waited for may have come and gone (we fell behind): ask the counter.
+      const int64_t now = store_->add(heartbeatCounterKey(target), 0);
+      if (now <= beat) return true;
+      beat = now;
+      continue;
+    }
+    ++beat;
+    if (view_.get().version != seenVersion) return false;  // the ring may have changed
+  }
+  return false;
+}
+
+void HeartbeatMonitor::evict(const std::string& target) {
+  const std::string reason = "node " + target + " was evicted: no heartbeat for " +
+                             std::to_string(options_.timeout().count()) + " ms";
+  auto r = log_.update(view_.get(), [&](const RoundState& s) {
+    return transition::remove(s, target, reason, log_.limits());
+  });
+  if (r.wrote) {
+    DDPRUN_LOG(WARN, "rendezvous") << reason << " (round " << r.now.state.round << ")";
+  }
+  view_.offer(r.now);
+}
+
+}  // namespace ddprun::rendezvous

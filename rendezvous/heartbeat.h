@@ -1,0 +1,95 @@
+#pragma once
+// Heartbeats: how the nodes of a job learn, without polling, that one of them is gone.
+//
+// Writing: every agent bumps the counter `hb/<id>` every `interval` and creates the key
+// `hb/<id>/<k>` for its k-th beat (older beats are deleted). The first beat is written before
+// the agent joins a round, so every node a state mentions has beaten at least once.
+//
+// Watching: the nodes a state mentions, sorted by id, form a ring; each agent watches only
+// its successor, by WAITing for that node's next beat key with a timeout of
+// interval x missedBeats. When the wait times out and the counter has not moved, the node is
+// evicted (transition::remove, a compare-set on the state log), which opens a new round for
+// the survivors. One WAIT per node, whatever the size of the job. A node evicted by mistake
+// (a long pause) sees the new round without it and joins again.
+//
+// Both run on threads of their own, each with its own store connection; failures of the
+// store are handed to `onError` (never thrown on the thread).
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "rendezvous/state_log.h"
+#include "rendezvous/store.h"
+
+namespace ddprun::rendezvous {
+
+struct HeartbeatOptions {
+  Millis interval{5'000};
+  int missedBeats = 3;
+  Millis timeout() const { return interval * missedBeats; }
+};
+
+std::string heartbeatCounterKey(const std::string& id);
+std::string heartbeatKey(const std::string& id, int64_t beat);
+
+// The node a member of `ids` (sorted) watches: the next one around the ring; empty when alone.
+std::string ringSuccessor(const std::vector<std::string>& ids, const std::string& self);
+
+class HeartbeatWriter {
+ public:
+  using ErrorFn = std::function<void(std::exception_ptr)>;
+  // Writes the first beat before returning (throws when the store is unreachable).
+  HeartbeatWriter(std::shared_ptr<Store> store, std::string id, HeartbeatOptions options,
+                  ErrorFn onError);
+  ~HeartbeatWriter();
+  // Stops beating; with `clear`, deletes this node's beat keys (a clean leave).
+  void stop(bool clear);
+
+ private:
+  void beat();
+  void run();
+
+  std::shared_ptr<Store> store_;
+  std::string id_;
+  HeartbeatOptions options_;
+  ErrorFn onError_;
+  int64_t last_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class HeartbeatMonitor {
+ public:
+  using ErrorFn = std::function<void(std::exception_ptr)>;
+  // `interrupt` unblocks a WAIT in progress on `store` (TcpStore::interrupt).
+  HeartbeatMonitor(std::shared_ptr<Store> store, std::function<void()> interrupt,
+                   std::string self, HeartbeatOptions options, JobLimits limits,
+                   StateView& view, ErrorFn onError);
+  ~HeartbeatMonitor();
+  void stop();
+
+ private:
+  void run();
+  // Watches `target` until it dies (returns true) or the ring changes (false).
+  bool watch(const std::string& target, int64_t seenVersion);
+  void evict(const std::string& target);
+
+  std::shared_ptr<Store> store_;
+  std::function<void()> interrupt_;
+  std::string self_;
+  HeartbeatOptions options_;
+  StateLog log_;
+  StateView& view_;
+  ErrorFn onError_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,40 @@
+#pragma once
+// Parsing of the multi-node flags' values: --nnodes, --rdzv-endpoint and --rdzv-conf.
+// Pure functions; each bad value gets one ConfigError naming the flag, the value and what is
+// allowed. The launcher binds the flags; this file knows what they mean.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "rendezvous/dynamic_rendezvous.h"
+
+namespace ddprun::rendezvous {
+
+inline constexpr uint16_t kDefaultRendezvousPort = 29400;
+
+// --nnodes=N or MIN:MAX.
+JobLimits parseNnodes(const std::string& value);
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = kDefaultRendezvousPort;
+};
+// --rdzv-endpoint=HOST[:PORT], with IPv6 as [ADDR] or [ADDR]:PORT.
+Endpoint parseEndpoint(const std::string& value, uint16_t defaultPort = kDefaultRendezvousPort);
+
+// --rdzv-conf=k=v,k=v. Times are in seconds (decimals allowed). Keys: join_timeout,
+// last_call_timeout, close_timeout, exit_barrier_timeout, heartbeat (or keep_alive_interval,
+// heartbeat_interval), missed_heartbeats (or keep_alive_max_attempt), read_timeout, timeout
+// (static backend: its join timeout), is_host.
+struct RendezvousConf {
+  std::optional<Millis> joinTimeout, lastCallTimeout, closeTimeout, exitBarrierTimeout;
+  std::optional<Millis> heartbeatInterval, readTimeout, staticTimeout;
+  std::optional<int> missedHeartbeats;
+  std::optional<bool> isHost;
+};
+RendezvousConf parseRdzvConf(const std::string& value);
+
+// Copies what `conf` sets into `options` (read_timeout becomes the store's per-call timeout).
+void applyRdzvConf(const RendezvousConf& conf, DynamicRendezvousOptions& options);
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,356 @@
+#include "rendezvous/round_state.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+#include <sstream>
+
+namespace ddprun::rendezvous {
+
+const char* phaseName(Phase p) {
+  switch (p) {
+    case Phase::Joining: return "joining";
+    case Phase::Closed: return "closed";
+    case Phase::Finished: return "finished";
+    case Phase::Failed: return "failed";
+  }
+  return "?";
+}
+
+const NodeInfo* RoundState::member(const std::string& id) const {
+  for (const auto& m : members)
+    if (m.id == id) return &m;
+  return nullptr;
+}
+
+int RoundState::rankOf(const std::string& id) const {
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].id == id) return static_cast<int>(i);
+  return -1;
+}
+
+bool RoundState::knows(const std::string& id) const {
+  auto has = [&](const std::vector<NodeInfo>& v) {
+    return std::any_of(v.begin(), v.end(), [&](const NodeInfo& n) { return n.id == id; });
+  };
+  return has(members) || has(waiting) || has(expected);
+}
+
+std::vector<std::string> RoundState::allIds() const {
+  std::set<std::string> ids;
+  for (const auto* v : {&members, &waiting, &expected})
+    for (const auto& n : *v) ids.insert(n.id);
+  return {ids.begin(), ids.end()};
+}
+
+bool naturalLess(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) &&
+        std::isdigit(static_cast<unsigned char>(b[j]))) {
+      size_t i2 = i, j2 = j;
+      while (i2 < a.size() && std::isdigit(static_cast<unsigned char>(a[i2]))) ++i2;
+      while (j2 < b.size() && std::isdigit(static_cast<unsigned char>(b[j2]))) ++j2;
+      // Compare the numbers without overflow: strip leading zeros, then length, then digits.
+      std::string_view x(a.data() + i, i2 - i), y(b.data() + j, j2 - j);
+      while (x.size() > 1 && x[0] == '0') x.remove_prefix(1);
+      while (y.size() > 1 && y[0] == '0') y.remove_prefix(1);
+      if (x.size() != y.size()) return x.size() < y.size();
+      if (x != y) return x < y;
+      i = i2;
+      j = j2;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i;
+    ++j;
+  }
+  return a.size() - i < b.size() - j;
+}
+
+// ---- Encoding ----
+//   ddprun-rendezvous-state 1
+//   round <r>
+//   phase joining|closed|finished|failed
+//   restarts <n>
+//   exit <code>
+//   reason <text to the end of the line>
+//   member|waiting|expected <id> <addr> <nproc> <masterPort> <fixedRank> <prevRank>
+namespace {
+constexpr const char* kMagic = "ddprun-rendezvous-state 1";
+
+void encodeNode(std::ostringstream& os, const char* tag, const NodeInfo& n) {
+  os << tag << ' ' << n.id << ' ' << n.addr << ' ' << n.nproc << ' ' << n.masterPort << ' '
+     << n.fixedRank << ' ' << n.prevRank << '\n';
+}
+
+std::string oneLine(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+}  // namespace
+
+std::string encodeState(const RoundState& s) {
+  std::ostringstream os;
+  os << kMagic << '\n'
+     << "round " << s.round << '\n'
+     << "phase " << phaseName(s.phase) << '\n'
+     << "restarts " << s.restarts << '\n'
+     << "exit " << s.exitCode << '\n'
+     << "reason " << oneLine(s.reason) << '\n';
+  for (const auto& n : s.members) encodeNode(os, "member", n);
+  for (const auto& n : s.waiting) encodeNode(os, "waiting", n);
+  for (const auto& n : s.expected) encodeNode(os, "expected", n);
+  return os.str();
+}
+
+RoundState decodeState(const std::string& text, const std::string& what) {
+  auto bad = [&](const std::string& why) -> StoreError {
+    return StoreError("rendezvous state " + what + " is not valid (" + why +
+                      "): is another program using this rendezvous id?");
+  };
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != kMagic) throw bad("no '" + std::string(kMagic) + "' header");
+  RoundState s;
+  bool seenRound = false, seenPhase = false;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string tag;
+    ls >> tag;
+    if (tag == "reason") {
+      s.reason = line.size() > 7 ? line.substr(7) : "";
+      continue;
+    }
+    if (tag == "round") {
+      if (!(ls >> s.round) || s.round < 0) throw bad("round: '" + line + "'");
+      seenRound = true;
+    } else if (tag == "phase") {
+      std::string p;
+      ls >> p;
+      if (p == "joining") s.phase = Phase::Joining;
+      else if (p == "closed") s.phase = Phase::Closed;
+      else if (p == "finished") s.phase = Phase::Finished;
+      else if (p == "failed") s.phase = Phase::Failed;
+      else throw bad("phase '" + p + "'");
+      seenPhase = true;
+    } else if (tag == "restarts") {
+      if (!(ls >> s.restarts) || s.restarts < 0) throw bad("restarts: '" + line + "'");
+    } else if (tag == "exit") {
+      if (!(ls >> s.exitCode)) throw bad("exit: '" + line + "'");
+    } else if (tag == "member" || tag == "waiting" || tag == "expected") {
+      NodeInfo n;
+      int port = 0;
+      if (!(ls >> n.id >> n.addr >> n.nproc >> port >> n.fixedRank >> n.prevRank) ||
+          n.nproc < 1 || port < 0 || port > 65535) {
+        throw bad("node record '" + line + "'");
+      }
+      n.masterPort = static_cast<uint16_t>(port);
+      (tag == "member" ? s.members : tag == "waiting" ? s.waiting : s.expected).push_back(n);
+    } else if (!tag.empty()) {
+      throw bad("unknown record '" + tag + "'");
+    }
+  }
+  if (!seenRound || !seenPhase) throw bad("round or phase missing");
+  return s;
+}
+
+// ---- Transitions ----
+namespace transition {
+namespace {
+
+// Assigns node ranks and closes the round: fixed ranks first, then each node's previous
+// rank when it still exists, then the rest in address order on the free ranks.
+RoundState close(RoundState s) {
+  const int n = static_cast<int>(s.members.size());
+  std::vector<std::optional<NodeInfo>> byRank(n);
+  std::vector<NodeInfo> rest;
+  std::vector<NodeInfo> keep;
+  for (const auto& m : s.members) {
+    if (m.fixedRank >= 0 && m.fixedRank < n && !byRank[m.fixedRank]) byRank[m.fixedRank] = m;
+    else keep.push_back(m);
+  }
+  std::sort(keep.begin(), keep.end(),
+            [](const NodeInfo& a, const NodeInfo& b) { return a.prevRank < b.prevRank; });
+  for (const auto& m : keep) {
+    if (m.prevRank >= 0 && m.prevRank < n && !byRank[m.prevRank]) byRank[m.prevRank] = m;
+    else rest.push_back(m);
+  }
+  std::sort(rest.begin(), rest.end(), [](const NodeInfo& a, const NodeInfo& b) {
+    if (a.addr != b.addr) return naturalLess(a.addr, b.addr);
+    return a.id < b.id;
+  });
+  size_t next = 0;
+  for (auto& slot : byRank)
+    if (!slot) slot = rest[next++];
+  s.members.clear();
+  for (auto& slot : byRank) {
+    slot->prevRank = -1;
+    s.members.push_back(*slot);
+  }
+  s.expected.clear();
+  s.phase = Phase::Closed;
+  return s;
+}
+
+bool allExpectedBack(const RoundState& s) {
+  if (s.expected.empty()) return false;  // the first round waits for MAX or its deadline
+  return std::all_of(s.expected.begin(), s.expected.end(),
+                     [&](const NodeInfo& e) { return s.member(e.id) != nullptr; });
+}
+
+RoundState maybeClose(RoundState s, const JobLimits& lim) {
+  const int n = static_cast<int>(s.members.size());
+  if (s.phase == Phase::Joining && (n >= lim.maxNodes || (n >= lim.minNodes && allExpectedBack(s))))
+    return close(std::move(s));
+  return s;
+}
+
+// Round r+1 of a closed round, awaiting every member (with its rank) and waiting node back,
+// except `without`.
+RoundState openNext(const RoundState& s, const std::string& without, std::string reason) {
+  RoundState next;
+  next.round = s.round + 1;
+  next.phase = Phase::Joining;
+  next.restarts = s.restarts;
+  next.reason = std::move(reason);
+  for (size_t r = 0; r < s.members.size(); ++r) {
+    if (s.members[r].id == without) continue;
+    NodeInfo e = s.members[r];
+    e.prevRank = static_cast<int>(r);
+    next.expected.push_back(e);
+  }
+  for (const auto& w : s.waiting)
+    if (w.id != without) next.expected.push_back(w);
+  return next;
+}
+
+std::string describe(const NodeInfo& n) { return "node " + n.id + " (" + n.addr + ")"; }
+
+void checkFixedRank(const std::vector<NodeInfo>& nodes, const NodeInfo& node,
+                    const JobLimits& lim) {
+  if (node.fixedRank < 0) return;
+  if (node.fixedRank >= lim.maxNodes) {
+    throw ConfigError("--node-rank=" + std::to_string(node.fixedRank) + " is out of range for " +
+                      std::to_string(lim.maxNodes) + " nodes (allowed: 0.." +
+                      std::to_string(lim.maxNodes - 1) + ")");
+  }
+  for (const auto& m : nodes) {
+    if (m.fixedRank == node.fixedRank && m.id != node.id) {
+      throw ConfigError("--node-rank=" + std::to_string(node.fixedRank) + " is already taken by " +
+                        describe(m) + ": give every node a different --node-rank");
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const JobLimits& lim) {
+  if (s.phase == Phase::Finished || s.phase == Phase::Failed) {
+    throw JobEndedError(std::string("the job has already ") +
+                        (s.phase == Phase::Finished ? "finished" : "failed") + " (" + s.reason +
+                        "): use a new --rdzv-id for a new job");
+  }
+  if (s.member(node.id)) return std::nullopt;
+  if (s.phase == Phase::Joining) {
+    checkFixedRank(s.members, node, lim);
+    RoundState next = s;
+    NodeInfo n = node;
+    n.prevRank = -1;
+    for (const auto& e : s.expected)
+      if (e.id == node.id) n.prevRank = e.prevRank;
+    next.members.push_back(n);
+    return maybeClose(std::move(next), lim);
+  }
+  // Closed.
+  for (const auto& w : s.waiting)
+    if (w.id == node.id) return std::nullopt;
+  if (static_cast<int>(s.members.size()) < lim.maxNodes) {
+    checkFixedRank(s.members, node, lim);
+    RoundState next = openNext(s, "", describe(node) + " arrived");
+    NodeInfo n = node;
+    n.prevRank = -1;
+    next.members.push_back(n);
+    return maybeClose(std::move(next), lim);
+  }
+  RoundState next = s;
+  next.waiting.push_back(node);
+  return next;
+}
+
+std::optional<RoundState> closeAtDeadline(const RoundState& s, int64_t round,
+                                          const JobLimits& lim) {
+  if (s.phase != Phase::Joining || s.round != round ||
+      static_cast<int>(s.members.size()) < lim.minNodes) {
+    return std::nullopt;
+  }
+  return close(s);
+}
+
+std::optional<RoundState> remove(const RoundState& s, const std::string& id,
+                                 const std::string& reason, const JobLimits& lim) {
+  auto erase = [&](std::vector<NodeInfo>& v) {
+    auto it = std::remove_if(v.begin(), v.end(), [&](const NodeInfo& n) { return n.id == id; });
+    bool found = it != v.end();
+    v.erase(it, v.end());
+    return found;
+  };
+  if (s.phase == Phase::Joining) {
+    RoundState next = s;
+    bool a = erase(next.members), b = erase(next.expected), c = erase(next.waiting);
+    if (!(a || b || c)) return std::nullopt;
+    return maybeClose(std::move(next), lim);
+  }
+  if (s.phase != Phase::Closed) return std::nullopt;
+  if (s.member(id)) return openNext(s, id, reason);
+  RoundState next = s;
+  if (!erase(next.waiting)) return std::nullopt;
+  return next;
+}
+
+std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const std::string& id,
+                                      int exitCode, const std::string& reason,
+                                      const JobLimits& lim) {
+  if (s.phase != Phase::Closed || s.round != round || !s.member(id)) return std::nullopt;
+  if (s.restarts < lim.maxRestarts) {
+    RoundState next = openNext(s, "", reason + " (restart " + std::to_string(s.restarts + 1) +
+                                          " of " + std::to_string(lim.maxRestarts) + ")");
+    next.restarts = s.restarts + 1;
+    return next;
+  }
+  RoundState next = s;
+  next.phase = Phase::Failed;
+  next.exitCode = exitCode;
+  next.waiting.clear();
+  next.reason = reason + " and no restart is left (max_restarts=" +
+                std::to_string(lim.maxRestarts) + ")";
+  return next;
+}
+
+std::optional<RoundState> finish(const RoundState& s, int64_t round) {
+  if (s.phase != Phase::Closed || s.round != round) return std::nullopt;
+  RoundState next = s;
+  next.phase = Phase::Finished;
+  next.waiting.clear();
+  next.reason = "every node's workers succeeded in round " + std::to_string(round);
+  return next;
+}
+
+}  // namespace transition
+
+std::string lastCallKey(int64_t round) { return "round/" + std::to_string(round) + "/last_call"; }
+std::string closedKey(int64_t round) { return "round/" + std::to_string(round) + "/closed"; }
+std::string overKey(int64_t round) { return "round/" + std::to_string(round) + "/over"; }
+
+std::vector<std::string> markersFor(const RoundState& s, const JobLimits& lim) {
+  std::vector<std::string> keys;
+  if (s.round > 0) keys.push_back(overKey(s.round - 1));
+  if (s.phase != Phase::Joining || static_cast<int>(s.members.size()) >= lim.minNodes)
+    keys.push_back(lastCallKey(s.round));
+  if (s.phase != Phase::Joining) keys.push_back(closedKey(s.round));
+  if (s.phase == Phase::Finished || s.phase == Phase::Failed) keys.push_back(overKey(s.round));
+  return keys;
+}
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,117 @@
+#pragma once
+// RoundState: the state of one multi-node job's rendezvous, and the pure transitions on it.
+//
+// The job's history is a log of states kept in the store (see state_log.h); every agent
+// changes it only by computing `next = transition(current)` and appending `next` with a
+// compare-set, so every transition here is a pure function of the state it is applied to:
+// no clocks, no I/O. Each returns the new state, or nullopt when it does not apply (nothing
+// to write). docs/rendezvous.md draws the state diagram.
+//
+//   Joining(r) --join reaches MAX, or MIN reached and every expected node is back,
+//               or the last-call deadline passes with >= MIN--> Closed(r)
+//   Closed(r)  --a node arrives (room left), a member leaves or is evicted,
+//               or workers fail (restart budget left)--> Joining(r+1)
+//   Closed(r)  --workers fail, no restart left--> Failed;  --every node done--> Finished
+//
+// In Closed(r) `members` is ordered by node rank. Node ranks are stable: a node of round r
+// keeps its rank in round r+1 when that rank still exists; newcomers fill the free ranks in
+// address order.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rendezvous/errors.h"
+
+namespace ddprun::rendezvous {
+
+// The job this node tried to join has already finished or failed: there is nothing to join.
+class JobEndedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// One agent (node) as the rendezvous sees it.
+struct NodeInfo {
+  std::string id;           // unique per agent process; no whitespace
+  std::string addr;         // the address it advertises (MASTER_ADDR when it has rank 0)
+  int nproc = 1;            // workers on this node
+  uint16_t masterPort = 0;  // a port free on `addr`, used as MASTER_PORT when it has rank 0
+  int fixedRank = -1;       // static backend: --node-rank; -1 for dynamic nodes
+  int prevRank = -1;        // Joining only: its rank in the round before (-1: none)
+  bool operator==(const NodeInfo&) const = default;
+};
+
+enum class Phase : uint8_t { Joining, Closed, Finished, Failed };
+const char* phaseName(Phase p);
+
+struct RoundState {
+  int64_t round = 0;
+  Phase phase = Phase::Joining;
+  int restarts = 0;               // restarts spent by the whole job (counted once per job)
+  std::vector<NodeInfo> members;  // Joining: join order; Closed/Finished/Failed: rank order
+  std::vector<NodeInfo> waiting;  // Closed: arrivals while the round was full
+  std::vector<NodeInfo> expected; // Joining: nodes of the round before, awaited back (prevRank set)
+  int exitCode = 0;               // Failed: the root cause's exit code
+  std::string reason;             // why this round was opened / the job ended (one line)
+
+  const NodeInfo* member(const std::string& id) const;
+  int rankOf(const std::string& id) const;  // -1 when not a member
+  bool knows(const std::string& id) const;  // member, waiting or expected
+  // Every node id the state mentions, sorted (the heartbeat ring).
+  std::vector<std::string> allIds() const;
+  bool operator==(const RoundState&) const = default;
+};
+
+// Membership bounds of the job (--nnodes MIN:MAX) and its restart budget (--max-restarts).
+struct JobLimits {
+  int minNodes = 1;
+  int maxNodes = 1;
+  int maxRestarts = 0;
+};
+
+// Text encoding, one record per line; decode throws StoreError naming `what` on bad input.
+std::string encodeState(const RoundState& s);
+RoundState decodeState(const std::string& text, const std::string& what);
+
+namespace transition {
+
+// `node` asks to take part. Joining: it becomes a member (closing the round when it reaches
+// MAX, or MIN with every expected node back). Closed with room: it opens round r+1 with the
+// members expected back. Closed and full: it waits. Throws ConfigError when its fixed rank is
+// out of range or already taken, and JobEndedError when the job has finished or failed.
+std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const JobLimits& lim);
+
+// The last-call deadline of round `round` passed: close it when it has at least MIN members.
+std::optional<RoundState> closeAtDeadline(const RoundState& s, int64_t round, const JobLimits& lim);
+
+// Node `id` left (SIGTERM) or was evicted (no heartbeat). A member of a closed round opens
+// round r+1 without it; in a joining round it is dropped (which may close the round).
+std::optional<RoundState> remove(const RoundState& s, const std::string& id,
+                                 const std::string& reason, const JobLimits& lim);
+
+// Workers of node `id` failed in round `round`: spend one restart of the job-wide budget and
+// open round r+1, or end the job as Failed when none is left. No-op when round `round` is over.
+std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const std::string& id,
+                                      int exitCode, const std::string& reason,
+                                      const JobLimits& lim);
+
+// Every node's workers succeeded in round `round`: the job is Finished.
+std::optional<RoundState> finish(const RoundState& s, int64_t round);
+
+}  // namespace transition
+
+// Marker keys: write-once wake-up keys derived from a state, so that waiters WAIT on one key
+// instead of following every version. Each maps to the version that implies it.
+//   round/<r>/last_call  round r has >= MIN members (its last-call deadline is running)
+//   round/<r>/closed     round r closed
+//   round/<r>/over       round r ended: a new round opened, or the job finished or failed
+std::string lastCallKey(int64_t round);
+std::string closedKey(int64_t round);
+std::string overKey(int64_t round);
+std::vector<std::string> markersFor(const RoundState& s, const JobLimits& lim);
+
+// Compares strings with runs of digits compared as numbers ("127.0.0.9" < "127.0.0.10").
+bool naturalLess(const std::string& a, const std::string& b);
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,83 @@
+#pragma once
+// StateLog: a job's rendezvous state kept in the store as an append-only log of versions.
+//
+// Version v is the key `state/<v>` (v = 1, 2, ...; version 0 is the implicit empty round 0).
+// Each version is written once, by COMPARE_SET against the missing key, so concurrent writers
+// are ordered by the store: exactly one wins version v+1, and every loser gets the winner's
+// state back in the same round trip and retries its transition on top of it. After a win, the
+// writer sets, in one MULTI_SET, the marker keys the new state implies (markersFor in
+// round_state.h) and the hint `latest` = v+1. Waiters WAIT on one marker key (or on the next
+// version's key); nobody sleeps and polls.
+//
+// A StateLog uses the one Store it is given; give each thread its own connection.
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+
+#include "rendezvous/round_state.h"
+#include "rendezvous/store.h"
+
+namespace ddprun::rendezvous {
+
+struct Versioned {
+  int64_t version = 0;
+  RoundState state;
+};
+
+std::string stateKey(int64_t version);
+inline constexpr const char* kLatestKey = "latest";
+
+class StateLog {
+ public:
+  using Transition = std::function<std::optional<RoundState>(const RoundState&)>;
+
+  StateLog(Store& store, JobLimits limits) : store_(store), limits_(limits) {}
+
+  // A recent version: the one the hint names (possibly a few versions behind).
+  Versioned latest();
+  Versioned read(int64_t version);
+  // The newest version at the time of the call, starting from `known`.
+  Versioned refresh(Versioned known);
+
+  struct Result {
+    Versioned now;      // the state that holds after the call
+    bool wrote = false;  // whether `fn`'s result was appended
+  };
+  // Applies `fn` to the newest state and appends its result; on a lost race retries on the
+  // winner's state. When `fn` returns nullopt on the newest state, nothing is written.
+  Result update(Versioned known, const Transition& fn);
+
+  // Waits up to `timeout` for marker (or any) `key`; returns the version its value names.
+  std::optional<int64_t> waitMarker(const std::string& key, Millis timeout);
+  // Waits up to `timeout` for a version newer than `known`; returns it.
+  std::optional<Versioned> waitNewer(const Versioned& known, Millis timeout);
+
+  Store& store() { return store_; }
+  const JobLimits& limits() const { return limits_; }
+
+ private:
+  void publish(const Versioned& v);
+
+  Store& store_;
+  JobLimits limits_;
+};
+
+// StateView: the newest state one agent has seen, shared by its threads. The heartbeat
+// monitor picks the node it watches from it, and waits on it for changes.
+class StateView {
+ public:
+  void offer(const Versioned& v);
+  Versioned get();
+  // Blocks until a version newer than `seen` is offered or stop() is called (then false).
+  bool waitNewer(int64_t seen);
+  void stop();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Versioned newest_;
+  bool stopped_ = false;
+};
+
+}  // namespace ddprun::rendezvous
