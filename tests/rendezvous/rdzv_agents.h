@@ -1,0 +1,89 @@
+#pragma once
+// Test helpers: agents (DynamicRendezvous objects) as threads against one real StoreServer,
+// each recording the events its watcher delivers.
+#include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+
+#include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/threaded_store_server.h"
+
+namespace rdzvtest {
+
+using namespace ddprun::rendezvous;
+using ddprun::rendezvous::Millis;
+
+// Events delivered to one agent, waited for with a timeout.
+class Events {
+ public:
+  void push(const RoundEvent& e) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      q_.push_back(e);
+    }
+    cv_.notify_all();
+  }
+  std::optional<RoundEvent> next(Millis timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !q_.empty(); })) return std::nullopt;
+    RoundEvent e = q_.front();
+    q_.pop_front();
+    return e;
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> g(mu_);
+    return q_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RoundEvent> q_;
+};
+
+struct Agent {
+  Events events;
+  std::unique_ptr<DynamicRendezvous> rdzv;
+};
+
+// Options for an agent on 127.0.0.<n> against the server on `port`, with short timeouts.
+inline DynamicRendezvousOptions agentOptions(uint16_t port, const std::string& runId, int n,
+                                             JobLimits lim) {
+  DynamicRendezvousOptions o;
+  o.runId = runId;
+  o.store.host = "127.0.0.1";
+  o.store.port = port;
+  o.store.timeout = Millis(5'000);
+  o.store.connectTimeout = Millis(2'000);
+  o.limits = lim;
+  o.localAddr = "127.0.0." + std::to_string(n);
+  o.joinTimeout = Millis(10'000);
+  o.lastCallTimeout = Millis(300);
+  o.closeTimeout = Millis(2'000);
+  o.exitBarrierTimeout = Millis(10'000);
+  o.heartbeat = {.interval = Millis(100), .missedBeats = 3};
+  return o;
+}
+
+inline std::unique_ptr<Agent> makeAgent(DynamicRendezvousOptions o) {
+  auto a = std::make_unique<Agent>();
+  Events* ev = &a->events;
+  a->rdzv = std::make_unique<DynamicRendezvous>(std::move(o),
+                                                [ev](const RoundEvent& e) { ev->push(e); });
+  return a;
+}
+
+// nextRound() on every agent at once; returns the rounds by agent index.
+inline std::vector<RoundInfo> allNextRound(const std::vector<Agent*>& agents) {
+  std::vector<std::future<RoundInfo>> fs;
+  for (Agent* a : agents)
+    fs.push_back(std::async(std::launch::async, [a] { return a->rdzv->nextRound(); }));
+  std::vector<RoundInfo> out;
+  for (auto& f : fs) out.push_back(f.get());
+  return out;
+}
+
+}  // namespace rdzvtest

@@ -1,0 +1,140 @@
+// Agents as threads against a real StoreServer on loopback: rounds, ranks, elasticity.
+#include "rdzv_agents.h"
+
+using namespace rdzvtest;
+using ddprun::ConfigError;
+using ddprun::TimeoutError;
+
+TEST_CASE("4 agents with different nproc form one round", "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  std::vector<std::unique_ptr<Agent>> agents;
+  std::vector<Agent*> ptrs;
+  for (int i = 0; i < 4; ++i) {
+    auto o = agentOptions(server.port(), "job4", 2 + i, {.minNodes = 4, .maxNodes = 4});
+    o.nproc = i + 1;  // 127.0.0.2 runs 1 worker, .3 runs 2, .4 runs 3, .5 runs 4
+    agents.push_back(makeAgent(o));
+    ptrs.push_back(agents.back().get());
+  }
+  auto rounds = allNextRound(ptrs);
+  for (int i = 0; i < 4; ++i) {
+    INFO("agent " << i);
+    CHECK(rounds[i].round == 0);
+    CHECK(rounds[i].nodeCount == 4);
+    CHECK(rounds[i].worldSize == 10);
+    CHECK(rounds[i].nodeRank == i);  // address order
+    CHECK(rounds[i].rankOffset == i * (i + 1) / 2);  // prefix sums of nproc 1, 2, 3, 4
+    CHECK(rounds[i].masterAddr == "127.0.0.2");
+    CHECK(rounds[i].masterPort == rounds[0].masterPort);
+    CHECK(rounds[i].masterPort != 0);
+    CHECK(rounds[i].restartCount == 0);
+  }
+}
+
+TEST_CASE("MIN:MAX: the last call closes with MIN; an arrival starts a new round, ranks kept",
+          "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  auto a = makeAgent(agentOptions(server.port(), "elastic", 7, lim));
+  auto b = makeAgent(agentOptions(server.port(), "elastic", 3, lim));
+  const auto t0 = Clock::now();
+  auto r0 = allNextRound({a.get(), b.get()});
+  const auto waited = Clock::now() - t0;
+  CHECK(waited >= Millis(250));  // the last call (300 ms) ran: MAX was not reached
+  CHECK(r0[0].nodeCount == 2);
+  CHECK(r0[0].nodeRank == 1);  // 127.0.0.7 after 127.0.0.3
+  CHECK(r0[1].nodeRank == 0);
+
+  // A third node arrives while the job runs: both running agents hear of it at once.
+  auto c = makeAgent(agentOptions(server.port(), "elastic", 1, lim));
+  auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
+  for (Agent* x : {a.get(), b.get()}) {
+    auto e = x->events.next(Millis(5'000));
+    REQUIRE(e);
+    CHECK(e->kind == RoundEvent::Kind::Superseded);
+    CHECK(e->round == 0);
+    CHECK(e->message.find("arrived") != std::string::npos);
+  }
+  const auto t1 = Clock::now();
+  auto r1 = allNextRound({a.get(), b.get()});
+  RoundInfo rc = fc.get();
+  // Every expected node came back: no last-call wait this time.
+  CHECK(Clock::now() - t1 < Millis(250));
+  CHECK(r1[0].round == 1);
+  CHECK(r1[0].nodeCount == 3);
+  CHECK(r1[0].nodeRank == 1);  // kept
+  CHECK(r1[1].nodeRank == 0);  // kept
+  CHECK(rc.nodeRank == 2);     // the newcomer takes the free rank, though its address sorts first
+  CHECK(r1[0].restartCount == 0);  // membership changes spend no restart
+  CHECK(a->events.size() == 0);
+}
+
+TEST_CASE("a clean leave re-forms the others without it", "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  auto a = makeAgent(agentOptions(server.port(), "leave", 2, lim));
+  auto b = makeAgent(agentOptions(server.port(), "leave", 3, lim));
+  auto c = makeAgent(agentOptions(server.port(), "leave", 4, lim));
+  allNextRound({a.get(), b.get(), c.get()});  // MAX reached: closes at once
+  a->rdzv->leave("SIGTERM");
+  for (Agent* x : {b.get(), c.get()}) {
+    auto e = x->events.next(Millis(5'000));
+    REQUIRE(e);
+    CHECK(e->kind == RoundEvent::Kind::Superseded);
+    CHECK(e->message.find("left: SIGTERM") != std::string::npos);
+  }
+  auto r = allNextRound({b.get(), c.get()});
+  CHECK(r[0].nodeCount == 2);
+  CHECK(r[0].nodeRank == 1);  // b keeps rank 1
+  CHECK(r[1].nodeRank == 0);  // c had rank 2, which is gone: it takes rank 0
+  CHECK(a->events.size() == 0);  // the leaver is not told about its own departure
+}
+
+TEST_CASE("two jobs on one store never see each other", "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 2, .maxNodes = 2};
+  auto a1 = makeAgent(agentOptions(server.port(), "jobA", 2, lim));
+  auto b1 = makeAgent(agentOptions(server.port(), "jobB", 3, lim));
+  auto a2 = makeAgent(agentOptions(server.port(), "jobA", 4, lim));
+  auto b2 = makeAgent(agentOptions(server.port(), "jobB", 5, lim));
+  auto r = allNextRound({a1.get(), b1.get(), a2.get(), b2.get()});
+  CHECK(r[0].nodes.size() == 2);
+  CHECK(r[0].nodes[0].addr == "127.0.0.2");
+  CHECK(r[0].nodes[1].addr == "127.0.0.4");
+  CHECK(r[1].nodes[0].addr == "127.0.0.3");
+  CHECK(r[1].nodes[1].addr == "127.0.0.5");
+}
+
+TEST_CASE("nodes with different --nnodes for one job are refused", "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  auto a = makeAgent(agentOptions(server.port(), "cfg", 2, {.minNodes = 2, .maxNodes = 2}));
+  CHECK_THROWS_WITH(makeAgent(agentOptions(server.port(), "cfg", 3, {.minNodes = 1, .maxNodes = 2})),
+                    Catch::Contains("nnodes=1:2") && Catch::Contains("nnodes=2:2"));
+  CHECK_THROWS_AS(makeAgent(agentOptions(server.port(), "bad id", 3, {})), ConfigError);
+}
+
+TEST_CASE("a round below MIN fails after join_timeout, naming the counts", "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  auto o = agentOptions(server.port(), "lonely", 2, {.minNodes = 2, .maxNodes = 2});
+  o.joinTimeout = Millis(300);
+  auto a = makeAgent(o);
+  CHECK_THROWS_WITH(a->rdzv->nextRound(),
+                    Catch::Contains("join_timeout") && Catch::Contains("1 node(s) joined, MIN=2"));
+}
+
+TEST_CASE("a full job keeps an arrival waiting until a place frees up", "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 2};
+  auto a = makeAgent(agentOptions(server.port(), "full", 2, lim));
+  auto b = makeAgent(agentOptions(server.port(), "full", 3, lim));
+  allNextRound({a.get(), b.get()});
+  auto c = makeAgent(agentOptions(server.port(), "full", 4, lim));
+  auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
+  CHECK_FALSE(a->events.next(Millis(400)));  // the job is full: nobody restarts for c
+  b->rdzv->leave("scaled down");
+  REQUIRE(a->events.next(Millis(5'000)));
+  auto ra = a->rdzv->nextRound();
+  auto rc = fc.get();
+  CHECK(ra.nodeCount == 2);
+  CHECK(ra.nodeRank == 0);
+  CHECK(rc.nodeRank == 1);
+}

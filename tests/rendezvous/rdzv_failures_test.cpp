@@ -1,0 +1,151 @@
+// Agents as threads against a real StoreServer: dead nodes, worker failures, the exit
+// barrier, a lost store, and endpoints that are not this job's store.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "rdzv_agents.h"
+
+using namespace rdzvtest;
+using ddprun::AuthError;
+using ddprun::StoreError;
+
+TEST_CASE("a node whose heartbeats stop is evicted; survivors re-form", "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  auto a = makeAgent(agentOptions(server.port(), "hb", 2, lim));
+  auto b = makeAgent(agentOptions(server.port(), "hb", 3, lim));
+  auto c = makeAgent(agentOptions(server.port(), "hb", 4, lim));
+  allNextRound({a.get(), b.get(), c.get()});
+  // Destroying the object stops its heartbeats without a leave: to the others it is dead.
+  const auto t0 = Clock::now();
+  b.reset();
+  for (Agent* x : {a.get(), c.get()}) {
+    auto e = x->events.next(Millis(5'000));
+    REQUIRE(e);
+    CHECK(e->kind == RoundEvent::Kind::Superseded);
+    CHECK(e->message.find("no heartbeat") != std::string::npos);
+  }
+  const auto detected = std::chrono::duration_cast<Millis>(Clock::now() - t0);
+  // 3 missed beats of 100 ms: detection within the heartbeat timeout (plus scheduling slack).
+  CHECK(detected <= Millis(300 + 400));
+  auto r = allNextRound({a.get(), c.get()});
+  CHECK(r[0].nodeCount == 2);
+  CHECK(r[0].nodeRank == 0);  // kept
+  CHECK(r[1].nodeRank == 1);  // rank 2 is gone: the free rank 1
+  CHECK(r[0].restartCount == 0);
+}
+
+TEST_CASE("worker failures restart every node and spend the budget once per job",
+          "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 2, .maxNodes = 2, .maxRestarts = 1};
+  auto a = makeAgent(agentOptions(server.port(), "fail", 2, lim));
+  auto b = makeAgent(agentOptions(server.port(), "fail", 3, lim));
+  allNextRound({a.get(), b.get()});
+
+  CHECK(b->rdzv->reportFailure(3, "exit code 3") == DynamicRendezvous::AfterFailure::Restart);
+  auto e = a->events.next(Millis(5'000));
+  REQUIRE(e);
+  CHECK(e->kind == RoundEvent::Kind::Superseded);
+  CHECK(e->message.find("exit code 3") != std::string::npos);
+  // a's workers die of the same cause a moment later: round 0 is already over, no spend.
+  auto r1 = allNextRound({a.get(), b.get()});
+  CHECK(r1[0].restartCount == 1);
+  CHECK(r1[1].restartCount == 1);
+
+  CHECK(a->rdzv->reportFailure(7, "exit code 7") == DynamicRendezvous::AfterFailure::JobFailed);
+  CHECK(a->rdzv->jobExitCode() == 7);
+  auto f = b->events.next(Millis(5'000));
+  REQUIRE(f);
+  CHECK(f->kind == RoundEvent::Kind::JobFailed);
+  CHECK(f->exitCode == 7);
+  CHECK(f->message.find("no restart is left") != std::string::npos);
+  CHECK_THROWS_AS(b->rdzv->nextRound(), JobEndedError);
+}
+
+TEST_CASE("the exit barrier: finished only when every node's workers succeeded",
+          "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 2, .maxNodes = 2, .maxRestarts = 2};
+  auto ho = agentOptions(server.port(), "exit", 2, lim);
+  ho.isHost = true;
+  auto host = makeAgent(ho);
+  auto b = makeAgent(agentOptions(server.port(), "exit", 3, lim));
+  allNextRound({host.get(), b.get()});
+
+  // The host finishes first, then b's workers fail: the host rejoins instead of finishing.
+  auto fh = std::async(std::launch::async, [&] { return host->rdzv->finishRound(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(b->rdzv->reportFailure(1, "exit code 1") == DynamicRendezvous::AfterFailure::Restart);
+  CHECK(fh.get() == DynamicRendezvous::AfterSuccess::Rejoin);
+
+  allNextRound({host.get(), b.get()});
+  auto fh2 = std::async(std::launch::async, [&] { return host->rdzv->finishRound(); });
+  CHECK(fh2.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  CHECK(b->rdzv->finishRound() == DynamicRendezvous::AfterSuccess::Finished);
+  CHECK(fh2.get() == DynamicRendezvous::AfterSuccess::Finished);
+  CHECK(host->events.size() == 0);
+  CHECK(b->events.size() == 0);
+  // A node arriving now learns that the job is over.
+  auto late = makeAgent(agentOptions(server.port(), "exit", 4, lim));
+  CHECK_THROWS_WITH(late->rdzv->nextRound(), Catch::Contains("already finished"));
+}
+
+TEST_CASE("losing the store is reported to every agent, naming the endpoint",
+          "[rdzv][failures]") {
+  auto server = std::make_unique<ThreadedStoreServer>(StoreServerOptions{.host = "127.0.0.1"});
+  const uint16_t port = server->port();
+  const JobLimits lim{.minNodes = 2, .maxNodes = 2};
+  auto oa = agentOptions(port, "lost", 2, lim);
+  auto ob = agentOptions(port, "lost", 3, lim);
+  oa.store.timeout = ob.store.timeout = Millis(500);  // read_timeout
+  auto a = makeAgent(oa);
+  auto b = makeAgent(ob);
+  allNextRound({a.get(), b.get()});
+  const auto t0 = Clock::now();
+  server.reset();
+  for (Agent* x : {a.get(), b.get()}) {
+    auto e = x->events.next(Millis(5'000));
+    REQUIRE(e);
+    CHECK(e->kind == RoundEvent::Kind::StoreLost);
+    CHECK(e->message.find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
+  }
+  CHECK(Clock::now() - t0 < Millis(500 + 100 + 1'000));  // within read_timeout + a beat
+}
+
+TEST_CASE("an endpoint that is not a ddprun store, or has another token, is refused",
+          "[rdzv][failures]") {
+  // A listener that accepts and closes at once, as a foreign service on the port would.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::listen(fd, 8);
+  std::thread closer([fd] {
+    for (int i = 0; i < 1; ++i) {
+      int c = ::accept(fd, nullptr, nullptr);
+      if (c >= 0) {
+        const char junk[] = "HTTP/1.0 400 Bad Request\r\n\r\n";
+        (void)!::write(c, junk, sizeof junk - 1);
+        ::close(c);
+      }
+    }
+  });
+  auto o = agentOptions(ntohs(addr.sin_port), "foreign", 2, {});
+  CHECK_THROWS_AS(makeAgent(o), StoreError);
+  closer.join();
+  ::close(fd);
+
+  ThreadedStoreServer secured({.host = "127.0.0.1", .port = 0, .authToken = "right-token"});
+  auto w = agentOptions(secured.port(), "tok", 2, {});
+  w.store.authToken = "wrong-token";
+  CHECK_THROWS_AS(makeAgent(w), AuthError);
+  w.store.authToken = "right-token";
+  CHECK_NOTHROW(makeAgent(w));
+}

@@ -1,0 +1,209 @@
+// The rendezvous state machine: pure transitions, encoding, rank assignment and markers.
+#include <catch2/catch.hpp>
+
+#include "rendezvous/round_state.h"
+
+using namespace ddprun;
+using namespace ddprun::rendezvous;
+
+namespace {
+
+NodeInfo node(const std::string& addr, int nproc = 1) {
+  return NodeInfo{.id = addr + "-1-aaaaaa", .addr = addr, .nproc = nproc, .masterPort = 1234};
+}
+
+// Applies join for each node in order; every join must change the state.
+RoundState joinAll(RoundState s, const std::vector<NodeInfo>& nodes, const JobLimits& lim) {
+  for (const auto& n : nodes) {
+    auto next = transition::join(s, n, lim);
+    REQUIRE(next.has_value());
+    s = *next;
+  }
+  return s;
+}
+
+std::vector<std::string> addrsByRank(const RoundState& s) {
+  std::vector<std::string> out;
+  for (const auto& m : s.members) out.push_back(m.addr);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a round closes when MAX nodes have joined, ranks in address order", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 3};
+  RoundState s = joinAll({}, {node("127.0.0.10"), node("127.0.0.3")}, lim);
+  CHECK(s.phase == Phase::Joining);  // MIN reached: last call, not closed
+  s = joinAll(s, {node("127.0.0.2")}, lim);
+  REQUIRE(s.phase == Phase::Closed);
+  CHECK(addrsByRank(s) == std::vector<std::string>{"127.0.0.2", "127.0.0.3", "127.0.0.10"});
+  CHECK(s.round == 0);
+  // Joining twice is a no-op.
+  CHECK_FALSE(transition::join(s, node("127.0.0.2"), lim).has_value());
+}
+
+TEST_CASE("the last-call deadline closes a round with at least MIN members", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 4};
+  RoundState one = joinAll({}, {node("10.0.0.1")}, lim);
+  CHECK_FALSE(transition::closeAtDeadline(one, 0, lim).has_value());  // below MIN
+  RoundState two = joinAll(one, {node("10.0.0.2")}, lim);
+  CHECK_FALSE(transition::closeAtDeadline(two, 1, lim).has_value());  // another round
+  auto closed = transition::closeAtDeadline(two, 0, lim);
+  REQUIRE(closed);
+  CHECK(closed->phase == Phase::Closed);
+  CHECK(closed->members.size() == 2);
+}
+
+TEST_CASE("an arrival in a running job opens a new round; ranks are kept", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  RoundState s = joinAll({}, {node("10.0.0.5"), node("10.0.0.7")}, lim);
+  s = *transition::closeAtDeadline(s, 0, lim);
+  REQUIRE(addrsByRank(s) == std::vector<std::string>{"10.0.0.5", "10.0.0.7"});
+
+  auto next = transition::join(s, node("10.0.0.1"), lim);  // sorts first by address...
+  REQUIRE(next);
+  CHECK(next->round == 1);
+  CHECK(next->phase == Phase::Joining);
+  CHECK(next->reason.find("arrived") != std::string::npos);
+  REQUIRE(next->expected.size() == 2);
+  CHECK(next->expected[1].prevRank == 1);
+  // ...but the old members keep their ranks when they come back: the newcomer gets rank 2.
+  RoundState r1 = joinAll(*next, {node("10.0.0.7"), node("10.0.0.5")}, lim);
+  REQUIRE(r1.phase == Phase::Closed);
+  CHECK(addrsByRank(r1) == std::vector<std::string>{"10.0.0.5", "10.0.0.7", "10.0.0.1"});
+  CHECK(r1.restarts == 0);  // a membership change spends no restart
+}
+
+TEST_CASE("a re-formed round closes as soon as every expected node is back", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 1, .maxNodes = 8};
+  RoundState s = joinAll({}, {node("a1"), node("a2"), node("a3")}, lim);
+  s = *transition::closeAtDeadline(s, 0, lim);
+  auto next = transition::remove(s, node("a2").id, "a2 left", lim);
+  REQUIRE(next);
+  CHECK(next->round == 1);
+  CHECK(next->reason == "a2 left");
+  RoundState r1 = joinAll(*next, {node("a3")}, lim);
+  CHECK(r1.phase == Phase::Joining);
+  r1 = joinAll(r1, {node("a1")}, lim);
+  REQUIRE(r1.phase == Phase::Closed);
+  // a3 had rank 2, which no longer exists: it takes the free rank 1. a1 keeps rank 0.
+  CHECK(addrsByRank(r1) == std::vector<std::string>{"a1", "a3"});
+}
+
+TEST_CASE("evicting an expected node that never returns closes the round", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  RoundState s = joinAll({}, {node("b1"), node("b2"), node("b3")}, lim);
+  REQUIRE(s.phase == Phase::Closed);
+  RoundState r1 = *transition::remove(s, node("b3").id, "b3 evicted", lim);
+  r1 = joinAll(r1, {node("b1")}, lim);
+  CHECK(r1.phase == Phase::Joining);  // b2 is still expected
+  auto after = transition::remove(r1, node("b2").id, "b2 evicted", lim);
+  REQUIRE(after);
+  CHECK(after->phase == Phase::Closed);
+  CHECK(addrsByRank(*after) == std::vector<std::string>{"b1"});
+  // Removing a node the state does not know is a no-op.
+  CHECK_FALSE(transition::remove(*after, "nobody", "x", lim).has_value());
+}
+
+TEST_CASE("a full job puts arrivals on the waiting list", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 2};
+  RoundState s = joinAll({}, {node("c1"), node("c2")}, lim);
+  REQUIRE(s.phase == Phase::Closed);
+  auto w = transition::join(s, node("c3"), lim);
+  REQUIRE(w);
+  CHECK(w->round == 0);
+  CHECK(w->phase == Phase::Closed);
+  REQUIRE(w->waiting.size() == 1);
+  CHECK_FALSE(transition::join(*w, node("c3"), lim).has_value());
+  // When a member leaves, the waiting node is expected in the next round.
+  auto r1 = transition::remove(*w, node("c1").id, "c1 left", lim);
+  REQUIRE(r1);
+  CHECK(r1->expected.size() == 2);
+  RoundState closed = joinAll(*r1, {node("c3"), node("c2")}, lim);
+  REQUIRE(closed.phase == Phase::Closed);
+  CHECK(addrsByRank(closed) == std::vector<std::string>{"c3", "c2"});  // c2 keeps rank 1
+}
+
+TEST_CASE("worker failures spend the job-wide budget once, then fail the job", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 2, .maxRestarts = 1};
+  RoundState s = joinAll({}, {node("d1"), node("d2")}, lim);
+  auto r1 = transition::failWorkers(s, 0, node("d2").id, 3, "exit code 3", lim);
+  REQUIRE(r1);
+  CHECK(r1->round == 1);
+  CHECK(r1->restarts == 1);
+  // The other node's workers fail too (their peer vanished): round 0 is over, nothing spent.
+  CHECK_FALSE(transition::failWorkers(*r1, 0, node("d1").id, 1, "exit code 1", lim).has_value());
+  RoundState again = joinAll(*r1, {node("d1"), node("d2")}, lim);
+  REQUIRE(again.phase == Phase::Closed);
+  CHECK(again.restarts == 1);
+  auto failed = transition::failWorkers(again, 1, node("d1").id, 7, "exit code 7", lim);
+  REQUIRE(failed);
+  CHECK(failed->phase == Phase::Failed);
+  CHECK(failed->exitCode == 7);
+  CHECK(failed->reason.find("no restart is left") != std::string::npos);
+  CHECK_THROWS_AS(transition::join(*failed, node("d3"), lim), JobEndedError);
+}
+
+TEST_CASE("finish ends the job only from the round it names", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 1, .maxNodes = 1};
+  RoundState s = joinAll({}, {node("e1")}, lim);
+  CHECK_FALSE(transition::finish(s, 5).has_value());
+  auto f = transition::finish(s, 0);
+  REQUIRE(f);
+  CHECK(f->phase == Phase::Finished);
+  CHECK_THROWS_AS(transition::join(*f, node("e2"), lim), JobEndedError);
+}
+
+TEST_CASE("fixed node ranks (static backend) are honoured and checked", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 3, .maxNodes = 3};
+  auto fixed = [](const std::string& a, int r) {
+    NodeInfo n = node(a);
+    n.fixedRank = r;
+    return n;
+  };
+  RoundState s = joinAll({}, {fixed("z", 0), fixed("a", 2)}, lim);
+  CHECK_THROWS_WITH(transition::join(s, fixed("m", 2), lim),
+                    Catch::Contains("--node-rank=2 is already taken"));
+  CHECK_THROWS_WITH(transition::join(s, fixed("m", 3), lim), Catch::Contains("out of range"));
+  s = joinAll(s, {fixed("m", 1)}, lim);
+  REQUIRE(s.phase == Phase::Closed);
+  CHECK(addrsByRank(s) == std::vector<std::string>{"z", "m", "a"});
+}
+
+TEST_CASE("states survive encoding; bad blobs are rejected with the key named", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 1, .maxNodes = 4};
+  RoundState s = joinAll({}, {node("h1", 4), node("h2", 2)}, lim);
+  s = *transition::closeAtDeadline(s, 0, lim);
+  s = *transition::join(s, node("h3", 8), lim);  // round 1, with expected nodes
+  s.reason = "line one\nline two";
+  RoundState back = decodeState(encodeState(s), "'state/3'");
+  s.reason = "line one line two";  // reasons are kept on one line
+  CHECK(back == s);
+  CHECK_THROWS_WITH(decodeState("hello", "'state/3'"), Catch::Contains("'state/3'"));
+  CHECK_THROWS_AS(decodeState(encodeState(s) + "bogus 1\n", "k"), StoreError);
+  CHECK_THROWS_AS(decodeState(encodeState(s) + "member x y 0 1 -1 -1\n", "k"), StoreError);
+}
+
+TEST_CASE("marker keys follow the phase", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 3};
+  RoundState s = joinAll({}, {node("m1")}, lim);
+  CHECK(markersFor(s, lim).empty());
+  s = joinAll(s, {node("m2")}, lim);
+  CHECK(markersFor(s, lim) == std::vector<std::string>{lastCallKey(0)});
+  s = joinAll(s, {node("m3")}, lim);
+  CHECK(markersFor(s, lim) == std::vector<std::string>{lastCallKey(0), closedKey(0)});
+  auto r1 = *transition::remove(s, node("m3").id, "gone", lim);
+  CHECK(markersFor(r1, lim) == std::vector<std::string>{overKey(0)});
+  auto fin = *transition::finish(s, 0);
+  auto m = markersFor(fin, lim);
+  CHECK(std::find(m.begin(), m.end(), overKey(0)) != m.end());
+}
+
+TEST_CASE("natural order compares numbers inside addresses", "[rdzv][state]") {
+  CHECK(naturalLess("127.0.0.9", "127.0.0.10"));
+  CHECK_FALSE(naturalLess("127.0.0.10", "127.0.0.9"));
+  CHECK(naturalLess("node2", "node10"));
+  CHECK(naturalLess("a", "b"));
+  CHECK(naturalLess("node", "node1"));
+  CHECK_FALSE(naturalLess("x", "x"));
+}
