@@ -1,0 +1,58 @@
+// Values of --nnodes, --rdzv-endpoint and --rdzv-conf: accepted forms and the messages for bad ones.
+#include <catch2/catch.hpp>
+
+#include "rendezvous/rendezvous_config.h"
+
+using namespace ddprun;
+using namespace ddprun::rendezvous;
+
+TEST_CASE("--nnodes takes N or MIN:MAX", "[rdzv][config]") {
+  CHECK(parseNnodes("2").minNodes == 2);
+  CHECK(parseNnodes("2").maxNodes == 2);
+  CHECK(parseNnodes("1:3").minNodes == 1);
+  CHECK(parseNnodes("1:3").maxNodes == 3);
+  for (const char* bad : {"", "0", "3:1", "a", "1:", ":2", "1:2:3", "-1", "1.5"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parseNnodes(bad), Catch::Contains("--nnodes='" + std::string(bad) + "'") &&
+                                            Catch::Contains("MIN:MAX"));
+  }
+}
+
+TEST_CASE("--rdzv-endpoint takes HOST[:PORT] and bracketed IPv6", "[rdzv][config]") {
+  CHECK(parseEndpoint("node1").host == "node1");
+  CHECK(parseEndpoint("node1").port == 29400);
+  CHECK(parseEndpoint("10.1.2.3:1234").port == 1234);
+  CHECK(parseEndpoint("[::1]").host == "::1");
+  CHECK(parseEndpoint("[::1]:5000").port == 5000);
+  for (const char* bad : {"", ":80", "h:", "h:0", "h:70000", "h:x", "::1", "[::1", "[::1]x"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parseEndpoint(bad), Catch::Contains("--rdzv-endpoint='" + std::string(bad)));
+  }
+}
+
+TEST_CASE("--rdzv-conf reads torchrun's keys, in seconds", "[rdzv][config]") {
+  auto c = parseRdzvConf("join_timeout=5,last_call_timeout=0.5,keep_alive_interval=0.2,"
+                         "keep_alive_max_attempt=4,read_timeout=7,is_host=true,close_timeout=1");
+  CHECK(c.joinTimeout == Millis(5000));
+  CHECK(c.lastCallTimeout == Millis(500));
+  CHECK(c.heartbeatInterval == Millis(200));
+  CHECK(c.missedHeartbeats == 4);
+  CHECK(c.isHost == true);
+  DynamicRendezvousOptions o;
+  applyRdzvConf(c, o);
+  CHECK(o.joinTimeout == Millis(5000));
+  CHECK(o.heartbeat.timeout() == Millis(800));
+  CHECK(o.store.timeout == Millis(7000));
+  CHECK(o.closeTimeout == Millis(1000));
+  CHECK(o.isHost);
+  CHECK(parseRdzvConf("").joinTimeout == std::nullopt);
+  CHECK(parseRdzvConf("heartbeat=1,missed_heartbeats=2").missedHeartbeats == 2);
+
+  CHECK_THROWS_WITH(parseRdzvConf("join_timeout=soon"),
+                    Catch::Contains("join_timeout='soon'") && Catch::Contains("seconds"));
+  CHECK_THROWS_WITH(parseRdzvConf("colour=blue"),
+                    Catch::Contains("key 'colour' is unknown") && Catch::Contains("join_timeout"));
+  CHECK_THROWS_WITH(parseRdzvConf("is_host=maybe"), Catch::Contains("is_host='maybe'"));
+  CHECK_THROWS_WITH(parseRdzvConf("missed_heartbeats=0"), Catch::Contains(">= 1"));
+  CHECK_THROWS_WITH(parseRdzvConf("novalue"), Catch::Contains("key=value"));
+}
