@@ -1,0 +1,351 @@
+#include "launcher/agent.h"
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
+
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <optional>
+
+#include "launcher/failure_report.h"
+#include "launcher/option_values.h"
+#include "launcher/rendezvous_handler.h"
+#include "launcher/run_directory.h"
+#include "launcher/worker_command.h"
+#include "launcher/worker_env.h"
+#include "launcher/worker_group.h"
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+
+namespace ddprun::launcher {
+
+namespace asio = boost::asio;
+
+class Agent::Impl {
+ public:
+  Impl(LaunchOptions options, Environment env)
+      : options_(std::move(options)), env_(std::move(env)), signals_(io_) {}
+
+  int run();
+
+ private:
+  enum class State { Rendezvous, Running, Stopping, Finishing, Leaving, Done };
+  // Why a running group is being stopped; decides what follows once it has stopped.
+  enum class StopReason { None, WorkerFailed, RestartRequested, Signal, Error };
+
+  void waitForSignal();
+  void onSignal(int sig);
+  void nextRound();
+  void startWorkers(const RoundInfo& round);
+  std::vector<WorkerLaunch> makeLaunches(const RoundInfo& round);
+  void onWorkerExited(const WorkerResult& r);
+  void onRestartRequested(const std::string& reason);
+  void onGroupStopped();
+  void onRestartDecision(bool restart);
+  void stopGroup(StopReason reason, int sig);
+  void leaveAndExit(int code);
+  void finish(int code);
+  void fail(std::exception_ptr e);
+  // Runs fn on the I/O thread; an exception is kept (and rethrown by run()), never thrown.
+  template <typename Fn>
+  void guarded(Fn&& fn) {
+    try {
+      fn();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+
+  LaunchOptions options_;
+  Environment env_;
+  asio::io_context io_{1};
+  asio::signal_set signals_;
+  std::unique_ptr<RendezvousHandler> handler_;
+  std::unique_ptr<RunDirectory> runDir_;
+  WorkerCommand command_;
+  std::shared_ptr<WorkerGroup> group_;
+  RoundInfo round_;
+  State state_ = State::Rendezvous;
+  StopReason stopReason_ = StopReason::None;
+  int signal_ = 0;
+  std::optional<WorkerResult> rootCause_;
+  int exitCode_ = 1;
+  std::exception_ptr error_;
+};
+
+int Agent::Impl::run() {
+  command_ = buildWorkerCommand(options_, env_);
+  handler_ = makeRendezvousHandler(io_, options_);
+  runDir_ = std::make_unique<RunDirectory>(options_.logDir, options_.rdzvId);
+  bool filesWanted = !options_.localRanksFilter.empty();
+  for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
+    filesWanted = filesWanted || options_.redirects.forRank(lr) || options_.tee.forRank(lr);
+  }
+  if (filesWanted) runDir_->keep();
+  if (setsOmpNumThreads(env_, options_.nprocPerNode)) {
+    DDPRUN_LOG(WARN, "launcher") << "setting OMP_NUM_THREADS=1 for each of the "
+                                 << options_.nprocPerNode
+                                 << " workers (it is unset); set it yourself to tune";
+  }
+  handler_->setRestartListener([this](const std::string& reason) {
+    guarded([&] { onRestartRequested(reason); });
+  });
+  for (int sig : options_.signalsToHandle) signals_.add(sig);
+  waitForSignal();
+  nextRound();
+  io_.run();
+
+  if (group_) group_->killAll();
+  if (error_) std::rethrow_exception(error_);
+  return exitCode_;
+}
+
+void Agent::Impl::waitForSignal() {
+  signals_.async_wait([this](boost::system::error_code ec, int sig) {
+    if (ec) return;
+    guarded([&] { onSignal(sig); });
+    if (state_ != State::Done) waitForSignal();
+  });
+}
+
+void Agent::Impl::onSignal(int sig) {
+  switch (state_) {
+    case State::Running:
+      DDPRUN_LOG(WARN, "launcher") << "received " << signalName(sig)
+                                   << ": forwarding it to the workers";
+      stopGroup(StopReason::Signal, sig);
+      break;
+    case State::Stopping:
+      if (stopReason_ == StopReason::Signal) {
+        DDPRUN_LOG(WARN, "launcher") << "received " << signalName(sig)
+                                     << " again: killing the workers now";
+        group_->stop(SIGKILL, std::chrono::milliseconds(0));
+      } else {
+        stopReason_ = StopReason::Signal;
+        signal_ = sig;
+        group_->stop(sig, options_.shutdownTimeout);
+      }
+      break;
+    case State::Rendezvous:
+    case State::Finishing:
+      DDPRUN_LOG(WARN, "launcher") << "received " << signalName(sig) << ": leaving the job";
+      signal_ = sig;
+      leaveAndExit(128 + sig);
+      break;
+    case State::Leaving:
+      finish(128 + sig);  // a second signal does not wait for a clean leave
+      break;
+    case State::Done:
+      break;
+  }
+}
+
+void Agent::Impl::nextRound() {
+  state_ = State::Rendezvous;
+  stopReason_ = StopReason::None;
+  rootCause_.reset();
+  handler_->asyncNextRound(options_.nprocPerNode, [this](std::exception_ptr e, RoundInfo info) {
+    guarded([&] {
+      if (state_ != State::Rendezvous) return;  // a signal arrived meanwhile
+      if (e) std::rethrow_exception(e);
+      startWorkers(info);
+    });
+  });
+}
+
+std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
+  const int nproc = options_.nprocPerNode;
+  const bool devNullStdin = ::isatty(STDIN_FILENO) == 1;  // a background group must not read a tty
+  auto templ = env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  std::vector<WorkerLaunch> launches;
+  for (int lr = 0; lr < nproc; ++lr) {
+    const int rank = round.rankOffset + lr;
+    const std::string dir = runDir_->workerDir(round.round, lr);
+    WorkerLaunch l;
+    l.localRank = lr;
+    l.globalRank = rank;
+    l.errorFile = dir + "/error.json";
+    const Environment overlay = workerEnvOverlay(WorkerEnvInputs{
+        .base = env_, .round = round, .localRank = lr, .localWorldSize = nproc,
+        .maxRestarts = options_.maxRestarts, .role = options_.role, .errorFile = l.errorFile});
+    l.spawn = SpawnRequest{.executable = command_.executable,
+                           .argv = argvForRank(command_, lr),
+                           .env = mergeEnvironment(env_, overlay),
+                           .stdinFromDevNull = devNullStdin};
+
+    std::string prefix;
+    if (templ != env_.end()) {
+      prefix = templ->second;
+      for (auto [key, value] : {std::pair<std::string, std::string>{"${role_name}", options_.role},
+                                {"${rank}", std::to_string(rank)},
+                                {"${local_rank}", std::to_string(lr)}}) {
+        for (size_t p; (p = prefix.find(key)) != std::string::npos;) prefix.replace(p, key.size(), value);
+      }
+    } else if (round.worldSize > 1) {
+      prefix = "[rank " + std::to_string(rank) + "]: ";
+    }
+    const bool filteredOut =
+        !options_.localRanksFilter.empty() && options_.localRanksFilter.count(lr) == 0;
+    const uint8_t redirect = options_.redirects.forRank(lr), tee = options_.tee.forRank(lr);
+    auto targets = [&](uint8_t bit, int consoleFd, const char* file, size_t tail) {
+      StreamTargets t;
+      const bool toFile = ((redirect | tee) & bit) || filteredOut;
+      const bool toConsole = !filteredOut && (!(redirect & bit) || (tee & bit));
+      t.consoleFd = toConsole ? consoleFd : -1;
+      t.prefix = prefix;
+      t.filePath = toFile ? dir + "/" + file : "";
+      t.tailLines = tail;
+      return t;
+    };
+    l.stdoutTargets = targets(kStdOut, STDOUT_FILENO, "stdout.log", 0);
+    l.stderrTargets = targets(kStdErr, STDERR_FILENO, "stderr.log", WorkerGroup::kTailLines);
+    launches.push_back(std::move(l));
+  }
+  return launches;
+}
+
+void Agent::Impl::startWorkers(const RoundInfo& round) {
+  round_ = round;
+  auto launches = makeLaunches(round);
+  group_ = std::make_shared<WorkerGroup>(
+      io_, WorkerGroup::Callbacks{
+               .exited = [this](const WorkerResult& r) { guarded([&] { onWorkerExited(r); }); },
+               .stopped = [this] { guarded([&] { onGroupStopped(); }); }});
+  state_ = State::Running;
+  group_->start(std::move(launches));
+  DDPRUN_LOG(INFO, "launcher") << "started " << options_.nprocPerNode << " worker(s) of "
+                               << round.worldSize << " (attempt " << round.round << ", "
+                               << round.restartCount << "/" << options_.maxRestarts
+                               << " restarts used; " << handler_->describe() << ")";
+}
+
+void Agent::Impl::onWorkerExited(const WorkerResult& r) {
+  if (state_ != State::Running || !r.failed()) return;
+  rootCause_ = r;
+  DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
+                                << ", pid " << r.pid << ") failed: " << r.describe()
+                                << "; stopping the other workers";
+  stopGroup(StopReason::WorkerFailed, SIGTERM);
+}
+
+void Agent::Impl::onRestartRequested(const std::string& reason) {
+  if (state_ != State::Running) return;
+  DDPRUN_LOG(WARN, "launcher") << "restarting the workers: " << reason;
+  stopGroup(StopReason::RestartRequested, SIGTERM);
+}
+
+void Agent::Impl::stopGroup(StopReason reason, int sig) {
+  stopReason_ = reason;
+  if (reason == StopReason::Signal) signal_ = sig;
+  state_ = State::Stopping;
+  group_->stop(sig, options_.shutdownTimeout);
+}
+
+void Agent::Impl::onGroupStopped() {
+  if (state_ == State::Running) {
+    // Every worker exited, none failed: the job is done once the other nodes agree.
+    state_ = State::Finishing;
+    handler_->asyncFinish([this](std::exception_ptr e) {
+      guarded([&] {
+        if (state_ != State::Finishing) return;
+        if (e) std::rethrow_exception(e);
+        finish(0);
+      });
+    });
+    return;
+  }
+  if (state_ != State::Stopping) return;
+  switch (stopReason_) {
+    case StopReason::WorkerFailed:
+      // The group's results now carry the complete stderr tails.
+      for (const auto& r : group_->results()) {
+        if (r.localRank == rootCause_->localRank) rootCause_ = r;
+      }
+      handler_->asyncRequestRestart([this](std::exception_ptr e, bool restart) {
+        guarded([&] {
+          if (state_ != State::Stopping) return;
+          if (e) std::rethrow_exception(e);
+          onRestartDecision(restart);
+        });
+      });
+      break;
+    case StopReason::RestartRequested:
+      nextRound();
+      break;
+    case StopReason::Signal:
+      leaveAndExit(128 + signal_);
+      break;
+    case StopReason::Error:
+    case StopReason::None:
+      finish(1);
+      break;
+  }
+}
+
+void Agent::Impl::onRestartDecision(bool restart) {
+  const WorkerResult& rc = *rootCause_;
+  if (restart) {
+    DDPRUN_LOG(WARN, "launcher") << "restarting the worker group after rank " << rc.globalRank
+                                 << " failed (" << rc.describe() << "); restart "
+                                 << round_.restartCount + 1 << " of " << options_.maxRestarts;
+    nextRound();
+    return;
+  }
+  FailureReport report{.program = options_.program,
+                       .host = [] {
+                         char h[256] = {};
+                         ::gethostname(h, sizeof h - 1);
+                         return std::string(h);
+                       }(),
+                       .attempt = round_.round,
+                       .restartCount = round_.restartCount,
+                       .maxRestarts = options_.maxRestarts,
+                       .rootCause = rc};
+  for (const auto& r : group_->results()) {
+    if (r.localRank != rc.localRank && r.failed()) report.others.push_back(r);
+  }
+  writeFully(STDERR_FILENO, formatFailureReport(report));
+  leaveAndExit(rc.exitCode());
+}
+
+void Agent::Impl::leaveAndExit(int code) {
+  state_ = State::Leaving;
+  handler_->asyncLeave([this, code](std::exception_ptr e) {
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        DDPRUN_LOG(WARN, "launcher") << "leaving the job: " << ex.what();
+      }
+    }
+    if (state_ == State::Leaving) finish(code);
+  });
+}
+
+void Agent::Impl::finish(int code) {
+  exitCode_ = code;
+  state_ = State::Done;
+  boost::system::error_code ec;
+  signals_.cancel(ec);
+  io_.stop();
+}
+
+void Agent::Impl::fail(std::exception_ptr e) {
+  if (!error_) error_ = e;
+  if (group_ && group_->runningCount() > 0 && state_ != State::Done) {
+    // Stop the workers the usual way (signal, grace, SIGKILL); run() rethrows afterwards.
+    if (state_ != State::Stopping) stopGroup(StopReason::Error, SIGTERM);
+    stopReason_ = StopReason::Error;
+    return;
+  }
+  finish(1);
+}
+
+Agent::Agent(LaunchOptions options, Environment env)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(env))) {}
+Agent::~Agent() = default;
+int Agent::run() { return impl_->run(); }
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,115 @@
+#include "launcher/failure_report.h"
+
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace ddprun::launcher {
+namespace {
+
+constexpr size_t kMaxRawErrorFile = 4096;
+
+std::string asText(const nlohmann::json& j) {
+  return j.is_string() ? j.get<std::string>() : j.dump();
+}
+
+void indented(std::ostringstream& os, const std::string& text, const char* indent) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) os << indent << line << "\n";
+}
+
+}  // namespace
+
+ErrorFile readErrorFile(const std::string& path) {
+  ErrorFile ef;
+  if (path.empty()) return ef;
+  std::ifstream in(path);
+  if (!in) return ef;
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string content = buf.str();
+  ef.present = true;
+  try {
+    auto j = nlohmann::json::parse(content);
+    const auto& m = j.at("message");
+    if (m.is_object()) {
+      ef.message = asText(m.at("message"));
+      if (m.contains("extraInfo")) {
+        const auto& extra = m.at("extraInfo");
+        if (extra.contains("py_callstack")) ef.traceback = asText(extra.at("py_callstack"));
+        if (extra.contains("timestamp")) ef.timestamp = asText(extra.at("timestamp"));
+      }
+    } else {
+      ef.message = asText(m);
+    }
+  } catch (const nlohmann::json::exception&) {
+    ef.raw = content.substr(0, kMaxRawErrorFile);
+    if (content.size() > kMaxRawErrorFile) ef.raw += "\n... (" + std::to_string(content.size()) + " bytes in all)";
+  }
+  return ef;
+}
+
+std::string formatTime(std::chrono::system_clock::time_point t) {
+  using namespace std::chrono;
+  const std::time_t secs = system_clock::to_time_t(t);
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  const auto ms = duration_cast<milliseconds>(t.time_since_epoch()).count() % 1000;
+  char out[48];
+  std::snprintf(out, sizeof out, "%s.%03d", buf, static_cast<int>(ms));
+  return out;
+}
+
+std::string formatFailureReport(const FailureReport& r) {
+  const std::string rule(72, '=');
+  const WorkerResult& w = r.rootCause;
+  std::ostringstream os;
+  os << rule << "\n";
+  os << "ddprun: " << r.program << " FAILED (attempt " << r.attempt << ", "
+     << r.restartCount << " of " << r.maxRestarts << " restarts used)\n";
+  os << "Root cause (first observed failure):\n";
+  os << "  time       : " << formatTime(w.endTime) << "\n";
+  os << "  host       : " << r.host << "\n";
+  os << "  rank       : " << w.globalRank << " (local rank " << w.localRank << ")\n";
+  os << "  pid        : " << w.pid << "\n";
+  os << "  exit       : " << w.describe() << " -> ddprun exits with " << w.exitCode() << "\n";
+  const ErrorFile ef = readErrorFile(w.errorFile);
+  if (!ef.present) {
+    os << "  error file : " << (w.errorFile.empty() ? "<none>" : w.errorFile)
+       << " (not written; decorate main with torch.distributed.elastic.multiprocessing"
+          ".errors.record to get the traceback here)\n";
+  } else {
+    os << "  error file : " << w.errorFile << "\n";
+    if (!ef.message.empty()) os << "  message    : " << ef.message << "\n";
+    if (!ef.timestamp.empty()) os << "  timestamp  : " << ef.timestamp << "\n";
+    if (!ef.traceback.empty()) {
+      os << "  traceback  :\n";
+      indented(os, ef.traceback, "    ");
+    }
+    if (!ef.raw.empty()) {
+      os << "  contents   :\n";
+      indented(os, ef.raw, "    ");
+    }
+  }
+  if (!w.stderrTail.empty()) {
+    os << "  last " << w.stderrTail.size() << " lines of its stderr:\n";
+    for (const auto& line : w.stderrTail) os << "    " << line << "\n";
+  }
+  if (!r.others.empty()) {
+    os << "Other workers:\n";
+    for (const auto& o : r.others) {
+      os << "  rank " << o.globalRank << " (local rank " << o.localRank << ", pid " << o.pid
+         << "): " << o.describe();
+      if (o.stopSignal != 0) os << " (after ddprun stopped the group)";
+      os << "\n";
+    }
+  }
+  os << rule << "\n";
+  return os.str();
+}
+
+}  // namespace ddprun::launcher

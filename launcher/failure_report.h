@@ -1,0 +1,40 @@
+#pragma once
+// The failure report ddprun prints on stderr when the job fails: the root cause (the first
+// worker to fail) in full -- rank, local rank, pid, exit code or signal, time, the error file
+// that PyTorch's @record wrote to TORCHELASTIC_ERROR_FILE, the last lines of its stderr --
+// and one line for every other worker that did not succeed.
+#include <string>
+#include <vector>
+
+#include "launcher/worker_group.h"
+
+namespace ddprun::launcher {
+
+// The error file as PyTorch's @record writes it:
+//   {"message": {"message": "...", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}
+// or anything else (then `raw` holds it, shortened).
+struct ErrorFile {
+  bool present = false;
+  std::string message;
+  std::string traceback;
+  std::string timestamp;  // seconds since the epoch, as written
+  std::string raw;        // when it is not in PyTorch's format
+};
+ErrorFile readErrorFile(const std::string& path);
+
+struct FailureReport {
+  std::string program;
+  std::string host;
+  uint64_t attempt = 0;
+  int restartCount = 0;
+  int maxRestarts = 0;
+  WorkerResult rootCause;
+  std::vector<WorkerResult> others;  // failed or stopped workers besides the root cause
+};
+
+std::string formatFailureReport(const FailureReport& report);
+
+// "2026-11-22 01:20:03.123" in local time.
+std::string formatTime(std::chrono::system_clock::time_point t);
+
+}  // namespace ddprun::launcher

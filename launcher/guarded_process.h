@@ -1,0 +1,80 @@
+#pragma once
+// Spawning one worker so that nothing of it can outlive the launcher.
+//
+// PR_SET_PDEATHSIG would kill the worker when the launcher dies, but not the processes the
+// worker started. So every worker gets a *guard*: a small process forked from the launcher
+// (no exec) that leads a new process group and forks the worker inside it:
+//
+//   ddprun ──fork──> guard (process group leader, pgid = guard pid)
+//                      └──fork+exec──> worker ──> worker's children (same process group)
+//
+// The guard holds the read end of a *control pipe* whose write end only the launcher has.
+// When that pipe reaches EOF -- the launcher closed it, or the launcher died, even by
+// SIGKILL -- the guard kills its whole process group with SIGKILL (itself last). The guard
+// also reaps the worker and reports it on a *status pipe* (records below), so the launcher
+// learns of a worker's exit the moment it happens, through an fd its event loop watches.
+// The guard ignores SIGINT/SIGTERM/SIGHUP/SIGQUIT: signals forwarded to the group are for
+// the worker; the guard's only way out is the control pipe (or SIGKILL).
+//
+// Everything between fork and exec uses async-signal-safe calls only, so spawning is safe
+// even if another thread of the launcher holds a lock.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddprun::launcher {
+
+// An owned file descriptor.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  ~UniqueFd() { reset(); }
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset();
+  explicit operator bool() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// What the guard writes on the status pipe: fixed 8-byte records (atomic pipe writes).
+struct GuardRecord {
+  enum Kind : int32_t {
+    Started = 1,     // value = the worker's pid; it has exec'd
+    ExecFailed = 2,  // value = errno of the failed execve (an Exited record follows)
+    Exited = 3,      // value = the worker's wait status
+  };
+  int32_t kind;
+  int32_t value;
+};
+
+struct SpawnRequest {
+  std::string executable;          // passed to execve as is
+  std::vector<std::string> argv;
+  std::vector<std::string> env;    // "KEY=VALUE"
+  bool stdinFromDevNull = false;   // else the launcher's stdin is inherited
+};
+
+struct GuardedProcess {
+  pid_t guardPid = -1;      // also the process group id of the worker and its children
+  UniqueFd control;         // write end: close it to kill the whole group
+  UniqueFd status;          // read end: GuardRecords
+  UniqueFd stdoutRead;      // the worker's stdout
+  UniqueFd stderrRead;      // the worker's stderr
+};
+
+// Forks the guard, which forks and execs the worker. Returns at once (the Started record
+// arrives on `status`). Throws ddprun::Error naming the failed system call.
+GuardedProcess spawnGuarded(const SpawnRequest& request);
+
+}  // namespace ddprun::launcher

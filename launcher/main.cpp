@@ -1,0 +1,39 @@
+// ddprun [OPTIONS] PROGRAM [ARGS...]: start, supervise and restart distributed training
+// workers on this node -- a drop-in for torchrun. See docs/launcher.md.
+//
+// Exit codes: 0 success; the root cause worker's exit code, or 128 + its signal number;
+// 128 + N when ddprun itself was stopped by signal N; 2 bad flags or configuration;
+// 126/127 PROGRAM not executable / not found; 1 any other failure of the launcher.
+#include <csignal>
+#include <iostream>
+
+#include "launcher/agent.h"
+#include "launcher/options.h"
+#include "launcher/worker_command.h"
+#include "rendezvous/errors.h"
+
+int main(int argc, char** argv) {
+  using namespace ddprun;
+  using namespace ddprun::launcher;
+  // A closed console must not kill the launcher (and with it the workers' supervision).
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    Environment env = currentEnvironment();
+    ParseOutcome parsed = parseLaunchOptions(std::vector<std::string>(argv, argv + argc), env);
+    if (!parsed.options) {
+      std::cout << parsed.message;
+      return 0;
+    }
+    Agent agent(std::move(*parsed.options), std::move(env));
+    return agent.run();
+  } catch (const ProgramError& e) {
+    std::cerr << "ddprun: " << e.what() << "\n";
+    return e.exitCode();
+  } catch (const ConfigError& e) {
+    std::cerr << "ddprun: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ddprun: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,55 @@
+// The one place that maps LaunchOptions to a RendezvousHandler. Multi-node backends plug in
+// here; the agent only ever sees the interface.
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
+
+#include "launcher/local_rendezvous.h"
+#include "launcher/option_values.h"
+#include "launcher/options.h"
+#include "rendezvous/errors.h"
+
+namespace ddprun::launcher {
+
+std::unique_ptr<RendezvousHandler> makeRendezvousHandler(boost::asio::io_context& io,
+                                                         const LaunchOptions& o) {
+  if (o.maxNodes > 1) {
+    throw ConfigError("--nnodes=" +
+                      (o.minNodes == o.maxNodes
+                           ? std::to_string(o.maxNodes)
+                           : std::to_string(o.minNodes) + ":" + std::to_string(o.maxNodes)) +
+                      ": this build runs single-node jobs only (--nnodes=1 or --standalone)");
+  }
+  if (o.nodeRank != 0) {
+    throw ConfigError("--node-rank=" + std::to_string(o.nodeRank) +
+                      ": expected 0 for a single-node job (--nnodes=1)");
+  }
+  LocalRendezvousOptions local{.runId = o.rdzvId, .maxRestarts = o.maxRestarts,
+                               .agentStore = o.agentStore};
+  if (o.standalone) {
+    // A free port on loopback: a second job on this machine can never collide with us.
+    local.masterAddr = local.bindAddr = "127.0.0.1";
+    local.port = 0;
+  } else if (o.rdzvBackend == "c10d" && !o.rdzvEndpoint.empty()) {
+    // One node of c10d: the store at the endpoint (torchrun's default port 29400).
+    Endpoint ep = parseEndpoint(o.rdzvEndpoint);
+    local.masterAddr = ep.host;
+    local.bindAddr = resolveAddress(ep.host);
+    local.port = ep.port.value_or(29400);
+  } else if (o.rdzvBackend == "c10d") {
+    throw ConfigError("--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT] (or use "
+                      "--standalone)");
+  } else {
+    // static: node 0 hosts the store at --master-addr:--master-port, as torchrun does.
+    local.masterAddr = o.masterAddr;
+    local.bindAddr = resolveAddress(o.masterAddr);
+    local.port = static_cast<uint16_t>(o.masterPort);
+  }
+  try {
+    return std::make_unique<LocalRendezvous>(io, local);
+  } catch (const NetworkError& e) {
+    throw NetworkError(std::string(e.what()) +
+                       " (another job may hold this port: use --standalone for a free port, "
+                       "or choose one with --master-port)");
+  }
+}
+
+}  // namespace ddprun::launcher

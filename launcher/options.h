@@ -1,0 +1,87 @@
+#pragma once
+// LaunchOptions: everything `ddprun [OPTIONS] PROGRAM [ARGS...]` was asked to do, validated.
+//
+// Every torchrun flag is accepted in both spellings (--nproc-per-node and --nproc_per_node).
+// A flag's value comes from, in order of precedence:
+//   1. the command line,
+//   2. the --config FILE.json (keys are flag names without the dashes, either spelling),
+//   3. the environment variable PET_<NAME> (PET_NPROC_PER_NODE, as torchrun reads them),
+//   4. torchrun's default.
+// parseLaunchOptions() turns argv into LaunchOptions or throws ConfigError with one line that
+// names the flag, the value, where it came from and what is allowed (main exits 2 on it).
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddprun::launcher {
+
+// A snapshot of environment variables (the launcher's own, or one given by a test).
+using Environment = std::map<std::string, std::string>;
+Environment currentEnvironment();
+
+// Bits of a worker's standard streams: 1 = stdout, 2 = stderr, 3 = both.
+enum StdStream : uint8_t { kStdNone = 0, kStdOut = 1, kStdErr = 2, kStdAll = 3 };
+
+// --redirects / --tee: one value for every local rank ("3"), or per local rank ("0:1,1:2";
+// ranks not listed get 0), exactly as torchrun reads them.
+struct StreamSelection {
+  uint8_t all = kStdNone;
+  std::map<int, uint8_t> perRank;  // when not empty, replaces `all`
+  uint8_t forRank(int localRank) const;
+};
+
+struct LaunchOptions {
+  // ---- What each worker runs ----
+  std::string program;                   // PROGRAM as given (a path, a name on PATH, a module)
+  std::vector<std::string> programArgs;  // ARGS...
+  bool module = false;                   // -m: PROGRAM is a Python module
+  bool noPython = false;                 // --no-python: exec PROGRAM even when it ends in .py
+  bool runPath = false;                  // --run-path: accepted; runs like a .py PROGRAM
+  bool passLocalRank = false;            // --pass-local-rank: add --local_rank=N (old launch API)
+  std::string startMethod = "spawn";     // --start-method: accepted, Python entry points only
+
+  // ---- How many workers, and how the nodes find each other ----
+  int nprocPerNode = 1;
+  int minNodes = 1;
+  int maxNodes = 1;
+  bool standalone = false;
+  std::string rdzvBackend = "static";    // static | c10d
+  std::string rdzvEndpoint;              // "host[:port]" or empty
+  std::string rdzvId = "none";
+  std::vector<std::pair<std::string, std::string>> rdzvConf;  // --rdzv-conf k=v,... in order
+  int nodeRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;                // 0 picks a free port
+  std::string localAddr;
+  bool agentStore = true;                // false with --no-agent-store
+  std::string role = "default";
+
+  // ---- Supervision ----
+  int maxRestarts = 0;
+  double monitorInterval = 0.1;          // accepted; unused (supervision is event-driven)
+  std::chrono::milliseconds shutdownTimeout{30'000};
+  std::vector<int> signalsToHandle;      // filled by the parser (SIGTERM, SIGINT, SIGHUP, SIGQUIT)
+
+  // ---- Output ----
+  std::string logDir;                    // empty: a temporary directory
+  StreamSelection redirects;
+  StreamSelection tee;
+  std::set<int> localRanksFilter;        // empty: every local rank reaches the console
+};
+
+// What main() should do besides launching: print help or the version and exit.
+struct ParseOutcome {
+  std::optional<LaunchOptions> options;  // set when a launch was asked for
+  std::string message;                   // help or version text (options unset)
+};
+
+// Parses argv (argv[0] is the program name). `env` supplies PET_* and the values behind
+// --nproc-per-node=gpu|auto checks are done here too. Throws ConfigError on bad input.
+ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Environment& env);
+
+}  // namespace ddprun::launcher

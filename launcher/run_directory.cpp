@@ -1,0 +1,80 @@
+#include "launcher/run_directory.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+
+namespace ddprun::launcher {
+namespace {
+
+void makeDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw ConfigError("cannot create directory " + path + ": " + std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+RunDirectory::RunDirectory(const std::string& logDir, const std::string& rawRunId) {
+  std::string runId = rawRunId;  // a run id is a file name here: no '/' or leading '.'
+  for (auto& c : runId) c = (c == '/') ? '_' : c;
+  if (runId.empty() || runId[0] == '.') runId = "run" + runId;
+  if (logDir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/ddprun-" + runId + "-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw ConfigError("cannot create a temporary directory " + tmpl + ": " +
+                        std::strerror(errno));
+    }
+    base_ = tmpl;
+    temporary_ = true;
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(logDir, ec);
+  if (ec) throw ConfigError("--log-dir=" + logDir + ": cannot create it: " + ec.message());
+  // mkdir is the atomic "claim": a name another job holds makes us try the next one.
+  for (int n = 0; n < 10000; ++n) {
+    std::string candidate = logDir + "/" + runId + (n == 0 ? "" : "." + std::to_string(n));
+    if (::mkdir(candidate.c_str(), 0755) == 0) {
+      base_ = candidate;
+      if (n > 0) {
+        DDPRUN_LOG(INFO, "launcher") << logDir << "/" << runId << " exists: logs go to "
+                                     << candidate;
+      }
+      return;
+    }
+    if (errno != EEXIST) {
+      throw ConfigError("--log-dir=" + logDir + ": cannot create " + candidate + ": " +
+                        std::strerror(errno));
+    }
+  }
+  throw ConfigError("--log-dir=" + logDir + ": too many runs named " + runId);
+}
+
+RunDirectory::~RunDirectory() {
+  if (!temporary_) return;
+  if (keep_) {
+    DDPRUN_LOG(INFO, "launcher") << "worker logs are in " << base_;
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(base_, ec);
+}
+
+std::string RunDirectory::workerDir(uint64_t attempt, int localRank) const {
+  const std::string attemptDir = base_ + "/attempt_" + std::to_string(attempt);
+  makeDir(attemptDir);
+  const std::string dir = attemptDir + "/" + std::to_string(localRank);
+  makeDir(dir);
+  return dir;
+}
+
+}  // namespace ddprun::launcher

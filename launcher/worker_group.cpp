@@ -1,0 +1,308 @@
+#include "launcher/worker_group.h"
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <csignal>
+#include <cstring>
+
+#include "launcher/option_values.h"
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+
+namespace ddprun::launcher {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+
+bool WorkerResult::failed() const {
+  return guardLost || execErrno != 0 || !WIFEXITED(waitStatus) || WEXITSTATUS(waitStatus) != 0;
+}
+
+int WorkerResult::exitCode() const {
+  if (guardLost) return 128 + SIGKILL;
+  if (WIFSIGNALED(waitStatus)) return 128 + WTERMSIG(waitStatus);
+  if (WIFEXITED(waitStatus)) return WEXITSTATUS(waitStatus);
+  return 1;
+}
+
+std::string WorkerResult::describe() const {
+  if (execErrno != 0) return std::string("could not execute: ") + std::strerror(execErrno);
+  if (guardLost) return "lost (its guard process died); its process group was killed";
+  if (WIFSIGNALED(waitStatus)) {
+    const int sig = WTERMSIG(waitStatus);
+    return "signal " + std::to_string(sig) + " (" + signalName(sig) + ")" +
+           (WCOREDUMP(waitStatus) ? ", core dumped" : "");
+  }
+  return "exit code " + std::to_string(WEXITSTATUS(waitStatus));
+}
+
+// One worker: its guard's descriptors, as Asio objects, and its output sinks.
+struct WorkerGroup::Slot {
+  Slot(asio::io_context& io, GuardedProcess p, StreamSink outSink_, StreamSink errSink_)
+      : guardPid(p.guardPid),
+        control(std::move(p.control)),
+        status(io, p.status.release()),
+        out(io, p.stdoutRead.release()),
+        err(io, p.stderrRead.release()),
+        outSink(std::move(outSink_)),
+        errSink(std::move(errSink_)) {}
+
+  pid_t guardPid;
+  UniqueFd control;
+  asio::posix::stream_descriptor status, out, err;
+  std::array<char, 64> statusBuf{};
+  size_t statusHave = 0;
+  std::array<char, 16 * 1024> outBuf{}, errBuf{};
+  StreamSink outSink, errSink;
+  bool ended = false, reaped = false, outDone = false, errDone = false;
+};
+
+struct WorkerGroup::Timers {
+  explicit Timers(asio::io_context& io) : kill(io), drain(io) {}
+  asio::steady_timer kill;   // SIGKILL after the grace period
+  asio::steady_timer drain;  // stop waiting for output held open by escaped processes
+};
+
+WorkerGroup::WorkerGroup(asio::io_context& io, Callbacks callbacks)
+    : io_(io), callbacks_(std::move(callbacks)), timers_(std::make_unique<Timers>(io)) {}
+
+WorkerGroup::~WorkerGroup() { killAll(); }
+
+void WorkerGroup::start(std::vector<WorkerLaunch> launches) {
+  try {
+    for (auto& l : launches) {
+      // Sinks first: a log file that cannot be created fails before this worker runs.
+      StreamSink outSink(std::move(l.stdoutTargets)), errSink(std::move(l.stderrTargets));
+      GuardedProcess p = spawnGuarded(l.spawn);
+      slots_.push_back(
+          std::make_unique<Slot>(io_, std::move(p), std::move(outSink), std::move(errSink)));
+      WorkerResult r;
+      r.localRank = l.localRank;
+      r.globalRank = l.globalRank;
+      r.errorFile = l.errorFile;
+      results_.push_back(std::move(r));
+    }
+  } catch (...) {
+    killAll();
+    throw;
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    readStatus(i);
+    readOutput(i, false);
+    readOutput(i, true);
+  }
+}
+
+void WorkerGroup::readStatus(size_t i) {
+  Slot& s = *slots_[i];
+  s.status.async_read_some(
+      asio::buffer(s.statusBuf.data() + s.statusHave, s.statusBuf.size() - s.statusHave),
+      [self = shared_from_this(), i](error_code ec, size_t n) {
+        Slot& s = *self->slots_[i];
+        if (ec == asio::error::operation_aborted) return;
+        if (ec) {  // EOF: the guard has exited (it is the only writer)
+          self->onGuardGone(i);
+          return;
+        }
+        s.statusHave += n;
+        size_t off = 0;
+        while (s.statusHave - off >= sizeof(GuardRecord)) {
+          GuardRecord r;
+          std::memcpy(&r, s.statusBuf.data() + off, sizeof r);
+          off += sizeof r;
+          self->onRecord(i, r);
+        }
+        std::memmove(s.statusBuf.data(), s.statusBuf.data() + off, s.statusHave - off);
+        s.statusHave -= off;
+        self->readStatus(i);
+      });
+}
+
+void WorkerGroup::readOutput(size_t i, bool isStderr) {
+  Slot& s = *slots_[i];
+  auto& pipe = isStderr ? s.err : s.out;
+  auto& buf = isStderr ? s.errBuf : s.outBuf;
+  pipe.async_read_some(asio::buffer(buf), [self = shared_from_this(), i, isStderr](
+                                              error_code ec, size_t n) {
+    Slot& s = *self->slots_[i];
+    auto& sink = isStderr ? s.errSink : s.outSink;
+    if (ec == asio::error::operation_aborted) return;
+    if (ec) {  // EOF: the worker and everything it started closed the pipe
+      sink.finish();
+      (isStderr ? s.errDone : s.outDone) = true;
+      (isStderr ? s.err : s.out).close();
+      self->checkStopped();
+      return;
+    }
+    sink.write(std::string_view((isStderr ? s.errBuf : s.outBuf).data(), n));
+    self->readOutput(i, isStderr);
+  });
+}
+
+void WorkerGroup::onRecord(size_t i, const GuardRecord& r) {
+  WorkerResult& res = results_[i];
+  switch (r.kind) {
+    case GuardRecord::Started:
+      res.pid = r.value;
+      DDPRUN_LOG(DEBUG, "launcher") << "rank " << res.globalRank << " started, pid " << r.value;
+      break;
+    case GuardRecord::ExecFailed:
+      res.execErrno = r.value;
+      break;
+    case GuardRecord::Exited:
+      res.waitStatus = r.value;
+      onWorkerEnded(i);
+      break;
+    default:
+      DDPRUN_LOG(WARN, "launcher") << "guard of rank " << res.globalRank
+                                   << " sent an unknown record " << r.kind;
+  }
+}
+
+void WorkerGroup::onWorkerEnded(size_t i) {
+  Slot& s = *slots_[i];
+  if (s.ended) return;
+  s.ended = true;
+  WorkerResult& res = results_[i];
+  res.ended = true;
+  res.endTime = std::chrono::system_clock::now();
+  res.stopSignal = stopSignal_;
+  if (callbacks_.exited) callbacks_.exited(res);
+  if (runningCount() == 0) closeControls();
+  checkStopped();
+}
+
+void WorkerGroup::onGuardGone(size_t i) {
+  Slot& s = *slots_[i];
+  // Safe even if the group is gone: the guard is not reaped yet, so its pid (the pgid)
+  // cannot have been reused. Needed when the guard died without killing the group.
+  ::kill(-s.guardPid, SIGKILL);
+  int st = 0;
+  while (::waitpid(s.guardPid, &st, 0) < 0 && errno == EINTR) {
+  }
+  s.reaped = true;
+  s.status.close();
+  s.control.reset();
+  if (!s.ended) {
+    WorkerResult& res = results_[i];
+    if (res.execErrno != 0) {
+      res.waitStatus = 127 << 8;
+    } else {
+      res.guardLost = true;
+      DDPRUN_LOG(ERROR, "launcher") << "the guard of rank " << res.globalRank << " (pid "
+                                    << s.guardPid << ") died; its workers were killed";
+    }
+    onWorkerEnded(i);
+  }
+  checkStopped();
+}
+
+void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
+  stopSignal_ = sig;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i]->ended && !slots_[i]->reaped) ::kill(-slots_[i]->guardPid, sig);
+  }
+  if (sig == SIGKILL || runningCount() == 0) return;
+  timers_->kill.expires_after(grace);
+  timers_->kill.async_wait([self = shared_from_this(), grace](error_code ec) {
+    if (ec || self->runningCount() == 0) return;
+    DDPRUN_LOG(WARN, "launcher") << self->runningCount() << " worker(s) still running "
+                                 << grace.count() / 1000.0 << " s after the stop signal: "
+                                 << "sending SIGKILL";
+    self->stopSignal_ = SIGKILL;
+    for (auto& s : self->slots_) {
+      if (!s->ended && !s->reaped) ::kill(-s->guardPid, SIGKILL);
+    }
+  });
+}
+
+void WorkerGroup::closeControls() {
+  if (controlsClosed_) return;
+  controlsClosed_ = true;
+  timers_->kill.cancel();
+  for (auto& s : slots_) s->control.reset();  // each guard now kills its process group
+}
+
+void WorkerGroup::checkStopped() {
+  if (stoppedFired_) return;
+  for (auto& s : slots_) {
+    if (!s->reaped) return;
+  }
+  bool drained = true;
+  for (auto& s : slots_) drained = drained && s->outDone && s->errDone;
+  if (!drained) {
+    // Every process group is dead, yet a pipe is still open: a process escaped its group
+    // (setsid) and holds it. Give it a moment, then stop listening.
+    if (!drainArmed_) {
+      drainArmed_ = true;
+      timers_->drain.expires_after(std::chrono::milliseconds(200));
+      timers_->drain.async_wait([self = shared_from_this()](error_code ec) {
+        if (ec) return;
+        self->finishOutputs();
+        self->checkStopped();
+      });
+    }
+    return;
+  }
+  stoppedFired_ = true;
+  timers_->drain.cancel();
+  for (size_t i = 0; i < slots_.size(); ++i) results_[i].stderrTail = slots_[i]->errSink.tail();
+  if (callbacks_.stopped) {
+    asio::post(io_, [self = shared_from_this()] { self->callbacks_.stopped(); });
+  }
+}
+
+void WorkerGroup::finishOutputs() {
+  for (auto& s : slots_) {
+    if (!s->outDone) {
+      s->outSink.finish();
+      s->out.close();
+      s->outDone = true;
+    }
+    if (!s->errDone) {
+      s->errSink.finish();
+      s->err.close();
+      s->errDone = true;
+    }
+  }
+}
+
+void WorkerGroup::killAll() {
+  for (auto& s : slots_) {
+    if (s->reaped) continue;
+    ::kill(-s->guardPid, SIGKILL);
+    s->control.reset();
+    int st = 0;
+    while (::waitpid(s->guardPid, &st, 0) < 0 && errno == EINTR) {
+    }
+    s->reaped = true;
+    boost::system::error_code ec;
+    s->status.close(ec);
+  }
+  timers_->kill.cancel();
+  timers_->drain.cancel();
+}
+
+size_t WorkerGroup::runningCount() const {
+  size_t n = 0;
+  for (auto& s : slots_) n += s->ended ? 0 : 1;
+  return n;
+}
+
+std::vector<pid_t> WorkerGroup::workerPids() const {
+  std::vector<pid_t> pids;
+  for (auto& r : results_) {
+    if (r.pid > 0) pids.push_back(r.pid);
+  }
+  return pids;
+}
+
+}  // namespace ddprun::launcher

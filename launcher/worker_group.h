@@ -1,0 +1,112 @@
+#pragma once
+// WorkerGroup: this node's workers of one round, started, watched and stopped as a unit.
+//
+// Everything is event-driven on the agent's io_context: each worker's guard reports the
+// worker's exit on a status pipe (guarded_process.h), its stdout/stderr are pipes, and the
+// shutdown grace is a timer. There is no polling.
+//
+// Life of a group:
+//   start() ─> workers run ─> each exit is reported through Callbacks::exited
+//   stop(sig, grace): sig to every running worker's process group, SIGKILL after grace
+//   once every worker has exited, the group closes itself: the guards' control pipes are
+//   closed (so whatever the workers left behind in their process groups is killed), the
+//   guards are reaped, the output pipes drained; then Callbacks::stopped fires, once.
+// The destructor kills and reaps whatever is still there, synchronously.
+#include <sys/types.h>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/guarded_process.h"
+#include "launcher/output.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::launcher {
+
+struct WorkerLaunch {
+  int localRank = 0;
+  int globalRank = 0;
+  SpawnRequest spawn;
+  StreamTargets stdoutTargets;
+  StreamTargets stderrTargets;
+  std::string errorFile;  // TORCHELASTIC_ERROR_FILE of this worker
+};
+
+// How one worker ended.
+struct WorkerResult {
+  int localRank = 0;
+  int globalRank = 0;
+  pid_t pid = -1;             // the worker's pid (-1 if it never started)
+  bool ended = false;
+  int waitStatus = 0;         // as from waitpid
+  int execErrno = 0;          // execve failed with this errno
+  bool guardLost = false;     // the guard died on its own; the group was killed
+  int stopSignal = 0;         // the signal ddprun sent to stop it (0: none)
+  std::chrono::system_clock::time_point endTime;
+  std::string errorFile;
+  std::deque<std::string> stderrTail;  // complete once the group has stopped
+
+  bool failed() const;
+  // The exit code ddprun reports for it: the exit code, or 128 + signal number.
+  int exitCode() const;
+  // "exit code 3", "signal 9 (SIGKILL)", "could not execute: No such file or directory".
+  std::string describe() const;
+};
+
+class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
+ public:
+  struct Callbacks {
+    std::function<void(const WorkerResult&)> exited;  // a worker's process ended
+    std::function<void()> stopped;                    // everything reaped and drained
+  };
+  static constexpr size_t kTailLines = 20;
+
+  WorkerGroup(boost::asio::io_context& io, Callbacks callbacks);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Spawns every worker. On failure, kills the ones already started and rethrows.
+  void start(std::vector<WorkerLaunch> launches);
+  // Sends `sig` to every worker still running (its whole process group); those still
+  // running after `grace` get SIGKILL.
+  void stop(int sig, std::chrono::milliseconds grace);
+  // SIGKILL to every process group and reap the guards, synchronously (teardown).
+  void killAll();
+
+  const std::vector<WorkerResult>& results() const { return results_; }
+  size_t runningCount() const;
+  // pids of the workers that have started (for logs and tests).
+  std::vector<pid_t> workerPids() const;
+
+ private:
+  struct Slot;
+  void readStatus(size_t i);
+  void readOutput(size_t i, bool isStderr);
+  void onRecord(size_t i, const GuardRecord& r);
+  void onWorkerEnded(size_t i);
+  void onGuardGone(size_t i);
+  void closeControls();
+  void checkStopped();
+  void finishOutputs();
+
+  boost::asio::io_context& io_;
+  Callbacks callbacks_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<WorkerResult> results_;
+  struct Timers;
+  std::unique_ptr<Timers> timers_;
+  bool controlsClosed_ = false;
+  bool stoppedFired_ = false;
+  bool drainArmed_ = false;
+  int stopSignal_ = 0;
+};
+
+}  // namespace ddprun::launcher
