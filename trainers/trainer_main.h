@@ -1,0 +1,17 @@
+#pragma once
+// main() of a bundled trainer (mnist_mlp, mnist_cnn): flags and config file -> settings ->
+// data -> ddprun::init() -> train() -> summary. Bad settings and bad data are reported before
+// the worker joins its group, in one line naming the setting or the file, with exit code 2;
+// other failures (a peer died, a checkpoint cannot be written) exit with 1, so the launcher
+// restarts the group when it has restarts left.
+namespace ddprun::trainers {
+
+struct TrainerSpec {
+  const char* name;         // the executable, e.g. "mnist_mlp"
+  const char* model;        // the model it trains: "mlp" or "cnn"
+  const char* description;  // first line of --help
+};
+
+int trainerMain(int argc, char** argv, const TrainerSpec& spec);
+
+}  // namespace ddprun::trainers
