@@ -127,6 +127,22 @@ void DynamicRendezvous::checkSettings() {
   }
 }
 
+void DynamicRendezvous::interrupt() {
+  std::lock_guard<std::mutex> g(mainMu_);
+  interrupted_ = true;
+  main_->tcp->interrupt();
+}
+
+// Only the agent's thread replaces main_ (under mainMu_); it reads main_ without the lock.
+void DynamicRendezvous::reconnectIfInterrupted() {
+  if (!interrupted_.exchange(false)) return;
+  auto fresh = connect();
+  auto log = std::make_unique<StateLog>(*fresh->store, options_.limits);
+  std::lock_guard<std::mutex> g(mainMu_);
+  std::swap(main_, fresh);
+  std::swap(log_, log);
+}
+
 Versioned DynamicRendezvous::fresh() {
   Versioned seen = view_.get();
   if (seen.version > current_.version) current_ = seen;
@@ -137,6 +153,7 @@ Versioned DynamicRendezvous::fresh() {
 
 RoundInfo DynamicRendezvous::nextRound() {
   DDPRUN_CHECK(!left_, "nextRound() after leave()");
+  reconnectIfInterrupted();
   watch(-1);
   inRound_ = false;
   self_.masterPort = pickFreePort();
@@ -240,6 +257,7 @@ RoundInfo DynamicRendezvous::roundInfo(const RoundState& s) const {
 DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
                                                                 const std::string& what) {
   DDPRUN_CHECK(inRound_, "reportFailure() outside a round");
+  reconnectIfInterrupted();
   watch(-1);
   inRound_ = false;
   const std::string reason = "workers of node " + self_.id + " failed: " + what;
@@ -262,6 +280,7 @@ DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
 
 DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   DDPRUN_CHECK(inRound_, "finishRound() outside a round");
+  reconnectIfInterrupted();
   watch(-1);
   inRound_ = false;
   const int64_t r = round_.round;
@@ -310,6 +329,7 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
 
 void DynamicRendezvous::leave(const std::string& reason) {
   if (left_) return;
+  reconnectIfInterrupted();
   watch(-1);
   left_ = true;
   inRound_ = false;

@@ -106,6 +106,11 @@ class DynamicRendezvous {
   // Leaves the job for good (SIGTERM/SIGINT on this node); the others re-form without it.
   void leave(const std::string& reason);
 
+  // Makes the call in progress on the agent's thread (nextRound, finishRound, ...) fail at once
+  // with NetworkError; the next call reconnects. Safe from any thread (a signal handler's
+  // thread, the event loop) -- e.g. to leave() while a join is still waiting.
+  void interrupt();
+
   const NodeInfo& self() const { return self_; }
   const DynamicRendezvousOptions& options() const { return options_; }
   int jobExitCode() const { return jobExitCode_; }
@@ -123,6 +128,8 @@ class DynamicRendezvous {
   void emit(const RoundEvent& e);
   void onBackgroundError(std::exception_ptr e);
   Versioned fresh();
+  // Replaces the agent's connection after interrupt().
+  void reconnectIfInterrupted();
 
   DynamicRendezvousOptions options_;
   EventFn onEvent_;
@@ -146,6 +153,8 @@ class DynamicRendezvous {
   int64_t watchRound_ = -1;
   bool stopping_ = false;
   bool storeLost_ = false;
+  std::atomic<bool> interrupted_{false};
+  std::mutex mainMu_;  // interrupt() vs. reconnectIfInterrupted() swapping main_
   std::thread watcher_;
 };
 

@@ -248,9 +248,10 @@ void checkFixedRank(const std::vector<NodeInfo>& nodes, const NodeInfo& node,
 
 std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const JobLimits& lim) {
   if (s.phase == Phase::Finished || s.phase == Phase::Failed) {
-    throw JobEndedError(std::string("the job has already ") +
-                        (s.phase == Phase::Finished ? "finished" : "failed") + " (" + s.reason +
-                        "): use a new --rdzv-id for a new job");
+    const bool failed = s.phase == Phase::Failed;
+    throw JobEndedError(std::string("the job has already ") + (failed ? "failed" : "finished") +
+                            " (" + s.reason + "): use a new --rdzv-id for a new job",
+                        failed, s.exitCode);
   }
   if (s.member(node.id)) return std::nullopt;
   if (s.phase == Phase::Joining) {

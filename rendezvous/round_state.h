@@ -28,7 +28,14 @@ namespace ddprun::rendezvous {
 // The job this node tried to join has already finished or failed: there is nothing to join.
 class JobEndedError : public Error {
  public:
-  using Error::Error;
+  JobEndedError(const std::string& what, bool failed, int exitCode)
+      : Error(what), failed_(failed), exitCode_(exitCode) {}
+  bool failed() const { return failed_; }
+  int exitCode() const { return exitCode_; }  // the root cause's, when failed()
+
+ private:
+  bool failed_;
+  int exitCode_;
 };
 
 // One agent (node) as the rendezvous sees it.

@@ -149,3 +149,20 @@ TEST_CASE("an endpoint that is not a ddprun store, or has another token, is refu
   w.store.authToken = "right-token";
   CHECK_NOTHROW(makeAgent(w));
 }
+
+TEST_CASE("interrupt() cancels a waiting join; the agent can still leave", "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 2, .maxNodes = 2};
+  auto a = makeAgent(agentOptions(server.port(), "cancel", 2, lim));
+  auto f = std::async(std::launch::async, [&] { return a->rdzv->nextRound(); });
+  CHECK(f.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  const auto t0 = Clock::now();
+  a->rdzv->interrupt();
+  CHECK_THROWS_AS(f.get(), ddprun::NetworkError);
+  CHECK(Clock::now() - t0 < Millis(500));
+  a->rdzv->leave("SIGINT");  // on a new connection: the departure reaches the store
+  auto b = makeAgent(agentOptions(server.port(), "cancel", 3, lim));
+  auto c = makeAgent(agentOptions(server.port(), "cancel", 4, lim));
+  auto r = allNextRound({b.get(), c.get()});
+  CHECK(r[0].nodeCount == 2);  // a is gone: b and c form the round by themselves
+}
