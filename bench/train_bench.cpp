@@ -1,0 +1,225 @@
+// ddprun-bench train: the C++ trainer under ddprun against PyTorch DDP under torchrun, same run.
+//
+// Both sides train the same model (mlp 784-512-10 or the residual cnn) on the same data
+// (Fashion-MNIST), with the same per-rank batch, world size, optimizer (SGD, momentum 0.9,
+// constant learning rate) and number of steps, on the CPU with Gloo:
+//   PyTorch: python3 bench/torchrun_wrapper.py --standalone --nproc_per_node=N bench/ddp_mnist.py
+//   ddprun:  build/bin/ddprun --standalone --nproc-per-node=N build/bin/mnist_<model>
+// Each side reports its training throughput (samples/s between two barriers, from the trainer's
+// own summary line) and final loss; the wall time of the whole job (launcher start to exit,
+// so start-up and data loading count) is measured here. Runs alternate between the two sides,
+// --repeat times; the table shows medians and the ratio ddprun/PyTorch, and
+// bench/results/train.csv gets one row per run plus the medians.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/registry.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Options {
+  std::string model = "mlp";
+  int nproc = 2;
+  int batchSize = 64;  // per rank
+  int steps = 1500;
+  double lr = 0.05;
+  int repeat = 3;
+  std::string python = "/usr/bin/python3";
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/train.csv";
+  std::string workDir;  // logs and metrics; default: a fresh directory under /tmp
+};
+
+struct RunResult {
+  std::string side;  // "pytorch" or "ddprun"
+  double samplesPerSec = 0;
+  double wallSeconds = 0;
+  double finalLoss = 0;
+};
+
+// Runs argv to completion with stdout+stderr in `log`; returns the wall time in seconds.
+double runLogged(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    throw std::runtime_error(argv[0] + " failed (status " + std::to_string(status) + "); see " +
+                             log);
+  }
+  return seconds;
+}
+
+// The last {"kind":"summary"} record of a metrics file.
+nlohmann::json readSummary(const std::string& path) {
+  std::ifstream in(path);
+  nlohmann::json summary;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("kind", "") == "summary") summary = j;
+  }
+  if (summary.is_null()) throw std::runtime_error("no summary line in " + path);
+  return summary;
+}
+
+RunResult runPytorch(const Options& o, int run) {
+  const std::string wrapper = std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_wrapper.py";
+  if (!fs::exists(wrapper)) throw std::runtime_error(wrapper + " is missing");
+  const std::string metrics = o.workDir + "/pytorch-" + std::to_string(run) + ".jsonl";
+  const std::string log = o.workDir + "/pytorch-" + std::to_string(run) + ".log";
+  fs::remove(metrics);
+  const double wall = runLogged(
+      {o.python, wrapper, "--standalone", "--nproc_per_node=" + std::to_string(o.nproc),
+       std::string(DDPRUN_SOURCE_DIR) + "/bench/ddp_mnist.py", "--model", o.model, "--data",
+       o.data, "--batch-size", std::to_string(o.batchSize), "--lr", std::to_string(o.lr),
+       "--steps", std::to_string(o.steps), "--metrics", metrics},
+      log);
+  const auto s = readSummary(metrics);
+  return {"pytorch", s["samples_per_sec"].get<double>(), wall, s["final_loss"].get<double>()};
+}
+
+RunResult runDdprun(const Options& o, int run) {
+  const std::string bin = DDPRUN_BIN_DIR;
+  const std::string metrics = o.workDir + "/ddprun-" + std::to_string(run) + ".jsonl";
+  const std::string log = o.workDir + "/ddprun-" + std::to_string(run) + ".log";
+  const double wall = runLogged(
+      {bin + "/ddprun", "--standalone", "--nproc-per-node=" + std::to_string(o.nproc),
+       bin + "/mnist_" + o.model, "--data", o.data, "--batch-size", std::to_string(o.batchSize),
+       "--lr", std::to_string(o.lr), "--lr-schedule", "constant", "--max-steps",
+       std::to_string(o.steps), "--epochs", "1000", "--evaluate", "false", "--log-interval",
+       "1000000", "--metrics", metrics},
+      log);
+  const auto s = readSummary(metrics);
+  return {"ddprun", s["samples_per_sec"].get<double>(), wall, s["final_loss"].get<double>()};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int benchTrain(int argc, char** argv) {
+  Options o;
+  CLI::App app{"ddprun-bench train: C++ trainer under ddprun vs PyTorch DDP under torchrun",
+               "ddprun-bench train"};
+  app.add_option("--model", o.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--nproc", o.nproc, "workers (ranks) on this machine")->check(CLI::Range(1, 64));
+  app.add_option("--batch-size", o.batchSize, "per rank")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "constant learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--repeat", o.repeat, "runs per side (medians are reported)")
+      ->check(CLI::Range(1, 20));
+  app.add_option("--python", o.python, "python3 with torch");
+  app.add_option("--data", o.data, "MNIST-format data directory");
+  app.add_option("--csv", o.csv, "results file");
+  app.add_option("--work-dir", o.workDir, "logs and metrics of the runs");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (o.workDir.empty()) {
+    char tmpl[] = "/tmp/ddprun-bench-train-XXXXXX";
+    o.workDir = mkdtemp(tmpl);
+  }
+  fs::create_directories(o.workDir);
+
+  std::printf("train: %s, %d ranks x batch %d (global %d), %d steps, SGD lr %g, CPU/gloo; "
+              "logs in %s\n",
+              o.model.c_str(), o.nproc, o.batchSize, o.nproc * o.batchSize, o.steps, o.lr,
+              o.workDir.c_str());
+  std::vector<RunResult> runs;
+  try {
+    for (int r = 0; r < o.repeat; ++r) {
+      for (bool torchFirst : {r % 2 == 0, r % 2 != 0}) {
+        RunResult res = torchFirst ? runPytorch(o, r) : runDdprun(o, r);
+        std::printf("  run %d %-8s %9.0f samples/s  wall %6.2f s  final loss %.4f\n", r + 1,
+                    res.side.c_str(), res.samplesPerSec, res.wallSeconds, res.finalLoss);
+        std::fflush(stdout);
+        runs.push_back(res);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddprun-bench train: %s\n", e.what());
+    return 1;
+  }
+
+  struct Medians {
+    double rate, wall, loss;
+  };
+  auto medians = [&](const std::string& side) {
+    std::vector<double> rate, wall, loss;
+    for (const auto& r : runs) {
+      if (r.side != side) continue;
+      rate.push_back(r.samplesPerSec);
+      wall.push_back(r.wallSeconds);
+      loss.push_back(r.finalLoss);
+    }
+    return Medians{median(rate), median(wall), median(loss)};
+  };
+  const Medians py = medians("pytorch"), cc = medians("ddprun");
+  std::printf("\n| %-28s | %12s | %10s | %10s |\n", "", "samples/s", "wall s", "final loss");
+  std::printf("|------------------------------|--------------|------------|------------|\n");
+  std::printf("| %-28s | %12.0f | %10.2f | %10.4f |\n", "PyTorch DDP under torchrun", py.rate,
+              py.wall, py.loss);
+  std::printf("| %-28s | %12.0f | %10.2f | %10.4f |\n", "mnist_mlp under ddprun", cc.rate, cc.wall,
+              cc.loss);
+  std::printf("| %-28s | %11.2fx | %9.2fx | %10s |\n", "ddprun / PyTorch", cc.rate / py.rate,
+              py.wall / cc.wall, "");
+  std::printf("(wall ratio is PyTorch / ddprun: > 1 means ddprun finished sooner)\n");
+
+  fs::create_directories(fs::path(o.csv).parent_path());
+  std::ofstream csv(o.csv, std::ios::trunc);
+  csv << "model,nproc,global_batch,steps,side,run,samples_per_sec,wall_s,final_loss\n";
+  std::vector<int> runIndex(2, 0);
+  for (const auto& r : runs) {
+    const int i = r.side == "pytorch" ? runIndex[0]++ : runIndex[1]++;
+    csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps << ','
+        << r.side << ',' << i + 1 << ',' << r.samplesPerSec << ',' << r.wallSeconds << ','
+        << r.finalLoss << '\n';
+  }
+  for (const auto& [side, m] : {std::pair{"pytorch", py}, std::pair{"ddprun", cc}}) {
+    csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps << ','
+        << side << ",median," << m.rate << ',' << m.wall << ',' << m.loss << '\n';
+  }
+  csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps
+      << ",ratio,ddprun/pytorch," << cc.rate / py.rate << ',' << py.wall / cc.wall << ",\n";
+  std::printf("results: %s\n", o.csv.c_str());
+  return 0;
+}
+
+}  // namespace
+
+DDPRUN_BENCH("train", "mnist trainer under ddprun vs PyTorch DDP under torchrun (samples/s, wall)",
+             benchTrain)

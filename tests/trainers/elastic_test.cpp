@@ -1,0 +1,257 @@
+// End to end: the real mnist_mlp under the real ddprun, on a slice of Fashion-MNIST.
+//
+// Proof that elastic training loses nothing: a job whose worker is SIGKILLed mid-run and
+// restarted by ddprun, and a job stopped with SIGTERM and started again, both end with weights
+// bit-identical to an uninterrupted run; and 2 workers match 1 worker with the same global batch.
+// Bad data and bad settings end the job with one clear message.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <regex>
+
+#include "job_runner.h"
+#include "test_files.h"
+#include "trainers/mnist_data.h"
+#include "trainers/models.h"
+
+using namespace ddprun::trainers;
+using namespace ddprun::trainers::testing;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = DDPRUN_BIN_DIR;
+constexpr auto kJobTimeout = std::chrono::seconds(120);
+
+// One training job's settings: 4096 examples, global batch 32 -> 128 steps per epoch, 2 epochs.
+// Checkpoints every 10 steps; none of the runs differs in anything that reaches the weights.
+std::vector<std::string> trainerArgs(const std::string& dir, int perRankBatch) {
+  return {kBin + "/mnist_mlp",   "--train-limit",    "4096",      "--test-limit",
+          "1000",                "--batch-size",     std::to_string(perRankBatch),
+          "--epochs",            "2",                "--seed",    "11",
+          "--lr",                "0.05",             "--log-interval", "32",
+          "--checkpoint-dir",    dir + "/ckpt",      "--checkpoint-interval", "10",
+          "--metrics",           dir + "/metrics.jsonl", "--save-weights", dir + "/final.pt"};
+}
+
+std::vector<std::string> ddprun(int nproc, const std::vector<std::string>& trainer,
+                                std::vector<std::string> launcherFlags = {}) {
+  std::vector<std::string> argv = {kBin + "/ddprun", "--standalone",
+                                   "--nproc-per-node=" + std::to_string(nproc)};
+  argv.insert(argv.end(), launcherFlags.begin(), launcherFlags.end());
+  argv.insert(argv.end(), trainer.begin(), trainer.end());
+  return argv;
+}
+
+struct Finished {
+  int code;
+  std::string output;
+};
+
+Finished runJob(const std::vector<std::string>& argv, const std::string& log,
+                const std::map<std::string, std::string>& env = {}) {
+  Job job(argv, env, log);
+  const int code = job.wait(kJobTimeout);
+  return {code, job.output()};
+}
+
+std::vector<torch::Tensor> loadWeights(const std::string& path) {
+  REQUIRE(fs::exists(path));
+  auto model = makeModel("mlp", 512, 0);
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  model->load(archive);
+  return model->parameters();
+}
+
+bool bitIdentical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+double maxAbsDifference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
+  return m;
+}
+
+// The uninterrupted 2-worker run every other run is compared with (run once per test process).
+const TempDir& referenceRun() {
+  static TempDir dir;
+  static const bool done = [] {
+    const auto r = runJob(ddprun(2, trainerArgs(dir.path(), 16)), dir / "log");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    REQUIRE_THAT(r.output, Contains("done: 256 steps"));
+    REQUIRE_THAT(r.output, !Contains("resumed from checkpoint"));
+    return true;
+  }();
+  (void)done;
+  return dir;
+}
+
+// The step of the newest checkpoint file in `dir` (-1 when none). Files appear atomically
+// (written under a temporary name, then renamed), so a listed file is complete.
+int64_t newestCheckpoint(const std::string& dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  const std::regex name(R"(ckpt-(\d+)\.ddpck)");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, name)) newest = std::max<int64_t>(newest, std::stoll(m[1]));
+  }
+  return newest;
+}
+
+bool haveData() {
+  return fs::exists(mnistFilePath(kDefaultDataDir, Split::Train, false));
+}
+
+}  // namespace
+
+TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-identical",
+          "[elastic][slow]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  const auto& reference = referenceRun();
+  TempDir dir;
+  // Rank 1 kills itself with SIGKILL right after step 47 of the first attempt; the newest
+  // checkpoint then is step 40, so steps 41..47 are lost and redone by the restarted group.
+  const auto r = runJob(ddprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1"}), dir / "log",
+                        {{"DDPRUN_TRAINER_KILL_AT_STEP", "47"}, {"DDPRUN_TRAINER_KILL_RANK", "1"}});
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Contains("SIGKILL to myself after step 47"));
+  CHECK_THAT(r.output, Contains("resumed from checkpoint at step 40"));
+  CHECK_THAT(r.output, Contains("done: 256 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("without restarts left the job fails; started again it resumes and matches",
+          "[elastic][slow]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  const auto& reference = referenceRun();
+  TempDir dir;
+  const auto failed = runJob(ddprun(2, trainerArgs(dir.path(), 16)), dir / "log1",
+                             {{"DDPRUN_TRAINER_KILL_AT_STEP", "93"}});
+  INFO(failed.output);
+  REQUIRE(failed.code != 0);
+  REQUIRE_FALSE(fs::exists(dir / "final.pt"));
+
+  const auto again = runJob(ddprun(2, trainerArgs(dir.path(), 16)), dir / "log2");
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK_THAT(again.output, Contains("resumed from checkpoint at step 90"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("a job stopped with SIGTERM and started again continues from the newest checkpoint",
+          "[elastic][slow]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  const auto& reference = referenceRun();
+  TempDir dir;
+  {
+    Job job(ddprun(2, trainerArgs(dir.path(), 16)), {}, dir / "log1");
+    // Stop the job once it has checkpointed step 30 or later, as an operator would: SIGTERM to
+    // the launcher, which passes it on to the workers.
+    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+    while (newestCheckpoint(dir / "ckpt") < 30 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    job.signal(SIGTERM);
+    const int code = job.wait(kJobTimeout);
+    INFO(job.output());
+    REQUIRE(code != 0);
+    REQUIRE_FALSE(fs::exists(dir / "final.pt"));
+  }
+  // The newest complete checkpoint left behind is where the next start must continue.
+  const int64_t newest = newestCheckpoint(dir / "ckpt");
+  REQUIRE(newest >= 30);
+  REQUIRE(newest < 256);
+
+  const auto again = runJob(ddprun(2, trainerArgs(dir.path(), 16)), dir / "log2");
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK_THAT(again.output, Contains("resumed from checkpoint at step " + std::to_string(newest)));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+
+  // The metrics file shows every logged step once, across both starts.
+  std::ifstream in(dir / "metrics.jsonl");
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") steps.push_back(j["step"].get<int64_t>());
+  }
+  CHECK(steps == std::vector<int64_t>{32, 64, 96, 128, 160, 192, 224, 256});
+}
+
+TEST_CASE("2 workers match 1 worker with the same global batch", "[elastic][slow]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  const auto& reference = referenceRun();
+  TempDir dir;
+  const auto r = runJob(ddprun(1, trainerArgs(dir.path(), 32)), dir / "log");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Contains("done: 256 steps"));
+  const auto one = loadWeights(dir / "final.pt");
+  const auto two = loadWeights(reference / "final.pt");
+  const double diff = maxAbsDifference(one, two);
+  INFO("max |w1 - w2| = " << diff);
+  CHECK(diff < 1e-4);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(torch::allclose(one[i], two[i], 1e-3, 1e-5));
+}
+
+TEST_CASE("bad data and bad settings end the job with one clear message", "[elastic][errors]") {
+  TempDir dir;
+  writeSplit(dir.path(), "train", 64);
+  writeSplit(dir.path(), "t10k", 64);
+  const std::string images = dir / "train-images-idx3-ubyte.gz";
+  auto bytes = readFile(images);
+  bytes.resize(bytes.size() - 30);
+  writeFile(images, bytes);
+
+  // Directly, without a launcher: the message names the file, exit code 2.
+  auto r = runJob({kBin + "/mnist_mlp", "--data", dir.path().string()}, dir / "log1");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Contains("mnist_mlp: error: data file " + images + ": truncated"));
+
+  // Under ddprun the same message reaches the user and the job fails.
+  r = runJob(ddprun(2, {kBin + "/mnist_mlp", "--data", dir.path().string()}), dir / "log2");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Contains("data file " + images + ": truncated"));
+
+  r = runJob({kBin + "/mnist_mlp", "--data", dir / "missing"}, dir / "log3");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Contains("data directory " + (dir / "missing") + " does not exist"));
+
+  r = runJob({kBin + "/mnist_mlp", "--lr", "fast"}, dir / "log4");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Contains("mnist_mlp: error: flag --lr = 'fast': expected a number"));
+
+  std::ofstream(dir / "bad.json") << R"({"model": "mlp", "batch_size": "big"})";
+  r = runJob({kBin + "/mnist_mlp", "--config", dir / "bad.json"}, dir / "log5");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Contains("bad.json: batch_size = \"big\": expected an integer"));
+
+  r = runJob({kBin + "/mnist_cnn", "--config", std::string(DDPRUN_SOURCE_DIR) +
+                                                   "/configs/mnist_mlp.json"},
+             dir / "log6");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Contains("mnist_cnn trains the cnn model (use mnist_mlp)"));
+}
