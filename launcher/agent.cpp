@@ -33,7 +33,7 @@ class Agent::Impl {
  private:
   enum class State { Rendezvous, Running, Stopping, Finishing, Leaving, Done };
   // Why a running group is being stopped; decides what follows once it has stopped.
-  enum class StopReason { None, WorkerFailed, RestartRequested, Signal, Error };
+  enum class StopReason { None, WorkerFailed, Decision, Signal, Error };
 
   void waitForSignal();
   void onSignal(int sig);
@@ -41,9 +41,10 @@ class Agent::Impl {
   void startWorkers(const RoundInfo& round);
   std::vector<WorkerLaunch> makeLaunches(const RoundInfo& round);
   void onWorkerExited(const WorkerResult& r);
-  void onRestartRequested(const std::string& reason);
+  void onHandlerDecision(const JobDecision& d);
   void onGroupStopped();
-  void onRestartDecision(bool restart);
+  void afterLocalFailure(const JobDecision& d);
+  void apply(const JobDecision& d);
   void stopGroup(StopReason reason, int sig);
   void leaveAndExit(int code);
   void finish(int code);
@@ -71,6 +72,7 @@ class Agent::Impl {
   StopReason stopReason_ = StopReason::None;
   int signal_ = 0;
   std::optional<WorkerResult> rootCause_;
+  JobDecision pending_;  // StopReason::Decision: what to do once the group has stopped
   int exitCode_ = 1;
   std::exception_ptr error_;
 };
@@ -89,9 +91,8 @@ int Agent::Impl::run() {
                                  << options_.nprocPerNode
                                  << " workers (it is unset); set it yourself to tune";
   }
-  handler_->setRestartListener([this](const std::string& reason) {
-    guarded([&] { onRestartRequested(reason); });
-  });
+  handler_->setListener(
+      [this](const JobDecision& d) { guarded([&] { onHandlerDecision(d); }); });
   for (int sig : options_.signalsToHandle) signals_.add(sig);
   waitForSignal();
   nextRound();
@@ -149,7 +150,15 @@ void Agent::Impl::nextRound() {
   handler_->asyncNextRound(options_.nprocPerNode, [this](std::exception_ptr e, RoundInfo info) {
     guarded([&] {
       if (state_ != State::Rendezvous) return;  // a signal arrived meanwhile
-      if (e) std::rethrow_exception(e);
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const JobEnded& ended) {
+          DDPRUN_LOG(WARN, "launcher") << ended.what();
+          finish(ended.exitCode());
+          return;
+        }
+      }
       startWorkers(info);
     });
   });
@@ -230,10 +239,15 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
   stopGroup(StopReason::WorkerFailed, SIGTERM);
 }
 
-void Agent::Impl::onRestartRequested(const std::string& reason) {
-  if (state_ != State::Running) return;
-  DDPRUN_LOG(WARN, "launcher") << "restarting the workers: " << reason;
-  stopGroup(StopReason::RestartRequested, SIGTERM);
+void Agent::Impl::onHandlerDecision(const JobDecision& d) {
+  if (state_ != State::Running) return;  // other states get their decision as a completion
+  if (d.kind == JobDecision::Kind::NextRound) {
+    DDPRUN_LOG(WARN, "launcher") << "restarting the workers (no restart spent): " << d.reason;
+  } else {
+    DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: " << d.reason;
+  }
+  pending_ = d;
+  stopGroup(StopReason::Decision, SIGTERM);
 }
 
 void Agent::Impl::stopGroup(StopReason reason, int sig) {
@@ -245,34 +259,38 @@ void Agent::Impl::stopGroup(StopReason reason, int sig) {
 
 void Agent::Impl::onGroupStopped() {
   if (state_ == State::Running) {
-    // Every worker exited, none failed: the job is done once the other nodes agree.
+    // Every worker exited and none failed: the job is done once the other nodes agree.
     state_ = State::Finishing;
-    handler_->asyncFinish([this](std::exception_ptr e) {
+    handler_->asyncFinish([this](std::exception_ptr e, JobDecision d) {
       guarded([&] {
         if (state_ != State::Finishing) return;
         if (e) std::rethrow_exception(e);
-        finish(0);
+        apply(d);
       });
     });
     return;
   }
   if (state_ != State::Stopping) return;
   switch (stopReason_) {
-    case StopReason::WorkerFailed:
+    case StopReason::WorkerFailed: {
       // The group's results now carry the complete stderr tails.
       for (const auto& r : group_->results()) {
         if (r.localRank == rootCause_->localRank) rootCause_ = r;
       }
-      handler_->asyncRequestRestart([this](std::exception_ptr e, bool restart) {
-        guarded([&] {
-          if (state_ != State::Stopping) return;
-          if (e) std::rethrow_exception(e);
-          onRestartDecision(restart);
-        });
-      });
+      const std::string what = "rank " + std::to_string(rootCause_->globalRank) + " failed (" +
+                               rootCause_->describe() + ")";
+      handler_->asyncReportFailure(
+          rootCause_->exitCode(), what, [this](std::exception_ptr e, JobDecision d) {
+            guarded([&] {
+              if (state_ != State::Stopping) return;
+              if (e) std::rethrow_exception(e);
+              afterLocalFailure(d);
+            });
+          });
       break;
-    case StopReason::RestartRequested:
-      nextRound();
+    }
+    case StopReason::Decision:
+      apply(pending_);
       break;
     case StopReason::Signal:
       leaveAndExit(128 + signal_);
@@ -284,35 +302,51 @@ void Agent::Impl::onGroupStopped() {
   }
 }
 
-void Agent::Impl::onRestartDecision(bool restart) {
+void Agent::Impl::afterLocalFailure(const JobDecision& d) {
   const WorkerResult& rc = *rootCause_;
-  if (restart) {
+  if (d.kind == JobDecision::Kind::NextRound) {
     DDPRUN_LOG(WARN, "launcher") << "restarting the worker group after rank " << rc.globalRank
                                  << " failed (" << rc.describe() << "); restart "
                                  << round_.restartCount + 1 << " of " << options_.maxRestarts;
     nextRound();
     return;
   }
-  FailureReport report{.program = options_.program,
-                       .host = [] {
-                         char h[256] = {};
-                         ::gethostname(h, sizeof h - 1);
-                         return std::string(h);
-                       }(),
-                       .attempt = round_.round,
-                       .restartCount = round_.restartCount,
-                       .maxRestarts = options_.maxRestarts,
-                       .rootCause = rc};
-  for (const auto& r : group_->results()) {
-    if (r.localRank != rc.localRank && r.failed()) report.others.push_back(r);
+  if (d.kind == JobDecision::Kind::Failed) {
+    FailureReport report{.program = options_.program,
+                         .host = [] {
+                           char h[256] = {};
+                           ::gethostname(h, sizeof h - 1);
+                           return std::string(h);
+                         }(),
+                         .attempt = round_.round,
+                         .restartCount = round_.restartCount,
+                         .maxRestarts = options_.maxRestarts,
+                         .rootCause = rc};
+    for (const auto& r : group_->results()) {
+      if (r.localRank != rc.localRank && r.failed()) report.others.push_back(r);
+    }
+    writeFully(STDERR_FILENO, formatFailureReport(report));
   }
-  writeFully(STDERR_FILENO, formatFailureReport(report));
-  leaveAndExit(rc.exitCode());
+  apply(d);
+}
+
+void Agent::Impl::apply(const JobDecision& d) {
+  switch (d.kind) {
+    case JobDecision::Kind::NextRound:
+      nextRound();
+      break;
+    case JobDecision::Kind::Finished:
+      finish(0);
+      break;
+    case JobDecision::Kind::Failed:
+      finish(d.exitCode);
+      break;
+  }
 }
 
 void Agent::Impl::leaveAndExit(int code) {
   state_ = State::Leaving;
-  handler_->asyncLeave([this, code](std::exception_ptr e) {
+  handler_->asyncLeave(signalName(signal_) + " on this node", [this, code](std::exception_ptr e) {
     if (e) {
       try {
         std::rethrow_exception(e);

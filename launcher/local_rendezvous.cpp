@@ -28,8 +28,8 @@ LocalRendezvous::LocalRendezvous(asio::io_context& io, LocalRendezvousOptions op
 
 LocalRendezvous::~LocalRendezvous() = default;
 
-void LocalRendezvous::setRestartListener(RestartListener) {
-  // One node: membership never changes, so nobody else ever asks for a restart.
+void LocalRendezvous::setListener(Listener) {
+  // One node: membership never changes and no other node can fail the job.
 }
 
 void LocalRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) {
@@ -53,17 +53,25 @@ void LocalRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) {
   asio::post(io_, [done = std::move(done), error, info] { done(error, info); });
 }
 
-void LocalRendezvous::asyncRequestRestart(DecisionHandler done) {
-  const bool restart = restarts_ < options_.maxRestarts;
-  if (restart) ++restarts_;
-  asio::post(io_, [done = std::move(done), restart] { done(nullptr, restart); });
+void LocalRendezvous::asyncReportFailure(int exitCode, const std::string& what,
+                                         DecisionHandler done) {
+  JobDecision d;
+  if (restarts_ < options_.maxRestarts) {
+    ++restarts_;
+    d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what};
+  } else {
+    d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = exitCode, .reason = what};
+  }
+  asio::post(io_, [done = std::move(done), d] { done(nullptr, d); });
 }
 
-void LocalRendezvous::asyncFinish(DoneHandler done) {
-  asio::post(io_, [done = std::move(done)] { done(nullptr); });
+void LocalRendezvous::asyncFinish(DecisionHandler done) {
+  asio::post(io_, [done = std::move(done)] {
+    done(nullptr, JobDecision{.kind = JobDecision::Kind::Finished});
+  });
 }
 
-void LocalRendezvous::asyncLeave(DoneHandler done) {
+void LocalRendezvous::asyncLeave(const std::string&, DoneHandler done) {
   asio::post(io_, [done = std::move(done)] { done(nullptr); });
 }
 

@@ -33,11 +33,11 @@ class LocalRendezvous final : public RendezvousHandler {
   LocalRendezvous(boost::asio::io_context& io, LocalRendezvousOptions options);
   ~LocalRendezvous() override;
 
-  void setRestartListener(RestartListener listener) override;
+  void setListener(Listener listener) override;
   void asyncNextRound(int localWorldSize, RoundHandler done) override;
-  void asyncRequestRestart(DecisionHandler done) override;
-  void asyncFinish(DoneHandler done) override;
-  void asyncLeave(DoneHandler done) override;
+  void asyncReportFailure(int exitCode, const std::string& what, DecisionHandler done) override;
+  void asyncFinish(DecisionHandler done) override;
+  void asyncLeave(const std::string& reason, DoneHandler done) override;
   std::string describe() const override;
 
   // The hosted store's port (0 when there is none).

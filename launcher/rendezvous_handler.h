@@ -21,6 +21,8 @@
 #include <memory>
 #include <string>
 
+#include "rendezvous/errors.h"
+
 namespace boost::asio {
 class io_context;
 }
@@ -43,30 +45,55 @@ struct RoundInfo {
   std::string runId;         // TORCHELASTIC_RUN_ID
 };
 
+// What happens to the job next, decided by the handler (possibly with the other nodes).
+struct JobDecision {
+  enum class Kind {
+    NextRound,  // stop the workers (if running) and join the next round
+    Finished,   // the job succeeded everywhere: exit 0
+    Failed,     // the job failed (here or elsewhere, budget spent, store lost): exit exitCode
+  };
+  Kind kind = Kind::NextRound;
+  int exitCode = 0;    // Failed: ddprun's exit code (the root cause's, or 1)
+  std::string reason;  // one line for the log: "node 2 joined", "rank 5 on node 1 failed"
+};
+
+// The job ended while this node was joining a round (it finished or failed elsewhere).
+// asyncNextRound delivers it as its error; ddprun then exits with exitCode().
+class JobEnded : public Error {
+ public:
+  JobEnded(const std::string& what, int exitCode) : Error(what), exitCode_(exitCode) {}
+  int exitCode() const { return exitCode_; }
+
+ private:
+  int exitCode_;
+};
+
 class RendezvousHandler {
  public:
   using RoundHandler = std::function<void(std::exception_ptr, RoundInfo)>;
-  using DecisionHandler = std::function<void(std::exception_ptr, bool restart)>;
+  using DecisionHandler = std::function<void(std::exception_ptr, JobDecision)>;
   using DoneHandler = std::function<void(std::exception_ptr)>;
-  // Why the running group must restart although none of this node's workers failed: a node
-  // joined or left, a worker failed on another node. Such a restart spends no restart.
-  using RestartListener = std::function<void(const std::string& reason)>;
+  // The running round ended without this node asking: a node joined, left or died
+  // (NextRound: restart, spending no restart), or the job failed elsewhere (Failed).
+  using Listener = std::function<void(const JobDecision&)>;
 
   virtual ~RendezvousHandler() = default;
 
-  // Called once, before the first round. The handler calls it (posted) while a group runs.
-  virtual void setRestartListener(RestartListener listener) = 0;
-  // Joins the next round with `localWorldSize` workers on this node.
+  // Called once, before the first round.
+  virtual void setListener(Listener listener) = 0;
+  // Joins the next round with `localWorldSize` workers on this node. Errors: JobEnded, or
+  // anything else (TimeoutError, NetworkError, ...), which ends ddprun with exit code 1.
   virtual void asyncNextRound(int localWorldSize, RoundHandler done) = 0;
-  // A worker of this node failed: may the job restart? The budget (--max-restarts) counts
-  // once per job, so the answer may come from other nodes. `true` means: call
-  // asyncNextRound again (with restartCount + 1).
-  virtual void asyncRequestRestart(DecisionHandler done) = 0;
-  // Every local worker succeeded: waits until the job may end (the exit barrier).
-  virtual void asyncFinish(DoneHandler done) = 0;
-  // This node leaves the job (a signal, or the job failed). Best effort, bounded in time.
-  virtual void asyncLeave(DoneHandler done) = 0;
-  // One line for logs: "standalone on 127.0.0.1:41234", "c10d at host:29400 as node 1 of 3".
+  // A worker of this node failed (the root cause: its exit code and a description). Spends a
+  // restart of the job's budget (--max-restarts counts once per job): NextRound when one was
+  // left, else Failed with the exit code the job ends with.
+  virtual void asyncReportFailure(int exitCode, const std::string& what, DecisionHandler done) = 0;
+  // Every local worker succeeded: the exit barrier. Finished once the job is done; NextRound
+  // when the round ended first (rejoin); Failed when the job failed elsewhere.
+  virtual void asyncFinish(DecisionHandler done) = 0;
+  // This node leaves the job for good (a signal to the agent). Best effort, bounded in time.
+  virtual void asyncLeave(const std::string& reason, DoneHandler done) = 0;
+  // One line for logs: "single node, agent store on 127.0.0.1:41234".
   virtual std::string describe() const = 0;
 };
 

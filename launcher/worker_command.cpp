@@ -33,8 +33,8 @@ std::string findExecutable(const std::string& name, const Environment& env) {
   while (start <= path.size()) {
     size_t end = path.find(':', start);
     if (end == std::string::npos) end = path.size();
-    std::string dir = path.substr(start, end - start);
-    if (dir.empty()) dir = ".";
+    // An empty PATH entry means the current directory, as for execvp.
+    const std::string dir = end > start ? path.substr(start, end - start) : std::string(1, '.');
     std::string candidate = dir + "/" + name;
     if (isExecutableFile(candidate)) return candidate;
     start = end + 1;
@@ -52,14 +52,16 @@ WorkerCommand buildWorkerCommand(const LaunchOptions& o, const Environment& env)
   }
   cmd.executable = findExecutable(wanted, env);
   if (cmd.executable.empty()) {
-    const bool exists = wanted.find('/') != std::string::npos && ::access(wanted.c_str(), F_OK) == 0;
-    const std::string what = cmd.python ? "the Python interpreter '" + wanted + "'"
-                                        : "PROGRAM '" + wanted + "'";
-    if (exists) throw ProgramError(what + " is not an executable file", 126);
-    throw ProgramError(what + " was not found" +
-                           (wanted.find('/') == std::string::npos ? " on PATH" : "") +
-                           (cmd.python ? " (set PYTHON_EXEC to choose the interpreter)" : ""),
-                       127);
+    const bool hasSlash = wanted.find('/') != std::string::npos;
+    std::string what = cmd.python ? "the Python interpreter '" : "PROGRAM '";
+    what.append(wanted).append("'");
+    if (hasSlash && ::access(wanted.c_str(), F_OK) == 0) {
+      throw ProgramError(what.append(" is not an executable file"), 126);
+    }
+    what.append(" was not found");
+    if (!hasSlash) what.append(" on PATH");
+    if (cmd.python) what.append(" (set PYTHON_EXEC to choose the interpreter)");
+    throw ProgramError(what, 127);
   }
 
   cmd.argv.push_back(cmd.python ? wanted : o.program);

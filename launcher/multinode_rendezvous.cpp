@@ -1,0 +1,286 @@
+#include "launcher/multinode_rendezvous.h"
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <cstdlib>
+
+#include "launcher/local_rendezvous.h"
+#include "launcher/options.h"
+#include "rendezvous/auth.h"
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+#include "rendezvous/node_address.h"
+#include "rendezvous/rendezvous_config.h"
+#include "rendezvous/store_server.h"
+
+namespace ddprun::launcher {
+
+namespace asio = boost::asio;
+namespace rdzv = ddprun::rendezvous;
+
+namespace {
+constexpr rdzv::Millis kReadTimeout{60'000};      // torchrun's read_timeout
+constexpr rdzv::Millis kStaticTimeout{900'000};   // torchrun's static rendezvous timeout
+
+std::string nnodesText(const LaunchOptions& o) {
+  return o.minNodes == o.maxNodes ? std::to_string(o.maxNodes)
+                                  : std::to_string(o.minNodes) + ":" + std::to_string(o.maxNodes);
+}
+}  // namespace
+
+rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore) {
+  std::string confText;
+  for (const auto& [k, v] : o.rdzvConf) confText += (confText.empty() ? "" : ",") + k + "=" + v;
+  const rdzv::RendezvousConf conf = rdzv::parseRdzvConf(confText);
+
+  rdzv::DynamicRendezvousOptions r;
+  r.runId = o.rdzvId;
+  r.limits = {.minNodes = o.minNodes, .maxNodes = o.maxNodes, .maxRestarts = o.maxRestarts};
+  r.localAddr = o.localAddr;
+  r.nproc = o.nprocPerNode;
+  r.store.timeout = kReadTimeout;
+  r.store.connectTimeout = kReadTimeout;
+  if (o.rdzvBackend == "static") {
+    if (o.minNodes != o.maxNodes) {
+      throw ConfigError("--nnodes=" + nnodesText(o) +
+                        ": the static backend needs a fixed number of nodes (--nnodes=N); use "
+                        "--rdzv-backend=c10d for MIN:MAX");
+    }
+    if (o.nodeRank >= o.maxNodes) {
+      throw ConfigError("--node-rank=" + std::to_string(o.nodeRank) + " is out of range for --nnodes=" +
+                        nnodesText(o) + " (allowed: 0.." + std::to_string(o.maxNodes - 1) + ")");
+    }
+    if (o.masterPort == 0) {
+      throw ConfigError("--master-port=0: the static backend needs the port node 0 listens on");
+    }
+    r.store.host = o.masterAddr;
+    r.store.port = static_cast<uint16_t>(o.masterPort);
+    r.fixedRank = o.nodeRank;
+    r.heartbeat.interval = rdzv::Millis(0);  // static: fixed membership, no liveness
+    r.joinTimeout = conf.staticTimeout.value_or(conf.joinTimeout.value_or(kStaticTimeout));
+    hostStore = conf.isHost.value_or(o.nodeRank == 0);
+  } else {
+    if (o.rdzvEndpoint.empty()) {
+      throw ConfigError("--rdzv-backend=c10d with --nnodes=" + nnodesText(o) +
+                        " needs --rdzv-endpoint=HOST[:PORT] (the store every node meets at)");
+    }
+    const rdzv::Endpoint ep = rdzv::parseEndpoint(o.rdzvEndpoint);
+    r.store.host = ep.host;
+    r.store.port = ep.port;
+    hostStore = conf.isHost.value_or(rdzv::endpointIsThisNode(ep.host, o.localAddr));
+  }
+  rdzv::applyRdzvConf(conf, r);
+  if (o.rdzvBackend == "static") r.heartbeat.interval = rdzv::Millis(0);
+  r.isHost = hostStore;
+  return r;
+}
+
+MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptions& o)
+    : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
+  bool host = false;
+  options_ = multiNodeOptions(o, host);
+  const std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
+  std::optional<std::string> token;
+  if (host) {
+    if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f)
+      token = rdzv::auth::readTokenFile(f);
+    try {
+      rendezvousStore_ = std::make_unique<rdzv::StoreServer>(
+          io_, rdzv::StoreServerOptions{.host = resolveAddress(options_.store.host),
+                                        .port = options_.store.port,
+                                        .authToken = token});
+    } catch (const NetworkError& e) {
+      // Never fall back to joining whatever listens there: it may be another job's store.
+      throw NetworkError("cannot host the rendezvous store at " + endpoint + " (this node is " +
+                         "the endpoint's host): " + e.what() +
+                         " -- is another job using this port? pick another one");
+    }
+  }
+  if (host) {
+    DDPRUN_LOG(INFO, "launcher") << "hosting the rendezvous store at " << endpoint
+                                 << (token ? " (with authentication)" : "");
+  }
+  describe_ = backend_ + " rendezvous '" + options_.runId + "' at " + endpoint +
+              (host ? " (store hosted here)" : "");
+  thread_ = std::thread([this] { threadMain(); });
+}
+
+MultiNodeRendezvous::~MultiNodeRendezvous() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (auto* p = live_.load()) p->interrupt();
+  if (thread_.joinable()) thread_.join();
+  protocol_.reset();
+  workerStore_.reset();
+  rendezvousStore_.reset();
+}
+
+void MultiNodeRendezvous::submit(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+void MultiNodeRendezvous::threadMain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (stopping_) return;
+    auto job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    job();
+    lock.lock();
+  }
+}
+
+rdzv::DynamicRendezvous& MultiNodeRendezvous::protocol() {
+  if (!protocol_) {
+    protocol_ = std::make_unique<rdzv::DynamicRendezvous>(
+        options_, [this](const rdzv::RoundEvent& e) { onEvent(e); });
+    live_ = protocol_.get();
+  }
+  return *protocol_;
+}
+
+void MultiNodeRendezvous::setListener(Listener listener) { listener_ = std::move(listener); }
+
+void MultiNodeRendezvous::onEvent(const rdzv::RoundEvent& e) {
+  JobDecision d;
+  d.reason = e.message;
+  switch (e.kind) {
+    case rdzv::RoundEvent::Kind::Superseded:
+      d.kind = JobDecision::Kind::NextRound;
+      break;
+    case rdzv::RoundEvent::Kind::JobFailed:
+      d.kind = JobDecision::Kind::Failed;
+      d.exitCode = e.exitCode;
+      break;
+    case rdzv::RoundEvent::Kind::StoreLost:
+      d.kind = JobDecision::Kind::Failed;
+      d.exitCode = 1;
+      break;
+  }
+  asio::post(io_, [this, d] {
+    if (listener_) listener_(d);
+  });
+}
+
+void MultiNodeRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) {
+  DDPRUN_CHECK(localWorldSize == options_.nproc, "nproc changed from " << options_.nproc
+                                                                      << " to " << localWorldSize);
+  submit([this, done = std::move(done)] {
+    std::exception_ptr error;
+    RoundInfo info;
+    try {
+      const rdzv::RoundInfo r = protocol().nextRound();
+      info = RoundInfo{.round = static_cast<uint64_t>(r.round),
+                       .restartCount = r.restartCount,
+                       .nodeRank = r.nodeRank,
+                       .nodeCount = r.nodeCount,
+                       .rankOffset = r.rankOffset,
+                       .worldSize = r.worldSize,
+                       .masterAddr = r.masterAddr,
+                       .masterPort = r.masterPort,
+                       .useAgentStore = agentStore_,
+                       .runId = options_.runId};
+    } catch (const rdzv::JobEndedError& e) {
+      error = std::make_exception_ptr(JobEnded(e.what(), e.failed() ? e.exitCode() : 0));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    asio::post(io_, [this, done, error, info] {
+      std::exception_ptr err = error;
+      if (!err) {
+        try {
+          hostWorkerStore(info);
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
+      done(err, info);
+    });
+  });
+}
+
+void MultiNodeRendezvous::hostWorkerStore(const RoundInfo& info) {
+  workerStore_.reset();
+  const std::string base = describe_.substr(0, describe_.find(", node rank"));
+  describe_ = base + ", node rank " + std::to_string(info.nodeRank) + " of " +
+              std::to_string(info.nodeCount);
+  if (!agentStore_ || info.nodeRank != 0) return;
+  workerStore_ = std::make_unique<rdzv::StoreServer>(
+      io_, rdzv::StoreServerOptions{.host = resolveAddress(info.masterAddr),
+                                    .port = info.masterPort});
+}
+
+void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& what,
+                                             DecisionHandler done) {
+  submit([this, exitCode, what, done = std::move(done)] {
+    std::exception_ptr error;
+    JobDecision d;
+    try {
+      auto& p = protocol();
+      if (p.reportFailure(exitCode, what) == rdzv::DynamicRendezvous::AfterFailure::Restart) {
+        d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what};
+      } else {
+        d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
+                        .reason = p.jobFailure()};
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    asio::post(io_, [done, error, d] { done(error, d); });
+  });
+}
+
+void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
+  submit([this, done = std::move(done)] {
+    std::exception_ptr error;
+    JobDecision d;
+    try {
+      auto& p = protocol();
+      switch (p.finishRound()) {
+        case rdzv::DynamicRendezvous::AfterSuccess::Finished:
+          d.kind = JobDecision::Kind::Finished;
+          break;
+        case rdzv::DynamicRendezvous::AfterSuccess::Rejoin:
+          d = JobDecision{.kind = JobDecision::Kind::NextRound,
+                          .reason = "the round ended before every node had finished"};
+          break;
+        case rdzv::DynamicRendezvous::AfterSuccess::JobFailed:
+          d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
+                          .reason = p.jobFailure()};
+          break;
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    asio::post(io_, [done, error, d] { done(error, d); });
+  });
+}
+
+void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done) {
+  // A join or exit barrier may be waiting on the handler's thread: cut it short first.
+  if (auto* p = live_.load()) p->interrupt();
+  submit([this, reason, done = std::move(done)] {
+    std::exception_ptr error;
+    try {
+      if (protocol_) protocol_->leave(reason);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    asio::post(io_, [done, error] { done(error); });
+  });
+}
+
+std::string MultiNodeRendezvous::describe() const { return describe_; }
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,83 @@
+#pragma once
+// MultiNodeRendezvous: the RendezvousHandler of a job on several nodes (--nnodes=N>1 or
+// MIN:MAX, --rdzv-backend=c10d|static), over the store protocol of
+// rendezvous/dynamic_rendezvous.h (docs/rendezvous.md).
+//
+// The protocol blocks (it WAITs on store keys) and the agent's io_context must not: every
+// call runs on this handler's own thread, one at a time, and its completion is posted back to
+// the io_context. The protocol's watcher events (a node arrived, left or died; the job failed
+// elsewhere; the store is lost) become JobDecisions for the agent's listener, posted too.
+// A signal while a join or the exit barrier is waiting interrupts that wait, then leaves.
+//
+// Stores:
+//   - the rendezvous store at the endpoint is hosted, on the agent's io_context, by the agent
+//     whose --local-addr (or, without it, this machine) is the endpoint's host, or that has
+//     rdzv-conf is_host=true; static: node 0 at --master-addr:--master-port. A host that cannot
+//     bind fails naming the endpoint: it never joins somebody else's store instead.
+//     The host waits (close_timeout) for every node to pass the exit barrier before it exits.
+//   - with the agent store (the default), node rank 0 of each round hosts a fresh store for
+//     that round's workers at MASTER_ADDR:MASTER_PORT, so keys of an earlier round (same
+//     TORCHELASTIC_RESTART_COUNT after a membership change) never reach them (pytorch#135712).
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "launcher/rendezvous_handler.h"
+#include "rendezvous/dynamic_rendezvous.h"
+
+namespace ddprun::rendezvous {
+class StoreServer;
+}
+
+namespace ddprun::launcher {
+
+// Builds the protocol's options from the launcher's flags; throws ConfigError naming the flag.
+// `hostStore` is set to whether this agent hosts the rendezvous store.
+rendezvous::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore);
+
+class MultiNodeRendezvous final : public RendezvousHandler {
+ public:
+  // Hosts the rendezvous store at once when this node is its host (throws NetworkError naming
+  // the endpoint when it cannot bind); connects on the handler's thread at the first round.
+  MultiNodeRendezvous(boost::asio::io_context& io, const LaunchOptions& options);
+  ~MultiNodeRendezvous() override;
+
+  void setListener(Listener listener) override;
+  void asyncNextRound(int localWorldSize, RoundHandler done) override;
+  void asyncReportFailure(int exitCode, const std::string& what, DecisionHandler done) override;
+  void asyncFinish(DecisionHandler done) override;
+  void asyncLeave(const std::string& reason, DoneHandler done) override;
+  std::string describe() const override;
+
+ private:
+  // Runs `job` on the handler's thread after the jobs before it.
+  void submit(std::function<void()> job);
+  void threadMain();
+  rendezvous::DynamicRendezvous& protocol();  // connects on first use (handler's thread)
+  void onEvent(const rendezvous::RoundEvent& e);
+  void hostWorkerStore(const RoundInfo& info);  // on the io_context
+
+  boost::asio::io_context& io_;
+  bool agentStore_;
+  std::string backend_;
+  rendezvous::DynamicRendezvousOptions options_;
+  std::unique_ptr<rendezvous::StoreServer> rendezvousStore_;  // when this node hosts it
+  std::unique_ptr<rendezvous::StoreServer> workerStore_;      // node rank 0, agent store mode
+  Listener listener_;
+  std::unique_ptr<rendezvous::DynamicRendezvous> protocol_;
+  std::atomic<rendezvous::DynamicRendezvous*> live_{nullptr};  // for interrupt() from io thread
+  std::string describe_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  bool busy_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ddprun::launcher

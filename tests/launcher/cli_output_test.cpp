@@ -1,0 +1,220 @@
+// The real ddprun binary: what workers see (environment, argv) and what users see (console
+// lines, log files, failure report, errors for bad flags).
+#include <regex>
+#include <set>
+
+#include "ddprun_process.h"
+
+using namespace ddprun::testing;
+
+namespace {
+
+// A worker's environment as its process got it (NUL-separated /proc/PID/environ).
+Env readEnviron(const std::string& path) {
+  Env env;
+  const std::string raw = readFile(path);
+  size_t start = 0;
+  while (start < raw.size()) {
+    size_t end = raw.find('\0', start);
+    if (end == std::string::npos) end = raw.size();
+    const std::string entry = raw.substr(start, end - start);
+    const auto eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+    start = end + 1;
+  }
+  return env;
+}
+
+}  // namespace
+
+TEST_CASE("each worker gets the launcher's environment plus torchrun's variables",
+          "[launcher][cli][env]") {
+  for (int nproc : {1, 2, 4}) {
+    INFO("nproc " << nproc);
+    TempDir dir;
+    auto r = runDdprun({"--standalone", "--nproc-per-node=" + std::to_string(nproc),
+                        "--max-restarts=1", "sh", "-c",
+                        "exec cat /proc/self/environ > " + dir.path() + "/env.$LOCAL_RANK"});
+    REQUIRE(r.code == 0);
+    std::smatch port;
+    REQUIRE(std::regex_search(r.err, port, std::regex("agent store on 127\\.0\\.0\\.1:(\\d+)")));
+    std::string runId;
+    for (int lr = 0; lr < nproc; ++lr) {
+      Env env = readEnviron(dir / ("env." + std::to_string(lr)));
+      std::set<std::string> added;
+      for (const auto& [k, v] : env) {
+        if (!baseEnv().count(k) && k != "PWD") added.insert(k);  // dash exports PWD itself
+      }
+      std::set<std::string> expected{
+          "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+          "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+          "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+          "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+          "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"};
+      if (nproc > 1) expected.insert("OMP_NUM_THREADS");
+      CHECK(added == expected);
+      for (const auto& [k, v] : baseEnv()) CHECK(env[k] == v);
+      CHECK(env["RANK"] == std::to_string(lr));
+      CHECK(env["LOCAL_RANK"] == std::to_string(lr));
+      CHECK(env["ROLE_RANK"] == std::to_string(lr));
+      CHECK(env["WORLD_SIZE"] == std::to_string(nproc));
+      CHECK(env["LOCAL_WORLD_SIZE"] == std::to_string(nproc));
+      CHECK(env["ROLE_WORLD_SIZE"] == std::to_string(nproc));
+      CHECK(env["GROUP_RANK"] == "0");
+      CHECK(env["GROUP_WORLD_SIZE"] == "1");
+      CHECK(env["ROLE_NAME"] == "default");
+      CHECK(env["MASTER_ADDR"] == "127.0.0.1");
+      CHECK(env["MASTER_PORT"] == port[1].str());
+      CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
+      CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "1");
+      CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
+      CHECK(env["NCCL_ASYNC_ERROR_HANDLING"] == "1");
+      CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+      CHECK_THAT(env["TORCHELASTIC_ERROR_FILE"],
+                 Catch::EndsWith("/attempt_0/" + std::to_string(lr) + "/error.json"));
+      if (nproc > 1) CHECK(env["OMP_NUM_THREADS"] == "1");
+      CHECK(env["TORCHELASTIC_RUN_ID"].size() == 36);
+      if (lr > 0) CHECK(env["TORCHELASTIC_RUN_ID"] == runId);
+      runId = env["TORCHELASTIC_RUN_ID"];
+    }
+  }
+}
+
+TEST_CASE("--no-agent-store: a free MASTER_PORT and USE_AGENT_STORE=False",
+          "[launcher][cli][env]") {
+  TempDir dir;
+  auto r = runDdprun({"--standalone", "--no-agent-store", "--nproc-per-node=2", "sh", "-c",
+                      "echo $MASTER_ADDR $MASTER_PORT $TORCHELASTIC_USE_AGENT_STORE > " +
+                          dir.path() + "/env.$RANK"});
+  REQUIRE(r.code == 0);
+  CHECK(readFile(dir / "env.0") == readFile(dir / "env.1"));
+  CHECK_THAT(readFile(dir / "env.0"), Catch::Matches("127\\.0\\.0\\.1 [1-9]\\d* False\n"));
+  CHECK(r.err.find("agent store") == std::string::npos);
+}
+
+TEST_CASE("console lines are prefixed [rank N]:, whole, and in order per worker",
+          "[launcher][cli][output]") {
+  // Each line is written in three pieces, so the pieces of different workers race.
+  auto r = runDdprun({"--standalone", "--nproc-per-node=4", "sh", "-c",
+                      "i=0; while [ $i -lt 300 ]; do printf 'w%s-' $RANK; printf 'line%s-' $i; "
+                      "printf 'end\\n'; printf 'e%s-%s\\n' $RANK $i >&2; i=$((i+1)); done"});
+  REQUIRE(r.code == 0);
+  for (auto [text, tag] : {std::pair{r.out, "w"}, std::pair{r.err, "e"}}) {
+    std::map<int, int> next;
+    int count = 0;
+    const std::regex re(std::string("\\[rank (\\d)\\]: ") + tag + "(\\d)-(?:line)?(\\d+)(?:-end)?");
+    for (const auto& line : lines(text)) {
+      if (line.rfind("[ddprun ", 0) == 0) continue;  // ddprun's own log lines
+      std::smatch m;
+      INFO(line);
+      REQUIRE(std::regex_match(line, m, re));
+      const int rank = std::stoi(m[1]);
+      CHECK(std::stoi(m[2]) == rank);
+      CHECK(std::stoi(m[3]) == next[rank]);
+      next[rank] = std::stoi(m[3]) + 1;
+      ++count;
+    }
+    CHECK(count == 4 * 300);
+  }
+}
+
+TEST_CASE("a single worker's lines carry no prefix", "[launcher][cli][output]") {
+  auto r = runDdprun({"--standalone", "sh", "-c", "echo plain"});
+  CHECK(r.code == 0);
+  CHECK(r.out == "plain\n");
+}
+
+TEST_CASE("--log-dir, --redirects and --tee use torchrun's layout", "[launcher][cli][output]") {
+  TempDir logs;
+  const std::vector<std::string> args{"--log-dir=" + logs.path(), "--rdzv-id=myjob",
+                                      "--nproc-per-node=2", "--master-port=0", "-r", "1",
+                                      "-t", "2", "sh", "-c",
+                                      "echo out$RANK; echo err$RANK >&2; "
+                                      "echo $TORCHELASTIC_ERROR_FILE > $(dirname "
+                                      "$TORCHELASTIC_ERROR_FILE)/where"};
+  auto r = runDdprun(args);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.empty());  // stdout redirected to files only
+  CHECK_THAT(r.err, Catch::Contains("[rank 0]: err0") && Catch::Contains("[rank 1]: err1"));
+  for (int lr = 0; lr < 2; ++lr) {
+    const std::string d = logs.path() + "/myjob/attempt_0/" + std::to_string(lr);
+    CHECK(readFile(d + "/stdout.log") == "out" + std::to_string(lr) + "\n");
+    CHECK(readFile(d + "/stderr.log") == "err" + std::to_string(lr) + "\n");
+    CHECK(readFile(d + "/where") == d + "/error.json\n");
+  }
+  // The same run id again: the first job's logs are kept, the second goes next to them.
+  auto again = runDdprun(args);
+  REQUIRE(again.code == 0);
+  CHECK(readFile(logs.path() + "/myjob.1/attempt_0/1/stdout.log") == "out1\n");
+  CHECK(readFile(logs.path() + "/myjob/attempt_0/1/stdout.log") == "out1\n");
+}
+
+TEST_CASE("--local-ranks-filter: other ranks go to their log files only",
+          "[launcher][cli][output]") {
+  TempDir logs;
+  auto r = runDdprun({"--standalone", "--log-dir", logs.path(), "--nproc-per-node=3",
+                      "--local-ranks-filter=1", "sh", "-c", "echo hello$RANK"});
+  REQUIRE(r.code == 0);
+  CHECK(r.out == "[rank 1]: hello1\n");
+  const std::string listing = [&] {
+    std::string s;
+    for (auto& e : std::filesystem::directory_iterator(logs.path())) s += e.path().filename().string();
+    return s;
+  }();
+  CHECK(readFile(logs.path() + "/" + listing + "/attempt_0/0/stdout.log") == "hello0\n");
+  CHECK(readFile(logs.path() + "/" + listing + "/attempt_0/2/stdout.log") == "hello2\n");
+}
+
+TEST_CASE("the failure report shows the error file written by the worker and its stderr",
+          "[launcher][cli][report]") {
+  const std::string json =
+      R"({"message": {"message": "RuntimeError: loss is NaN", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 7\nRuntimeError: loss is NaN", "timestamp": "1700000000"}}})";
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "sh", "-c",
+                      "if [ $RANK = 1 ]; then echo 'step 99 diverged' >&2; printf '%s' '" + json +
+                          "' > $TORCHELASTIC_ERROR_FILE; exit 5; fi; sleep 30"});
+  CHECK(r.code == 5);
+  CHECK_THAT(r.err, Catch::Contains("message    : RuntimeError: loss is NaN"));
+  CHECK_THAT(r.err, Catch::Contains("    File \"train.py\", line 7"));
+  CHECK_THAT(r.err, Catch::Contains("timestamp  : 1700000000"));
+  CHECK_THAT(r.err, Catch::Contains("last 1 lines of its stderr:\n    step 99 diverged\n"));
+  CHECK_THAT(r.err, Catch::Matches("(.|\n)*pid        : [1-9][0-9]*\n(.|\n)*"));
+}
+
+TEST_CASE(".py runs under $PYTHON_EXEC -u, with --pass-local-rank and ${local_rank}",
+          "[launcher][cli][command]") {
+  TempDir dir;
+  // A shell script stands in for the interpreter: `sh -u script.py ARGS` runs it as a script.
+  const std::string script = dir / "train.py";
+  std::ofstream(script) << "echo \"$@\" > " << dir.path() << "/argv.$LOCAL_RANK\n";
+  Env env = baseEnv();
+  env["PYTHON_EXEC"] = "/bin/sh";
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "--pass-local-rank", script,
+                      "--out=file.${local_rank}"},
+                     env);
+  REQUIRE(r.code == 0);
+  CHECK(readFile(dir / "argv.0") == "--local_rank=0 --out=file.0\n");
+  CHECK(readFile(dir / "argv.1") == "--local_rank=1 --out=file.1\n");
+}
+
+TEST_CASE("bad flags: one line naming flag, value and what is allowed; exit 2",
+          "[launcher][cli][errors]") {
+  auto r = runDdprun({"--nproc-per-node=abc", "true"});
+  CHECK(r.code == 2);
+  CHECK(r.err == "ddprun: --nproc-per-node=abc: expected a number of workers >= 1, 'cpu', "
+                 "'gpu' or 'auto'\n");
+  Env env = baseEnv();
+  env["PET_NNODES"] = "3:1";
+  auto pet = runDdprun({"true"}, env);
+  CHECK(pet.code == 2);
+  CHECK(pet.err == "ddprun: --nnodes=3:1 (from PET_NNODES): expected N or MIN:MAX with 1 <= "
+                   "MIN <= MAX (e.g. 2 or 1:4)\n");
+  auto unknown = runDdprun({"--nproc-per-nod=2", "true"});
+  CHECK(unknown.code == 2);
+  CHECK(unknown.err == "ddprun: unknown flag --nproc-per-nod=2 (see ddprun --help)\n");
+  auto multi = runDdprun({"--nnodes=2", "true"});
+  CHECK(multi.code == 2);
+  CHECK(lines(multi.err).size() == 1);
+  auto help = runDdprun({"--help"});
+  CHECK(help.code == 0);
+  CHECK_THAT(help.out, Catch::Contains("--max-restarts,--max_restarts"));
+}
