@@ -2,11 +2,12 @@
 // The CPU communicator: Gloo (Debian's libgloo), rendezvoused through a ddprun store.
 //
 // Each rank publishes its Gloo TCP address in the store and connects to every other rank (Gloo's
-// full mesh). Collectives run on CPU tensors. Allreduce picks the algorithm per message size:
-// halving-doubling for small and mid sizes (Gloo's ring variants stall for tens of milliseconds at
-// 16-256 KiB on loopback) and ring-chunked for large ones; see docs/worker_runtime.md for the
-// measured crossover. Algorithm instances are cached per buffer, so a repeated allreduce of the
-// same tensor (DDP buckets) pays Gloo's set-up cost once.
+// full mesh). Collectives run on CPU tensors. Broadcast, allgather and barrier are Gloo's own.
+// Allreduce uses ddprun's two algorithms on Gloo's transport (gloo_allreduce.h), picked per message
+// size: "direct" (one exchange step) for small messages, a pipelined ring for large ones. Gloo's
+// own ring variants stall for tens of milliseconds at 16-256 KiB on loopback, and its
+// halving-doubling binds buffers at construction; see docs/worker_runtime.md for the measured
+// crossover and the comparison with raw Gloo.
 #include <memory>
 #include <string>
 
@@ -17,7 +18,7 @@ namespace ddprun::runtime {
 
 // Which allreduce algorithm to use; Auto is the per-size choice described above. The fixed
 // choices exist for benchmarks and tests.
-enum class GlooAllreduce : uint8_t { Auto, HalvingDoubling, RingChunked };
+enum class AllreduceAlgorithm : uint8_t { Auto, Direct, Ring };
 
 struct GlooOptions {
   int rank = 0;
@@ -26,14 +27,15 @@ struct GlooOptions {
   // Address (name or IP) other ranks use to reach this one. Empty: GLOO_SOCKET_IFNAME's interface
   // when that variable is set, else this host's name, else 127.0.0.1.
   std::string hostname;
-  GlooAllreduce allreduce = GlooAllreduce::Auto;
-  // Messages up to this size use halving-doubling under Auto; larger ones ring-chunked.
-  size_t ringThresholdBytes = 4u << 20;
+  AllreduceAlgorithm allreduce = AllreduceAlgorithm::Auto;
+  // Under Auto, a message of B bytes uses "direct" while B * (size - 1) <= directMaxBytes, else
+  // the ring, whose pipeline segments are ringSegmentBytes.
+  size_t directMaxBytes = 256u << 10;
+  size_t ringSegmentBytes = 512u << 10;
 };
 
 // Connects the full mesh (every rank must call it with the same store and size). The store may be
-// shared with other users: the communicator writes only keys under "gloo/". Throws BackendError
-// when the mesh cannot be built within options.timeout.
+// shared with other users: the n-th Gloo communicator of a rank writes only keys under "gloo/". Throws BackendError when the mesh cannot be built within options.timeout.
 std::shared_ptr<Communicator> makeGlooCommunicator(std::shared_ptr<rendezvous::Store> store,
                                                    GlooOptions options);
 

@@ -1,0 +1,187 @@
+// Each collective of the Gloo communicator against a single-process reference, with 2, 3 and 4
+// ranks as threads on one MemoryStore (real Gloo TCP connections over loopback).
+#include <catch2/catch.hpp>
+
+#include "rendezvous/errors.h"
+#include "rendezvous/memory_store.h"
+#include "tests/worker_runtime/rank_threads.h"
+#include "worker_runtime/gloo_communicator.h"
+
+using namespace ddprun::runtime;
+using ddprun::rendezvous::MemoryStore;
+using test::runRanks;
+
+namespace {
+
+const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kFloat16,
+                                           torch::kBFloat16, torch::kInt32,  torch::kInt64,
+                                           torch::kInt8,     torch::kUInt8};
+
+// Small integers, exact in every supported dtype even when summed over 4 ranks.
+torch::Tensor inputFor(int rank, int64_t n, torch::Dtype dtype) {
+  auto gen = at::detail::createCPUGenerator(1234 + rank);
+  auto t = torch::randint(0, 7, {n}, gen, torch::kInt64);
+  if (dtype != torch::kUInt8) t = t - 3;  // negatives too, except for unsigned
+  return t.to(dtype);
+}
+
+torch::Tensor reference(int P, int64_t n, torch::Dtype dtype, ReduceOp op) {
+  torch::Tensor acc = inputFor(0, n, dtype).to(torch::kFloat64);
+  for (int r = 1; r < P; ++r) {
+    auto x = inputFor(r, n, dtype).to(torch::kFloat64);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: acc = acc + x; break;
+      case ReduceOp::Min: acc = torch::minimum(acc, x); break;
+      case ReduceOp::Max: acc = torch::maximum(acc, x); break;
+    }
+  }
+  if (op == ReduceOp::Avg) acc = acc / P;
+  return acc.to(dtype);
+}
+
+std::vector<std::shared_ptr<Communicator>> makeGroup(int P, GlooOptions base = {}) {
+  auto store = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+  std::vector<std::shared_ptr<Communicator>> comms(P);
+  runRanks(P, [&](int r) {
+    GlooOptions o = base;
+    o.rank = r;
+    o.size = P;
+    o.hostname = "127.0.0.1";
+    if (o.timeout == kDefaultCollectiveTimeout) o.timeout = std::chrono::seconds(20);
+    comms[r] = makeGlooCommunicator(store, o);
+  });
+  return comms;
+}
+
+}  // namespace
+
+TEST_CASE("allreduce matches the single-process reference for every dtype, op and size",
+          "[collectives][gloo]") {
+  for (int P : {2, 3, 4}) {
+    auto comms = makeGroup(P);
+    for (auto dtype : kDtypes) {
+      for (int64_t n : {0, 1, 2, 7, 1001, 65537, 300001}) {
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
+          if (op == ReduceOp::Avg && !c10::isFloatingType(dtype)) continue;
+          const torch::Tensor expected = reference(P, n, dtype, op);
+          std::vector<torch::Tensor> out(P);
+          runRanks(P, [&](int r) {
+            out[r] = inputFor(r, n, dtype);
+            comms[r]->allreduce(out[r], op);
+          });
+          INFO("P=" << P << " dtype=" << dtype << " n=" << n << " op=" << toString(op));
+          for (int r = 0; r < P; ++r) {
+            if (op == ReduceOp::Avg) {
+              CHECK(torch::allclose(out[r].to(torch::kFloat64), expected.to(torch::kFloat64),
+                                    1e-2, 1e-2));
+            } else {
+              CHECK(torch::equal(out[r], expected));
+            }
+            CHECK(torch::equal(out[r], out[0]));  // bit-identical on every rank
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("64 MiB allreduce with random floats: close to float64 reference, identical on all ranks",
+          "[collectives][gloo][large]") {
+  const int64_t n = (64 << 20) / 4;
+  for (int P : {2, 4}) {
+    auto comms = makeGroup(P);
+    std::vector<torch::Tensor> in(P), out(P);
+    for (int r = 0; r < P; ++r) {
+      in[r] = torch::randn({n}, at::detail::createCPUGenerator(77 + r));
+      out[r] = in[r].clone();
+    }
+    runRanks(P, [&](int r) { comms[r]->allreduce(out[r], ReduceOp::Sum); });
+    torch::Tensor ref = torch::zeros({n}, torch::kFloat64);
+    for (int r = 0; r < P; ++r) ref += in[r].to(torch::kFloat64);
+    for (int r = 0; r < P; ++r) {
+      CHECK(torch::allclose(out[r].to(torch::kFloat64), ref, 1e-5, 1e-5));
+      CHECK(torch::equal(out[r], out[0]));
+    }
+  }
+}
+
+TEST_CASE("both allreduce algorithms agree with the reference at every size",
+          "[collectives][gloo]") {
+  for (auto algo : {AllreduceAlgorithm::Direct, AllreduceAlgorithm::Ring}) {
+    const int P = 3;
+    auto comms = makeGroup(P, {.allreduce = algo, .ringSegmentBytes = 4096});
+    for (int64_t n : {1, 2, 3, 5, 4097, 100003}) {
+      const auto expected = reference(P, n, torch::kFloat32, ReduceOp::Sum);
+      std::vector<torch::Tensor> out(P);
+      runRanks(P, [&](int r) {
+        out[r] = inputFor(r, n, torch::kFloat32);
+        comms[r]->allreduce(out[r]);
+      });
+      for (int r = 0; r < P; ++r) CHECK(torch::equal(out[r], expected));
+    }
+  }
+}
+
+TEST_CASE("async allreduces complete in submission order", "[collectives][gloo]") {
+  const int P = 2;
+  auto comms = makeGroup(P);
+  std::vector<std::vector<torch::Tensor>> ts(P);
+  runRanks(P, [&](int r) {
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < 20; ++i) {
+      ts[r].push_back(torch::full({1000 * (i + 1)}, float(r + i)));
+      works.push_back(comms[r]->allreduceAsync(ts[r].back(), ReduceOp::Sum));
+    }
+    for (auto& w : works) w->wait();
+  });
+  for (int i = 0; i < 20; ++i) CHECK(torch::all(ts[0][i] == float(2 * i + 1)).item<bool>());
+}
+
+TEST_CASE("broadcast, allgather and barrier match the reference", "[collectives][gloo]") {
+  for (int P : {2, 3, 4}) {
+    auto comms = makeGroup(P);
+    for (auto dtype : kDtypes) {
+      for (int64_t n : {0, 1, 1001, 300001}) {
+        for (int root = 0; root < P; ++root) {
+          std::vector<torch::Tensor> t(P);
+          runRanks(P, [&](int r) {
+            t[r] = inputFor(r, n, dtype);
+            comms[r]->broadcast(t[r], root);
+          });
+          for (int r = 0; r < P; ++r) CHECK(torch::equal(t[r], inputFor(root, n, dtype)));
+        }
+        std::vector<torch::Tensor> g(P);
+        runRanks(P, [&](int r) { g[r] = comms[r]->allgather(inputFor(r, n, dtype).view({-1, 1})); });
+        for (int r = 0; r < P; ++r) {
+          REQUIRE(g[r].sizes() == torch::IntArrayRef({P, n, 1}));
+          for (int q = 0; q < P; ++q) CHECK(torch::equal(g[r][q].view({-1}), inputFor(q, n, dtype)));
+        }
+      }
+    }
+    runRanks(P, [&](int r) {
+      for (int i = 0; i < 5; ++i) comms[r]->barrier();
+    });
+  }
+}
+
+TEST_CASE("bad tensors are refused with a message naming the problem", "[collectives][gloo]") {
+  auto comms = makeGroup(2);
+  auto& c = *comms[0];
+  CHECK_THROWS_WITH(c.allreduce(torch::zeros({4}, torch::kBool)),
+                    Catch::Contains("dtype Bool is not supported"));
+  CHECK_THROWS_WITH(c.allreduce(torch::zeros({4, 4}).t()), Catch::Contains("contiguous"));
+  CHECK_THROWS_WITH(c.allreduce(torch::zeros({4}, torch::kInt32), ReduceOp::Avg),
+                    Catch::Contains("avg needs a floating dtype"));
+  CHECK_THROWS_WITH(c.broadcast(torch::zeros({4}), 5), Catch::Contains("root 5 is not a rank"));
+  CHECK_THROWS_AS(c.allreduce(torch::Tensor()), ddprun::ConfigError);
+}
+
+TEST_CASE("a group of one needs no peers", "[collectives][gloo]") {
+  auto comms = makeGroup(1);
+  auto t = torch::arange(10, torch::kFloat32);
+  comms[0]->allreduce(t, ReduceOp::Avg);
+  CHECK(torch::equal(t, torch::arange(10, torch::kFloat32)));
+  CHECK(torch::equal(comms[0]->allgather(t)[0], t));
+  comms[0]->barrier();
+}

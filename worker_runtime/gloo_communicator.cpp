@@ -1,0 +1,241 @@
+#include "worker_runtime/gloo_communicator.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include <gloo/allgather.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+#include "rendezvous/prefix_store.h"
+#include "worker_runtime/gloo_allreduce.h"
+#include "worker_runtime/gloo_store_adapter.h"
+#include "worker_runtime/reduce.h"
+#include "worker_runtime/work_queue.h"
+
+namespace ddprun::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<gloo::transport::Device> makeDevice(const GlooOptions& o) {
+  gloo::transport::tcp::attr attr;
+  if (!o.hostname.empty()) {
+    attr.hostname = o.hostname;
+  } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    attr.iface = ifname;
+  } else {
+    char host[256] = {};
+    attr.hostname = ::gethostname(host, sizeof(host) - 1) == 0 ? host : "127.0.0.1";
+  }
+  try {
+    return gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    if (!o.hostname.empty() || !attr.iface.empty()) {
+      throw ConfigError("gloo: cannot listen on " +
+                        (attr.iface.empty() ? "address " + attr.hostname
+                                            : "interface GLOO_SOCKET_IFNAME=" + attr.iface) +
+                        ": " + e.what());
+    }
+    DDPRUN_LOG(WARN, "gloo") << "host name " << attr.hostname << " unusable (" << e.what()
+                             << "); using 127.0.0.1";
+    attr.hostname = "127.0.0.1";
+    return gloo::transport::tcp::CreateDevice(attr);
+  }
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<rendezvous::Store> store, GlooOptions options)
+      : options_(std::move(options)) {
+    // The n-th communicator of this rank, counted in the store (not in the process, so ranks
+    // as threads of one process also agree).
+    const int64_t n = store->add("gloo/count/" + std::to_string(options_.rank), 1);
+    const std::string prefix = "gloo/" + std::to_string(n);
+    auto scoped = std::make_shared<rendezvous::PrefixStore>(prefix, std::move(store));
+    GlooStoreAdapter adapter(*scoped);
+    auto device = makeDevice(options_);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.size);
+    context->setTimeout(options_.timeout);
+    try {
+      context->connectFullMesh(adapter, device);
+    } catch (const ddprun::Error&) {
+      throw;  // the store's own error names the key and the address
+    } catch (const std::exception& e) {
+      throw BackendError("gloo: rank " + std::to_string(options_.rank) + " of " +
+                         std::to_string(options_.size) +
+                         " could not connect to its peers: " + e.what());
+    }
+    context_ = context;
+    allreduce_ = std::make_unique<GlooAllreduce>(context_);
+  }
+
+  ~GlooCommunicator() override { queue_.drain(); }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  std::string_view backend() const override { return "gloo"; }
+  torch::Device device() const override { return torch::kCPU; }
+  Millis timeout() const override { return options_.timeout; }
+
+  std::shared_ptr<Work> allreduceAsync(torch::Tensor tensor, ReduceOp op) override {
+    checkAllreduce(tensor, op);
+    return queue_.submit([this, tensor, op] { allreduceNow(tensor, op); });
+  }
+
+  std::shared_ptr<Work> broadcastAsync(torch::Tensor tensor, int root) override {
+    checkCollectiveTensor(tensor, *this, "broadcast");
+    if (root < 0 || root >= size()) {
+      throw ConfigError("gloo broadcast: root " + std::to_string(root) + " is not a rank (0.." +
+                        std::to_string(size() - 1) + ")");
+    }
+    return queue_.submit([this, tensor, root] { broadcastNow(tensor, root); });
+  }
+
+  torch::Tensor allgather(const torch::Tensor& input) override {
+    checkCollectiveTensor(input, *this, "allgather");
+    std::vector<int64_t> shape{size()};
+    shape.insert(shape.end(), input.sizes().begin(), input.sizes().end());
+    torch::Tensor out = torch::empty(shape, input.options());
+    queue_.runInline([&] {
+      guarded("allgather", input.nbytes(), [&] {
+        if (size() == 1) {
+          out[0].copy_(input);
+          return;
+        }
+        if (input.nbytes() == 0) return;
+        gloo::AllgatherOptions o(context_);
+        o.setInput(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
+        o.setOutput(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+        o.setTag(nextTag_++);
+        o.setTimeout(options_.timeout);
+        gloo::allgather(o);
+      });
+    });
+    return out;
+  }
+
+  void barrier() override {
+    queue_.runInline([&] {
+      guarded("barrier", 0, [&] {
+        if (size() == 1) return;
+        gloo::BarrierOptions o(context_);
+        o.setTag(nextTag_++);
+        o.setTimeout(options_.timeout);
+        gloo::barrier(o);
+      });
+    });
+  }
+
+ private:
+  void checkAllreduce(const torch::Tensor& t, ReduceOp op) {
+    checkCollectiveTensor(t, *this, "allreduce");
+    if (op == ReduceOp::Avg && !c10::isFloatingType(t.scalar_type())) {
+      throw ConfigError("gloo allreduce: op avg needs a floating dtype, not " +
+                        std::string(c10::toString(t.scalar_type())) + " (use sum and divide)");
+    }
+  }
+
+  void allreduceNow(const torch::Tensor& t, ReduceOp op) {
+    guarded("allreduce", t.nbytes(), [&] {
+      const size_t n = static_cast<size_t>(t.numel());
+      if (n == 0 || size() == 1) return;
+      const ReduceBuffer buf{t.data_ptr(), n, t.scalar_type()};
+      const auto deadline = Clock::now() + options_.timeout;
+      const ReduceOp kernelOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+      if (useDirect(t.nbytes())) {
+        allreduce_->direct(buf, kernelOp, deadline);
+      } else {
+        allreduce_->ring(buf, kernelOp, deadline, {.segmentBytes = options_.ringSegmentBytes});
+      }
+      if (op == ReduceOp::Avg) divideBy(buf.ptr, n, buf.type, size());
+    });
+  }
+
+  bool useDirect(size_t bytes) const {
+    switch (options_.allreduce) {
+      case AllreduceAlgorithm::Direct: return true;
+      case AllreduceAlgorithm::Ring: return false;
+      case AllreduceAlgorithm::Auto: break;
+    }
+    return bytes * static_cast<size_t>(size() - 1) <= options_.directMaxBytes;
+  }
+
+  void broadcastNow(const torch::Tensor& t, int root) {
+    guarded("broadcast", t.nbytes(), [&] {
+      if (size() == 1 || t.nbytes() == 0) return;
+      gloo::BroadcastOptions o(context_);
+      o.setOutput(static_cast<uint8_t*>(t.data_ptr()), t.nbytes());
+      o.setRoot(root);
+      o.setTag(nextTag_++);
+      o.setTimeout(options_.timeout);
+      gloo::broadcast(o);
+    });
+  }
+
+  // Runs one collective: refuses at once when an earlier one failed, and turns Gloo's exceptions
+  // into ours, naming the collective, its size and this rank.
+  template <typename Fn>
+  void guarded(const char* what, size_t bytes, Fn&& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.empty()) {
+        throw BackendError(std::string("gloo ") + what + " refused: the communicator is broken "
+                           "since an earlier error (" + broken_ + ")");
+      }
+    }
+    const std::string where = std::string("gloo ") + what + " of " + std::to_string(bytes) +
+                              " bytes on rank " + std::to_string(rank()) + "/" +
+                              std::to_string(size());
+    try {
+      fn();
+    } catch (const gloo::IoException& e) {
+      const std::string msg = e.what();
+      fail(msg);
+      if (msg.find("Timed out") != std::string::npos || msg.find("timeout") != std::string::npos) {
+        throw TimeoutError(where + " timed out after " + std::to_string(timeout().count()) +
+                           " ms: " + msg);
+      }
+      throw BackendError(where + " failed (did a peer exit?): " + msg);
+    } catch (const gloo::Exception& e) {
+      fail(e.what());
+      throw BackendError(where + " failed: " + e.what());
+    } catch (const ddprun::Error& e) {
+      fail(e.what());
+      throw;
+    }
+  }
+
+  void fail(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.empty()) broken_ = why;
+  }
+
+  GlooOptions options_;
+  std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<GlooAllreduce> allreduce_;
+  uint32_t nextTag_ = 1;  // only touched by the one thread running collectives
+  std::mutex mu_;
+  std::string broken_;
+  WorkQueue queue_;  // last member: its thread stops before the rest is destroyed
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> makeGlooCommunicator(std::shared_ptr<rendezvous::Store> store,
+                                                   GlooOptions options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    throw ConfigError("gloo: rank " + std::to_string(options.rank) + " is outside 0.." +
+                      std::to_string(options.size - 1));
+  }
+  return std::make_shared<GlooCommunicator>(std::move(store), std::move(options));
+}
+
+}  // namespace ddprun::runtime

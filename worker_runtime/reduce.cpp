@@ -1,0 +1,127 @@
+#include "worker_runtime/reduce.h"
+
+#include <algorithm>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "rendezvous/errors.h"
+
+namespace ddprun::runtime {
+namespace {
+
+// float16 and bfloat16 are reduced in float and rounded back once per pair, like Gloo does.
+template <typename T>
+struct Acc {
+  using type = T;
+};
+template <>
+struct Acc<c10::Half> {
+  using type = float;
+};
+template <>
+struct Acc<c10::BFloat16> {
+  using type = float;
+};
+
+// The op is a template parameter of the inner loop so that the compiler vectorizes it.
+template <typename T, typename F>
+void binaryLoop(T* dst, const T* src, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
+}
+
+template <typename T>
+void reduceIntoT(T* dst, const T* src, size_t n, ReduceOp op) {
+  using A = typename Acc<T>::type;
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      binaryLoop(dst, src, n, [](T a, T b) { return T(A(a) + A(b)); });
+      return;
+    case ReduceOp::Min:
+      binaryLoop(dst, src, n, [](T a, T b) { return T(std::min(A(a), A(b))); });
+      return;
+    case ReduceOp::Max:
+      binaryLoop(dst, src, n, [](T a, T b) { return T(std::max(A(a), A(b))); });
+      return;
+  }
+}
+
+template <typename T>
+void reduceManyT(T* dst, const void* const* in, int k, size_t n, ReduceOp op) {
+  // Blocks of a local accumulator keep the loops vectorizable despite dst aliasing an input.
+  constexpr size_t kBlock = 2048;
+  T acc[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    const size_t m = std::min(kBlock, n - base);
+    std::copy_n(static_cast<const T*>(in[0]) + base, m, acc);
+    for (int j = 1; j < k; ++j) reduceIntoT(acc, static_cast<const T*>(in[j]) + base, m, op);
+    std::copy_n(acc, m, dst + base);
+  }
+}
+
+template <typename T>
+void divideT(T* dst, size_t n, int divisor) {
+  using A = typename Acc<T>::type;
+  const A d = static_cast<A>(divisor);
+  for (size_t i = 0; i < n; ++i) dst[i] = T(A(dst[i]) / d);
+}
+
+// Calls fn(T{}) with T the C++ type of `type`.
+template <typename Fn>
+void dispatch(c10::ScalarType type, Fn&& fn) {
+  switch (type) {
+    case c10::ScalarType::Float: return fn(float{});
+    case c10::ScalarType::Double: return fn(double{});
+    case c10::ScalarType::Half: return fn(c10::Half{});
+    case c10::ScalarType::BFloat16: return fn(c10::BFloat16{});
+    case c10::ScalarType::Int: return fn(int32_t{});
+    case c10::ScalarType::Long: return fn(int64_t{});
+    case c10::ScalarType::Char: return fn(int8_t{});
+    case c10::ScalarType::Byte: return fn(uint8_t{});
+    default: break;
+  }
+  DDPRUN_CHECK(false, "unsupported dtype " << c10::toString(type));
+}
+
+}  // namespace
+
+bool supportedDtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Double:
+    case c10::ScalarType::Half:
+    case c10::ScalarType::BFloat16:
+    case c10::ScalarType::Int:
+    case c10::ScalarType::Long:
+    case c10::ScalarType::Char:
+    case c10::ScalarType::Byte:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void reduceInto(void* dst, const void* src, size_t n, c10::ScalarType type, ReduceOp op) {
+  dispatch(type, [&](auto tag) {
+    using T = decltype(tag);
+    reduceIntoT(static_cast<T*>(dst), static_cast<const T*>(src), n, op);
+  });
+}
+
+void reduceMany(void* dst, const void* const* in, int k, size_t n, c10::ScalarType type,
+                ReduceOp op) {
+  dispatch(type, [&](auto tag) {
+    using T = decltype(tag);
+    reduceManyT(static_cast<T*>(dst), in, k, n, op);
+  });
+}
+
+void divideBy(void* dst, size_t n, c10::ScalarType type, int divisor) {
+  dispatch(type, [&](auto tag) {
+    using T = decltype(tag);
+    divideT(static_cast<T*>(dst), n, divisor);
+  });
+}
+
+}  // namespace ddprun::runtime

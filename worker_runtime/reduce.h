@@ -1,0 +1,30 @@
+#pragma once
+// Element-wise reduction kernels over raw buffers, for the allreduce algorithms.
+//
+// The result of a reduction must be bit-identical on every rank, so every kernel here is a plain
+// loop with a fixed evaluation order (no threading, no reassociation): given the same inputs in
+// the same order, every rank computes the same bits.
+#include <cstddef>
+#include <cstdint>
+
+#include <c10/core/ScalarType.h>
+
+#include "worker_runtime/communicator.h"
+
+namespace ddprun::runtime {
+
+// The element types the communicators support (see communicator.h).
+bool supportedDtype(c10::ScalarType t);
+
+// dst[i] = dst[i] (op) src[i] for i < n. op is Sum, Min or Max (Avg reduces as Sum).
+void reduceInto(void* dst, const void* src, size_t n, c10::ScalarType type, ReduceOp op);
+
+// dst[i] = in[0][i] (op) in[1][i] (op) ... (op) in[k-1][i], evaluated left to right. dst may
+// alias any input.
+void reduceMany(void* dst, const void* const* in, int k, size_t n, c10::ScalarType type,
+                ReduceOp op);
+
+// dst[i] /= divisor (floating types only): the last step of ReduceOp::Avg.
+void divideBy(void* dst, size_t n, c10::ScalarType type, int divisor);
+
+}  // namespace ddprun::runtime
