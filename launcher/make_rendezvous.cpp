@@ -3,6 +3,7 @@
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
 
 #include "launcher/local_rendezvous.h"
+#include "launcher/multinode_rendezvous.h"
 #include "launcher/option_values.h"
 #include "launcher/options.h"
 #include "rendezvous/errors.h"
@@ -11,13 +12,8 @@ namespace ddprun::launcher {
 
 std::unique_ptr<RendezvousHandler> makeRendezvousHandler(boost::asio::io_context& io,
                                                          const LaunchOptions& o) {
-  if (o.maxNodes > 1) {
-    throw ConfigError("--nnodes=" +
-                      (o.minNodes == o.maxNodes
-                           ? std::to_string(o.maxNodes)
-                           : std::to_string(o.minNodes) + ":" + std::to_string(o.maxNodes)) +
-                      ": this build runs single-node jobs only (--nnodes=1 or --standalone)");
-  }
+  // Several nodes (--nnodes=N>1 or MIN:MAX): the store-based rendezvous, docs/rendezvous.md.
+  if (o.maxNodes > 1) return std::make_unique<MultiNodeRendezvous>(io, o);
   if (o.nodeRank != 0) {
     throw ConfigError("--node-rank=" + std::to_string(o.nodeRank) +
                       ": expected 0 for a single-node job (--nnodes=1)");

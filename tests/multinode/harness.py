@@ -1,0 +1,171 @@
+"""Helpers for the multi-node tests: ddprun agents as "nodes" on loopback addresses.
+
+Each agent is a real `ddprun` process started with --local-addr=127.0.0.N, so it advertises
+its own address, exactly as on separate machines; only the kernel is shared. Output goes to
+files under a temporary directory, which is printed (and kept) when a check fails.
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.environ.get("DDPRUN_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+DDPRUN = os.path.join(BIN, "ddprun")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "worker.py")
+SKIP = 77
+
+# Short timeouts keep the suite fast: a dead node is evicted after 3 x 0.3 s.
+FAST_CONF = "heartbeat=0.3,missed_heartbeats=3,last_call_timeout=0.5,join_timeout=30," \
+            "read_timeout=3,close_timeout=5,exit_barrier_timeout=30"
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def free_port(addr="127.0.0.1"):
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """One ddprun agent: a process with its stdout/stderr in files."""
+
+    def __init__(self, test, name, args, env=None, prefix=()):
+        self.name = name
+        self.out_path = os.path.join(test.dir, name + ".out")
+        self.err_path = os.path.join(test.dir, name + ".err")
+        self.cmd = list(prefix) + [DDPRUN] + args
+        e = dict(os.environ, PYTHON_EXEC=sys.executable, DDPRUN_LOG_LEVEL="info")
+        e.update(env or {})
+        self.proc = subprocess.Popen(self.cmd, stdout=open(self.out_path, "w"),
+                                     stderr=open(self.err_path, "w"), env=e,
+                                     start_new_session=True)
+        self.started = time.time()
+        test.nodes.append(self)
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise Failure("%s did not exit within %.0f s" % (self.name, timeout))
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def stderr(self):
+        with open(self.err_path) as f:
+            return f.read()
+
+    def stdout(self):
+        with open(self.out_path) as f:
+            return f.read()
+
+
+class MultiNodeTest:
+    """A scenario: a temporary directory, the nodes started, cleanup of every process."""
+
+    def __init__(self, name):
+        self.name = name
+        self.dir = tempfile.mkdtemp(prefix="ddprun-mn-%s-" % name)
+        self.out = os.path.join(self.dir, "workers")
+        self.nodes = []
+        self.port = free_port("127.0.0.2")
+
+    def endpoint(self, host="127.0.0.2"):
+        return "%s:%d" % (host, self.port)
+
+    def agent(self, name, addr, nnodes, rdzv_id, worker_args, nproc=1, conf=FAST_CONF,
+              extra=(), endpoint=None, env=None, prefix=(), rdzv=None):
+        """Starts `ddprun` as node `name` advertising `addr`; its workers record into
+        <out>/<name>. `rdzv` replaces the c10d backend flags (e.g. for the static backend)."""
+        if rdzv is None:
+            rdzv = ["--rdzv-backend=c10d", "--rdzv-endpoint=%s" % (endpoint or self.endpoint()),
+                    "--rdzv-id=%s" % rdzv_id]
+        local = ["--local-addr=%s" % addr] if addr else []  # None: ddprun finds it
+        args = ["--nnodes=%s" % nnodes, "--nproc-per-node=%d" % nproc] + rdzv + local + \
+            ["--rdzv-conf=%s" % conf] + list(extra) + \
+            [WORKER, "--out", os.path.join(self.out, name)] + list(worker_args)
+        return Node(self, name, args, env=env, prefix=prefix)
+
+    def starts(self, node=None, world=None):
+        """Worker starts recorded so far (each with its "node"), oldest first; optionally only
+        those of one node or one world size."""
+        recs = []
+        for path in glob.glob(os.path.join(self.out, "*", "start-*.json")):
+            with open(path) as f:
+                r = json.load(f)
+            r["node"] = os.path.basename(os.path.dirname(path))
+            if node not in (None, r["node"]) or world not in (None, int(r["WORLD_SIZE"])):
+                continue
+            recs.append(r)
+        return sorted(recs, key=lambda r: r["passed"])
+
+    def wait_for(self, what, pred, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            value = pred()
+            if value:
+                return value
+            time.sleep(0.02)
+        raise Failure("timed out after %.0f s waiting for %s" % (timeout, what))
+
+    def cleanup(self):
+        for n in self.nodes:
+            if n.proc.poll() is None:
+                try:
+                    os.killpg(n.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                n.proc.wait()
+
+    def dump(self):
+        for n in self.nodes:
+            print("---- %s: %s (exit %s)" % (n.name, " ".join(n.cmd), n.proc.poll()))
+            for label, text in (("stdout", n.stdout()), ("stderr", n.stderr())):
+                lines = text.splitlines()
+                print("  [%s, last 40 of %d lines]" % (label, len(lines)))
+                for line in lines[-40:]:
+                    print("    " + line)
+        for r in self.starts():
+            print("  start:", json.dumps(r, sort_keys=True))
+
+
+def run(scenarios):
+    """Runs the scenario named by argv[1]: exit 0 pass, 1 fail, 77 skip."""
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    if name not in scenarios:
+        print("usage: %s {%s}" % (sys.argv[0], ",".join(sorted(scenarios))))
+        return 2
+    if not os.access(DDPRUN, os.X_OK):
+        print("FAIL: %s is not built" % DDPRUN)
+        return 1
+    t = MultiNodeTest(name)
+    t0 = time.time()
+    try:
+        result = scenarios[name](t)
+        if result == SKIP:
+            return SKIP
+        print("PASS: %s (%.1f s)" % (name, time.time() - t0))
+        shutil.rmtree(t.dir, ignore_errors=True)
+        return 0
+    except Failure as e:
+        print("FAIL: %s: %s" % (name, e))
+        t.dump()
+        print("(files kept in %s)" % t.dir)
+        return 1
+    finally:
+        t.cleanup()

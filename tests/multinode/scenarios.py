@@ -1,0 +1,250 @@
+"""Multi-node scenarios: several real ddprun agents on one machine, each a "node" with its own
+loopback address (127.0.0.2, 127.0.0.3, ...). Usage: scenarios.py NAME (exit 0 / 1 / 77)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from harness import BIN, FAST_CONF, SKIP, check, free_port, run
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open("/proc/%d/stat" % pid) as f:  # a zombie is dead for our purpose
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def group_ranks(t, node):
+    return sorted({int(r["GROUP_RANK"]) for r in t.starts(node=node)})
+
+
+def fixed_two_nodes(t):
+    """--nnodes=2, 2 workers per node: one world of 4, ranks by node, one master."""
+    a = t.agent("a", "127.0.0.2", "2", "fixed", ["--run", "0.2"], nproc=2)
+    b = t.agent("b", "127.0.0.3", "2", "fixed", ["--run", "0.2"], nproc=2)
+    check(a.wait(60) == 0, "node a exit code %s" % a.proc.returncode)
+    check(b.wait(60) == 0, "node b exit code %s" % b.proc.returncode)
+    starts = t.starts()
+    check(len(starts) == 4, "4 workers started (got %d)" % len(starts))
+    check(sorted(int(r["RANK"]) for r in starts) == [0, 1, 2, 3], "global ranks 0..3")
+    for r in starts:
+        check(r["WORLD_SIZE"] == "4" and r["GROUP_WORLD_SIZE"] == "2", "world 4 on 2 nodes")
+        check(r["MASTER_ADDR"] == "127.0.0.2", "MASTER_ADDR is node rank 0's address")
+        check(r["MASTER_PORT"] == starts[0]["MASTER_PORT"], "one MASTER_PORT")
+        check(r["TORCHELASTIC_RUN_ID"] == "fixed", "run id is the rdzv id")
+        check(r["arrived"] <= 4, "a fresh worker store (arrival %d)" % r["arrived"])
+    check(group_ranks(t, "a") == [0] and group_ranks(t, "b") == [1], "node ranks by address")
+    check(sorted(int(r["RANK"]) for r in t.starts(node="b")) == [2, 3], "node b has ranks 2, 3")
+
+
+def join_mid_run(t):
+    """--nnodes=1:3: a third node arriving while the job runs restarts everybody in a larger
+    world, spending no restart; the first two keep their node ranks."""
+    a = t.agent("a", "127.0.0.2", "1:3", "grow", ["--finish-at-world", "3"])
+    b = t.agent("b", "127.0.0.3", "1:3", "grow", ["--finish-at-world", "3"])
+    t.wait_for("a round of 2", lambda: len(t.starts(world=2)) == 2, 30)
+    c = t.agent("c", "127.0.0.1", "1:3", "grow", ["--finish-at-world", "3"])
+    for n in (a, b, c):
+        check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
+    three = t.starts(world=3)
+    check(len(three) == 3, "3 workers in the world of 3 (got %d)" % len(three))
+    check(all(r["TORCHELASTIC_RESTART_COUNT"] == "0" for r in t.starts()), "no restart spent")
+    check(group_ranks(t, "a") == [0] and group_ranks(t, "b") == [1], "a and b keep ranks 0, 1")
+    check(group_ranks(t, "c") == [2], "the newcomer takes rank 2 (its address sorts first)")
+
+
+def kill_agent(t):
+    """kill -9 of one agent: the survivors evict it after the heartbeat timeout, stop their
+    workers at once and carry on in a smaller world; the killed agent leaves no worker."""
+    nodes = [t.agent(n, addr, "1:3", "shrink", ["--finish-at-world", "2"])
+             for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4"))]
+    t.wait_for("a round of 3", lambda: len(t.starts(world=3)) == 3, 30)
+    victim_workers = [r["pid"] for r in t.starts(node="b")]
+    killed = time.time()
+    nodes[1].signal(signal.SIGKILL)
+    for n in (nodes[0], nodes[2]):
+        check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
+    two = t.starts(world=2)
+    check(sorted(r["node"] for r in two) == ["a", "c"], "a and c form the world of 2")
+    took = min(r["started"] for r in two) - killed
+    print("new workers started %.2f s after the kill (heartbeat timeout 0.9 s)" % took)
+    check(took < 10, "survivors restarted within 10 s (took %.1f)" % took)
+    check(not any(pid_alive(p) for p in victim_workers), "the killed agent's workers are gone")
+    check(group_ranks(t, "a") == [0], "a keeps rank 0")
+    check(any("evicted" in n.stderr() for n in (nodes[0], nodes[2])), "eviction logged")
+
+
+def worker_failure(t):
+    """A worker failure on node 1 restarts both nodes; the budget counts once per job."""
+    args = ["--fail-once", "1", "3", "--run", "0.3"]
+    a = t.agent("a", "127.0.0.2", "2", "fail", args, extra=["--max-restarts=1"])
+    b = t.agent("b", "127.0.0.3", "2", "fail", args, extra=["--max-restarts=1"])
+    check(a.wait(60) == 0, "node a exit code %s" % a.proc.returncode)
+    check(b.wait(60) == 0, "node b exit code %s" % b.proc.returncode)
+    for node in ("a", "b"):
+        counts = [r["TORCHELASTIC_RESTART_COUNT"] for r in t.starts(node=node)]
+        check(counts == ["0", "1"], "node %s started twice, restart counts 0 then 1 (got %s)"
+              % (node, counts))
+
+
+def failure_ends_job(t):
+    """With the budget spent, every node stops with the root cause's exit code."""
+    args = ["--always-fail", "1", "7", "--run", "30"]
+    a = t.agent("a", "127.0.0.2", "2", "fatal", args, extra=["--max-restarts=1"])
+    b = t.agent("b", "127.0.0.3", "2", "fatal", args, extra=["--max-restarts=1"])
+    check(b.wait(60) == 7, "node b (root cause) exit code %s, expected 7" % b.proc.returncode)
+    check(a.wait(60) == 7, "node a exit code %s, expected 7" % a.proc.returncode)
+    check(len(t.starts(node="a")) == 2, "one restart, counted once for the job")
+    check("no restart is left" in a.stderr(), "node a names the cause")
+
+
+def two_jobs(t):
+    """Two jobs on one ddprun-store endpoint with different --rdzv-id stay apart."""
+    port = free_port("127.0.0.1")
+    store = subprocess.Popen([os.path.join(BIN, "ddprun-store"), "--host", "127.0.0.1",
+                              "--port", str(port)], stdout=subprocess.PIPE)
+    try:
+        store.stdout.readline()  # "ddprun-store listening on ..."
+        ep = "127.0.0.1:%d" % port
+        nodes = [t.agent(name, addr, "2", job, ["--run", "0.2"], endpoint=ep)
+                 for name, addr, job in (("x1", "127.0.0.2", "jobx"), ("y1", "127.0.0.4", "joby"),
+                                         ("x2", "127.0.0.3", "jobx"), ("y2", "127.0.0.5", "joby"))]
+        for n in nodes:
+            check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
+    finally:
+        store.terminate()
+        store.wait()
+    for name, job, master in (("x1", "jobx", "127.0.0.2"), ("x2", "jobx", "127.0.0.2"),
+                              ("y1", "joby", "127.0.0.4"), ("y2", "joby", "127.0.0.4")):
+        (r,) = t.starts(node=name)
+        check(r["WORLD_SIZE"] == "2" and r["TORCHELASTIC_RUN_ID"] == job and
+              r["MASTER_ADDR"] == master, "%s belongs to %s only: %s" % (name, job, r))
+
+
+def wrong_store(t):
+    """An endpoint that is not a ddprun store, and a second job wanting to host on a port
+    already taken, both fail with a message naming the endpoint: nobody merges."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    foreign = "127.0.0.1:%d" % srv.getsockname()[1]
+
+    def serve():
+        for _ in range(4):
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+            c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    n = t.agent("foreign", "127.0.0.3", "2", "lost", [], endpoint=foreign)
+    check(n.wait(30) != 0, "joining a foreign server fails")
+    check(foreign in n.stderr() and "ddprun" in n.stderr(), "message names the endpoint: %s"
+          % n.stderr()[-300:])
+    srv.close()
+
+    first = t.agent("first", "127.0.0.2", "2", "one", ["--run", "30"])
+    t.wait_for("the first job's store", lambda: "hosting the rendezvous store" in
+               first.stderr() or first.proc.poll() is not None, 20)
+    second = t.agent("second", "127.0.0.2", "2", "two", ["--run", "30"])
+    check(second.wait(30) == 1, "the second host exits 1 (got %s)" % second.proc.returncode)
+    check("cannot host the rendezvous store at " + t.endpoint() in second.stderr(),
+          "message names the endpoint: %s" % second.stderr()[-300:])
+    first.signal(signal.SIGTERM)
+    check(first.wait(30) == 128 + signal.SIGTERM, "the first job's agent left on SIGTERM")
+
+
+def store_host_lost(t):
+    """Losing the store host: every other agent fails within its timeout, naming the endpoint,
+    and stops its workers."""
+    a = t.agent("a", "127.0.0.2", "2", "hostless", ["--finish-at-world", "99"])
+    b = t.agent("b", "127.0.0.3", "2", "hostless", ["--finish-at-world", "99"])
+    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    workers = [r["pid"] for r in t.starts(node="b")]
+    killed = time.time()
+    a.signal(signal.SIGKILL)
+    code = b.wait(30)
+    took = time.time() - killed
+    print("node b failed %.2f s after the store host was killed (read_timeout 3 s)" % took)
+    check(code != 0, "node b fails (exit %s)" % code)
+    check(t.endpoint() in b.stderr(), "its message names the endpoint %s" % t.endpoint())
+    check(not any(pid_alive(p) for p in workers), "node b's workers are gone")
+
+
+def sigterm_leave(t):
+    """SIGTERM to one agent: that node leaves cleanly; the others re-form without it."""
+    nodes = [t.agent(n, addr, "1:3", "leave", ["--finish-at-world", "2"])
+             for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4"))]
+    t.wait_for("a round of 3", lambda: len(t.starts(world=3)) == 3, 30)
+    nodes[2].signal(signal.SIGTERM)
+    check(nodes[2].wait(30) == 128 + signal.SIGTERM, "c exits 143 (got %s)" % nodes[2].proc.returncode)
+    for n in nodes[:2]:
+        check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
+    check(sorted(r["node"] for r in t.starts(world=2)) == ["a", "b"], "a and b go on as 2")
+    check(any("left" in n.stderr() for n in nodes[:2]), "the departure is logged")
+
+
+def static_backend(t):
+    """--rdzv-backend=static: ranks are the --node-rank values; node 0 hosts the store."""
+    def rdzv(rank):
+        return ["--rdzv-backend=static", "--node-rank=%d" % rank, "--master-addr=127.0.0.3",
+                "--master-port=%d" % t.port]
+    a = t.agent("a", "127.0.0.2", "2", "", ["--run", "0.2"], rdzv=rdzv(1))
+    b = t.agent("b", "127.0.0.3", "2", "", ["--run", "0.2"], rdzv=rdzv(0))
+    check(a.wait(60) == 0 and b.wait(60) == 0, "both exit 0 (%s, %s)" % (a.proc.returncode,
+                                                                        b.proc.returncode))
+    check(group_ranks(t, "a") == [1] and group_ranks(t, "b") == [0], "ranks from --node-rank")
+    check(all(r["MASTER_ADDR"] == "127.0.0.3" for r in t.starts()), "master is node 0")
+
+
+def netns_two_nodes(t):
+    """Two nodes in two network namespaces joined by a veth pair: each has a real address of
+    its own, found by ddprun itself (no --local-addr), and the endpoint uses the default port."""
+    if os.geteuid() != 0:
+        print("SKIP: needs root to create network namespaces (running as uid %d)" % os.geteuid())
+        return SKIP
+    tag = "%d" % (os.getpid() % 100000)
+    ns = ["ddprun-mn-%s-a" % tag, "ddprun-mn-%s-b" % tag]
+    addrs = ["10.213.7.1", "10.213.7.2"]
+    setup = [["ip", "netns", "add", ns[0]], ["ip", "netns", "add", ns[1]],
+             ["ip", "link", "add", "dda" + tag, "netns", ns[0], "type", "veth",
+              "peer", "name", "ddb" + tag, "netns", ns[1]]]
+    for i, dev in enumerate(("dda" + tag, "ddb" + tag)):
+        setup += [["ip", "-n", ns[i], "addr", "add", addrs[i] + "/24", "dev", dev],
+                  ["ip", "-n", ns[i], "link", "set", dev, "up"],
+                  ["ip", "-n", ns[i], "link", "set", "lo", "up"]]
+    try:
+        for cmd in setup:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                print("SKIP: `%s` failed: %s" % (" ".join(cmd), r.stderr.strip()))
+                return SKIP
+        ep = addrs[0]  # no port: ddprun's default, 29400
+        a = t.agent("a", None, "2", "netns", ["--run", "0.2"], endpoint=ep,
+                    prefix=["ip", "netns", "exec", ns[0]])
+        b = t.agent("b", None, "2", "netns", ["--run", "0.2"], endpoint=ep,
+                    prefix=["ip", "netns", "exec", ns[1]])
+        check(a.wait(60) == 0, "node a exit code %s" % a.proc.returncode)
+        check(b.wait(60) == 0, "node b exit code %s" % b.proc.returncode)
+        check("hosting the rendezvous store" in a.stderr(), "node a hosts (its address is the endpoint)")
+        check(all(r["MASTER_ADDR"] == addrs[0] for r in t.starts()), "MASTER_ADDR is a's address")
+        check(group_ranks(t, "a") == [0] and group_ranks(t, "b") == [1], "one rank per node")
+    finally:
+        t.cleanup()
+        for n in ns:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+SCENARIOS = {f.__name__: f for f in (
+    fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job, two_jobs,
+    wrong_store, store_host_lost, sigterm_leave, static_backend, netns_two_nodes)}
+
+if __name__ == "__main__":
+    sys.exit(run(SCENARIOS))
