@@ -101,15 +101,16 @@ class MultiNodeTest:
             [WORKER, "--out", os.path.join(self.out, name)] + list(worker_args)
         return Node(self, name, args, env=env, prefix=prefix)
 
-    def starts(self, node=None, world=None):
+    def starts(self, node=None, world=None, after=0.0):
         """Worker starts recorded so far (each with its "node"), oldest first; optionally only
-        those of one node or one world size."""
+        those of one node, one world size, or that started after time `after`."""
         recs = []
         for path in glob.glob(os.path.join(self.out, "*", "start-*.json")):
             with open(path) as f:
                 r = json.load(f)
             r["node"] = os.path.basename(os.path.dirname(path))
-            if node not in (None, r["node"]) or world not in (None, int(r["WORLD_SIZE"])):
+            if node not in (None, r["node"]) or world not in (None, int(r["WORLD_SIZE"])) or \
+                    r["started"] <= after:
                 continue
             recs.append(r)
         return sorted(recs, key=lambda r: r["passed"])

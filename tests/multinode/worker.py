@@ -6,6 +6,8 @@ so all ranks of all nodes must agree on MASTER_ADDR/PORT and WORLD_SIZE), then d
 arguments say:
 
   --finish-at-world N   exit 0 when WORLD_SIZE == N, else run until stopped
+  --gate FILE           with --finish-at-world: finish only once FILE exists (the test creates
+                        it when the round that may finish is about to form)
   --fail-once K CODE    the first time it runs on node rank K (local rank 0), exit CODE
   --always-fail K CODE  exit CODE whenever it runs on node rank K (local rank 0)
   --run S               run S seconds, then exit 0 (default: exit 0 at once)
@@ -67,6 +69,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--finish-at-world", type=int)
+    p.add_argument("--gate")
     p.add_argument("--fail-once", nargs=2, type=int)
     p.add_argument("--always-fail", nargs=2, type=int)
     p.add_argument("--run", type=float, default=0.0)
@@ -100,7 +103,7 @@ def main():
             print("worker rank %d fails on purpose" % rank, flush=True)
             sys.exit(a.fail_once[1])
     if a.finish_at_world is not None:
-        if world == a.finish_at_world:
+        if world == a.finish_at_world and (not a.gate or os.path.exists(a.gate)):
             sys.exit(0)
         time.sleep(3600)  # until ddprun stops us for the next round
     time.sleep(a.run)

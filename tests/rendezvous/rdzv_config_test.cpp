@@ -6,7 +6,7 @@
 using namespace ddprun;
 using namespace ddprun::rendezvous;
 
-TEST_CASE("--nnodes takes N or MIN:MAX", "[rdzv][config]") {
+TEST_CASE("nnodes values: N or MIN:MAX", "[rdzv][config]") {
   CHECK(parseNnodes("2").minNodes == 2);
   CHECK(parseNnodes("2").maxNodes == 2);
   CHECK(parseNnodes("1:3").minNodes == 1);
@@ -18,7 +18,7 @@ TEST_CASE("--nnodes takes N or MIN:MAX", "[rdzv][config]") {
   }
 }
 
-TEST_CASE("--rdzv-endpoint takes HOST[:PORT] and bracketed IPv6", "[rdzv][config]") {
+TEST_CASE("rdzv-endpoint values: HOST[:PORT] and bracketed IPv6", "[rdzv][config]") {
   CHECK(parseEndpoint("node1").host == "node1");
   CHECK(parseEndpoint("node1").port == 29400);
   CHECK(parseEndpoint("10.1.2.3:1234").port == 1234);
@@ -30,7 +30,7 @@ TEST_CASE("--rdzv-endpoint takes HOST[:PORT] and bracketed IPv6", "[rdzv][config
   }
 }
 
-TEST_CASE("--rdzv-conf reads torchrun's keys, in seconds", "[rdzv][config]") {
+TEST_CASE("rdzv-conf values: torchrun keys, in seconds", "[rdzv][config]") {
   auto c = parseRdzvConf("join_timeout=5,last_call_timeout=0.5,keep_alive_interval=0.2,"
                          "keep_alive_max_attempt=4,read_timeout=7,is_host=true,close_timeout=1");
   CHECK(c.joinTimeout == Millis(5000));
