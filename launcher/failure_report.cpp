@@ -1,5 +1,7 @@
 #include "launcher/failure_report.h"
 
+#include "launcher/option_values.h"
+
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -104,7 +106,7 @@ std::string formatFailureReport(const FailureReport& r) {
     for (const auto& o : r.others) {
       os << "  rank " << o.globalRank << " (local rank " << o.localRank << ", pid " << o.pid
          << "): " << o.describe();
-      if (o.stopSignal != 0) os << " (after ddprun stopped the group)";
+      if (o.stopSignal != 0) os << " (ended after ddprun sent " << signalName(o.stopSignal) << ")";
       os << "\n";
     }
   }

@@ -80,7 +80,8 @@ void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
 
 [[noreturn]] void execWorker(const char* path, char* const* argv, char* const* envp,
                              int execErrorFd) {
-  // Undo what the guard changed: the worker starts with default dispositions and no mask.
+  // Undo what the guard changed: default dispositions first, then the empty mask (which
+  // delivers whatever arrived meanwhile).
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int s : kForwardedSignals) ::sigaction(s, &dfl, nullptr);
@@ -119,7 +120,6 @@ void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
   sigemptyset(&blockChld);
   sigaddset(&blockChld, SIGCHLD);
   sigemptyset(&waitMask);  // inside ppoll() everything, SIGCHLD included, may arrive
-  ::sigprocmask(SIG_SETMASK, &blockChld, nullptr);
   // kill(0, ...) below must hit the worker's group, never the launcher's: without a group
   // of our own there is nothing safe to do.
   if (::setpgid(0, 0) != 0 || ::getpgrp() != ::getpid()) {
@@ -151,15 +151,20 @@ void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
   // 3. The worker. A CLOEXEC pipe tells whether its execve succeeded (EOF) or not (errno).
   int execPipe[2];
   if (::pipe2(execPipe, O_CLOEXEC) != 0) {
+    ::sigprocmask(SIG_SETMASK, &blockChld, nullptr);
     sendRecord(GuardRecord::ExecFailed, errno);
     sendRecord(GuardRecord::Exited, 127 << 8);
     ::_exit(1);
   }
+  // Still with every signal blocked: a signal sent to the group before the worker has reset
+  // its dispositions stays pending (blocked signals are never discarded) instead of being
+  // lost to the SIG_IGN it inherits for an instant.
   const pid_t worker = ::fork();
   if (worker == 0) {
     ::close(execPipe[0]);
     execWorker(path, argv, envp, execPipe[1]);
   }
+  ::sigprocmask(SIG_SETMASK, &blockChld, nullptr);
   ::close(execPipe[1]);
   ::close(STDOUT_FILENO);  // only the worker (and its children) may hold the output pipes
   ::close(STDERR_FILENO);

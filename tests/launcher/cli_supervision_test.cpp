@@ -18,7 +18,7 @@ TEST_CASE("a worker's exit code is ddprun's exit code", "[launcher][cli]") {
   CHECK_THAT(r.err, Catch::Contains("rank       : 1 (local rank 1)"));
   CHECK_THAT(r.err, Catch::Contains("exit code 3 -> ddprun exits with 3"));
   // The other worker was stopped, not left to sleep for 30 s.
-  CHECK_THAT(r.err, Catch::Contains("signal 15 (SIGTERM) (after ddprun stopped the group)"));
+  CHECK_THAT(r.err, Catch::Contains("signal 15 (SIGTERM) (ended after ddprun sent SIGTERM)"));
 }
 
 TEST_CASE("a worker killed by SIGKILL makes ddprun exit 137", "[launcher][cli]") {

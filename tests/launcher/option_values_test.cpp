@@ -22,7 +22,7 @@ TEST_CASE("integers, seconds and booleans are strict", "[launcher][values]") {
   CHECK_THROWS_AS(parseBool("2"), BadValue);
 }
 
-TEST_CASE("--nnodes: N or MIN:MAX", "[launcher][values]") {
+TEST_CASE("flag --nnodes: N or MIN:MAX", "[launcher][values]") {
   CHECK(parseNodeRange("3") == std::pair{3, 3});
   CHECK(parseNodeRange("1:4") == std::pair{1, 4});
   for (const char* bad : {"0", "4:1", "1:", ":2", "a", "1:2:3"}) {
@@ -31,7 +31,7 @@ TEST_CASE("--nnodes: N or MIN:MAX", "[launcher][values]") {
   }
 }
 
-TEST_CASE("--redirects/--tee: one value or per local rank", "[launcher][values]") {
+TEST_CASE("flag --redirects/--tee: one value or per local rank", "[launcher][values]") {
   auto all = parseStreamSelection("2");
   CHECK(all.forRank(0) == kStdErr);
   CHECK(all.forRank(99) == kStdErr);
@@ -74,7 +74,7 @@ TEST_CASE("endpoints: host[:port] and [ipv6]:port", "[launcher][values]") {
   }
 }
 
-TEST_CASE("--nproc-per-node: numbers and device kinds", "[launcher][values]") {
+TEST_CASE("flag --nproc-per-node: numbers and device kinds", "[launcher][values]") {
   DeviceCounts none{.cpus = [] { return 8; }, .gpus = [] { return 0; }};
   DeviceCounts two{.cpus = [] { return 8; }, .gpus = [] { return 2; }};
   CHECK(parseNproc("4", none) == 4);

@@ -117,7 +117,7 @@ TEST_CASE("everything after PROGRAM belongs to PROGRAM", "[launcher][options]") 
   CHECK(dashdash.programArgs == std::vector<std::string>{"-x"});
 }
 
-TEST_CASE("PET_<NAME> is read when the flag is absent; the command line wins",
+TEST_CASE("PET_<NAME> is read when the flag is absent and the command line wins",
           "[launcher][options]") {
   Environment env{{"PET_NPROC_PER_NODE", "4"}, {"PET_MAX_RESTARTS", "3"},
                   {"PET_STANDALONE", "1"}, {"PET_ROLE", "trainer"}};
@@ -131,7 +131,7 @@ TEST_CASE("PET_<NAME> is read when the flag is absent; the command line wins",
   CHECK(cli.maxRestarts == 3);
 }
 
-TEST_CASE("--config: any flag from JSON; command line, then config, then PET_*",
+TEST_CASE("flag --config: any flag from JSON, below the command line and above PET_*",
           "[launcher][options]") {
   const std::string path = writeConfig(
       R"({"nproc_per_node": 3, "max-restarts": 2, "standalone": true, "tee": "3",
@@ -148,7 +148,7 @@ TEST_CASE("--config: any flag from JSON; command line, then config, then PET_*",
   std::remove(path.c_str());
 }
 
-TEST_CASE("--config may name the program and its arguments", "[launcher][options]") {
+TEST_CASE("flag --config may name the program and its arguments", "[launcher][options]") {
   const std::string path = writeConfig(R"({"program": "train.py", "args": ["--epochs", "3"]})");
   auto o = parse({"--config=" + path});
   CHECK(o.program == "train.py");
@@ -159,7 +159,7 @@ TEST_CASE("--config may name the program and its arguments", "[launcher][options
   std::remove(path.c_str());
 }
 
-TEST_CASE("--standalone: one node, c10d on loopback, a random run id", "[launcher][options]") {
+TEST_CASE("flag --standalone: one node, c10d on loopback, a random run id", "[launcher][options]") {
   auto a = parse({"--standalone", "prog"});
   auto b = parse({"--standalone", "--nnodes=2", "prog"});
   CHECK(a.rdzvBackend == "c10d");
@@ -170,7 +170,7 @@ TEST_CASE("--standalone: one node, c10d on loopback, a random run id", "[launche
   CHECK(a.rdzvId != b.rdzvId);
 }
 
-TEST_CASE("--nproc-per-node takes cpu, auto, and gpu only with a CUDA device",
+TEST_CASE("flag --nproc-per-node takes cpu, auto, and gpu only with a CUDA device",
           "[launcher][options]") {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   CHECK(parse({"--nproc-per-node=cpu", "p"}).nprocPerNode == cpus);
@@ -223,7 +223,7 @@ TEST_CASE("bad --config files are named with the problem", "[launcher][options]"
   for (const auto& p : {notJson, unknown, badValue, badType}) std::remove(p.c_str());
 }
 
-TEST_CASE("--help and --version print and launch nothing", "[launcher][options]") {
+TEST_CASE("flag --help and --version print and launch nothing", "[launcher][options]") {
   auto help = parseLaunchOptions({"ddprun", "--help"}, {});
   CHECK_FALSE(help.options);
   CHECK_THAT(help.message, Catch::Contains("--nproc-per-node,--nproc_per_node"));

@@ -20,7 +20,7 @@ TEST_CASE("PROGRAM runs directly, found on PATH", "[launcher][command]") {
   CHECK(argvForRank(cmd, 3) == std::vector<std::string>{"sh", "-c", "echo 3"});
 }
 
-TEST_CASE(".py, -m and --run-path run under $PYTHON_EXEC -u; --no-python does not",
+TEST_CASE(".py, -m and --run-path run under $PYTHON_EXEC -u but --no-python does not",
           "[launcher][command]") {
   LaunchOptions o;
   o.program = "train.py";
@@ -46,7 +46,7 @@ TEST_CASE(".py, -m and --run-path run under $PYTHON_EXEC -u; --no-python does no
   CHECK(cmd.argv[0] == "python3");
 }
 
-TEST_CASE("--pass-local-rank puts --local_rank=N right after PROGRAM", "[launcher][command]") {
+TEST_CASE("flag --pass-local-rank puts --local_rank=N right after PROGRAM", "[launcher][command]") {
   LaunchOptions o;
   o.program = "train.py";
   o.programArgs = {"--epochs", "2"};

@@ -1,0 +1,93 @@
+"""Real PyTorch 1.13 workers (Debian's python3-torch) under the real ddprun.
+
+- a DDP training script (gloo, CPU) in both store modes: the agent's store (PyTorch workers
+  are TCPStore clients of it) and --no-agent-store (rank 0 hosts its own TCPStore);
+- a restart after a worker failure, with the agent's store: the new attempt must get fresh
+  keys (PyTorch prefixes them with TORCHELASTIC_RESTART_COUNT);
+- @record's error file in ddprun's failure report;
+- a script for the old torch.distributed.launch reading --local_rank (--pass-local-rank).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+DDPRUN = os.path.join(os.environ["DDPRUN_BIN"], "ddprun")
+ENV = dict(os.environ, PYTHON_EXEC=sys.executable, OMP_NUM_THREADS="1")
+
+
+def ddprun(*args, timeout=240):
+    proc = subprocess.run([DDPRUN, *args], env=ENV, capture_output=True, text=True, timeout=timeout)
+    print(f"$ ddprun {' '.join(args)}\n  exit {proc.returncode}\n{proc.stdout}{proc.stderr}", flush=True)
+    return proc
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(what)
+
+
+def test_ddp(store_flags, label):
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = os.path.join(tmp, "ckpt.pt")
+        proc = ddprun("--standalone", "--nproc-per-node=2", *store_flags,
+                      os.path.join(WORKERS, "ddp_train.py"), "--checkpoint", ckpt, "--epochs", "2")
+        check(proc.returncode == 0, f"{label}: exit {proc.returncode}")
+        for rank in (0, 1):
+            check(f"[rank {rank}]: rank {rank}/2 attempt 0:" in proc.stdout, f"{label}: rank {rank} done")
+        check(f"store {label}" in proc.stdout, f"{label}: workers used the expected store")
+        state = torch.load(ckpt)
+        check(state["world_size"] == 2 and state["epochs"] == 2, f"{label}: checkpoint contents")
+        check(set(state["model"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}, "model keys")
+
+
+def test_restart_with_agent_store():
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = os.path.join(tmp, "ckpt.pt")
+        proc = ddprun("--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                      os.path.join(WORKERS, "ddp_train.py"), "--checkpoint", ckpt, "--epochs", "1",
+                      "--fail-once-rank", "1")
+        check(proc.returncode == 0, f"restart: exit {proc.returncode}")
+        check("injected failure on rank 1, attempt 0" in proc.stderr, "the failure was seen")
+        check("restart 1 of 1" in proc.stderr, "the group was restarted")
+        check("[rank 1]: rank 1/2 attempt 1:" in proc.stdout, "rank 1 finished attempt 1")
+        check(torch.load(ckpt)["attempt"] == 1, "the checkpoint comes from attempt 1")
+
+
+def test_record_error_file():
+    proc = ddprun("--standalone", "--nproc-per-node=2", os.path.join(WORKERS, "record_failure.py"))
+    check(proc.returncode == 1, f"@record: exit {proc.returncode}")
+    check("rank       : 1 (local rank 1)" in proc.stderr, "root cause is rank 1")
+    check("message    : ValueError: corrupt batch at step 17" in proc.stderr, "error file message")
+    check("in load_batch" in proc.stderr, "error file traceback")
+
+
+def test_pass_local_rank():
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "seen")
+        proc = ddprun("--standalone", "--nproc-per-node=2", "--pass-local-rank",
+                      os.path.join(WORKERS, "local_rank_arg.py"), "--out", out)
+        check(proc.returncode == 0, f"--pass-local-rank: exit {proc.returncode}")
+        for rank in (0, 1):
+            with open(f"{out}.{rank}") as f:
+                check(f.read() == f"{rank} {rank}\n", f"rank {rank} read --local_rank")
+        bare = ddprun("--standalone", "--nproc-per-node=2", os.path.join(WORKERS, "local_rank_arg.py"),
+                      "--out", out)
+        check(bare.returncode == 2, "without --pass-local-rank argparse rejects the call")
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if which in ("ddp", "all"):
+        test_ddp([], "agent")
+        test_ddp(["--no-agent-store"], "own")
+    if which in ("restart", "all"):
+        test_restart_with_agent_store()
+    if which in ("misc", "all"):
+        test_record_error_file()
+        test_pass_local_rank()
+    print("OK")
