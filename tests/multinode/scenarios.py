@@ -221,6 +221,43 @@ def static_backend(t):
     check(all(r["MASTER_ADDR"] == "127.0.0.3" for r in t.starts()), "master is node 0")
 
 
+TORCH_PYTHON = os.environ.get("DDPRUN_TORCH_PYTHON") or "/usr/bin/python3"
+
+
+def torch_gloo_elastic(t):
+    """Real PyTorch workers (gloo, env://, the agent store): a node arriving mid-run re-forms
+    the world with TORCHELASTIC_RESTART_COUNT still 0 -- the same /worker/attempt_0 keys a
+    shared store would still hold from the round before (pytorch#135712); each round's fresh
+    worker store keeps the second init_process_group clean. The all-reduce crosses nodes."""
+    if subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed"],
+                      capture_output=True).returncode != 0:
+        print("SKIP: %s has no torch (Debian's python3-torch)" % TORCH_PYTHON)
+        return SKIP
+    import harness
+    env = {"PYTHON_EXEC": TORCH_PYTHON}
+    conf = FAST_CONF.replace("last_call_timeout=0.5", "last_call_timeout=0.2")
+    worker = os.path.join(harness.HERE, "torch_worker.py")
+
+    def node(name, addr):
+        args = ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                "--rdzv-endpoint=%s" % t.endpoint(), "--rdzv-id=torch",
+                "--local-addr=%s" % addr, "--rdzv-conf=%s" % conf, worker,
+                "--out", os.path.join(t.out, name), "--finish-at-world", "4"]
+        return harness.Node(t, name, args, env=env)
+    a = node("a", "127.0.0.2")
+    t.wait_for("a world of 2 on node a", lambda: len(t.starts(world=2)) == 2, 60)
+    b = node("b", "127.0.0.3")
+    check(a.wait(90) == 0, "node a exit code %s" % a.proc.returncode)
+    check(b.wait(90) == 0, "node b exit code %s" % b.proc.returncode)
+    four = t.starts(world=4)
+    check(len(four) == 4, "4 torch workers in the world of 4 (got %d)" % len(four))
+    for r in t.starts():
+        check(r["sum"] == r["expected"], "all_reduce across nodes: %s" % r)
+        check(r["TORCHELASTIC_RESTART_COUNT"] == "0", "membership changes spend no restart")
+        check(r["TORCHELASTIC_USE_AGENT_STORE"] == "True", "workers use the agent store")
+    check(sorted(r["node"] for r in four) == ["a", "a", "b", "b"], "two workers per node")
+
+
 def netns_two_nodes(t):
     """Two nodes in two network namespaces joined by a veth pair: each has a real address of
     its own, found by ddprun itself (no --local-addr), and the endpoint uses the default port."""
@@ -261,7 +298,8 @@ def netns_two_nodes(t):
 
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job, two_jobs,
-    wrong_store, store_host_lost, sigterm_leave, static_backend, netns_two_nodes)}
+    wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
+    netns_two_nodes)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))
