@@ -36,7 +36,7 @@ bool ncclBuilt();
 int visibleGpuCount();
 // ncclGetUniqueId's 128 bytes. Works without a GPU. Throws ConfigError when built without NCCL,
 // BackendError when NCCL fails.
-std::string ncclUniqueId();
+std::string generateNcclUniqueId();
 
 // The unique-id exchange, separated from NCCL so that it is testable anywhere: rank 0 calls
 // `generate` and sets `key` to its result; every other rank waits (up to `timeout`) for the key and

@@ -42,8 +42,8 @@ struct SamplerState {
 
 class DistributedSampler : public torch::data::samplers::Sampler<> {
  public:
-  // Throws ConfigError for numReplicas < 1, rank outside [0, numReplicas), or dropLast with a
-  // dataset smaller than numReplicas.
+  // Throws ConfigError for numReplicas < 1 or rank outside [0, numReplicas). (dropLast with fewer
+  // samples than replicas gives every rank 0 indices, as PyTorch does.)
   explicit DistributedSampler(DistributedSamplerOptions options);
 
   void setEpoch(int64_t epoch);

@@ -1,0 +1,342 @@
+#include "worker_runtime/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "rendezvous/log.h"
+#include "worker_runtime/communicator.h"
+
+namespace ddprun::runtime {
+namespace fs = std::filesystem;
+namespace {
+
+// Layout (little-endian): magic[8] "DDPRUNCK", u32 version, u32 flags (0), u64 metaLen,
+// u64 payloadLen, u32 metaCrc, u32 payloadCrc, u32 headerCrc (of the 40 bytes before it),
+// then meta (JSON), payload (torch archive), end magic "DDPRUNCK-END".
+constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'C', 'K'};
+constexpr char kEnd[12] = {'D', 'D', 'P', 'R', 'U', 'N', 'C', 'K', '-', 'E', 'N', 'D'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 44;
+
+// An integrity failure: the file is torn or damaged, so loadLatest() may skip it.
+class TornCheckpoint : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
+uint32_t crc(const char* p, size_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  while (n > 0) {  // zlib takes uInt lengths
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(p), chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+T take(const std::string& in, size_t at) {
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof(T));
+  return v;
+}
+
+std::string fileName(int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "ckpt-%012lld.ddpck", static_cast<long long>(step));
+  return name;
+}
+
+[[noreturn]] void ioFail(const std::string& what, const fs::path& file, int err) {
+  throw CheckpointError("checkpoint " + file.string() + ": " + what + ": " + std::strerror(err));
+}
+
+// Writes all bytes, retrying short writes and EINTR.
+void writeAll(int fd, const std::string& data, const fs::path& file) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ioFail("write failed", file, errno);
+    if (n == 0) ioFail("write made no progress", file, ENOSPC);
+    done += static_cast<size_t>(n);
+  }
+}
+
+void fsyncDir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) ioFail("cannot open the directory to fsync it", dir, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) ioFail("fsync of the directory failed", dir, err);
+}
+
+nlohmann::json toJson(const TrainingState& s, bool hasOptimizer) {
+  return {{"format", "ddprun-checkpoint"},
+          {"version", kVersion},
+          {"step", s.step},
+          {"epoch", s.epoch},
+          {"sampler", {{"epoch", s.sampler.epoch}, {"position", s.sampler.position}}},
+          {"has_optimizer", hasOptimizer},
+          {"extra", s.extra}};
+}
+
+// Reads and verifies a whole file; returns the metadata and the payload.
+std::pair<nlohmann::json, std::string> readVerified(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw CheckpointError("checkpoint " + file.string() + ": cannot open: " + std::strerror(errno));
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto torn = [&](const std::string& why) {
+    return TornCheckpoint("checkpoint " + file.string() + " is torn or damaged: " + why);
+  };
+  if (all.size() < kHeaderBytes + sizeof(kEnd)) {
+    throw torn("only " + std::to_string(all.size()) + " bytes");
+  }
+  if (std::memcmp(all.data(), kMagic, sizeof(kMagic)) != 0) {
+    throw torn("it does not start with DDPRUNCK (not a ddprun checkpoint)");
+  }
+  if (take<uint32_t>(all, 40) != crc(all.data(), 40)) throw torn("header checksum mismatch");
+  const uint32_t version = take<uint32_t>(all, 8);
+  if (version != kVersion) {
+    throw CheckpointError("checkpoint " + file.string() + " has format version " +
+                          std::to_string(version) + "; this ddprun reads version " +
+                          std::to_string(kVersion));
+  }
+  const uint64_t metaLen = take<uint64_t>(all, 16);
+  const uint64_t payloadLen = take<uint64_t>(all, 24);
+  const uint64_t expected = kHeaderBytes + metaLen + payloadLen + sizeof(kEnd);
+  if (metaLen > all.size() || payloadLen > all.size() || all.size() != expected) {
+    throw torn("size is " + std::to_string(all.size()) + " bytes, the header says " +
+               std::to_string(expected));
+  }
+  if (std::memcmp(all.data() + expected - sizeof(kEnd), kEnd, sizeof(kEnd)) != 0) {
+    throw torn("end marker missing");
+  }
+  const char* meta = all.data() + kHeaderBytes;
+  const char* payload = meta + metaLen;
+  if (crc(meta, metaLen) != take<uint32_t>(all, 32)) throw torn("metadata checksum mismatch");
+  if (crc(payload, payloadLen) != take<uint32_t>(all, 36)) throw torn("data checksum mismatch");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(meta, meta + metaLen);
+  } catch (const std::exception& e) {
+    throw torn(std::string("metadata is not JSON: ") + e.what());
+  }
+  return {std::move(j), std::string(payload, payloadLen)};
+}
+
+TrainingState stateFrom(const nlohmann::json& j, const fs::path& file) {
+  try {
+    TrainingState s;
+    s.step = j.at("step").get<int64_t>();
+    s.epoch = j.at("epoch").get<int64_t>();
+    s.sampler.epoch = j.at("sampler").at("epoch").get<int64_t>();
+    s.sampler.position = j.at("sampler").at("position").get<size_t>();
+    s.extra = j.value("extra", nlohmann::json::object());
+    return s;
+  } catch (const std::exception& e) {
+    throw CheckpointError("checkpoint " + file.string() + ": bad metadata: " + e.what());
+  }
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(CheckpointOptions options) : options_(std::move(options)) {
+  if (options_.directory.empty()) throw ConfigError("checkpoint directory is empty");
+  if (options_.keep < 1) {
+    throw ConfigError("checkpoint keep=" + std::to_string(options_.keep) + " must be >= 1");
+  }
+  std::error_code ec;
+  fs::create_directories(options_.directory, ec);
+  if (ec || !fs::is_directory(options_.directory)) {
+    throw CheckpointError("checkpoint directory " + options_.directory.string() +
+                          " cannot be created: " + (ec ? ec.message() : "not a directory"));
+  }
+}
+
+fs::path CheckpointManager::save(const torch::nn::Module& model,
+                                 const torch::optim::Optimizer* optimizer,
+                                 const TrainingState& state) {
+  if (state.step < 0) throw ConfigError("checkpoint step " + std::to_string(state.step) + " < 0");
+  torch::serialize::OutputArchive archive;
+  torch::serialize::OutputArchive modelArchive;
+  model.save(modelArchive);
+  archive.write("model", modelArchive);
+  if (optimizer) {
+    torch::serialize::OutputArchive optimArchive;
+    optimizer->save(optimArchive);
+    archive.write("optimizer", optimArchive);
+  }
+  std::ostringstream payloadStream;
+  archive.save_to(payloadStream);
+  const std::string payload = payloadStream.str();
+  const std::string meta = toJson(state, optimizer != nullptr).dump();
+
+  std::string bytes(kMagic, sizeof(kMagic));
+  put<uint32_t>(bytes, kVersion);
+  put<uint32_t>(bytes, 0);
+  put<uint64_t>(bytes, meta.size());
+  put<uint64_t>(bytes, payload.size());
+  put<uint32_t>(bytes, crc(meta.data(), meta.size()));
+  put<uint32_t>(bytes, crc(payload.data(), payload.size()));
+  put<uint32_t>(bytes, crc(bytes.data(), bytes.size()));
+  bytes += meta;
+  bytes += payload;
+  bytes.append(kEnd, sizeof(kEnd));
+
+  const fs::path dir = options_.directory;
+  const fs::path final = dir / fileName(state.step);
+  const fs::path tmp = dir / (fileName(state.step) + ".tmp-" + std::to_string(::getpid()));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) ioFail("cannot create the temporary file " + tmp.filename().string(), final, errno);
+  try {
+    writeAll(fd, bytes, final);
+    if (::fsync(fd) != 0) ioFail("fsync failed", final, errno);
+    if (::close(fd) != 0) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      ioFail("close failed", final, err);
+    }
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), final.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    ioFail("rename failed", final, err);
+  }
+  fsyncDir(dir);
+
+  // Retention, and temporary files left by a crash during an earlier save.
+  const auto all = list();
+  for (size_t i = static_cast<size_t>(options_.keep); i < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i], ec);
+  }
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".ddpck.tmp-") != std::string::npos && entry.path() != tmp) {
+      std::error_code ec;
+      fs::remove(entry.path(), ec);
+    }
+  }
+  return final;
+}
+
+std::vector<fs::path> CheckpointManager::list() const {
+  static const std::regex kName(R"(ckpt-(\d+)\.ddpck)");
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(options_.directory, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, kName)) found.emplace_back(std::stoll(m[1]), entry.path());
+  }
+  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  std::vector<fs::path> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+TrainingState CheckpointManager::inspect(const fs::path& file) {
+  return stateFrom(readVerified(file).first, file);
+}
+
+TrainingState CheckpointManager::load(const fs::path& file, torch::nn::Module& model,
+                                      torch::optim::Optimizer* optimizer) {
+  auto [meta, payload] = readVerified(file);
+  TrainingState state = stateFrom(meta, file);
+  // LibTorch's load replaces tensors wholesale (shapes included): check they still fit.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& p : model.named_parameters()) shapes.emplace_back(p.key(), p.value().sizes().vec());
+  for (const auto& b : model.named_buffers()) shapes.emplace_back(b.key(), b.value().sizes().vec());
+  try {
+    torch::serialize::InputArchive archive;
+    std::istringstream in(payload);
+    archive.load_from(in);
+    torch::serialize::InputArchive modelArchive;
+    archive.read("model", modelArchive);
+    model.load(modelArchive);
+    if (optimizer) {
+      if (!meta.value("has_optimizer", false)) {
+        throw CheckpointError("it holds no optimizer state");
+      }
+      torch::serialize::InputArchive optimArchive;
+      archive.read("optimizer", optimArchive);
+      optimizer->load(optimArchive);
+    }
+  } catch (const CheckpointError& e) {
+    throw CheckpointError("checkpoint " + file.string() + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw CheckpointError("checkpoint " + file.string() +
+                          " does not fit this model/optimizer: " + e.what());
+  }
+  size_t i = 0;
+  auto check = [&](const std::string& name, const torch::Tensor& t) {
+    const auto& [expectedName, expectedShape] = shapes[i++];
+    if (name != expectedName || t.sizes().vec() != expectedShape) {
+      throw CheckpointError("checkpoint " + file.string() + " does not fit this model: " + name +
+                            " has shape " + c10::str(t.sizes()) + " in the checkpoint, " +
+                            c10::str(c10::IntArrayRef(expectedShape)) + " in the model");
+    }
+  };
+  for (const auto& p : model.named_parameters()) check(p.key(), p.value());
+  for (const auto& b : model.named_buffers()) check(b.key(), b.value());
+  return state;
+}
+
+std::optional<TrainingState> CheckpointManager::loadLatest(torch::nn::Module& model,
+                                                           torch::optim::Optimizer* optimizer,
+                                                           Communicator* comm) {
+  auto newestComplete = [&]() -> std::optional<fs::path> {
+    for (const auto& file : list()) {
+      try {
+        readVerified(file);
+        return file;
+      } catch (const TornCheckpoint& e) {
+        DDPRUN_LOG(WARN, "checkpoint") << "skipping " << e.what();
+      }
+    }
+    return std::nullopt;
+  };
+  if (!comm || comm->size() == 1) {
+    auto file = newestComplete();
+    if (!file) return std::nullopt;
+    return load(*file, model, optimizer);
+  }
+  // Rank 0 chooses; everyone loads the same step.
+  torch::Tensor step = torch::full({1}, int64_t{-1}, torch::kInt64);
+  if (comm->rank() == 0) {
+    if (auto file = newestComplete()) step[0] = inspect(*file).step;
+  }
+  torch::Tensor onDevice = step.to(comm->device());
+  comm->broadcast(onDevice, 0);
+  step = onDevice.to(torch::kCPU);
+  const int64_t chosen = step.item<int64_t>();
+  if (chosen < 0) return std::nullopt;
+  const fs::path file = options_.directory / fileName(chosen);
+  try {
+    return load(file, model, optimizer);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(std::string(e.what()) + " (rank 0 chose this checkpoint; every rank must "
+                          "see the same checkpoint directory)");
+  }
+}
+
+}  // namespace ddprun::runtime

@@ -1,0 +1,182 @@
+#include "worker_runtime/runtime.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+#include "rendezvous/prefix_store.h"
+#include "rendezvous/tcp_store.h"
+#include "rendezvous/threaded_store_server.h"
+#include "worker_runtime/gloo_communicator.h"
+#include "worker_runtime/nccl_communicator.h"
+
+namespace ddprun::runtime {
+namespace {
+
+using rendezvous::StoreDialect;
+using rendezvous::TcpStore;
+using rendezvous::TcpStoreOptions;
+
+Millis timeoutFrom(const InitOptions& o) {
+  if (o.timeout) return *o.timeout;
+  const auto v = o.env("DDPRUN_TIMEOUT");
+  if (!v || v->empty()) return kDefaultCollectiveTimeout;
+  errno = 0;
+  char* end = nullptr;
+  const double s = std::strtod(v->c_str(), &end);
+  if (errno != 0 || *end != '\0' || !(s > 0) || s > 7 * 24 * 3600.0) {
+    throw ConfigError("DDPRUN_TIMEOUT='" + *v +
+                      "' is not valid: expected a number of seconds > 0 (default 1800)");
+  }
+  return Millis(static_cast<int64_t>(s * 1000));
+}
+
+Backend backendFrom(const InitOptions& o) {
+  if (o.backend) return *o.backend;
+  const auto v = o.env("DDPRUN_BACKEND");
+  return v && !v->empty() ? parseBackend(*v, "DDPRUN_BACKEND") : Backend::Auto;
+}
+
+bool isLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+std::string unbracket(const std::string& host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+std::shared_ptr<rendezvous::Store> connect(const WorkerEnv& env, Millis timeout,
+                                           StoreDialect dialect) {
+  return std::make_shared<TcpStore>(TcpStoreOptions{.host = unbracket(env.masterAddr),
+                                                    .port = env.masterPort,
+                                                    .timeout = timeout,
+                                                    .dialect = dialect});
+}
+
+// The agent's store is a ddprun-store under ddprun and a torch TCPStore under torchrun.
+// DDPRUN_STORE_DIALECT says which; unset, we probe: ddprun first (its handshake tells), then the
+// torch 1.13 framing, then the newer one.
+std::shared_ptr<rendezvous::Store> connectAgentStore(const WorkerEnv& env, Millis timeout,
+                                                     const EnvLookup& lookup) {
+  const auto v = lookup("DDPRUN_STORE_DIALECT");
+  if (v && !v->empty()) {
+    if (*v == "ddprun") return connect(env, timeout, StoreDialect::Ddprun);
+    if (*v == "legacy") return connect(env, timeout, StoreDialect::Legacy);
+    if (*v == "current") return connect(env, timeout, StoreDialect::Current);
+    throw ConfigError("DDPRUN_STORE_DIALECT='" + *v +
+                      "' is not valid: expected ddprun, legacy (torch < 2.2) or current");
+  }
+  try {
+    return connect(env, timeout, StoreDialect::Ddprun);
+  } catch (const AuthError&) {
+    throw;
+  } catch (const StoreError& e) {
+    DDPRUN_LOG(DEBUG, "runtime") << "agent store is not a ddprun-store (" << e.what() << ")";
+  } catch (const NetworkError& e) {
+    if (std::string(e.what()).find("handshake") == std::string::npos) throw;
+    DDPRUN_LOG(DEBUG, "runtime") << "agent store is not a ddprun-store (" << e.what() << ")";
+  }
+  try {
+    auto s = connect(env, timeout, StoreDialect::Legacy);
+    static_cast<TcpStore&>(*s).ping();
+    DDPRUN_LOG(DEBUG, "runtime") << "agent store speaks the torch 1.13 TCPStore protocol";
+    return s;
+  } catch (const ddprun::Error& e) {
+    DDPRUN_LOG(DEBUG, "runtime") << "agent store: legacy framing failed (" << e.what() << ")";
+  }
+  return connect(env, timeout, StoreDialect::Current);
+}
+
+}  // namespace
+
+Runtime::Runtime(WorkerEnv env, std::shared_ptr<rendezvous::Store> store,
+                 std::shared_ptr<Communicator> comm, std::shared_ptr<void> hostedStore)
+    : env_(std::move(env)),
+      store_(std::move(store)),
+      comm_(std::move(comm)),
+      hostedStore_(std::move(hostedStore)) {}
+
+Runtime::~Runtime() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(WARN, "runtime") << "shutdown: " << e.what();
+  }
+}
+
+void Runtime::shutdown() {
+  if (shutDown_) return;
+  shutDown_ = true;
+  comm_.reset();
+  if (!store_) return;
+  const std::string key = "ddprun/finished/" + std::to_string(env_.rank);
+  store_->set(key, "1");
+  if (hostedStore_) {
+    // Keep serving until every rank has left, so nobody loses the store mid-call; bounded, in
+    // case a rank died (the launcher then stops us anyway).
+    std::vector<std::string> keys;
+    for (int r = 0; r < env_.worldSize; ++r) keys.push_back("ddprun/finished/" + std::to_string(r));
+    try {
+      store_->wait(keys, std::min<Millis>(store_->timeout(), Millis(300'000)));
+    } catch (const TimeoutError& e) {
+      DDPRUN_LOG(WARN, "runtime") << "not every rank finished; closing the store anyway";
+    }
+  }
+  store_.reset();
+  hostedStore_.reset();
+}
+
+std::unique_ptr<Runtime> init(InitOptions options) {
+  WorkerEnv env = readWorkerEnv(options.env);
+  log::setIdentity("rank " + std::to_string(env.rank));
+  const Millis timeout = timeoutFrom(options);
+  const Backend requested = backendFrom(options);
+
+  std::shared_ptr<void> hosted;
+  std::shared_ptr<rendezvous::Store> base;
+  if (env.useAgentStore) {
+    base = connectAgentStore(env, timeout, options.env);
+  } else {
+    if (env.rank == 0) {
+      try {
+        hosted = std::make_shared<rendezvous::ThreadedStoreServer>(
+            rendezvous::StoreServerOptions{.host = "0.0.0.0", .port = env.masterPort});
+      } catch (const NetworkError& e) {
+        throw NetworkError(std::string(e.what()) +
+                           " (rank 0 hosts the job's store at MASTER_PORT=" +
+                           std::to_string(env.masterPort) + ": is that port in use?)");
+      }
+    }
+    base = connect(env, timeout, StoreDialect::Ddprun);
+  }
+  auto store = std::make_shared<rendezvous::PrefixStore>(
+      "/worker/attempt_" + std::to_string(env.restartCount), base);
+
+  int gpus = 0;
+  if (ncclBuilt()) gpus = std::min<int>(visibleGpuCount(), torch::cuda::device_count());
+  const BackendChoice choice = chooseBackend(requested, ncclBuilt(), gpus);
+  if (env.rank == 0) {
+    DDPRUN_LOG(INFO, "runtime") << "backend " << toString(choice.backend) << " (" << choice.reason
+                                << "), world size " << env.worldSize;
+  }
+  std::shared_ptr<Communicator> comm;
+  if (choice.backend == Backend::Nccl) {
+    comm = makeNcclCommunicator(store, {.rank = env.rank,
+                                        .size = env.worldSize,
+                                        .device = env.localRank % gpus,
+                                        .timeout = timeout});
+  } else {
+    comm = makeGlooCommunicator(store, {.rank = env.rank,
+                                        .size = env.worldSize,
+                                        .timeout = timeout,
+                                        .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : ""});
+  }
+  return std::make_unique<Runtime>(std::move(env), std::move(store), std::move(comm),
+                                   std::move(hosted));
+}
+
+}  // namespace ddprun::runtime
