@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "launcher/options.h"
@@ -231,4 +232,17 @@ TEST_CASE("flag --help and --version print and launch nothing", "[launcher][opti
   auto version = parseLaunchOptions({"ddprun", "--version"}, {});
   CHECK_FALSE(version.options);
   CHECK_THAT(version.message, Catch::StartsWith("ddprun "));
+}
+
+TEST_CASE("the example configs/launch_*.json files parse", "[launcher][options]") {
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(DDPRUN_SOURCE_DIR) + "/configs")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("launch_", 0) != 0 || entry.path().extension() != ".json") continue;
+    INFO(name);
+    auto out = parseLaunchOptions({"ddprun", "--config", entry.path().string(), "prog"}, {});
+    CHECK(out.options);
+    ++seen;
+  }
+  CHECK(seen >= 3);
 }
