@@ -218,12 +218,15 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
 void Agent::Impl::startWorkers(const RoundInfo& round) {
   round_ = round;
   auto launches = makeLaunches(round);
-  group_ = std::make_shared<WorkerGroup>(
+  auto group = std::make_shared<WorkerGroup>(
       io_, WorkerGroup::Callbacks{
                .exited = [this](const WorkerResult& r) { guarded([&] { onWorkerExited(r); }); },
                .stopped = [this] { guarded([&] { onGroupStopped(); }); }});
+  // Callbacks only come from the io_context, after start() returns. If start() throws, it
+  // has killed and reaped what it started; the error ends the job (fail()).
+  group->start(std::move(launches));
+  group_ = std::move(group);
   state_ = State::Running;
-  group_->start(std::move(launches));
   DDPRUN_LOG(INFO, "launcher") << "started " << options_.nprocPerNode << " worker(s) of "
                                << round.worldSize << " (attempt " << round.round << ", "
                                << round.restartCount << "/" << options_.maxRestarts

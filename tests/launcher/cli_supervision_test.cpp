@@ -212,3 +212,13 @@ TEST_CASE("a static job whose port is taken fails with a hint", "[launcher][cli]
   CHECK_THAT(r.err, Catch::Contains("cannot listen on 127.0.0.1:" + port));
   CHECK_THAT(r.err, Catch::Contains("--standalone"));
 }
+
+TEST_CASE("a worker whose execve fails is reported with the reason", "[launcher][cli]") {
+  TempDir dir;
+  const std::string script = dir / "no-shebang";
+  std::ofstream(script) << "echo this file has no #! line\n";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", script});
+  CHECK(r.code == 127);
+  CHECK_THAT(r.err, Catch::Contains("could not execute: Exec format error"));
+}
