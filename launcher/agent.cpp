@@ -184,29 +184,17 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
                            .env = mergeEnvironment(env_, overlay),
                            .stdinFromDevNull = devNullStdin};
 
-    std::string prefix;
-    if (templ != env_.end()) {
-      prefix = templ->second;
-      for (auto [key, value] : {std::pair<std::string, std::string>{"${role_name}", options_.role},
-                                {"${rank}", std::to_string(rank)},
-                                {"${local_rank}", std::to_string(lr)}}) {
-        for (size_t p; (p = prefix.find(key)) != std::string::npos;) prefix.replace(p, key.size(), value);
-      }
-    } else if (round.worldSize > 1) {
-      prefix = "[rank " + std::to_string(rank) + "]: ";
-    }
+    const std::string prefix = linePrefix(templ != env_.end() ? &templ->second : nullptr,
+                                          options_.role, rank, lr, round.worldSize);
     const bool filteredOut =
         !options_.localRanksFilter.empty() && options_.localRanksFilter.count(lr) == 0;
-    const uint8_t redirect = options_.redirects.forRank(lr), tee = options_.tee.forRank(lr);
     auto targets = [&](uint8_t bit, int consoleFd, const char* file, size_t tail) {
-      StreamTargets t;
-      const bool toFile = ((redirect | tee) & bit) || filteredOut;
-      const bool toConsole = !filteredOut && (!(redirect & bit) || (tee & bit));
-      t.consoleFd = toConsole ? consoleFd : -1;
-      t.prefix = prefix;
-      t.filePath = toFile ? dir + "/" + file : "";
-      t.tailLines = tail;
-      return t;
+      const StreamRoute route = routeStream(bit, options_.redirects.forRank(lr),
+                                            options_.tee.forRank(lr), filteredOut);
+      return StreamTargets{.consoleFd = route.console ? consoleFd : -1,
+                           .prefix = prefix,
+                           .filePath = route.file ? dir + "/" + file : "",
+                           .tailLines = tail};
     };
     l.stdoutTargets = targets(kStdOut, STDOUT_FILENO, "stdout.log", 0);
     l.stderrTargets = targets(kStdErr, STDERR_FILENO, "stderr.log", WorkerGroup::kTailLines);

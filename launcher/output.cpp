@@ -11,6 +11,30 @@
 
 namespace ddprun::launcher {
 
+StreamRoute routeStream(uint8_t bit, uint8_t redirects, uint8_t tee, bool filteredOut) {
+  StreamRoute r;
+  r.file = ((redirects | tee) & bit) != 0 || filteredOut;
+  r.console = !filteredOut && (!(redirects & bit) || (tee & bit));
+  return r;
+}
+
+std::string linePrefix(const std::string* prefixTemplate, const std::string& role, int rank,
+                       int localRank, int worldSize) {
+  if (prefixTemplate == nullptr) {
+    return worldSize > 1 ? "[rank " + std::to_string(rank) + "]: " : std::string();
+  }
+  std::string prefix = *prefixTemplate;
+  const std::pair<std::string, std::string> macros[] = {
+      {"${role_name}", role}, {"${rank}", std::to_string(rank)},
+      {"${local_rank}", std::to_string(localRank)}};
+  for (const auto& [key, value] : macros) {
+    for (size_t p = prefix.find(key); p != std::string::npos; p = prefix.find(key, p + value.size())) {
+      prefix.replace(p, key.size(), value);
+    }
+  }
+  return prefix;
+}
+
 void LineBuffer::feed(std::string_view bytes, std::vector<std::string>& lines) {
   while (!bytes.empty()) {
     const size_t nl = bytes.find('\n');

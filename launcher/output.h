@@ -9,6 +9,7 @@
 //     rank is filtered out by --local-ranks-filter;
 //   - file: the raw bytes, unprefixed (--redirects / --tee / filtered ranks);
 //   - tail: the last lines, kept for the failure report.
+#include <cstdint>
 #include <deque>
 #include <string>
 #include <string_view>
@@ -58,6 +59,21 @@ class StreamSink {
   std::deque<std::string> tail_;
   std::vector<std::string> scratch_;
 };
+
+// Where one stream of one worker goes (pure). `bit` is kStdOut or kStdErr; `redirects` and
+// `tee` are that worker's --redirects/--tee bits. A redirected stream goes to its file only,
+// a tee'd one to both; a rank left out by --local-ranks-filter goes to its file only.
+struct StreamRoute {
+  bool console = true;
+  bool file = false;
+};
+StreamRoute routeStream(uint8_t bit, uint8_t redirects, uint8_t tee, bool filteredOut);
+
+// The prefix of a worker's console lines (pure): TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE with
+// ${role_name}, ${rank} and ${local_rank} expanded when it is set; else "[rank N]: " when the
+// job has more than one worker; else nothing.
+std::string linePrefix(const std::string* prefixTemplate, const std::string& role, int rank,
+                       int localRank, int worldSize);
 
 // Writes the whole buffer to fd (retrying short writes, waiting out EAGAIN); errors such
 // as EPIPE from a closed console are ignored: losing console output must not stop a job.

@@ -218,3 +218,15 @@ TEST_CASE("bad flags: one line naming flag, value and what is allowed (exit 2)",
   CHECK(help.code == 0);
   CHECK_THAT(help.out, Catch::Contains("--max-restarts,--max_restarts"));
 }
+
+TEST_CASE("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE replaces the prefix", "[launcher][cli][output]") {
+  Env env = baseEnv();
+  env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[${role_name}${local_rank}]:";
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "--role=trainer", "sh", "-c",
+                      "echo hi$LOCAL_RANK"},
+                     env);
+  REQUIRE(r.code == 0);
+  auto out = lines(r.out);
+  std::sort(out.begin(), out.end());
+  CHECK(out == std::vector<std::string>{"[trainer0]:hi0", "[trainer1]:hi1"});
+}

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "launcher/failure_report.h"
+#include "launcher/options.h"
 #include "launcher/output.h"
 
 using namespace ddprun::launcher;
@@ -111,4 +112,26 @@ TEST_CASE("the failure report names rank, pid, exit, error file and stderr tail"
   CHECK_THAT(text, Catch::Contains("/nonexistent/error.json (not written"));
   CHECK_THAT(text, Catch::Contains("    CUDA out of memory"));
   CHECK_THAT(text, Catch::Contains("rank 2 (local rank 0, pid -1): signal 15 (SIGTERM)"));
+}
+
+TEST_CASE("routing of a stream by --redirects, --tee and --local-ranks-filter",
+          "[launcher][output]") {
+  auto route = [](uint8_t bit, uint8_t redirects, uint8_t tee, bool filtered) {
+    StreamRoute r = routeStream(bit, redirects, tee, filtered);
+    return std::pair{r.console, r.file};
+  };
+  CHECK(route(kStdOut, kStdNone, kStdNone, false) == std::pair{true, false});
+  CHECK(route(kStdOut, kStdOut, kStdNone, false) == std::pair{false, true});   // redirected
+  CHECK(route(kStdErr, kStdOut, kStdNone, false) == std::pair{true, false});   // other stream
+  CHECK(route(kStdErr, kStdNone, kStdAll, false) == std::pair{true, true});    // tee
+  CHECK(route(kStdOut, kStdAll, kStdOut, false) == std::pair{true, true});     // tee wins
+  CHECK(route(kStdOut, kStdNone, kStdNone, true) == std::pair{false, true});   // filtered out
+}
+
+TEST_CASE("console prefixes: [rank N] for several workers, or the user's template",
+          "[launcher][output]") {
+  CHECK(linePrefix(nullptr, "default", 5, 1, 8) == "[rank 5]: ");
+  CHECK(linePrefix(nullptr, "default", 0, 0, 1).empty());
+  const std::string templ = "[${role_name}${local_rank}|${rank}] ${rank}: ";
+  CHECK(linePrefix(&templ, "trainer", 5, 1, 8) == "[trainer1|5] 5: ");
 }
