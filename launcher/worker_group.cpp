@@ -62,7 +62,8 @@ struct WorkerGroup::Slot {
   size_t statusHave = 0;
   std::array<char, 16 * 1024> outBuf{}, errBuf{};
   StreamSink outSink, errSink;
-  bool ended = false, reaped = false, outDone = false, errDone = false;
+  bool started = false, ended = false, reaped = false, outDone = false, errDone = false;
+  int pendingSignal = 0;  // a stop signal that came before the worker existed
 };
 
 struct WorkerGroup::Timers {
@@ -152,7 +153,9 @@ void WorkerGroup::onRecord(size_t i, const GuardRecord& r) {
   switch (r.kind) {
     case GuardRecord::Started:
       res.pid = r.value;
+      slots_[i]->started = true;
       DDPRUN_LOG(DEBUG, "launcher") << "rank " << res.globalRank << " started, pid " << r.value;
+      if (slots_[i]->pendingSignal != 0) ::kill(-slots_[i]->guardPid, slots_[i]->pendingSignal);
       break;
     case GuardRecord::ExecFailed:
       res.execErrno = r.value;
@@ -207,8 +210,15 @@ void WorkerGroup::onGuardGone(size_t i) {
 
 void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
   stopSignal_ = sig;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i]->ended && !slots_[i]->reaped) ::kill(-slots_[i]->guardPid, sig);
+  for (auto& s : slots_) {
+    if (s->ended || s->reaped) continue;
+    // A guard still setting up would drop the signal (it ignores it, and the worker does not
+    // exist yet): it is sent when the Started record arrives. SIGKILL needs no such care.
+    if (s->started || sig == SIGKILL) {
+      ::kill(-s->guardPid, sig);
+    } else {
+      s->pendingSignal = sig;
+    }
   }
   if (sig == SIGKILL || runningCount() == 0) return;
   timers_->kill.expires_after(grace);

@@ -222,3 +222,15 @@ TEST_CASE("a worker whose execve fails is reported with the reason", "[launcher]
   CHECK(r.code == 127);
   CHECK_THAT(r.err, Catch::Contains("could not execute: Exec format error"));
 }
+
+TEST_CASE("workers stopped while still starting are stopped and not left for the grace period",
+          "[launcher][cli][signals]") {
+  // Rank 0 fails at once, often before the guards of the last ranks have forked their
+  // workers: a stop signal sent then must still reach them (the grace period is 30 s).
+  for (int i = 0; i < 8; ++i) {
+    INFO("run " << i);
+    Ddprun d({"--standalone", "--nproc-per-node=6", "sh", "-c",
+              "[ $RANK = 0 ] && exit 1; exec sleep 60"});
+    CHECK(d.wait(std::chrono::seconds(15)) == 1);
+  }
+}
