@@ -99,6 +99,22 @@ class TcpStore::Connection {
     }
   }
 
+  // Blocks until a byte can be read or the deadline passes (then throws a timeout), with
+  // poll()'s precise timer: a socket timeout (SO_RCVTIMEO) runs on the kernel's coarse timer
+  // wheel and fires up to ~12% late on waits of seconds. Used before long waits (WAIT).
+  void awaitReadable() {
+    while (end_ == start_) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline_ - Clock::now() + std::chrono::microseconds(999));
+      if (left.count() <= 0) throw IoFailure{true, "no reply in time"};
+      pollfd p{fd_, POLLIN, 0};
+      const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX)));
+      if (rc > 0) return;  // readable, or an error/hang-up that the next recv reports
+      if (rc < 0 && errno != EINTR) {
+        throw IoFailure{false, std::string("poll failed: ") + std::strerror(errno)};
+      }
+    }
+  }
   uint8_t u8() { fill(1); return static_cast<uint8_t>(buf_[start_++]); }
   uint32_t u32() { uint32_t v; take(&v, 4); return v; }
   int64_t i64() { int64_t v; take(&v, 8); return v; }
@@ -395,6 +411,7 @@ static std::string awaitWaitReply(TcpStore::Connection& c, bool withValue, Milli
                                   const std::string& what) {
   c.setDeadline(Clock::now() + timeout);
   try {
+    c.awaitReadable();
     const uint8_t r = c.u8();
     if (r != static_cast<uint8_t>(protocol::WaitReply::StopWaiting))
       throw IoFailure{false, "unexpected WAIT reply " + std::to_string(r)};
