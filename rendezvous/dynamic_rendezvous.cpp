@@ -88,10 +88,12 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
     auto onError = [this](std::exception_ptr e) { onBackgroundError(e); };
     writer_ = std::make_unique<HeartbeatWriter>(connect()->store, self_.id, options_.heartbeat,
                                                 onError);
-    auto conn = connect();
-    monitor_ = std::make_unique<HeartbeatMonitor>(
-        conn->store, [tcp = conn->tcp] { tcp->interrupt(); }, self_.id, options_.heartbeat, lim,
-        view_, onError);
+    auto connectMonitor = [this] {
+      std::shared_ptr<Connection> c = connect();
+      return InterruptibleStore{c->store, [c] { c->tcp->interrupt(); }};
+    };
+    monitor_ = std::make_unique<HeartbeatMonitor>(connectMonitor, self_.id, options_.heartbeat,
+                                                  lim, view_, onError);
   }
   watcherConn_ = connect();
   watcher_ = std::thread([this] { watcherLoop(); });

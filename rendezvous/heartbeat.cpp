@@ -80,21 +80,30 @@ void HeartbeatWriter::stop(bool clear) {
 
 // ---- HeartbeatMonitor ----
 
-HeartbeatMonitor::HeartbeatMonitor(std::shared_ptr<Store> store, std::function<void()> interrupt,
-                                   std::string self, HeartbeatOptions options, JobLimits limits,
-                                   StateView& view, ErrorFn onError)
-    : store_(std::move(store)), interrupt_(std::move(interrupt)), self_(std::move(self)),
-      options_(options), log_(*store_, limits), view_(view), onError_(std::move(onError)) {
+HeartbeatMonitor::HeartbeatMonitor(ConnectFn connect, std::string self, HeartbeatOptions options,
+                                   JobLimits limits, StateView& view, ErrorFn onError)
+    : connect_(std::move(connect)), self_(std::move(self)), options_(options), limits_(limits),
+      view_(view), onError_(std::move(onError)), conn_(connect_()) {
+  view_.onChange([this] { onViewChange(); });
   thread_ = std::thread([this] { run(); });
 }
 
 HeartbeatMonitor::~HeartbeatMonitor() { stop(); }
 
 void HeartbeatMonitor::stop() {
-  stopping_ = true;
-  if (interrupt_) interrupt_();
+  if (!stopping_.exchange(true)) {
+    view_.onChange(nullptr);
+    std::lock_guard<std::mutex> g(connMu_);
+    if (conn_.interrupt) conn_.interrupt();
+  }
   view_.stop();
   if (thread_.joinable()) thread_.join();
+}
+
+void HeartbeatMonitor::onViewChange() {
+  std::lock_guard<std::mutex> g(connMu_);
+  retarget_ = true;
+  if (conn_.interrupt) conn_.interrupt();
 }
 
 void HeartbeatMonitor::run() {
@@ -104,11 +113,19 @@ void HeartbeatMonitor::run() {
       const std::vector<std::string> ids = v.state.allIds();
       const bool inRing = std::binary_search(ids.begin(), ids.end(), self_);
       const std::string target = inRing ? ringSuccessor(ids, self_) : std::string();
-      if (target.empty()) {
-        if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
-        continue;
+      try {
+        if (target.empty()) {
+          if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
+          continue;
+        }
+        if (watch(target, v.version)) evict(target);
+      } catch (const NetworkError&) {
+        if (stopping_ || !retarget_.exchange(false)) throw;
+        // Cut short by a state change: a new connection, then the ring again.
+        InterruptibleStore fresh = connect_();
+        std::lock_guard<std::mutex> g(connMu_);
+        std::swap(conn_, fresh);
       }
-      if (watch(target, v.version)) evict(target);
     }
   } catch (const Error&) {
     if (!stopping_) onError_(std::current_exception());
@@ -116,25 +133,24 @@ void HeartbeatMonitor::run() {
 }
 
 bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion) {
-  int64_t beat = store_->add(heartbeatCounterKey(target), 0);
+  int64_t beat = store().add(heartbeatCounterKey(target), 0);
   DDPRUN_LOG(DEBUG, "rendezvous") << "watching node " << target << " from beat " << beat;
-  while (!stopping_) {
+  while (!stopping_ && view_.get().version == seenVersion) {
     bool arrived = true;
     try {
-      store_->wait({heartbeatKey(target, beat + 1)}, options_.timeout());
+      store().wait({heartbeatKey(target, beat + 1)}, options_.timeout());
     } catch (const TimeoutError&) {
       arrived = false;
     }
     if (stopping_) return false;
     if (!arrived) {
       // The beat we waited for may have come and gone (we fell behind): ask the counter.
-      const int64_t now = store_->add(heartbeatCounterKey(target), 0);
+      const int64_t now = store().add(heartbeatCounterKey(target), 0);
       if (now <= beat) return true;
       beat = now;
       continue;
     }
     ++beat;
-    if (view_.get().version != seenVersion) return false;  // the ring may have changed
   }
   return false;
 }
@@ -142,8 +158,9 @@ bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion) {
 void HeartbeatMonitor::evict(const std::string& target) {
   const std::string reason = "node " + target + " was evicted: no heartbeat for " +
                              std::to_string(options_.timeout().count()) + " ms";
-  auto r = log_.update(view_.get(), [&](const RoundState& s) {
-    return transition::remove(s, target, reason, log_.limits());
+  StateLog log(store(), limits_);
+  auto r = log.update(view_.get(), [&](const RoundState& s) {
+    return transition::remove(s, target, reason, limits_);
   });
   if (r.wrote) {
     DDPRUN_LOG(WARN, "rendezvous") << reason << " (round " << r.now.state.round << ")";

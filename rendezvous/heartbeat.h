@@ -65,13 +65,21 @@ class HeartbeatWriter {
   std::thread thread_;
 };
 
+// A store connection that another thread can cut short (TcpStore::interrupt).
+struct InterruptibleStore {
+  std::shared_ptr<Store> store;
+  std::function<void()> interrupt;
+};
+
 class HeartbeatMonitor {
  public:
   using ErrorFn = std::function<void(std::exception_ptr)>;
-  // `interrupt` unblocks a WAIT in progress on `store` (TcpStore::interrupt).
-  HeartbeatMonitor(std::shared_ptr<Store> store, std::function<void()> interrupt,
-                   std::string self, HeartbeatOptions options, JobLimits limits,
-                   StateView& view, ErrorFn onError);
+  using ConnectFn = std::function<InterruptibleStore()>;
+  // Registers on `view`: when the state changes, the WAIT in progress is cut short (and the
+  // connection replaced by a new one from `connect`), so the ring is re-read at once -- a node
+  // that must now be watched is watched from that moment, not after the old target's next beat.
+  HeartbeatMonitor(ConnectFn connect, std::string self, HeartbeatOptions options,
+                   JobLimits limits, StateView& view, ErrorFn onError);
   ~HeartbeatMonitor();
   void stop();
 
@@ -80,15 +88,19 @@ class HeartbeatMonitor {
   // Watches `target` until it dies (returns true) or the ring changes (false).
   bool watch(const std::string& target, int64_t seenVersion);
   void evict(const std::string& target);
+  void onViewChange();
+  Store& store() { return *conn_.store; }
 
-  std::shared_ptr<Store> store_;
-  std::function<void()> interrupt_;
+  ConnectFn connect_;
   std::string self_;
   HeartbeatOptions options_;
-  StateLog log_;
+  JobLimits limits_;
   StateView& view_;
   ErrorFn onError_;
+  std::mutex connMu_;  // conn_ is replaced by the monitor's thread, interrupted by others
+  InterruptibleStore conn_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> retarget_{false};
   std::thread thread_;
 };
 

@@ -95,6 +95,11 @@ std::optional<Versioned> StateLog::waitNewer(const Versioned& known, Millis time
   return read(known.version + 1);
 }
 
+void StateView::onChange(std::function<void()> fn) {
+  std::lock_guard<std::mutex> g(callbackMu_);
+  onChange_ = std::move(fn);
+}
+
 void StateView::offer(const Versioned& v) {
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -102,6 +107,8 @@ void StateView::offer(const Versioned& v) {
     newest_ = v;
   }
   cv_.notify_all();
+  std::lock_guard<std::mutex> g(callbackMu_);
+  if (onChange_) onChange_();
 }
 
 Versioned StateView::get() {

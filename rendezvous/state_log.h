@@ -67,6 +67,9 @@ class StateLog {
 // monitor picks the node it watches from it, and waits on it for changes.
 class StateView {
  public:
+  // Called on the offering thread whenever a newer version is offered. Replacing it (or
+  // clearing it with nullptr) waits for a call in progress, so the callee may then go away.
+  void onChange(std::function<void()> fn);
   void offer(const Versioned& v);
   Versioned get();
   // Blocks until a version newer than `seen` is offered or stop() is called (then false).
@@ -78,6 +81,8 @@ class StateView {
   std::condition_variable cv_;
   Versioned newest_;
   bool stopped_ = false;
+  std::mutex callbackMu_;  // held while onChange_ runs; taken before mu_, never inside it
+  std::function<void()> onChange_;
 };
 
 }  // namespace ddprun::rendezvous

@@ -1,0 +1,328 @@
+// ddprun-bench rendezvous: multi-node rendezvous, ddprun against torchrun's c10d backend, same
+// run. Every "node" is an agent process on this machine with its own loopback address.
+//
+// 1. form: N agents (--nnodes=N, nproc 1, PROGRAM `true`) from the first spawn until every
+//    agent has exited 0: connect, rendezvous, run, exit barrier. N = 4, 16, 64.
+// 2. recovery: N agents (--nnodes=N-1:N) run `sleep`; one agent's whole process group is
+//    SIGKILLed (a machine lost); timed until every survivor's new worker has started.
+//    Heartbeat 1 s x 3 on both sides, so the bound is 3 s + 200 ms.
+// torchrun is Debian's 1.13 through bench/torchrun_wrapper.py (--monitor_interval=0.1, is_host
+// on agent 0). Prints a table and writes bench/results/rendezvous.csv.
+#include <utility>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <fcntl.h>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <poll.h>
+#include <spawn.h>
+#include <sstream>
+#include <sys/inotify.h>
+#include <sys/wait.h>
+#include <thread>
+#include <tuple>
+#include <unistd.h>
+
+#include "bench/registry.h"
+#include "rendezvous/node_address.h"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+struct Peer {
+  std::string name;
+  // argv of agent `i` of `n`, meeting at 127.0.1.1:port; `program` is the worker command.
+  std::function<std::vector<std::string>(int i, int n, int minNodes, uint16_t port,
+                                         const std::string& id,
+                                         const std::vector<std::string>& program)>
+      argv;
+};
+
+Peer ddprunPeer() {
+  return {"ddprun", [](int i, int n, int minNodes, uint16_t port, const std::string& id,
+                       const std::vector<std::string>& program) {
+            std::vector<std::string> a = {
+                std::string(DDPRUN_BIN_DIR) + "/ddprun",
+                "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
+                "--nproc-per-node=1", "--rdzv-backend=c10d",
+                "--rdzv-endpoint=127.0.1.1:" + std::to_string(port), "--rdzv-id=" + id,
+                "--local-addr=127.0.1." + std::to_string(i + 1),
+                "--rdzv-conf=heartbeat=1,missed_heartbeats=3", "--no-python"};
+            a.insert(a.end(), program.begin(), program.end());
+            return a;
+          }};
+}
+
+Peer torchrunPeer(const std::string& python) {
+  return {"torchrun", [python](int i, int n, int minNodes, uint16_t port, const std::string& id,
+                               const std::vector<std::string>& program) {
+            std::vector<std::string> a = {
+                python, std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_wrapper.py",
+                "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
+                "--nproc_per_node=1", "--rdzv_backend=c10d",
+                "--rdzv_endpoint=127.0.1.1:" + std::to_string(port), "--rdzv_id=" + id,
+                "--rdzv_conf=is_host=" + std::string(i == 0 ? "1" : "0") +
+                    ",keep_alive_interval=1,keep_alive_max_attempt=3",
+                "--monitor_interval=0.1", "--no_python"};
+            a.insert(a.end(), program.begin(), program.end());
+            return a;
+          }};
+}
+
+// Starts argv in a process group of its own, output discarded, BENCH_AGENT=i in its env.
+pid_t spawnAgent(const std::vector<std::string>& argv, int i) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back("BENCH_AGENT=" + std::to_string(i));
+  env.push_back("DDPRUN_LOG_LEVEL=warn");
+  std::vector<char*> a, e;
+  for (auto& s : const_cast<std::vector<std::string>&>(argv)) a.push_back(s.data());
+  a.push_back(nullptr);
+  for (auto& s : env) e.push_back(s.data());
+  e.push_back(nullptr);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, a[0], &fa, &attr, a.data(), e.data()) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  return pid;
+}
+
+void killAll(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids) ::kill(-p, SIGKILL);
+  for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+}
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct Result {
+  std::optional<double> seconds;
+  std::string note;
+};
+
+// Scenario 1: from the first spawn until every agent has exited 0 (a watchdog kills the rest
+// at the cap).
+Result form(const Peer& peer, int n, Millis cap) {
+  const uint16_t port = ddprun::rendezvous::pickFreePort();
+  const std::string id = "form" + std::to_string(n) + "-" + std::to_string(::getpid());
+  std::vector<pid_t> pids;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) pids.push_back(spawnAgent(peer.argv(i, n, n, port, id, {"true"}), i));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false, capped = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, cap, [&] { return finished; })) {
+      capped = true;
+      for (pid_t p : pids) ::kill(-p, SIGKILL);
+    }
+  });
+  int failed = 0;
+  for (size_t exited = 0; exited < pids.size();) {
+    int status = 0;
+    const pid_t p = ::waitpid(-1, &status, 0);
+    if (p < 0) break;
+    if (std::find(pids.begin(), pids.end(), p) == pids.end()) continue;
+    ++exited;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  const auto t1 = Clock::now();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    finished = true;
+  }
+  cv.notify_all();
+  watchdog.join();
+  if (capped) return {std::nullopt, "not done within " + std::to_string(cap.count() / 1000) + " s"};
+  if (failed) return {std::nullopt, std::to_string(failed) + " agents failed"};
+  return {seconds(t1 - t0), ""};
+}
+
+// Lines "AGENT WORLD PID" appended by each worker at its start, watched with inotify.
+class StartLog {
+ public:
+  explicit StartLog(std::string path) : path_(std::move(path)) {
+    std::ofstream(path_).close();
+    fd_ = ::inotify_init1(IN_CLOEXEC);
+    ::inotify_add_watch(fd_, path_.c_str(), IN_MODIFY);
+  }
+  ~StartLog() { ::close(fd_); }
+  // Waits until `count` workers with world size `world` (not of agent `except`) have started.
+  bool waitFor(int world, int count, int except, Clock::time_point deadline) {
+    for (;;) {
+      if (this->count(world, except) >= count) return true;
+      const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
+      if (left <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left)) > 0) {
+        char buf[4096];
+        (void)!::read(fd_, buf, sizeof buf);
+      }
+    }
+  }
+  int count(int world, int except) {
+    int c = 0;
+    for (const auto& [agent, w, pid] : lines())
+      if (w == world && agent != except) ++c;
+    return c;
+  }
+  std::vector<std::tuple<int, int, pid_t>> lines() {
+    std::ifstream in(path_);
+    std::vector<std::tuple<int, int, pid_t>> out;
+    int agent = 0, w = 0;
+    pid_t pid = 0;
+    while (in >> agent >> w >> pid) out.emplace_back(agent, w, pid);
+    return out;
+  }
+  // Kills the workers of `agent` (-1: of every agent); torchrun's run in sessions of their own.
+  void killWorkers(int agent) {
+    for (const auto& [a, w, pid] : lines())
+      if (agent < 0 || a == agent) ::kill(pid, SIGKILL);
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+// Scenario 2: SIGKILL one agent's process group; time until every survivor's new worker runs.
+Result recovery(const Peer& peer, int n, Millis hbTimeout, Millis cap) {
+  const uint16_t port = ddprun::rendezvous::pickFreePort();
+  const std::string id = "recover" + std::to_string(n) + "-" + std::to_string(::getpid());
+  const std::string logPath = "/tmp/ddprun-bench-rdzv-" + std::to_string(::getpid()) + ".log";
+  StartLog log(logPath);
+  // Both launchers expand $-templates in PROGRAM's arguments ("$$" is "$"): sh gets $$ = pid.
+  const std::vector<std::string> worker = {
+      "sh", "-c",
+      "echo \"$$BENCH_AGENT $$GROUP_WORLD_SIZE $$$$\" >> " + logPath + "; exec sleep 1000"};
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) pids.push_back(spawnAgent(peer.argv(i, n, n - 1, port, id, worker), i));
+  Result r;
+  if (!log.waitFor(n, n, -1, Clock::now() + Millis(180'000))) {
+    r.note = "the first round of " + std::to_string(n) + " did not start";
+  } else {
+    const int victim = n - 1;  // never the store host (agent 0)
+    const auto t0 = Clock::now();
+    ::kill(-pids[victim], SIGKILL);  // the agent and, with its workers, the whole "machine"
+    log.killWorkers(victim);
+    if (log.waitFor(n - 1, n - 1, victim, t0 + cap)) {
+      r.seconds = seconds(Clock::now() - t0);
+      if (*r.seconds > seconds(hbTimeout + Millis(200))) r.note = "over the bound";
+    } else {
+      r.note = "survivors not restarted within " + std::to_string(cap.count() / 1000) +
+               " s (cf. pytorch#111646)";
+    }
+  }
+  killAll(pids);
+  log.killWorkers(-1);
+  ::unlink(logPath.c_str());
+  return r;
+}
+
+std::string fmt(const Result& r) {
+  if (!r.seconds) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f s", *r.seconds);
+  return b;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int benchRendezvous(int argc, char** argv) {
+  CLI::App app{"ddprun-bench rendezvous: multi-node rendezvous, ddprun vs torchrun c10d"};
+  std::vector<int> sizes = {4, 16, 64};
+  int repeat = 3;
+  bool noTorchrun = false;
+  std::string python = "/usr/bin/python3";
+  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/rendezvous.csv";
+  app.add_option("--sizes", sizes, "numbers of agents")->delimiter(',');
+  app.add_option("--repeat", repeat, "runs of the form scenario per size (median)");
+  app.add_flag("--no-torchrun", noTorchrun, "ddprun only");
+  app.add_option("--torch-python", python, "python3 with torch (Debian's python3-torch)");
+  app.add_option("--csv", csv, "where to write the results");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  std::vector<Peer> peers = {ddprunPeer()};
+  std::string torchNote;
+  if (!noTorchrun) {
+    if (std::system((python + " -c 'import torch.distributed' 2>/dev/null").c_str()) == 0)
+      peers.push_back(torchrunPeer(python));
+    else
+      torchNote = "torchrun skipped: " + python + " has no torch";
+  }
+  const Millis hbTimeout{3'000};
+  std::ofstream out(csv);
+  out << "scenario,agents,ddprun_s,torchrun_s,torchrun_over_ddprun,target,note\n";
+  std::printf("%-9s %6s | %10s %10s %8s | %s\n", "scenario", "agents", "ddprun", "torchrun",
+              "ratio", "target / note");
+  auto row = [&](const char* scenario, int n, const std::vector<Result>& rs,
+                 const std::string& target) {
+    const Result& d = rs[0];
+    const Result t = rs.size() > 1 ? rs[1] : Result{std::nullopt, torchNote};
+    std::string ratio = d.seconds && t.seconds ? std::to_string(*t.seconds / *d.seconds) : "-";
+    if (ratio != "-") ratio = ratio.substr(0, ratio.find('.') + 2) + "x";
+    std::string note = target;
+    for (const auto& x : {d.note, t.note})
+      if (!x.empty()) note += "; " + x;
+    std::printf("%-9s %6d | %10s %10s %8s | %s\n", scenario, n, fmt(d).c_str(), fmt(t).c_str(),
+                ratio.c_str(), note.c_str());
+    std::fflush(stdout);
+    out << scenario << "," << n << "," << (d.seconds ? std::to_string(*d.seconds) : "") << ","
+        << (t.seconds ? std::to_string(*t.seconds) : "") << "," << ratio << "," << target << ",\""
+        << note << "\"\n";
+  };
+  for (int n : sizes) {
+    std::vector<Result> rs;
+    for (const auto& p : peers) {
+      const int runs = p.name == "torchrun" && n > 16 ? 1 : repeat;  // torchrun: ~1 s CPU per agent
+      std::vector<double> times;
+      Result last;
+      for (int k = 0; k < runs; ++k) {
+        last = form(p, n, Millis(300'000));
+        if (!last.seconds) break;
+        times.push_back(*last.seconds);
+      }
+      if (last.seconds) last.seconds = median(times);
+      rs.push_back(last);
+    }
+    row("form+run", n, rs, n == 64 ? "ddprun < 0.3 s" : "");
+  }
+  for (int n : sizes) {
+    std::vector<Result> rs;
+    for (const auto& p : peers) rs.push_back(recovery(p, n, hbTimeout, hbTimeout + Millis(10'000)));
+    row("recovery", n, rs, "ddprun <= heartbeat timeout 3 s + 0.2 s");
+  }
+  std::printf("\nwritten: %s\n", csv.c_str());
+  return 0;
+}
+
+}  // namespace
+
+DDPRUN_BENCH("rendezvous", "multi-node rendezvous: N agents form+run, recovery after kill -9; vs torchrun c10d",
+             benchRendezvous)
