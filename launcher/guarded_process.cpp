@@ -164,12 +164,13 @@ void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
     ::close(execPipe[0]);
     execWorker(path, argv, envp, execPipe[1]);
   }
+  const int forkErrno = errno;
   ::sigprocmask(SIG_SETMASK, &blockChld, nullptr);
   ::close(execPipe[1]);
   ::close(STDOUT_FILENO);  // only the worker (and its children) may hold the output pipes
   ::close(STDERR_FILENO);
   if (worker < 0) {
-    sendRecord(GuardRecord::ExecFailed, errno);
+    sendRecord(GuardRecord::ExecFailed, forkErrno);
     sendRecord(GuardRecord::Exited, 127 << 8);
   } else {
     int err = 0;
