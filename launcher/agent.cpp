@@ -343,6 +343,8 @@ void Agent::Impl::leaveAndExit(int code) {
         std::rethrow_exception(e);
       } catch (const std::exception& ex) {
         DDPRUN_LOG(WARN, "launcher") << "leaving the job: " << ex.what();
+      } catch (...) {
+        DDPRUN_LOG(WARN, "launcher") << "leaving the job failed";
       }
     }
     if (state_ == State::Leaving) finish(code);
