@@ -56,11 +56,18 @@ class TempDir {
   std::string path_;
 };
 
+// TMPDIR for every ddprun these tests start: its run directories (left behind when a test
+// SIGKILLs ddprun) go away with this directory when the test process exits.
+inline const std::string& testTmpDir() {
+  static TempDir dir;
+  return dir.path();
+}
+
 // The minimal environment ddprun runs with in these tests: exact, so that what ddprun adds
 // to a worker's environment can be told apart.
 inline Env baseEnv() {
   return Env{{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/tmp"}, {"LANG", "C.UTF-8"},
-             {"FOO", "bar"}};
+             {"FOO", "bar"}, {"TMPDIR", testTmpDir()}};
 }
 
 // Polls for a condition the test itself cannot be woken by (files written by workers).
