@@ -1,0 +1,193 @@
+// Checkpoints: round trip, newest complete wins, torn and damaged files are skipped, a failed
+// write (file size limit: the same EFBIG/ENOSPC path as a full disk) keeps the previous one.
+#include "tests/worker_runtime/catch_torch.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "rendezvous/errors.h"
+#include "worker_runtime/checkpoint.h"
+
+using namespace ddprun::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Net : torch::nn::Module {
+  explicit Net(int hidden = 16) {
+    fc1 = register_module("fc1", torch::nn::Linear(8, hidden));
+    bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(bn(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("ddprun-ckpt-test-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(counter++));
+    fs::remove_all(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  static inline int counter = 0;
+};
+
+void trainSteps(Net& net, torch::optim::Optimizer& opt, int steps) {
+  torch::manual_seed(5);
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    auto loss = net.forward(torch::randn({16, 8})).pow(2).mean();
+    loss.backward();
+    opt.step();
+  }
+}
+
+bool sameTensors(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint round trip restores model, optimizer and state", "[checkpoint]") {
+  TempDir dir;
+  Net a;
+  torch::optim::Adam optA(a.parameters(), torch::optim::AdamOptions(1e-2));
+  trainSteps(a, optA, 3);
+  CheckpointManager ckpt({.directory = dir.path});
+  TrainingState st{.step = 30, .epoch = 2, .sampler = {2, 17}, .extra = {{"best", 0.75}}};
+  const fs::path file = ckpt.save(a, &optA, st);
+  CHECK(file.filename() == "ckpt-000000000030.ddpck");
+
+  Net b;
+  torch::optim::Adam optB(b.parameters(), torch::optim::AdamOptions(1e-2));
+  auto loaded = ckpt.loadLatest(b, &optB);
+  REQUIRE(loaded);
+  CHECK(loaded->step == 30);
+  CHECK(loaded->epoch == 2);
+  CHECK(loaded->sampler.epoch == 2);
+  CHECK(loaded->sampler.position == 17);
+  CHECK(loaded->extra["best"] == 0.75);
+  CHECK(sameTensors(a.parameters(), b.parameters()));
+  CHECK(sameTensors(a.buffers(), b.buffers()));
+  // Continuing from the restored optimizer gives the same weights as never stopping.
+  trainSteps(a, optA, 2);
+  trainSteps(b, optB, 2);
+  CHECK(sameTensors(a.parameters(), b.parameters()));
+}
+
+TEST_CASE("the newest complete checkpoint wins; torn and damaged ones are skipped",
+          "[checkpoint]") {
+  TempDir dir;
+  Net net;
+  CheckpointManager ckpt({.directory = dir.path, .keep = 5});
+  for (int64_t step : {10, 20, 30}) {
+    for (auto& p : net.parameters()) p.data().fill_(static_cast<float>(step));
+    ckpt.save(net, nullptr, {.step = step});
+  }
+  CHECK(ckpt.list().size() == 3);
+  const fs::path newest = ckpt.list()[0];
+  const auto size = fs::file_size(newest);
+
+  SECTION("truncated (a torn write)") { fs::resize_file(newest, size / 2); }
+  SECTION("a flipped byte in the data") {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - 100));
+    char c;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(size - 100));
+    c ^= 0x40;
+    f.write(&c, 1);
+  }
+  SECTION("not a checkpoint at all") { std::ofstream(newest) << "hello"; }
+
+  Net loaded;
+  auto st = ckpt.loadLatest(loaded, nullptr);
+  REQUIRE(st);
+  CHECK(st->step == 20);
+  CHECK(loaded.fc1->weight[0][0].item<float>() == 20.0f);
+  // Asked for by name, the bad file is an error that names it.
+  CHECK_THROWS_WITH(CheckpointManager::load(newest, loaded, nullptr),
+                    Catch::Contains(newest.string()) && Catch::Contains("torn or damaged"));
+}
+
+TEST_CASE("no checkpoint means a fresh start; leftovers of a crashed save are ignored",
+          "[checkpoint]") {
+  TempDir dir;
+  CheckpointManager ckpt({.directory = dir.path});
+  Net net;
+  CHECK_FALSE(ckpt.loadLatest(net, nullptr));
+  std::ofstream(dir.path / "ckpt-000000000050.ddpck.tmp-123") << "half a file";
+  CHECK_FALSE(ckpt.loadLatest(net, nullptr));
+  ckpt.save(net, nullptr, {.step = 1});
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-000000000050.ddpck.tmp-123"));  // cleaned up
+}
+
+TEST_CASE("a failed write is an error that keeps the previous checkpoint", "[checkpoint]") {
+  TempDir dir;
+  Net net;
+  CheckpointManager ckpt({.directory = dir.path});
+  ckpt.save(net, nullptr, {.step = 1});
+  const auto before = fs::file_size(ckpt.list()[0]);
+
+  // A file size limit below the checkpoint's size makes write(2) fail with EFBIG, as a full disk
+  // fails it with ENOSPC (SIGXFSZ is ignored so the error reaches us).
+  struct rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto oldHandler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = before / 2;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  Net bigger(64);
+  std::string error;
+  try {
+    CheckpointManager({.directory = dir.path}).save(bigger, nullptr, {.step = 2});
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, oldHandler);
+
+  CHECK_THAT(error, Catch::Contains("ckpt-000000000002.ddpck") && Catch::Contains("write failed"));
+  REQUIRE(ckpt.list().size() == 1);
+  CHECK(ckpt.list()[0].filename() == "ckpt-000000000001.ddpck");
+  CHECK(fs::file_size(ckpt.list()[0]) == before);
+  for (auto& e : fs::directory_iterator(dir.path)) {
+    CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);  // no temp left
+  }
+  Net loaded;
+  CHECK(ckpt.loadLatest(loaded, nullptr)->step == 1);
+}
+
+TEST_CASE("retention keeps the newest `keep` checkpoints", "[checkpoint]") {
+  TempDir dir;
+  Net net;
+  CheckpointManager ckpt({.directory = dir.path, .keep = 2});
+  for (int64_t s = 1; s <= 5; ++s) ckpt.save(net, nullptr, {.step = s});
+  auto files = ckpt.list();
+  REQUIRE(files.size() == 2);
+  CHECK(CheckpointManager::inspect(files[0]).step == 5);
+  CHECK(CheckpointManager::inspect(files[1]).step == 4);
+}
+
+TEST_CASE("a checkpoint of another model is refused with the parameter named", "[checkpoint]") {
+  TempDir dir;
+  CheckpointManager ckpt({.directory = dir.path});
+  Net small(16);
+  ckpt.save(small, nullptr, {.step = 1});
+  Net other(32);
+  CHECK_THROWS_WITH(ckpt.loadLatest(other, nullptr),
+                    Catch::Contains("does not fit this model") && Catch::Contains("ckpt-000000000001"));
+  torch::optim::SGD sgd(small.parameters(), 0.1);
+  CHECK_THROWS_WITH(ckpt.loadLatest(small, &sgd), Catch::Contains("no optimizer state"));
+  CHECK_THROWS_AS(CheckpointManager({.directory = dir.path, .keep = 0}), ddprun::ConfigError);
+}

@@ -1,0 +1,57 @@
+// NCCL's unique-id exchange through a real ddprun store over TCP. ncclGetUniqueId needs no GPU,
+// so when ddprun is built with NCCL the id is a real one (the calling process stays alive while
+// the others fetch it, as NCCL requires).
+#include "tests/worker_runtime/catch_torch.h"
+
+#include "rendezvous/errors.h"
+#include "rendezvous/tcp_store.h"
+#include "rendezvous/threaded_store_server.h"
+#include "tests/worker_runtime/rank_threads.h"
+#include "worker_runtime/nccl_communicator.h"
+
+using namespace ddprun::runtime;
+using namespace ddprun::rendezvous;
+
+TEST_CASE("every rank receives rank 0's NCCL unique id through the store", "[nccl]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const int P = 4;
+  std::vector<std::string> ids(P);
+  const bool real = ncclBuilt();
+  test::runRanks(P, [&](int r) {
+    TcpStore store({.host = "127.0.0.1", .port = server.port(), .timeout = std::chrono::seconds(10)});
+    auto generate = [&] {
+      return real ? generateNcclUniqueId() : std::string(128, '\x5a');
+    };
+    ids[r] = exchangeUniqueId(store, "nccl/0/unique_id", r, generate, std::chrono::seconds(10));
+  });
+  for (int r = 0; r < P; ++r) {
+    CHECK(ids[r].size() == 128);
+    CHECK(ids[r] == ids[0]);
+  }
+  if (real) {
+    CHECK(ids[0] != std::string(128, '\0'));  // NCCL filled it in
+    CHECK(generateNcclUniqueId() != ids[0]);  // and each call gives a new one
+  }
+}
+
+TEST_CASE("a wrong-size id and a missing rank 0 are errors, not hangs", "[nccl]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  TcpStore store({.host = "127.0.0.1", .port = server.port(), .timeout = std::chrono::seconds(5)});
+  store.set("bad", "short");
+  CHECK_THROWS_WITH(exchangeUniqueId(store, "bad", 1, nullptr, std::chrono::seconds(1)),
+                    Catch::Contains("has 5 bytes, expected 128"));
+  CHECK_THROWS_AS(exchangeUniqueId(store, "never", 1, nullptr, std::chrono::milliseconds(300)),
+                  ddprun::TimeoutError);
+}
+
+TEST_CASE("without a GPU the NCCL communicator refuses with the reason", "[nccl]") {
+  if (!ncclBuilt()) {
+    CHECK_THROWS_WITH(generateNcclUniqueId(), Catch::Contains("built without NCCL"));
+    return;
+  }
+  CHECK(visibleGpuCount() == 0);
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  auto store = std::make_shared<TcpStore>(
+      TcpStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = std::chrono::seconds(5)});
+  CHECK_THROWS_AS(makeNcclCommunicator(store, {.rank = 0, .size = 1}), ddprun::BackendError);
+}
