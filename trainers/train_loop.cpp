@@ -144,7 +144,6 @@ TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Run
   torch::manual_seed(config.seed);
   auto model = makeModel(config.model, config.hidden, config.width);
   model->to(device);
-  runtime::DistributedDataParallel ddp(model, rt.comm());
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(config.lr)
                                                        .momentum(config.momentum)
                                                        .weight_decay(config.weight_decay));
@@ -189,6 +188,10 @@ TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Run
     }
   }
 
+  // DDP is built after the checkpoint is loaded: Module::load replaces the parameters' tensors,
+  // and a DDP built before would keep watching the old ones (ranks silently drift apart).
+  runtime::DistributedDataParallel ddp(model, rt.comm());
+
   std::optional<MetricsFile> metrics;
   if (master && !config.metrics.empty()) {
     metrics.emplace(config.metrics, result.resumedFrom);
@@ -211,7 +214,7 @@ TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Run
   std::deque<double> recentLosses;
   double intervalLoss = 0;
   int64_t intervalSteps = 0;
-  double evalSeconds = 0;
+  double evalSeconds = 0, intervalEvalSeconds = 0;  // evaluation is not training time
   comm.barrier();  // time from a common start, as bench/ddp_mnist.py does
   Stopwatch total, interval;
 
@@ -248,7 +251,8 @@ TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Run
 
       if (step % config.log_interval == 0 || step == totalSteps) {
         const double meanLoss = averageOverRanks(intervalLoss / intervalSteps, comm);
-        const double rate = static_cast<double>(intervalSteps * B * W) / interval.seconds();
+        const double rate =
+            static_cast<double>(intervalSteps * B * W) / (interval.seconds() - intervalEvalSeconds);
         const double perStep = (total.seconds() - evalSeconds) / static_cast<double>(step - startStep);
         if (master) {
           const Progress p{.epoch = epoch + 1, .epochs = config.epochs, .step = step,
@@ -264,6 +268,7 @@ TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Run
         }
         intervalLoss = 0;
         intervalSteps = 0;
+        intervalEvalSeconds = 0;
         interval.restart();
       }
 
@@ -273,6 +278,7 @@ TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Run
         Stopwatch evalTime;
         const auto ev = evaluate(*model, data.test, device, comm);
         evalSeconds += evalTime.seconds();
+        intervalEvalSeconds += evalTime.seconds();
         result.testAccuracy = ev.accuracy;
         if (master) {
           std::printf("epoch %lld  step %lld  test loss %.4f  test accuracy %.4f\n",
@@ -284,7 +290,6 @@ TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Run
                             {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
           }
         }
-        interval.restart();
       }
 
       const bool due = config.checkpoint_interval > 0 && step % config.checkpoint_interval == 0;

@@ -1,5 +1,5 @@
 // The idx.gz reader: real files written with zlib, then damaged in the ways files get damaged.
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include "test_files.h"
 #include "trainers/mnist_data.h"
