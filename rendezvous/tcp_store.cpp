@@ -294,7 +294,12 @@ void TcpStore::connect() {
     std::uniform_real_distribution<double> jitter(0.5, 1.5);
     auto sleep = std::chrono::duration_cast<Clock::duration>(backoff * jitter(rng));
     sleep = std::min(sleep, deadline - now);
-    std::this_thread::sleep_for(sleep);
+    {
+      // Sleeps, unless interrupt() cuts the backoff short.
+      std::unique_lock<std::mutex> lock(interruptMu_);
+      if (interruptCv_.wait_for(lock, sleep, [&] { return interrupted_; }))
+        throw NetworkError("store at " + address_ + ": interrupted while reconnecting");
+    }
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
   const auto ms = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
@@ -355,8 +360,16 @@ void TcpStore::handshake() {
 }
 
 void TcpStore::interrupt() {
+  {
+    std::lock_guard<std::mutex> g(interruptMu_);
+    interrupted_ = true;
+    if (activeFd_ >= 0) ::shutdown(activeFd_, SHUT_RDWR);
+  }
+  interruptCv_.notify_all();
+}
+
+void TcpStore::cancelCall() {
   std::lock_guard<std::mutex> g(interruptMu_);
-  interrupted_ = true;
   if (activeFd_ >= 0) ::shutdown(activeFd_, SHUT_RDWR);
 }
 

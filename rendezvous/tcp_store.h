@@ -9,6 +9,7 @@
 // get() is one round trip against ddprun-store (WAIT_GET) and two (WAIT, GET) elsewhere.
 // Calls are serialized by an internal mutex, so one TcpStore may be shared by threads.
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -60,10 +61,13 @@ class TcpStore final : public Store {
 
   // Round trip with no effect (PING in the current dialects, GETNUMKEYS in legacy).
   void ping();
-  // Makes a call blocked in another thread (typically a long WAIT) fail at once with
-  // NetworkError, and every later call too. Safe to call from any thread; used to stop a
-  // background watcher without waiting for its WAIT to time out.
+  // Makes a call blocked in another thread (typically a long WAIT, or a reconnect's backoff)
+  // fail at once with NetworkError, and every later call too. Safe to call from any thread;
+  // used to stop a background watcher without waiting for its WAIT to time out.
   void interrupt();
+  // Makes the call in progress on another thread fail at once with NetworkError (nothing
+  // happens when none is in progress). Unlike interrupt(), later calls work (reconnecting).
+  void cancelCall();
   // "host:port", as used in error messages.
   const std::string& address() const { return address_; }
   const TcpStoreOptions& options() const { return options_; }
@@ -88,6 +92,7 @@ class TcpStore final : public Store {
   bool connectedOnce_ = false;  // later reconnects are bounded by timeout(), not connectTimeout
   // interrupt(): the socket of the call in progress (-1 when none), guarded by interruptMu_.
   std::mutex interruptMu_;
+  std::condition_variable interruptCv_;  // wakes a reconnect backoff
   int activeFd_ = -1;
   bool interrupted_ = false;
 };
