@@ -81,12 +81,33 @@ Peer torchrunPeer(const std::string& python) {
           }};
 }
 
-// Starts argv in a process group of its own, output discarded, BENCH_AGENT=i in its env.
+// Where agents' stderr goes: one file per agent, shown when a run fails.
+std::string logFile(int i) {
+  return "/tmp/ddprun-bench-rdzv-" + std::to_string(::getpid()) + "-agent" + std::to_string(i) + ".log";
+}
+
+void showLogs(int n) {
+  for (int i = 0; i < n; ++i) {
+    std::ifstream in(logFile(i));
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    std::fprintf(stderr, "---- agent %d (%s), last lines:\n", i, logFile(i).c_str());
+    for (size_t k = lines.size() > 8 ? lines.size() - 8 : 0; k < lines.size(); ++k)
+      std::fprintf(stderr, "  %s\n", lines[k].c_str());
+  }
+}
+
+void removeLogs(int n) {
+  for (int i = 0; i < n; ++i) ::unlink(logFile(i).c_str());
+}
+
+// Starts argv in a process group of its own, stdout discarded, stderr to logFile(i),
+// BENCH_AGENT=i in its env.
 pid_t spawnAgent(const std::vector<std::string>& argv, int i) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   env.push_back("BENCH_AGENT=" + std::to_string(i));
-  env.push_back("DDPRUN_LOG_LEVEL=warn");
+  env.push_back("DDPRUN_LOG_LEVEL=info");
   std::vector<char*> a, e;
   for (auto& s : const_cast<std::vector<std::string>&>(argv)) a.push_back(s.data());
   a.push_back(nullptr);
@@ -99,7 +120,7 @@ pid_t spawnAgent(const std::vector<std::string>& argv, int i) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, logFile(i).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = -1;
   if (posix_spawn(&pid, a[0], &fa, &attr, a.data(), e.data()) != 0) pid = -1;
   posix_spawn_file_actions_destroy(&fa);
@@ -153,6 +174,8 @@ Result form(const Peer& peer, int n, Millis cap) {
   }
   cv.notify_all();
   watchdog.join();
+  if (capped || failed) showLogs(n);
+  removeLogs(n);
   if (capped) return {std::nullopt, "not done within " + std::to_string(cap.count() / 1000) + " s"};
   if (failed) return {std::nullopt, std::to_string(failed) + " agents failed"};
   return {seconds(t1 - t0), ""};
@@ -220,6 +243,7 @@ Result recovery(const Peer& peer, int n, Millis hbTimeout, Millis cap) {
   Result r;
   if (!log.waitFor(n, n, -1, Clock::now() + Millis(180'000))) {
     r.note = "the first round of " + std::to_string(n) + " did not start";
+    showLogs(n);
   } else {
     const int victim = n - 1;  // never the store host (agent 0)
     const auto t0 = Clock::now();
@@ -233,9 +257,11 @@ Result recovery(const Peer& peer, int n, Millis hbTimeout, Millis cap) {
                " s (cf. pytorch#111646)";
     }
   }
+  if (r.note == "over the bound" || (!r.seconds && peer.name == "ddprun")) showLogs(n);
   killAll(pids);
   log.killWorkers(-1);
   ::unlink(logPath.c_str());
+  removeLogs(n);
   return r;
 }
 

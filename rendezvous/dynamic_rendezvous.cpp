@@ -84,18 +84,19 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
   main_ = connect();
   log_ = std::make_unique<StateLog>(*main_->store, lim);
   checkSettings();
+  // The background threads connect on their own threads, off the join's critical path.
   if (options_.heartbeat.interval.count() > 0) {
     auto onError = [this](std::exception_ptr e) { onBackgroundError(e); };
-    writer_ = std::make_unique<HeartbeatWriter>(connect()->store, self_.id, options_.heartbeat,
-                                                onError);
-    auto connectMonitor = [this] {
+    auto connectOne = [this] {
       std::shared_ptr<Connection> c = connect();
-      return InterruptibleStore{c->store, [c] { c->tcp->interrupt(); }};
+      return InterruptibleStore{c->store, [c] { c->tcp->interrupt(); },
+                                [c] { c->tcp->cancelCall(); }};
     };
-    monitor_ = std::make_unique<HeartbeatMonitor>(connectMonitor, self_.id, options_.heartbeat,
-                                                  lim, view_, onError);
+    writer_ = std::make_unique<HeartbeatWriter>(connectOne, *main_->store, self_.id,
+                                                options_.heartbeat, onError);
+    monitor_ = std::make_unique<HeartbeatMonitor>(connectOne, self_.id, options_.heartbeat, lim,
+                                                  view_, onError);
   }
-  watcherConn_ = connect();
   watcher_ = std::thread([this] { watcherLoop(); });
   DDPRUN_LOG(INFO, "rendezvous") << "node " << self_.id << " joined rendezvous '"
                                  << options_.runId << "' at " << main_->tcp->address();
@@ -103,11 +104,11 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
 
 DynamicRendezvous::~DynamicRendezvous() {
   {
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard<std::mutex> g(mu_);  // the watcher publishes its connection under mu_
     stopping_ = true;
+    if (watcherConn_) watcherConn_->tcp->interrupt();
   }
   cv_.notify_all();
-  if (watcherConn_) watcherConn_->tcp->interrupt();
   if (watcher_.joinable()) watcher_.join();
   monitor_.reset();
   writer_.reset();
@@ -324,8 +325,9 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
       }
     }
   }
+  // The job is over: stop beating; the keys die with the store (no round trips spent on them).
   if (monitor_) monitor_->stop();
-  if (writer_) writer_->stop(true);
+  if (writer_) writer_->stop(false);
   return AfterSuccess::Finished;
 }
 
@@ -356,6 +358,15 @@ void DynamicRendezvous::watch(int64_t round) {
 // Waits on `round/<r>/over` of the round the agent runs in, and tells the agent when it
 // fires -- unless the agent has moved on (disarmed) by then.
 void DynamicRendezvous::watcherLoop() {
+  try {
+    auto c = connect();
+    std::lock_guard<std::mutex> g(mu_);
+    if (stopping_) return;
+    watcherConn_ = std::move(c);
+  } catch (const Error&) {
+    onBackgroundError(std::current_exception());
+    return;
+  }
   StateLog log(*watcherConn_->store, options_.limits);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {

@@ -21,29 +21,41 @@ std::string ringSuccessor(const std::vector<std::string>& ids, const std::string
 
 // ---- HeartbeatWriter ----
 
-HeartbeatWriter::HeartbeatWriter(std::shared_ptr<Store> store, std::string id,
+HeartbeatWriter::HeartbeatWriter(ConnectFn connect, Store& first, std::string id,
                                  HeartbeatOptions options, ErrorFn onError)
-    : store_(std::move(store)), id_(std::move(id)), options_(options),
+    : connect_(std::move(connect)), id_(std::move(id)), options_(options),
       onError_(std::move(onError)) {
-  beat();
+  beat(first);
   thread_ = std::thread([this] { run(); });
 }
 
 HeartbeatWriter::~HeartbeatWriter() { stop(false); }
 
-void HeartbeatWriter::beat() {
-  last_ = store_->add(heartbeatCounterKey(id_), 1);  // a round trip: proves the store is there
-  store_->set(heartbeatKey(id_, last_), "");
-  if (last_ > 2) store_->deleteKey(heartbeatKey(id_, last_ - 2));
+void HeartbeatWriter::beat(Store& store) {
+  last_ = store.add(heartbeatCounterKey(id_), 1);  // a round trip: proves the store is there
+  store.set(heartbeatKey(id_, last_), "");
+  if (last_ > 2) store.deleteKey(heartbeatKey(id_, last_ - 2));
 }
 
 void HeartbeatWriter::run() {
+  try {
+    InterruptibleStore c = connect_();
+    std::lock_guard<std::mutex> g(mu_);
+    if (stopping_) return;
+    conn_ = std::move(c);
+  } catch (const Error&) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool report = !stopping_;
+    lock.unlock();
+    if (report) onError_(std::current_exception());
+    return;
+  }
   std::unique_lock<std::mutex> lock(mu_);
   int failures = 0;
   while (!cv_.wait_for(lock, options_.interval, [&] { return stopping_; })) {
     lock.unlock();
     try {
-      beat();
+      beat(*conn_.store);
       failures = 0;
     } catch (const Error& e) {
       // One retry (the next call reconnects, bounded by the store's timeout), then give up.
@@ -65,14 +77,15 @@ void HeartbeatWriter::stop(bool clear) {
     std::lock_guard<std::mutex> g(mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
+    if (conn_.interrupt && !clear) conn_.interrupt();  // a beat in progress: cut it short
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (!clear) return;
+  if (!clear || !conn_.store) return;
   try {
-    store_->deleteKey(heartbeatCounterKey(id_));
+    conn_.store->deleteKey(heartbeatCounterKey(id_));
     for (int64_t k = std::max<int64_t>(1, last_ - 2); k <= last_; ++k)
-      store_->deleteKey(heartbeatKey(id_, k));
+      conn_.store->deleteKey(heartbeatKey(id_, k));
   } catch (const Error& e) {
     DDPRUN_LOG(DEBUG, "rendezvous") << "could not delete heartbeat keys: " << e.what();
   }
@@ -83,7 +96,7 @@ void HeartbeatWriter::stop(bool clear) {
 HeartbeatMonitor::HeartbeatMonitor(ConnectFn connect, std::string self, HeartbeatOptions options,
                                    JobLimits limits, StateView& view, ErrorFn onError)
     : connect_(std::move(connect)), self_(std::move(self)), options_(options), limits_(limits),
-      view_(view), onError_(std::move(onError)), conn_(connect_()) {
+      view_(view), onError_(std::move(onError)) {
   view_.onChange([this] { onViewChange(); });
   thread_ = std::thread([this] { run(); });
 }
@@ -93,7 +106,7 @@ HeartbeatMonitor::~HeartbeatMonitor() { stop(); }
 void HeartbeatMonitor::stop() {
   if (!stopping_.exchange(true)) {
     view_.onChange(nullptr);
-    std::lock_guard<std::mutex> g(connMu_);
+    std::lock_guard<std::mutex> g(connMu_);  // run() checks stopping_ under it once connected
     if (conn_.interrupt) conn_.interrupt();
   }
   view_.stop();
@@ -102,17 +115,24 @@ void HeartbeatMonitor::stop() {
 
 void HeartbeatMonitor::onViewChange() {
   std::lock_guard<std::mutex> g(connMu_);
-  retarget_ = true;
-  if (conn_.interrupt) conn_.interrupt();
+  ++cancels_;
+  if (conn_.cancelCall) conn_.cancelCall();
 }
 
 void HeartbeatMonitor::run() {
   try {
+    InterruptibleStore c = connect_();
+    {
+      std::lock_guard<std::mutex> g(connMu_);
+      if (stopping_) return;
+      conn_ = std::move(c);
+    }
     while (!stopping_) {
       const Versioned v = view_.get();
       const std::vector<std::string> ids = v.state.allIds();
       const bool inRing = std::binary_search(ids.begin(), ids.end(), self_);
       const std::string target = inRing ? ringSuccessor(ids, self_) : std::string();
+      const uint64_t cancels = cancels_;
       try {
         if (target.empty()) {
           if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
@@ -120,11 +140,9 @@ void HeartbeatMonitor::run() {
         }
         if (watch(target, v.version)) evict(target);
       } catch (const NetworkError&) {
-        if (stopping_ || !retarget_.exchange(false)) throw;
-        // Cut short by a state change: a new connection, then the ring again.
-        InterruptibleStore fresh = connect_();
-        std::lock_guard<std::mutex> g(connMu_);
-        std::swap(conn_, fresh);
+        // Cut short by a state change (cancelCall): read the ring again; the connection
+        // reconnects on its next call. Without a cancel it is a real failure.
+        if (stopping_ || cancels_ == cancels) throw;
       }
     }
   } catch (const Error&) {

@@ -40,44 +40,50 @@ std::string heartbeatKey(const std::string& id, int64_t beat);
 // The node a member of `ids` (sorted) watches: the next one around the ring; empty when alone.
 std::string ringSuccessor(const std::vector<std::string>& ids, const std::string& self);
 
+// A store connection that another thread can cut short (TcpStore::interrupt).
+struct InterruptibleStore {
+  std::shared_ptr<Store> store;
+  std::function<void()> interrupt;   // for good: every later call fails (stop)
+  std::function<void()> cancelCall;  // only the call in progress, if any
+};
+
+// Opens a new connection (the heartbeat threads each use their own).
+using ConnectFn = std::function<InterruptibleStore()>;
+
 class HeartbeatWriter {
  public:
   using ErrorFn = std::function<void(std::exception_ptr)>;
-  // Writes the first beat before returning (throws when the store is unreachable).
-  HeartbeatWriter(std::shared_ptr<Store> store, std::string id, HeartbeatOptions options,
+  // Writes the first beat on `first` before returning (throws when the store is unreachable);
+  // later beats go over a connection of the writer's own, made on its thread.
+  HeartbeatWriter(ConnectFn connect, Store& first, std::string id, HeartbeatOptions options,
                   ErrorFn onError);
   ~HeartbeatWriter();
   // Stops beating; with `clear`, deletes this node's beat keys (a clean leave).
   void stop(bool clear);
 
  private:
-  void beat();
+  void beat(Store& store);
   void run();
 
-  std::shared_ptr<Store> store_;
+  ConnectFn connect_;
   std::string id_;
   HeartbeatOptions options_;
   ErrorFn onError_;
   int64_t last_ = 0;
-  std::mutex mu_;
+  std::mutex mu_;  // guards stopping_ and conn_
   std::condition_variable cv_;
   bool stopping_ = false;
+  InterruptibleStore conn_;
   std::thread thread_;
-};
-
-// A store connection that another thread can cut short (TcpStore::interrupt).
-struct InterruptibleStore {
-  std::shared_ptr<Store> store;
-  std::function<void()> interrupt;
 };
 
 class HeartbeatMonitor {
  public:
   using ErrorFn = std::function<void(std::exception_ptr)>;
-  using ConnectFn = std::function<InterruptibleStore()>;
-  // Registers on `view`: when the state changes, the WAIT in progress is cut short (and the
-  // connection replaced by a new one from `connect`), so the ring is re-read at once -- a node
-  // that must now be watched is watched from that moment, not after the old target's next beat.
+  // Connects on its own thread. Registers on `view`: when the state changes, the WAIT in
+  // progress is cut short (cancelCall), so the ring is re-read at once -- a node that must now
+  // be watched is watched from that moment, not after the old target's next beat. (A change
+  // landing between two calls is seen before the next WAIT, or after the next beat.)
   HeartbeatMonitor(ConnectFn connect, std::string self, HeartbeatOptions options,
                    JobLimits limits, StateView& view, ErrorFn onError);
   ~HeartbeatMonitor();
@@ -97,10 +103,10 @@ class HeartbeatMonitor {
   JobLimits limits_;
   StateView& view_;
   ErrorFn onError_;
-  std::mutex connMu_;  // conn_ is replaced by the monitor's thread, interrupted by others
+  std::mutex connMu_;  // conn_ is set once by the monitor's thread, cut short by others
   InterruptibleStore conn_;
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> retarget_{false};
+  std::atomic<uint64_t> cancels_{0};  // calls cut short by state changes, so far
   std::thread thread_;
 };
 
