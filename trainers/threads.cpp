@@ -43,11 +43,11 @@ ThreadSetup configureThreads(int localWorldSize) {
   auto setBlasThreads =
       reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   auto getConfig = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
-  if (setBlasThreads) setBlasThreads(setup.threads);
+  if (setBlasThreads) setBlasThreads(1);
   if (library.find("openblas") != std::string::npos) {
     setup.openblas = true;
-    setup.blas = std::string(getConfig ? getConfig() : "OpenBLAS") + ", " +
-                 std::to_string(setup.threads) + " thread(s), " + library;
+    setup.blas = std::string(getConfig ? getConfig() : "OpenBLAS") + " (1 thread; LibTorch " +
+                 std::to_string(setup.threads) + "), " + library;
   } else {
     setup.blas = (library.empty() ? std::string("unknown") : library) +
                  ": not OpenBLAS, matrix products are about 4x slower "

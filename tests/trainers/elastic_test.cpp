@@ -135,7 +135,7 @@ TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-ident
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
-TEST_CASE("without restarts left the job fails; started again it resumes and matches",
+TEST_CASE("a job that fails without restarts left resumes when started again and matches",
           "[elastic][slow]") {
   if (!haveData()) {
     WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");

@@ -86,7 +86,7 @@ TEST_CASE("a bad CRC in the gzip trailer is caught", "[data][errors]") {
   REQUIRE_THROWS_WITH(loadMnist({.dir = dir.path()}), Contains(labels) && Contains("corrupt"));
 }
 
-TEST_CASE("wrong magic, shape, counts and labels are named", "[data][errors]") {
+TEST_CASE("wrong magic or shape or counts or labels are named", "[data][errors]") {
   TempDir dir;
   writeSplit(dir.path(), "train", 10);
   const std::string images = dir / "train-images-idx3-ubyte.gz";

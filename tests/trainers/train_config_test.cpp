@@ -18,7 +18,7 @@ std::string writeConfig(const TempDir& dir, const std::string& text) {
 }
 }  // namespace
 
-TEST_CASE("flags override the file, the file overrides the defaults", "[config]") {
+TEST_CASE("flags override the file and the file overrides the defaults", "[config]") {
   TempDir dir;
   const auto file = writeConfig(dir, R"({"lr": 0.2, "batch_size": 32, "epochs": 3})");
   const auto c = loadTrainConfig({.file = file, .flags = {{"batch_size", "128"}, {"evaluate", "false"}}});
@@ -51,7 +51,7 @@ TEST_CASE("every setting round-trips through JSON", "[config]") {
   CHECK(settings().size() == toJson(c).size());
 }
 
-TEST_CASE("bad config files are reported with the file, the key and the value", "[config][errors]") {
+TEST_CASE("bad config files are reported with the file and the key and the value", "[config][errors]") {
   TempDir dir;
   CHECK_THROWS_WITH(loadTrainConfig({.file = dir / "missing.json"}),
                     Contains("missing.json") && Contains("cannot be opened"));

@@ -29,7 +29,7 @@ TEST_CASE("step multiplies by gamma every stepEpochs epochs", "[schedule]") {
   CHECK(learningRate(o, 45) == 0.25);
 }
 
-TEST_CASE("warm-up ramps linearly, then the schedule applies", "[schedule]") {
+TEST_CASE("warm-up ramps linearly and then the schedule applies", "[schedule]") {
   const LrScheduleOptions o{.kind = "constant", .base = 0.4, .warmupSteps = 4};
   CHECK(learningRate(o, 0) == Approx(0.1));
   CHECK(learningRate(o, 3) == Approx(0.4));
@@ -62,7 +62,7 @@ TEST_CASE("a resumed metrics file drops the steps that will be redone", "[metric
   CHECK(readFile(path).size() == std::string("{\"step\":1}\n").size());
 }
 
-TEST_CASE("progress lines carry epoch, step, loss, rate and ETA", "[metrics]") {
+TEST_CASE("progress lines carry epoch and step and loss and rate and ETA", "[metrics]") {
   const Progress p{.epoch = 2, .epochs = 4, .step = 200, .totalSteps = 1872, .loss = 0.52314,
                    .lr = 0.0498, .samplesPerSec = 9812.4, .etaSeconds = 93};
   CHECK(formatProgress(p) ==
@@ -71,7 +71,7 @@ TEST_CASE("progress lines carry epoch, step, loss, rate and ETA", "[metrics]") {
   CHECK(formatDuration(-4) == "0:00");
 }
 
-TEST_CASE("models map [B, 784] to [B, 10] and are reproducible from the seed", "[models]") {
+TEST_CASE("models map B x 784 pixels to B x 10 logits and are reproducible from the seed", "[models]") {
   for (const char* name : {"mlp", "cnn"}) {
     INFO(name);
     torch::manual_seed(3);
