@@ -288,6 +288,10 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   inRound_ = false;
   const int64_t r = round_.round;
   auto& store = *main_->store;
+  // From now on a late node waits rather than making every node redo finished work.
+  current_ = log_->update(current_, [&](const RoundState& s) {
+    return transition::beginFinish(s, r);
+  }).now;
   const int64_t done = store.add("round/" + std::to_string(r) + "/done", 1);
   if (done == round_.nodeCount) {
     current_ = log_->update(current_, [&](const RoundState& s) {

@@ -113,6 +113,11 @@ void HeartbeatMonitor::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+uint64_t HeartbeatMonitor::cancelCount() {
+  std::lock_guard<std::mutex> g(connMu_);
+  return cancels_;
+}
+
 void HeartbeatMonitor::onViewChange() {
   std::lock_guard<std::mutex> g(connMu_);
   ++cancels_;
@@ -127,23 +132,31 @@ void HeartbeatMonitor::run() {
       if (stopping_) return;
       conn_ = std::move(c);
     }
+    int failures = 0;  // consecutive store failures that were not cancels
     while (!stopping_) {
       const Versioned v = view_.get();
       const std::vector<std::string> ids = v.state.allIds();
       const bool inRing = std::binary_search(ids.begin(), ids.end(), self_);
       const std::string target = inRing ? ringSuccessor(ids, self_) : std::string();
-      const uint64_t cancels = cancels_;
+      // Read under connMu_, as onViewChange() counts and cancels in one critical section.
+      const uint64_t cancels = cancelCount();
       try {
         if (target.empty()) {
           if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
           continue;
         }
         if (watch(target, v.version)) evict(target);
-      } catch (const NetworkError&) {
+      } catch (const NetworkError& e) {
         // Cut short by a state change (cancelCall): read the ring again; the connection
-        // reconnects on its next call. Without a cancel it is a real failure.
-        if (stopping_ || cancels_ == cancels) throw;
+        // reconnects on its next call. Otherwise retry once before calling the store lost.
+        if (stopping_) throw;
+        if (cancelCount() == cancels) {
+          if (++failures >= 2) throw;
+          DDPRUN_LOG(WARN, "rendezvous") << "heartbeat monitor: " << e.what() << "; retrying";
+        }
+        continue;
       }
+      failures = 0;
     }
   } catch (const Error&) {
     if (!stopping_) onError_(std::current_exception());

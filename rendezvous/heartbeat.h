@@ -95,6 +95,7 @@ class HeartbeatMonitor {
   bool watch(const std::string& target, int64_t seenVersion);
   void evict(const std::string& target);
   void onViewChange();
+  uint64_t cancelCount();
   Store& store() { return *conn_.store; }
 
   ConnectFn connect_;
@@ -106,7 +107,7 @@ class HeartbeatMonitor {
   std::mutex connMu_;  // conn_ is set once by the monitor's thread, cut short by others
   InterruptibleStore conn_;
   std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> cancels_{0};  // calls cut short by state changes, so far
+  uint64_t cancels_ = 0;  // calls cut short by state changes so far (guarded by connMu_)
   std::thread thread_;
 };
 

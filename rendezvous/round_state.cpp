@@ -97,8 +97,9 @@ std::string encodeState(const RoundState& s) {
      << "round " << s.round << '\n'
      << "phase " << phaseName(s.phase) << '\n'
      << "restarts " << s.restarts << '\n'
-     << "exit " << s.exitCode << '\n'
-     << "reason " << oneLine(s.reason) << '\n';
+     << "exit " << s.exitCode << '\n';
+  if (s.finishing) os << "finishing 1\n";
+  os << "reason " << oneLine(s.reason) << '\n';
   for (const auto& n : s.members) encodeNode(os, "member", n);
   for (const auto& n : s.waiting) encodeNode(os, "waiting", n);
   for (const auto& n : s.expected) encodeNode(os, "expected", n);
@@ -139,6 +140,10 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       if (!(ls >> s.restarts) || s.restarts < 0) throw bad("restarts: '" + line + "'");
     } else if (tag == "exit") {
       if (!(ls >> s.exitCode)) throw bad("exit: '" + line + "'");
+    } else if (tag == "finishing") {
+      int f = 0;
+      if (!(ls >> f) || (f != 0 && f != 1)) throw bad("finishing: '" + line + "'");
+      s.finishing = f == 1;
     } else if (tag == "member" || tag == "waiting" || tag == "expected") {
       NodeInfo n;
       int port = 0;
@@ -267,7 +272,7 @@ std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const 
   // Closed.
   for (const auto& w : s.waiting)
     if (w.id == node.id) return std::nullopt;
-  if (static_cast<int>(s.members.size()) < lim.maxNodes) {
+  if (static_cast<int>(s.members.size()) < lim.maxNodes && !s.finishing) {
     checkFixedRank(s.members, node, lim);
     RoundState next = openNext(s, "", describe(node) + " arrived");
     NodeInfo n = node;
@@ -326,6 +331,13 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
   next.waiting.clear();
   next.reason = reason + " and no restart is left (max_restarts=" +
                 std::to_string(lim.maxRestarts) + ")";
+  return next;
+}
+
+std::optional<RoundState> beginFinish(const RoundState& s, int64_t round) {
+  if (s.phase != Phase::Closed || s.round != round || s.finishing) return std::nullopt;
+  RoundState next = s;
+  next.finishing = true;
   return next;
 }
 

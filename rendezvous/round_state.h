@@ -59,6 +59,7 @@ struct RoundState {
   std::vector<NodeInfo> members;  // Joining: join order; Closed/Finished/Failed: rank order
   std::vector<NodeInfo> waiting;  // Closed: arrivals while the round was full
   std::vector<NodeInfo> expected; // Joining: nodes of the round before, awaited back (prevRank set)
+  bool finishing = false;         // Closed: some node's workers have succeeded (exit barrier)
   int exitCode = 0;               // Failed: the root cause's exit code
   std::string reason;             // why this round was opened / the job ended (one line)
 
@@ -85,7 +86,8 @@ namespace transition {
 
 // `node` asks to take part. Joining: it becomes a member (closing the round when it reaches
 // MAX, or MIN with every expected node back). Closed with room: it opens round r+1 with the
-// members expected back. Closed and full: it waits. Throws ConfigError when its fixed rank is
+// members expected back. Closed and full, or finishing: it waits (finished work is never redone
+// because a node came late). Throws ConfigError when its fixed rank is
 // out of range or already taken, and JobEndedError when the job has finished or failed.
 std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const JobLimits& lim);
 
@@ -102,6 +104,10 @@ std::optional<RoundState> remove(const RoundState& s, const std::string& id,
 std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const std::string& id,
                                       int exitCode, const std::string& reason,
                                       const JobLimits& lim);
+
+// The first node whose workers succeeded in round `round` enters the exit barrier: from now on
+// arrivals wait instead of opening a new round (failures and departures still re-form).
+std::optional<RoundState> beginFinish(const RoundState& s, int64_t round);
 
 // Every node's workers succeeded in round `round`: the job is Finished.
 std::optional<RoundState> finish(const RoundState& s, int64_t round);

@@ -27,8 +27,10 @@ def main():
         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE")}
     record.update(started=started, passed=time.time(), sum=t.item(), expected=expected)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "start-%d-%f.json" % (os.getpid(), started)), "w") as f:
+    path = os.path.join(a.out, "start-%d-%f.json" % (os.getpid(), started))
+    with open(path + ".tmp", "w") as f:  # rename: the test never reads half a record
         json.dump(record, f)
+    os.rename(path + ".tmp", path)
     print("rank %d of %d: all_reduce sum %g (expected %g)" % (rank, world, t.item(), expected),
           flush=True)
     if t.item() != expected:

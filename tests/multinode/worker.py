@@ -90,8 +90,10 @@ def main():
     store.wait("gate")
     record = dict(env, pid=os.getpid(), started=started, arrived=arrived, passed=time.time())
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "start-%d-%f.json" % (os.getpid(), started)), "w") as f:
+    path = os.path.join(a.out, "start-%d-%f.json" % (os.getpid(), started))
+    with open(path + ".tmp", "w") as f:  # rename: the test never reads half a record
         json.dump(record, f)
+    os.rename(path + ".tmp", path)
     print("worker rank %d of %d started (node rank %d)" % (rank, world, group), flush=True)
 
     if local == 0 and a.always_fail and group == a.always_fail[0]:

@@ -166,3 +166,21 @@ TEST_CASE("interrupt() cancels a waiting join; the agent can still leave", "[rdz
   auto r = allNextRound({b.get(), c.get()});
   CHECK(r[0].nodeCount == 2);  // a is gone: b and c form the round by themselves
 }
+
+TEST_CASE("a node arriving during the exit barrier does not make finished nodes redo work",
+          "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  auto a = makeAgent(agentOptions(server.port(), "late", 2, lim));
+  auto b = makeAgent(agentOptions(server.port(), "late", 3, lim));
+  allNextRound({a.get(), b.get()});
+  auto fa = std::async(std::launch::async, [&] { return a->rdzv->finishRound(); });
+  CHECK(fa.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  auto c = makeAgent(agentOptions(server.port(), "late", 4, lim));
+  auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
+  CHECK(fc.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);  // waits
+  CHECK(b->events.size() == 0);  // b's workers were not restarted for c
+  CHECK(b->rdzv->finishRound() == DynamicRendezvous::AfterSuccess::Finished);
+  CHECK(fa.get() == DynamicRendezvous::AfterSuccess::Finished);
+  CHECK_THROWS_WITH(fc.get(), Catch::Contains("already finished"));
+}

@@ -144,6 +144,27 @@ TEST_CASE("worker failures spend the job-wide budget once, then fail the job", "
   CHECK_THROWS_AS(transition::join(*failed, node("d3"), lim), JobEndedError);
 }
 
+TEST_CASE("once a node is finishing, arrivals wait instead of restarting", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  RoundState s = joinAll({}, {node("f1"), node("f2")}, lim);
+  s = *transition::closeAtDeadline(s, 0, lim);
+  CHECK_FALSE(transition::beginFinish(s, 7).has_value());
+  RoundState fin = *transition::beginFinish(s, 0);
+  CHECK(fin.finishing);
+  CHECK_FALSE(transition::beginFinish(fin, 0).has_value());  // once
+  auto w = transition::join(fin, node("f3"), lim);
+  REQUIRE(w);
+  CHECK(w->round == 0);  // no new round: f3 waits
+  CHECK(w->waiting.size() == 1);
+  // A failure still restarts everybody, and the new round is not finishing.
+  auto r1 = transition::failWorkers(*w, 0, node("f2").id, 1, "exit 1",
+                                    JobLimits{.minNodes = 1, .maxNodes = 3, .maxRestarts = 1});
+  REQUIRE(r1);
+  CHECK_FALSE(r1->finishing);
+  CHECK(r1->expected.size() == 3);
+  CHECK(decodeState(encodeState(fin), "k") == fin);
+}
+
 TEST_CASE("finish ends the job only from the round it names", "[rdzv][state]") {
   JobLimits lim{.minNodes = 1, .maxNodes = 1};
   RoundState s = joinAll({}, {node("e1")}, lim);
