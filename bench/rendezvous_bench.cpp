@@ -81,8 +81,11 @@ Peer torchrunPeer(const std::string& python) {
           }};
 }
 
-// Where agents' stderr goes: one file per agent, shown when a run fails.
+// Where agents' stderr goes: one file per agent, shown when a run fails, kept with --keep-logs.
+std::string gKeepLogs;  // --keep-logs DIR
+
 std::string logFile(int i) {
+  if (!gKeepLogs.empty()) return gKeepLogs + "/agent" + std::to_string(i) + ".log";
   return "/tmp/ddprun-bench-rdzv-" + std::to_string(::getpid()) + "-agent" + std::to_string(i) + ".log";
 }
 
@@ -98,6 +101,7 @@ void showLogs(int n) {
 }
 
 void removeLogs(int n) {
+  if (!gKeepLogs.empty()) return;
   for (int i = 0; i < n; ++i) ::unlink(logFile(i).c_str());
 }
 
@@ -289,6 +293,9 @@ int benchRendezvous(int argc, char** argv) {
   app.add_flag("--no-torchrun", noTorchrun, "ddprun only");
   app.add_option("--torch-python", python, "python3 with torch (Debian's python3-torch)");
   app.add_option("--csv", csv, "where to write the results");
+  app.add_option("--keep-logs", gKeepLogs, "keep each agent's log in this directory (last run)");
+  std::string only;
+  app.add_option("--only", only, "run one scenario")->check(CLI::IsMember({"form", "recovery"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -324,6 +331,7 @@ int benchRendezvous(int argc, char** argv) {
         << note << "\"\n";
   };
   for (int n : sizes) {
+    if (only == "recovery") break;
     std::vector<Result> rs;
     for (const auto& p : peers) {
       const int runs = p.name == "torchrun" && n > 16 ? 1 : repeat;  // torchrun: ~1 s CPU per agent
@@ -340,6 +348,7 @@ int benchRendezvous(int argc, char** argv) {
     row("form+run", n, rs, n == 64 ? "ddprun < 0.3 s" : "");
   }
   for (int n : sizes) {
+    if (only == "form") break;
     std::vector<Result> rs;
     for (const auto& p : peers) rs.push_back(recovery(p, n, hbTimeout, hbTimeout + Millis(10'000)));
     row("recovery", n, rs, "ddprun <= heartbeat timeout 3 s + 0.2 s");

@@ -288,11 +288,14 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   inRound_ = false;
   const int64_t r = round_.round;
   auto& store = *main_->store;
-  // From now on a late node waits rather than making every node redo finished work.
-  current_ = log_->update(current_, [&](const RoundState& s) {
-    return transition::beginFinish(s, r);
-  }).now;
   const int64_t done = store.add("round/" + std::to_string(r) + "/done", 1);
+  if (done == 1) {
+    // The first to finish: from now on a late node waits rather than making every node redo
+    // finished work.
+    current_ = log_->update(current_, [&](const RoundState& s) {
+      return transition::beginFinish(s, r);
+    }).now;
+  }
   if (done == round_.nodeCount) {
     current_ = log_->update(current_, [&](const RoundState& s) {
       return transition::finish(s, r);
