@@ -16,13 +16,14 @@ MetricsFile::MetricsFile(std::string path, int64_t resumeStep) : path_(std::move
     std::ifstream in(path_);
     std::string line;
     while (std::getline(in, line)) {
-      // Keep what cannot be parsed or has no step (config lines); drop steps to be redone.
+      // Drop steps to be redone, and a line torn by a kill in mid-write; keep the rest.
       const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+      if (!record.is_object()) continue;
+      if (record.contains("step") && record["step"].is_number_integer() &&
           record["step"].get<int64_t>() > resumeStep) {
         continue;
       }
-      if (!line.empty()) kept.push_back(line);
+      kept.push_back(line);
     }
   }
   const auto parent = std::filesystem::path(path_).parent_path();

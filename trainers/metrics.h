@@ -23,7 +23,8 @@ class MetricsFile {
   // resumeStep < 0: a fresh run; the file is truncated. resumeStep >= 0: the run resumes from a
   // checkpoint of that step; records with a larger "step" (written by an attempt that died after
   // its last checkpoint, and about to be redone) are dropped, so the file never shows a step
-  // twice. Throws ConfigError when the file cannot be written.
+  // twice; so is a last line torn by a kill in mid-write. Throws ConfigError when the file cannot
+  // be written.
   MetricsFile(std::string path, int64_t resumeStep);
 
   // Appends one record and flushes it, so a crash loses nothing already written.

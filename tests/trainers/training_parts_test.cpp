@@ -44,6 +44,7 @@ TEST_CASE("a resumed metrics file drops the steps that will be redone", "[metric
     m.write({{"kind", "config"}});
     for (int step : {10, 20, 30, 40}) m.write({{"kind", "train"}, {"step", step}});
   }
+  std::ofstream(path, std::ios::app) << R"({"kind":"train","st)";  // torn by a kill
   {
     MetricsFile m(path, 20);  // resumed from the checkpoint of step 20
     m.write({{"kind", "train"}, {"step", 30}});
