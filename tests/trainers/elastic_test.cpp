@@ -256,3 +256,30 @@ TEST_CASE("bad data and bad settings end the job with one clear message", "[elas
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Contains("mnist_cnn trains the cnn model (use mnist_mlp)"));
 }
+
+TEST_CASE("mnist_cnn trains under ddprun and its loss falls", "[elastic][slow]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  TempDir dir;
+  const auto r = runJob(underDdprun(2, {kBin + "/mnist_cnn", "--config",
+                                        std::string(DDPRUN_SOURCE_DIR) + "/configs/mnist_cnn.json",
+                                        "--train-limit", "3200", "--test-limit", "500",
+                                        "--epochs", "1", "--warmup-steps", "10",
+                                        "--log-interval", "10", "--checkpoint-dir",
+                                        dir / "ckpt", "--metrics", dir / "metrics.jsonl"}),
+                        dir / "log");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Contains("training cnn on 3200 examples, 2 rank(s) x batch 64"));
+  CHECK_THAT(r.output, Contains("done: 25 steps"));
+  std::vector<double> losses;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") losses.push_back(j["loss"].get<double>());
+  }
+  REQUIRE(losses.size() == 3);  // steps 10, 20, 25
+  CHECK(losses.back() < losses.front());
+}
