@@ -1,5 +1,8 @@
 #include "worker_runtime/gloo_communicator.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,7 +18,7 @@
 #include "rendezvous/errors.h"
 #include "rendezvous/log.h"
 #include "rendezvous/prefix_store.h"
-#include "worker_runtime/gloo_allreduce.h"
+#include "worker_runtime/mesh_allreduce.h"
 #include "worker_runtime/gloo_store_adapter.h"
 #include "worker_runtime/reduce.h"
 #include "worker_runtime/work_queue.h"
@@ -51,6 +54,34 @@ std::shared_ptr<gloo::transport::Device> makeDevice(const GlooOptions& o) {
   }
 }
 
+// The address other ranks reach this one at for the allreduce mesh: as for Gloo's device.
+std::string meshHost(const GlooOptions& o) {
+  if (!o.hostname.empty()) return o.hostname;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    ifaddrs* list = nullptr;
+    std::string found;
+    if (::getifaddrs(&list) == 0) {
+      for (ifaddrs* a = list; a; a = a->ifa_next) {
+        if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET && std::string(a->ifa_name) == ifname) {
+          char text[INET_ADDRSTRLEN];
+          ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                      sizeof(text));
+          found = text;
+          break;
+        }
+      }
+      ::freeifaddrs(list);
+    }
+    if (found.empty()) {
+      throw ConfigError(std::string("GLOO_SOCKET_IFNAME=") + ifname +
+                        ": no such interface with an IPv4 address");
+    }
+    return found;
+  }
+  char host[256] = {};
+  return ::gethostname(host, sizeof(host) - 1) == 0 ? host : "127.0.0.1";
+}
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<rendezvous::Store> store, GlooOptions options)
@@ -74,7 +105,10 @@ class GlooCommunicator final : public Communicator {
                          " could not connect to its peers: " + e.what());
     }
     context_ = context;
-    allreduce_ = std::make_unique<GlooAllreduce>(context_);
+    if (options_.size > 1) {
+      allreduce_ = std::make_unique<MeshAllreduce>(std::make_unique<TcpMesh>(
+          *scoped, "mesh", options_.rank, options_.size, meshHost(options_), options_.timeout));
+    }
   }
 
   ~GlooCommunicator() override { queue_.drain(); }
@@ -150,22 +184,32 @@ class GlooCommunicator final : public Communicator {
       const ReduceBuffer buf{t.data_ptr(), n, t.scalar_type()};
       const auto deadline = Clock::now() + options_.timeout;
       const ReduceOp kernelOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-      if (useDirect(t.nbytes())) {
-        allreduce_->direct(buf, kernelOp, deadline);
-      } else {
-        allreduce_->ring(buf, kernelOp, deadline, {.segmentBytes = options_.ringSegmentBytes});
+      const RingTuning tuning{.segmentBytes = options_.ringSegmentBytes,
+                              .window = options_.ringWindow};
+      switch (algorithmFor(t.nbytes())) {
+        case AllreduceAlgorithm::Direct: allreduce_->direct(buf, kernelOp, deadline); break;
+        case AllreduceAlgorithm::HalvingDoubling:
+          allreduce_->halvingDoubling(buf, kernelOp, deadline, tuning);
+          break;
+        case AllreduceAlgorithm::Ring:
+        case AllreduceAlgorithm::Auto: allreduce_->ring(buf, kernelOp, deadline, tuning); break;
       }
       if (op == ReduceOp::Avg) divideBy(buf.ptr, n, buf.type, size());
     });
   }
 
-  bool useDirect(size_t bytes) const {
-    switch (options_.allreduce) {
-      case AllreduceAlgorithm::Direct: return true;
-      case AllreduceAlgorithm::Ring: return false;
-      case AllreduceAlgorithm::Auto: break;
+  AllreduceAlgorithm algorithmFor(size_t bytes) const {
+    const bool powerOfTwo = (size() & (size() - 1)) == 0;
+    if (options_.allreduce == AllreduceAlgorithm::HalvingDoubling && !powerOfTwo) {
+      return AllreduceAlgorithm::Ring;
     }
-    return bytes * static_cast<size_t>(size() - 1) <= options_.directMaxBytes;
+    if (options_.allreduce != AllreduceAlgorithm::Auto) return options_.allreduce;
+    if (bytes * static_cast<size_t>(size() - 1) <= options_.directMaxBytes) {
+      return AllreduceAlgorithm::Direct;
+    }
+    const bool hd = powerOfTwo && options_.preferHalvingDoubling &&
+                    bytes <= options_.halvingDoublingMaxBytes;
+    return hd ? AllreduceAlgorithm::HalvingDoubling : AllreduceAlgorithm::Ring;
   }
 
   void broadcastNow(const torch::Tensor& t, int root) {
@@ -204,6 +248,13 @@ class GlooCommunicator final : public Communicator {
                            " ms: " + msg);
       }
       throw BackendError(where + " failed (did a peer exit?): " + msg);
+    } catch (const TimeoutError& e) {
+      fail(e.what());
+      throw TimeoutError(where + " timed out after " + std::to_string(timeout().count()) + " ms: " +
+                         e.what());
+    } catch (const BackendError& e) {
+      fail(e.what());
+      throw BackendError(where + " failed: " + e.what());
     } catch (const gloo::Exception& e) {
       fail(e.what());
       throw BackendError(where + " failed: " + e.what());
@@ -220,7 +271,7 @@ class GlooCommunicator final : public Communicator {
 
   GlooOptions options_;
   std::shared_ptr<gloo::Context> context_;
-  std::unique_ptr<GlooAllreduce> allreduce_;
+  std::unique_ptr<MeshAllreduce> allreduce_;
   uint32_t nextTag_ = 1;  // only touched by the one thread running collectives
   std::mutex mu_;
   std::string broken_;

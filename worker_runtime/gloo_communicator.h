@@ -2,12 +2,12 @@
 // The CPU communicator: Gloo (Debian's libgloo), rendezvoused through a ddprun store.
 //
 // Each rank publishes its Gloo TCP address in the store and connects to every other rank (Gloo's
-// full mesh). Collectives run on CPU tensors. Broadcast, allgather and barrier are Gloo's own.
-// Allreduce uses ddprun's two algorithms on Gloo's transport (gloo_allreduce.h), picked per message
-// size: "direct" (one exchange step) for small messages, a pipelined ring for large ones. Gloo's
-// own ring variants stall for tens of milliseconds at 16-256 KiB on loopback, and its
-// halving-doubling binds buffers at construction; see docs/worker_runtime.md for the measured
-// crossover and the comparison with raw Gloo.
+// full mesh); broadcast, allgather and barrier are Gloo's own collectives. Allreduce -- what DDP
+// spends its time in -- runs ddprun's two algorithms (mesh_allreduce.h) on a second mesh of plain
+// TCP connections set up through the same store (tcp_mesh.h explains why not Gloo's transport):
+// "direct" (one exchange step) for small messages, a pipelined ring for large ones. Gloo's classic
+// ring variants stall for tens of milliseconds at 16-256 KiB on loopback, and its halving-doubling
+// binds its buffers at construction; docs/worker_runtime.md has the comparison with raw Gloo.
 #include <memory>
 #include <string>
 
@@ -18,7 +18,7 @@ namespace ddprun::runtime {
 
 // Which allreduce algorithm to use; Auto is the per-size choice described above. The fixed
 // choices exist for benchmarks and tests.
-enum class AllreduceAlgorithm : uint8_t { Auto, Direct, Ring };
+enum class AllreduceAlgorithm : uint8_t { Auto, Direct, Ring, HalvingDoubling };
 
 struct GlooOptions {
   int rank = 0;
@@ -32,6 +32,12 @@ struct GlooOptions {
   // the ring, whose pipeline segments are ringSegmentBytes.
   size_t directMaxBytes = 256u << 10;
   size_t ringSegmentBytes = 512u << 10;
+  int ringWindow = 4;  // ring receives posted ahead
+  // Under Auto, power-of-two sizes use halving-doubling instead of the ring above directMaxBytes,
+  // up to halvingDoublingMaxBytes (its fewer steps win at mid sizes, the ring's finer pipeline at
+  // the largest ones).
+  bool preferHalvingDoubling = true;
+  size_t halvingDoublingMaxBytes = 32u << 20;
 };
 
 // Connects the full mesh (every rank must call it with the same store and size). The store may be

@@ -106,10 +106,11 @@ TEST_CASE("64 MiB allreduce with random floats: close to float64 reference, iden
   }
 }
 
-TEST_CASE("both allreduce algorithms agree with the reference at every size",
+TEST_CASE("every allreduce algorithm agrees with the reference at every size",
           "[collectives][gloo]") {
-  for (auto algo : {AllreduceAlgorithm::Direct, AllreduceAlgorithm::Ring}) {
-    const int P = 3;
+  for (auto algo : {AllreduceAlgorithm::Direct, AllreduceAlgorithm::Ring,
+                    AllreduceAlgorithm::HalvingDoubling}) {
+   for (int P : {2, 3, 4}) {
     auto comms = makeGroup(P, {.allreduce = algo, .ringSegmentBytes = 4096});
     for (int64_t n : {1, 2, 3, 5, 4097, 100003}) {
       const auto expected = reference(P, n, torch::kFloat32, ReduceOp::Sum);
@@ -120,6 +121,7 @@ TEST_CASE("both allreduce algorithms agree with the reference at every size",
       });
       for (int r = 0; r < P; ++r) CHECK(torch::equal(out[r], expected));
     }
+   }
   }
 }
 

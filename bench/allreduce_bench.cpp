@@ -1,0 +1,344 @@
+// ddprun-bench allreduce: ddprun's Gloo communicator against raw Gloo, same run, same processes.
+//   - allreduce of float32, 4 KiB .. 256 MiB, for 2 and 4 ranks: ddprun::runtime's allreduce (its
+//     per-size choice of algorithm) vs Gloo's classic AllreduceRingChunked and
+//     AllreduceHalvingDoubling, each built once per size on its own buffer (Gloo's best case: no
+//     set-up in the timed loop). The three are interleaved iteration by iteration, in rotating
+//     order, so that load on a shared machine hits them alike; the median of rank 0's times is
+//     the latency, and bus bandwidth = bytes * 2 (P-1) / P / latency (nccl-tests' definition).
+//   - DDP step overhead: forward + backward + SGD step of an MLP wrapped in DDP vs the same model
+//     stepping locally (no communication), interleaved, same per-rank batch.
+// The ranks are processes of this binary (started with posix_spawn, environment as ddprun gives
+// it, the agent store hosted here). Prints a table with ratios; writes bench/results/allreduce.csv.
+#include <sched.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "bench/registry.h"
+#include "rendezvous/prefix_store.h"
+#include "rendezvous/threaded_store_server.h"
+#include "worker_runtime/ddprun.h"
+#include "worker_runtime/gloo_store_adapter.h"
+
+extern char** environ;
+
+namespace {
+
+using namespace ddprun::runtime;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::vector<int> ranks{2, 4};
+  size_t minBytes = 4 << 10;
+  size_t maxBytes = 256 << 20;
+  double seconds = 1.0;  // rough time budget per size and implementation
+  bool ddp = true;
+  bool realtime = false;
+  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/allreduce.csv";
+  GlooOptions tuning;  // ddprun's algorithm settings (defaults unless overridden for experiments)
+  // Optional second ddprun communicator with other settings, interleaved with the rest: an A/B
+  // test of tunings under the same load ("SEGMENT,WINDOW,DIRECT_MAX[,PREFER_HD]").
+  std::string alt;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+template <typename Fn>
+double timeUs(Fn&& fn) {
+  const auto t0 = Clock::now();
+  fn();
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// ---- worker side (one process per rank) ----
+
+struct Row {
+  std::string what;  // "allreduce" or "ddp:<model>"
+  size_t bytes = 0;
+  std::vector<std::pair<std::string, double>> us;  // implementation -> median microseconds
+};
+
+std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
+  const int P = rt.worldSize();
+  auto raw = std::make_shared<gloo::rendezvous::Context>(rt.rank(), P);
+  raw->setTimeout(std::chrono::minutes(5));
+  {
+    auto scoped = std::make_shared<ddprun::rendezvous::PrefixStore>("raw-gloo", rt.store());
+    GlooStoreAdapter adapter(*scoped);
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    raw->connectFullMesh(adapter, dev);
+  }
+  GlooOptions go = o.tuning;
+  go.rank = rt.rank();
+  go.size = P;
+  go.hostname = "127.0.0.1";
+  auto comm = makeGlooCommunicator(rt.store(), go);
+  std::shared_ptr<Communicator> alt;
+  if (!o.alt.empty()) {
+    GlooOptions ao = go;
+    char comma;
+    std::istringstream in(o.alt);
+    in >> ao.ringSegmentBytes >> comma >> ao.ringWindow >> comma >> ao.directMaxBytes;
+    int hd = 1;
+    if (in >> comma >> hd) ao.preferHalvingDoubling = hd != 0;
+    alt = makeGlooCommunicator(rt.store(), ao);
+  }
+  std::vector<Row> rows;
+  for (size_t bytes = o.minBytes; bytes <= o.maxBytes; bytes *= 4) {
+    const size_t n = bytes / 4;
+    torch::Tensor ours = torch::ones({static_cast<int64_t>(n)});
+    std::vector<float> hdBuf(n, 1.0f), rcBuf(n, 1.0f);
+    gloo::AllreduceHalvingDoubling<float> hd(raw, {hdBuf.data()}, static_cast<int>(n));
+    gloo::AllreduceRingChunked<float> rc(raw, {rcBuf.data()}, static_cast<int>(n));
+    torch::Tensor altBuf = torch::ones({static_cast<int64_t>(n)});
+    std::vector<std::function<void()>> impls{[&] { comm->allreduce(ours); },
+                                             [&] { hd.run(); }, [&] { rc.run(); }};
+    if (alt) impls.push_back([&] { alt->allreduce(altBuf); });
+    // Iterations: from a probe of the slowest implementation, within the time budget; the same
+    // count on every rank (rank 0 decides).
+    for (auto& f : impls) f();
+    double probe = 0;
+    for (auto& f : impls) probe = std::max(probe, timeUs(f));
+    torch::Tensor iters = torch::tensor({static_cast<int64_t>(
+        std::clamp(o.seconds * 1e6 / std::max(probe, 1.0), 5.0, 300.0))});
+    rt.comm()->broadcast(iters, 0);
+    std::vector<std::vector<double>> times(impls.size());
+    for (int64_t i = 0; i < iters.item<int64_t>(); ++i) {
+      for (size_t k = 0; k < impls.size(); ++k) {
+        const size_t which = (i + k) % impls.size();
+        times[which].push_back(timeUs(impls[which]));
+      }
+    }
+    rows.push_back({"allreduce", bytes,
+                    {{"ddprun", median(times[0])},
+                     {"gloo_halving_doubling", median(times[1])},
+                     {"gloo_ring_chunked", median(times[2])}}});
+    if (alt) rows.back().us.push_back({"ddprun_alt", median(times[3])});
+  }
+  return rows;
+}
+
+struct Mlp : torch::nn::Module {
+  Mlp(int in, int hidden, int layers, int out) {
+    int width = in;
+    for (int i = 0; i < layers; ++i) {
+      fcs.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(width, hidden)));
+      width = hidden;
+    }
+    head = register_module("head", torch::nn::Linear(width, out));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& fc : fcs) x = torch::relu(fc(x));
+    return head(x);
+  }
+  std::vector<torch::nn::Linear> fcs;
+  torch::nn::Linear head{nullptr};
+};
+
+Row ddpRow(Runtime& rt, const std::string& name, int hidden, int layers) {
+  auto distributed = std::make_shared<Mlp>(784, hidden, layers, 10);
+  auto local = std::make_shared<Mlp>(784, hidden, layers, 10);
+  DistributedDataParallel ddp(distributed, rt.comm());
+  torch::optim::SGD optD(distributed->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::SGD optL(local->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto x = torch::randn({64, 784});
+  auto y = torch::randint(0, 10, {64});
+  auto step = [&](Mlp& m, torch::optim::Optimizer& opt) {
+    opt.zero_grad();
+    torch::nll_loss(torch::log_softmax(m.forward(x), 1), y).backward();
+    opt.step();
+  };
+  size_t bytes = 0;
+  for (auto& p : distributed->parameters()) bytes += p.nbytes();
+  for (int i = 0; i < 3; ++i) {
+    step(*distributed, optD);
+    step(*local, optL);
+  }
+  std::vector<double> d, l;
+  for (int i = 0; i < 40; ++i) {
+    // The local step waits at a barrier first, like the DDP step's allreduces, so that both start
+    // with the ranks in step.
+    rt.comm()->barrier();
+    l.push_back(timeUs([&] { step(*local, optL); }));
+    rt.comm()->barrier();
+    d.push_back(timeUs([&] { step(*distributed, optD); }));
+  }
+  return {"ddp:" + name, bytes, {{"ddp_step", median(d)}, {"local_step", median(l)}}};
+}
+
+int worker(const Options& o) {
+  auto rt = ddprun::init();
+  std::vector<Row> rows = allreduceRows(*rt, o);
+  if (o.ddp) {
+    rows.push_back(ddpRow(*rt, "784-512-10", 512, 1));
+    rows.push_back(ddpRow(*rt, "784-2048x3-10", 2048, 3));
+  }
+  if (rt->rank() == 0) {  // one line per row for the parent: what bytes impl=us ...
+    for (auto& r : rows) {
+      std::cout << "ROW " << r.what << " " << r.bytes;
+      for (auto& [impl, us] : r.us) std::cout << " " << impl << "=" << us;
+      std::cout << "\n";
+    }
+  }
+  return 0;
+}
+
+// ---- parent side ----
+
+std::vector<std::string> runRanks(int P, const Options& o, const std::vector<std::string>& args) {
+  ddprun::rendezvous::ThreadedStoreServer store({.host = "127.0.0.1", .port = 0});
+  int out[2];
+  if (::pipe(out) != 0) throw std::runtime_error("pipe failed");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < P; ++r) {
+    std::vector<std::string> env{"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(P),
+                                 "LOCAL_RANK=" + std::to_string(r),
+                                 "LOCAL_WORLD_SIZE=" + std::to_string(P), "MASTER_ADDR=127.0.0.1",
+                                 "MASTER_PORT=" + std::to_string(store.port()),
+                                 "TORCHELASTIC_USE_AGENT_STORE=True", "OMP_NUM_THREADS=1",
+                                 "DDPRUN_LOG_LEVEL=warn"};
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    std::vector<char*> envp, argv;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> a{"/proc/self/exe", "allreduce", "--worker"};
+    a.insert(a.end(), args.begin(), args.end());
+    for (auto& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (r == 0) posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    pid_t pid;
+    if (posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), envp.data()) != 0) {
+      throw std::runtime_error("cannot start a rank");
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    pids.push_back(pid);
+  }
+  ::close(out[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t k; (k = ::read(out[0], buf, sizeof(buf))) > 0;) text.append(buf, k);
+  ::close(out[0]);
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) throw std::runtime_error("a rank failed (P=" + std::to_string(P) + ")");
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("ROW ", 0) == 0) lines.push_back(l.substr(4));
+  }
+  return lines;
+}
+
+std::string human(size_t bytes) {
+  if (bytes >= (1u << 20)) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes >> 10) + " KiB";
+}
+
+int benchAllreduce(int argc, char** argv) {
+  Options o;
+  bool isWorker = false;
+  CLI::App app{"ddprun's allreduce vs raw Gloo (ring-chunked, halving-doubling); DDP step overhead"};
+  app.add_option("--ranks", o.ranks, "rank counts to run [2 4]")->delimiter(',');
+  app.add_option("--min-bytes", o.minBytes, "smallest message [4096]");
+  app.add_option("--max-bytes", o.maxBytes, "largest message [268435456]");
+  app.add_option("--seconds", o.seconds, "time budget per size and implementation [1]");
+  app.add_flag("!--no-ddp", o.ddp, "skip the DDP step measurement");
+  app.add_flag("--realtime", o.realtime, "run the ranks under SCHED_FIFO (needs root)");
+  app.add_option("--csv", o.csv, "where to write the results");
+  app.add_option("--direct-max-bytes", o.tuning.directMaxBytes, "tuning: ddprun's direct/ring switch");
+  app.add_option("--ring-segment-bytes", o.tuning.ringSegmentBytes, "tuning: ring pipeline segment");
+  app.add_option("--ring-window", o.tuning.ringWindow, "tuning: ring receives posted ahead");
+  app.add_option("--alt", o.alt, "tuning A/B: also time ddprun with SEGMENT,WINDOW,DIRECT_MAX[,HD 0|1]");
+  app.add_flag("--worker", isWorker, "internal: run as one rank")->group("");
+  CLI11_PARSE(app, argc, argv);
+  if (isWorker) return worker(o);
+
+  if (o.realtime) {
+    sched_param sp{.sched_priority = 10};
+    if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) {
+      std::cerr << "--realtime: cannot use SCHED_FIFO (" << std::strerror(errno) << ")\n";
+      return 1;
+    }
+  }
+  std::vector<std::string> args{"--min-bytes", std::to_string(o.minBytes), "--max-bytes",
+                                std::to_string(o.maxBytes), "--seconds", std::to_string(o.seconds),
+                                "--direct-max-bytes", std::to_string(o.tuning.directMaxBytes),
+                                "--ring-segment-bytes", std::to_string(o.tuning.ringSegmentBytes),
+                                "--ring-window", std::to_string(o.tuning.ringWindow)};
+  if (!o.alt.empty()) args.insert(args.end(), {"--alt", o.alt});
+  if (!o.ddp) args.push_back("--no-ddp");
+  std::ofstream csv(o.csv);
+  csv << "ranks,what,bytes,impl,median_us,busbw_GBps,ratio\n";
+  for (int P : o.ranks) {
+    std::cout << "\n== " << P << " ranks ==\n";
+    std::cout << std::left << std::setw(10) << "size" << std::right << std::setw(12) << "ddprun us"
+              << std::setw(12) << "HD us" << std::setw(12) << "ring us" << std::setw(12)
+              << "ddprun GB/s" << std::setw(12) << "best Gloo" << std::setw(10) << "ratio\n";
+    for (const auto& line : runRanks(P, o, args)) {
+      std::istringstream in(line);
+      std::string what;
+      size_t bytes;
+      in >> what >> bytes;
+      std::map<std::string, double> us;
+      for (std::string kv; in >> kv;) us[kv.substr(0, kv.find('='))] = std::stod(kv.substr(kv.find('=') + 1));
+      if (what == "allreduce") {
+        const double factor = 2.0 * (P - 1) / P;
+        auto bw = [&](double t) { return bytes * factor / (t * 1e3); };  // GB/s
+        const double best = std::min(us["gloo_halving_doubling"], us["gloo_ring_chunked"]);
+        const double ratio = best / us["ddprun"];  // > 1: ddprun faster
+        std::cout << std::left << std::setw(10) << human(bytes) << std::right << std::fixed
+                  << std::setprecision(0) << std::setw(12) << us["ddprun"] << std::setw(12)
+                  << us["gloo_halving_doubling"] << std::setw(12) << us["gloo_ring_chunked"]
+                  << std::setprecision(2) << std::setw(12) << bw(us["ddprun"]) << std::setw(12)
+                  << bw(best) << std::setw(9) << ratio << "x";
+        if (us.count("ddprun_alt")) std::cout << "   alt " << std::setprecision(0) << us["ddprun_alt"] << " us";
+        std::cout << "\n";
+        for (auto& [impl, t] : us) {
+          csv << P << ",allreduce," << bytes << "," << impl << "," << t << "," << bw(t) << ","
+              << (impl == "ddprun" ? ratio : best / t) << "\n";
+        }
+      } else {
+        const double ratio = us["ddp_step"] / us["local_step"];
+        std::cout << what.substr(4) << " (" << human(bytes) << " of parameters): DDP step "
+                  << std::setprecision(0) << us["ddp_step"] << " us, local step " << us["local_step"]
+                  << " us, overhead " << std::setprecision(2) << ratio << "x\n";
+        csv << P << "," << what << "," << bytes << ",ddp_step," << us["ddp_step"] << ",," << ratio
+            << "\n"
+            << P << "," << what << "," << bytes << ",local_step," << us["local_step"] << ",,1\n";
+      }
+    }
+  }
+  std::cout << "\nratio = best raw Gloo time / ddprun time (>= 1: ddprun at least as fast); "
+               "overhead = DDP step / local step\nwritten to "
+            << o.csv << "\n";
+  return 0;
+}
+
+}  // namespace
+
+DDPRUN_BENCH("allreduce", "ddprun's allreduce vs raw Gloo; DDP step vs local step", benchAllreduce)
