@@ -7,11 +7,14 @@
 //   ddprun:  build/bin/ddprun --standalone --nproc-per-node=N build/bin/mnist_<model>
 // Each side reports its training throughput (samples/s between two barriers, from the trainer's
 // own summary line) and final loss; the wall time of the whole job (launcher start to exit,
-// so start-up and data loading count) is measured here. Runs alternate between the two sides,
+// so start-up and data loading count) and its CPU time (user + system of the launcher and the
+// workers it waited for) are measured here. torchrun keeps its defaults (1.13: 5 s monitor
+// interval), as a user would run it. Runs alternate between the two sides,
 // --repeat times; the table shows medians and the ratio ddprun/PyTorch, and
 // bench/results/train.csv gets one row per run plus the medians.
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,11 +55,17 @@ struct RunResult {
   std::string side;  // "pytorch" or "ddprun"
   double samplesPerSec = 0;
   double wallSeconds = 0;
+  double cpuSeconds = 0;  // user + system of the launcher and everything it waited for
   double finalLoss = 0;
 };
 
-// Runs argv to completion with stdout+stderr in `log`; returns the wall time in seconds.
-double runLogged(const std::vector<std::string>& argv, const std::string& log) {
+struct Timing {
+  double wall = 0;
+  double cpu = 0;
+};
+
+// Runs argv to completion with stdout+stderr in `log`; returns its wall and CPU time.
+Timing runLogged(const std::vector<std::string>& argv, const std::string& log) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -70,14 +79,16 @@ double runLogged(const std::vector<std::string>& argv, const std::string& log) {
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
   int status = 0;
-  waitpid(pid, &status, 0);
+  struct rusage usage {};
+  wait4(pid, &status, 0, &usage);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     throw std::runtime_error(argv[0] + " failed (status " + std::to_string(status) + "); see " +
                              log);
   }
-  return seconds;
+  return {seconds, tv(usage.ru_utime) + tv(usage.ru_stime)};
 }
 
 // The last {"kind":"summary"} record of a metrics file.
@@ -98,21 +109,22 @@ RunResult runPytorch(const Options& o, int run) {
   const std::string metrics = o.workDir + "/pytorch-" + std::to_string(run) + ".jsonl";
   const std::string log = o.workDir + "/pytorch-" + std::to_string(run) + ".log";
   fs::remove(metrics);
-  const double wall = runLogged(
+  const Timing t = runLogged(
       {o.python, wrapper, "--standalone", "--nproc_per_node=" + std::to_string(o.nproc),
        std::string(DDPRUN_SOURCE_DIR) + "/bench/ddp_mnist.py", "--model", o.model, "--data",
        o.data, "--batch-size", std::to_string(o.batchSize), "--lr", std::to_string(o.lr),
        "--steps", std::to_string(o.steps), "--metrics", metrics},
       log);
   const auto s = readSummary(metrics);
-  return {"pytorch", s["samples_per_sec"].get<double>(), wall, s["final_loss"].get<double>()};
+  return {"pytorch", s["samples_per_sec"].get<double>(), t.wall, t.cpu,
+          s["final_loss"].get<double>()};
 }
 
 RunResult runDdprun(const Options& o, int run) {
   const std::string bin = DDPRUN_BIN_DIR;
   const std::string metrics = o.workDir + "/ddprun-" + std::to_string(run) + ".jsonl";
   const std::string log = o.workDir + "/ddprun-" + std::to_string(run) + ".log";
-  const double wall = runLogged(
+  const Timing t = runLogged(
       {bin + "/ddprun", "--standalone", "--nproc-per-node=" + std::to_string(o.nproc),
        bin + "/mnist_" + o.model, "--data", o.data, "--batch-size", std::to_string(o.batchSize),
        "--lr", std::to_string(o.lr), "--lr-schedule", "constant", "--max-steps",
@@ -120,7 +132,8 @@ RunResult runDdprun(const Options& o, int run) {
        "1000000", "--metrics", metrics},
       log);
   const auto s = readSummary(metrics);
-  return {"ddprun", s["samples_per_sec"].get<double>(), wall, s["final_loss"].get<double>()};
+  return {"ddprun", s["samples_per_sec"].get<double>(), t.wall, t.cpu,
+          s["final_loss"].get<double>()};
 }
 
 double median(std::vector<double> v) {
@@ -164,8 +177,9 @@ int benchTrain(int argc, char** argv) {
     for (int r = 0; r < o.repeat; ++r) {
       for (bool torchFirst : {r % 2 == 0, r % 2 != 0}) {
         RunResult res = torchFirst ? runPytorch(o, r) : runDdprun(o, r);
-        std::printf("  run %d %-8s %9.0f samples/s  wall %6.2f s  final loss %.4f\n", r + 1,
-                    res.side.c_str(), res.samplesPerSec, res.wallSeconds, res.finalLoss);
+        std::printf("  run %d %-8s %9.0f samples/s  wall %6.2f s  cpu %6.2f s  final loss %.4f\n",
+                    r + 1, res.side.c_str(), res.samplesPerSec, res.wallSeconds, res.cpuSeconds,
+                    res.finalLoss);
         std::fflush(stdout);
         runs.push_back(res);
       }
@@ -176,45 +190,49 @@ int benchTrain(int argc, char** argv) {
   }
 
   struct Medians {
-    double rate, wall, loss;
+    double rate, wall, cpu, loss;
   };
   auto medians = [&](const std::string& side) {
-    std::vector<double> rate, wall, loss;
+    std::vector<double> rate, wall, cpu, loss;
     for (const auto& r : runs) {
       if (r.side != side) continue;
       rate.push_back(r.samplesPerSec);
       wall.push_back(r.wallSeconds);
+      cpu.push_back(r.cpuSeconds);
       loss.push_back(r.finalLoss);
     }
-    return Medians{median(rate), median(wall), median(loss)};
+    return Medians{median(rate), median(wall), median(cpu), median(loss)};
   };
   const Medians py = medians("pytorch"), cc = medians("ddprun");
-  std::printf("\n| %-28s | %12s | %10s | %10s |\n", "", "samples/s", "wall s", "final loss");
-  std::printf("|------------------------------|--------------|------------|------------|\n");
-  std::printf("| %-28s | %12.0f | %10.2f | %10.4f |\n", "PyTorch DDP under torchrun", py.rate,
-              py.wall, py.loss);
-  std::printf("| %-28s | %12.0f | %10.2f | %10.4f |\n", "mnist_mlp under ddprun", cc.rate, cc.wall,
-              cc.loss);
-  std::printf("| %-28s | %11.2fx | %9.2fx | %10s |\n", "ddprun / PyTorch", cc.rate / py.rate,
-              py.wall / cc.wall, "");
-  std::printf("(wall ratio is PyTorch / ddprun: > 1 means ddprun finished sooner)\n");
+  const std::string cppName = "mnist_" + o.model + " under ddprun";
+  std::printf("\n| %-28s | %10s | %8s | %8s | %10s |\n", "", "samples/s", "wall s", "CPU s",
+              "final loss");
+  std::printf("|------------------------------|------------|----------|----------|------------|\n");
+  std::printf("| %-28s | %10.0f | %8.2f | %8.2f | %10.4f |\n", "PyTorch DDP under torchrun",
+              py.rate, py.wall, py.cpu, py.loss);
+  std::printf("| %-28s | %10.0f | %8.2f | %8.2f | %10.4f |\n", cppName.c_str(), cc.rate, cc.wall,
+              cc.cpu, cc.loss);
+  std::printf("| %-28s | %9.2fx | %7.2fx | %7.2fx | %10s |\n", "ddprun vs PyTorch",
+              cc.rate / py.rate, py.wall / cc.wall, py.cpu / cc.cpu, "");
+  std::printf("(samples/s: ddprun / PyTorch; wall and CPU: PyTorch / ddprun; > 1 favours ddprun)\n");
 
   fs::create_directories(fs::path(o.csv).parent_path());
   std::ofstream csv(o.csv, std::ios::trunc);
-  csv << "model,nproc,global_batch,steps,side,run,samples_per_sec,wall_s,final_loss\n";
+  csv << "model,nproc,global_batch,steps,side,run,samples_per_sec,wall_s,cpu_s,final_loss\n";
   std::vector<int> runIndex(2, 0);
   for (const auto& r : runs) {
     const int i = r.side == "pytorch" ? runIndex[0]++ : runIndex[1]++;
     csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps << ','
         << r.side << ',' << i + 1 << ',' << r.samplesPerSec << ',' << r.wallSeconds << ','
-        << r.finalLoss << '\n';
+        << r.cpuSeconds << ',' << r.finalLoss << '\n';
   }
   for (const auto& [side, m] : {std::pair{"pytorch", py}, std::pair{"ddprun", cc}}) {
     csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps << ','
-        << side << ",median," << m.rate << ',' << m.wall << ',' << m.loss << '\n';
+        << side << ",median," << m.rate << ',' << m.wall << ',' << m.cpu << ',' << m.loss << '\n';
   }
   csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps
-      << ",ratio,ddprun/pytorch," << cc.rate / py.rate << ',' << py.wall / cc.wall << ",\n";
+      << ",ratio,ddprun/pytorch," << cc.rate / py.rate << ',' << py.wall / cc.wall << ','
+      << py.cpu / cc.cpu << ",\n";
   std::printf("results: %s\n", o.csv.c_str());
   return 0;
 }

@@ -89,6 +89,9 @@ const TempDir& referenceRun() {
     REQUIRE(r.code == 0);
     REQUIRE_THAT(r.output, Contains("done: 256 steps"));
     REQUIRE_THAT(r.output, !Contains("resumed from checkpoint"));
+    // scripts/setup installs libopenblas0-pthread; without it LibTorch's sgemm_ is the reference
+    // BLAS and training is about 4x slower.
+    CHECK_THAT(r.output, Contains("BLAS OpenBLAS"));
     return true;
   }();
   (void)done;
