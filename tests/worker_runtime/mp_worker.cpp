@@ -10,6 +10,8 @@
 //                print "CAUGHT <seconds> <message>" and exit 3
 //   freeze       the last rank SIGSTOPs itself mid-allreduce; the others must time out (they
 //                print "CAUGHT ..." and exit 3)
+//   restart      attempt 0: as die; later attempts (TORCHELASTIC_RESTART_COUNT > 0): as ddp, in
+//                the fresh attempt-scoped keys of the restarted group
 #include <signal.h>
 #include <unistd.h>
 
@@ -192,6 +194,8 @@ int main(int argc, char** argv) {
     else if (mode == "nccl-id") ncclId(*rt);
     else if (mode == "die") return peerLost(*rt, SIGKILL);
     else if (mode == "freeze") return peerLost(*rt, SIGSTOP);
+    else if (mode == "restart" && rt->attempt() == 0) return peerLost(*rt, SIGKILL);
+    else if (mode == "restart") ddp(*rt);
     else {
       std::cerr << "unknown mode " << mode << "\n";
       return 2;
