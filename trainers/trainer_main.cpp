@@ -85,10 +85,11 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
     if (rt->isMaster()) {
       DDPRUN_LOG(INFO, "trainer") << spec.name << ": world size " << rt->worldSize()
                                   << ", attempt " << rt->attempt() << ", BLAS " << threads.blas;
+      if (!threads.openblas) DDPRUN_LOG(WARN, "trainer") << "slow BLAS: " << threads.blas;
     }
     const TrainResult result = train(config, data, *rt);
     if (rt->isMaster()) {
-      std::printf("done: %lld steps, %.1f s, %.0f samples/s, final loss %.4f", 
+      std::printf("done: %lld steps, %.1f s, %.0f samples/s, final loss %.4f",
                   static_cast<long long>(result.steps), result.trainSeconds, result.samplesPerSec,
                   result.finalLoss);
       if (result.testAccuracy >= 0) std::printf(", test accuracy %.4f", result.testAccuracy);
