@@ -58,7 +58,7 @@ struct RoundState {
   int restarts = 0;               // restarts spent by the whole job (counted once per job)
   std::vector<NodeInfo> members;  // Joining: join order; Closed/Finished/Failed: rank order
   std::vector<NodeInfo> waiting;  // Closed: arrivals while the round was full
-  std::vector<NodeInfo> expected; // Joining: nodes of the round before, awaited back (prevRank set)
+  std::vector<NodeInfo> expected; // Joining: nodes of the round before, awaited back (id, prevRank)
   bool finishing = false;         // Closed: some node's workers have succeeded (exit barrier)
   int exitCode = 0;               // Failed: the root cause's exit code
   std::string reason;             // why this round was opened / the job ended (one line)
