@@ -30,11 +30,25 @@ def ranks_in(starts):
 
 
 def fixed_two_nodes(t):
-    """--nnodes=2, 2 workers per node: one world of 4, ranks by node, one master."""
+    """--nnodes=2, 2 workers per node: one world of 4, ranks by node, one master. The store
+    host's workers finish first; it must stay up until the slower node has passed the exit
+    barrier (pytorch#118891), so both exit 0 and the host exits last."""
     a = t.agent("a", "127.0.0.2", "2", "fixed", ["--run", "0.2"], nproc=2)
-    b = t.agent("b", "127.0.0.3", "2", "fixed", ["--run", "0.2"], nproc=2)
-    check(a.wait(60) == 0, "node a exit code %s" % a.proc.returncode)
-    check(b.wait(60) == 0, "node b exit code %s" % b.proc.returncode)
+    b = t.agent("b", "127.0.0.3", "2", "fixed", ["--run", "1.5"], nproc=2)
+    exited = {}
+
+    def reap(n):
+        n.wait(60)
+        exited[n.name] = time.time()
+    waiters = [threading.Thread(target=reap, args=(n,)) for n in (a, b)]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    check(a.proc.returncode == 0, "node a exit code %s" % a.proc.returncode)
+    check(b.proc.returncode == 0, "node b exit code %s" % b.proc.returncode)
+    check(exited["a"] >= exited["b"] - 0.05, "the store host exits after the slower node "
+          "(a %.3f, b %.3f)" % (exited["a"], exited["b"]))
     starts = t.starts()
     check(len(starts) == 4, "4 workers started (got %d)" % len(starts))
     check(sorted(int(r["RANK"]) for r in starts) == [0, 1, 2, 3], "global ranks 0..3")
@@ -162,6 +176,27 @@ def wrong_store(t):
     check(foreign in n.stderr() and "ddprun" in n.stderr(), "message names the endpoint: %s"
           % n.stderr()[-300:])
     srv.close()
+
+    # An authenticating ddprun-store, and a node with another token.
+    right, wrong = os.path.join(t.dir, "right.token"), os.path.join(t.dir, "wrong.token")
+    for path, token in ((right, "s3cret-of-this-job"), (wrong, "another-jobs-token")):
+        with open(path, "w") as f:
+            f.write(token + "\n")
+    port = free_port("127.0.0.1")
+    store = subprocess.Popen([os.path.join(BIN, "ddprun-store"), "--host", "127.0.0.1",
+                              "--port", str(port), "--auth-token-file", right],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        store.stdout.readline()
+        ep = "127.0.0.1:%d" % port
+        n = t.agent("token", "127.0.0.4", "2", "tok", [], endpoint=ep,
+                    env={"DDPRUN_STORE_TOKEN_FILE": wrong})
+        check(n.wait(30) != 0, "a wrong token fails")
+        check(ep in n.stderr() and "refused our authentication token" in n.stderr(),
+              "message names the endpoint and the token: %s" % n.stderr()[-300:])
+    finally:
+        store.terminate()
+        store.wait()
 
     first = t.agent("first", "127.0.0.2", "2", "one", ["--run", "30"])
     t.wait_for("the first job's store", lambda: "hosting the rendezvous store" in
