@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "rendezvous/log.h"
+#include "trainers/evaluation.h"
 #include "trainers/lr_schedule.h"
 #include "trainers/metrics.h"
 #include "trainers/models.h"
@@ -22,10 +23,7 @@
 namespace ddprun::trainers {
 namespace {
 
-using runtime::ReduceOp;
-
-constexpr size_t kLossWindow = 50;    // steps averaged into the final loss
-constexpr int64_t kEvalChunk = 2000;  // test examples per forward pass
+constexpr size_t kLossWindow = 50;  // steps averaged into the final loss
 
 // Training runs where the communicator's tensors live: the CPU for Gloo, this rank's GPU for
 // NCCL (which init() picks when a GPU is visible). A device setting that contradicts it is an
@@ -62,45 +60,6 @@ class AutocastScope {
   bool on_;
 };
 
-struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
-};
-
-// Each rank scores every world-size-th test example; the sums are allreduced, so all ranks
-// return the accuracy on the whole test split.
-EvalResult evaluate(Classifier& model, const MnistSplit& test, torch::Device device,
-                    runtime::Communicator& comm) {
-  torch::NoGradGuard noGrad;
-  model.eval();
-  const auto mine = torch::arange(comm.rank(), test.size(), comm.size(), torch::kInt64);
-  double lossSum = 0, correct = 0;
-  for (int64_t begin = 0; begin < mine.size(0); begin += kEvalChunk) {
-    const auto idx = mine.slice(0, begin, std::min(begin + kEvalChunk, mine.size(0)));
-    const auto x = test.images.index_select(0, idx).to(device);
-    const auto y = test.labels.index_select(0, idx).to(device);
-    const auto logits = model.forward(x);
-    lossSum += torch::nn::functional::cross_entropy(
-                   logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                   .item<double>();
-    correct += logits.argmax(1).eq(y).sum().item<double>();
-  }
-  auto sums = torch::tensor({lossSum, correct, static_cast<double>(mine.size(0))},
-                            torch::TensorOptions().dtype(torch::kFloat64).device(comm.device()));
-  comm.allreduce(sums, ReduceOp::Sum);
-  sums = sums.cpu();
-  model.train();
-  const double count = sums[2].item<double>();
-  return {sums[0].item<double>() / count, sums[1].item<double>() / count};
-}
-
-// The mean of `value` over all ranks.
-double averageOverRanks(double value, runtime::Communicator& comm) {
-  auto t = torch::tensor({value}, torch::TensorOptions().dtype(torch::kFloat64).device(comm.device()));
-  comm.allreduce(t, ReduceOp::Avg);
-  return t.cpu().item<double>();
-}
-
 void saveWeights(const torch::nn::Module& model, const std::string& path) {
   const std::string tmp = path + ".tmp";
   torch::serialize::OutputArchive archive;
@@ -108,6 +67,279 @@ void saveWeights(const torch::nn::Module& model, const std::string& path) {
   archive.save_to(tmp);
   std::filesystem::rename(tmp, path);
 }
+
+// Loss and time bookkeeping for progress lines and the summary. Evaluation pauses are tracked
+// so that samples/s and the ETA count training time only.
+class StepStats {
+ public:
+  void addStep(double loss) {
+    recent_.push_back(loss);
+    if (recent_.size() > kLossWindow) recent_.pop_front();
+    intervalLoss_ += loss;
+    ++intervalSteps_;
+  }
+  void addPause(double seconds) {
+    pauseSeconds_ += seconds;
+    intervalPauseSeconds_ += seconds;
+  }
+  double intervalMeanLoss() const { return intervalLoss_ / static_cast<double>(intervalSteps_); }
+  double intervalSamplesPerSec(int64_t globalBatch) const {
+    return static_cast<double>(intervalSteps_ * globalBatch) /
+           (interval_.seconds() - intervalPauseSeconds_);
+  }
+  void startInterval() {
+    intervalLoss_ = 0;
+    intervalSteps_ = 0;
+    intervalPauseSeconds_ = 0;
+    interval_.restart();
+  }
+  double trainSeconds() const { return total_.seconds() - pauseSeconds_; }
+  double recentMeanLoss() const {
+    if (recent_.empty()) return 0.0;
+    return std::accumulate(recent_.begin(), recent_.end(), 0.0) / static_cast<double>(recent_.size());
+  }
+
+ private:
+  std::deque<double> recent_;
+  double intervalLoss_ = 0;
+  int64_t intervalSteps_ = 0;
+  double pauseSeconds_ = 0, intervalPauseSeconds_ = 0;
+  Stopwatch total_, interval_;
+};
+
+// One call of train(): what it builds, in order, and the loop over epochs and steps.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainConfig& config, const TrainData& data, runtime::Runtime& rt)
+      : config_(config),
+        data_(data),
+        rt_(rt),
+        comm_(*rt.comm()),
+        master_(rt.isMaster()),
+        device_(chooseDevice(config, rt)),
+        autocast_(config.mixed_precision && device_.is_cuda()),
+        globalBatch_(config.batch_size * rt.worldSize()),
+        model_(makeSeededModel(config, device_)),
+        optimizer_(model_->parameters(), torch::optim::SGDOptions(config.lr)
+                                             .momentum(config.momentum)
+                                             .weight_decay(config.weight_decay)),
+        sampler_({.datasetSize = static_cast<size_t>(data.train.size()),
+                  .numReplicas = rt.worldSize(),
+                  .rank = rt.rank(),
+                  .shuffle = true,
+                  .seed = config.seed,
+                  .dropLast = true}) {
+    planSteps();
+    if (config_.mixed_precision && !autocast_ && master_) {
+      DDPRUN_LOG(INFO, "trainer") << "mixed_precision applies on CUDA only; training in float32";
+    }
+    resume();
+    // DDP is built after the checkpoint is loaded: Module::load replaces the parameters'
+    // tensors, and a DDP built before keeps watching the old ones (the ranks drift apart).
+    ddp_.emplace(model_, rt.comm());
+    if (master_) openMetrics();
+  }
+
+  TrainResult run() {
+    if (master_) {
+      std::cout << "training " << config_.model << " on " << data_.train.size() << " examples, "
+                << rt_.worldSize() << " rank(s) x batch " << config_.batch_size << ", "
+                << stepsPerEpoch_ << " steps/epoch, " << totalSteps_ << " steps, device "
+                << device_.str() << std::endl;
+    }
+    startStep_ = step_;
+    comm_.barrier();  // time from a common start, as bench/ddp_mnist.py does
+    stats_ = StepStats();
+    for (int64_t epoch = position_.epoch; epoch < config_.epochs && step_ < totalSteps_; ++epoch) {
+      sampler_.setEpoch(epoch);
+      if (epoch == position_.epoch && position_.position > 0) sampler_.restore(position_);
+      while (step_ < totalSteps_) {
+        auto indices = sampler_.next(static_cast<size_t>(config_.batch_size));
+        if (!indices || static_cast<int64_t>(indices->size()) < config_.batch_size) break;
+        const double lr = learningRate(schedule_, step_);
+        stats_.addStep(trainStep(*indices, lr));
+        ++step_;
+
+        const bool epochDone = sampler_.state().position + static_cast<size_t>(config_.batch_size) >
+                               sampler_.size();
+        const bool last = step_ == totalSteps_;
+        if (step_ % config_.log_interval == 0 || last) report(epoch, lr);
+        if (config_.evaluate && (epochDone || last)) evaluateNow(epoch);
+        const bool due = config_.checkpoint_interval > 0 && step_ % config_.checkpoint_interval == 0;
+        if (checkpoints_ && master_ && (due || epochDone || last)) checkpoint(epoch, epochDone);
+        maybeKillForTest(step_, rt_.rank(), rt_.attempt());
+      }
+    }
+    comm_.barrier();
+    return finish();
+  }
+
+ private:
+  static std::shared_ptr<Classifier> makeSeededModel(const TrainConfig& c, torch::Device device) {
+    // Same seed on every rank: identical initial weights (DDP broadcasts rank 0's anyway).
+    torch::manual_seed(c.seed);
+    auto model = makeModel(c.model, c.hidden, c.width);
+    model->to(device);
+    return model;
+  }
+
+  void planSteps() {
+    stepsPerEpoch_ = static_cast<int64_t>(sampler_.size()) / config_.batch_size;
+    if (stepsPerEpoch_ == 0) {
+      throw ConfigError("batch_size = " + std::to_string(config_.batch_size) +
+                        " is larger than a rank's share of the training data (" +
+                        std::to_string(sampler_.size()) + " examples)");
+    }
+    totalSteps_ = stepsPerEpoch_ * config_.epochs;
+    if (config_.max_steps > 0) totalSteps_ = std::min(totalSteps_, config_.max_steps);
+    schedule_ = {.kind = config_.lr_schedule,
+                 .base = config_.lr,
+                 .totalSteps = totalSteps_,
+                 .stepsPerEpoch = stepsPerEpoch_,
+                 .stepEpochs = config_.lr_step_epochs,
+                 .gamma = config_.lr_gamma,
+                 .warmupSteps = config_.warmup_steps};
+  }
+
+  // Loads the newest complete checkpoint, if any; every rank loads the same one.
+  void resume() {
+    if (config_.checkpoint_dir.empty()) return;
+    checkpoints_.emplace(runtime::CheckpointOptions{.directory = config_.checkpoint_dir, .keep = 2});
+    auto state = checkpoints_->loadLatest(*model_, &optimizer_, &comm_);
+    if (!state) return;
+    step_ = state->step;
+    position_ = state->sampler;
+    result_.resumedFrom = step_;
+    result_.testAccuracy = state->extra.value("test_accuracy", -1.0);
+    if (master_) {
+      std::cout << "resumed from checkpoint at step " << step_ << " (epoch " << position_.epoch + 1
+                << ", attempt " << rt_.attempt() << ")" << std::endl;
+    }
+  }
+
+  void openMetrics() {
+    if (config_.metrics.empty()) return;
+    metrics_.emplace(config_.metrics, result_.resumedFrom);
+    auto record = toJson(config_);
+    record["kind"] = "config";
+    record["world_size"] = rt_.worldSize();
+    record["attempt"] = rt_.attempt();
+    record["resumed_from"] = result_.resumedFrom;
+    record["steps_per_epoch"] = stepsPerEpoch_;
+    record["total_steps"] = totalSteps_;
+    metrics_->write(record);
+  }
+
+  // One optimizer step on this rank's batch; DDP averages the gradients over all ranks inside
+  // backward(). Returns this rank's loss.
+  double trainStep(const std::vector<size_t>& batch, double lr) {
+    std::vector<int64_t> indices(batch.begin(), batch.end());
+    const auto idx = torch::from_blob(indices.data(), {static_cast<int64_t>(indices.size())},
+                                      torch::kInt64);
+    const auto x = data_.train.images.index_select(0, idx).to(device_);
+    const auto y = data_.train.labels.index_select(0, idx).to(device_);
+    for (auto& group : optimizer_.param_groups()) {
+      static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+    }
+    optimizer_.zero_grad();
+    torch::Tensor loss;
+    {
+      AutocastScope scope(autocast_);
+      loss = torch::nn::functional::cross_entropy(model_->forward(x), y);
+    }
+    loss.backward();
+    optimizer_.step();
+    return loss.item<double>();
+  }
+
+  // A progress line (rank 0) with the loss averaged over ranks and the interval's steps.
+  void report(int64_t epoch, double lr) {
+    const double loss = averageOverRanks(stats_.intervalMeanLoss(), comm_);
+    const double rate = stats_.intervalSamplesPerSec(globalBatch_);
+    const double perStep = stats_.trainSeconds() / static_cast<double>(step_ - startStep_);
+    if (master_) {
+      const Progress p{.epoch = epoch + 1, .epochs = config_.epochs, .step = step_,
+                       .totalSteps = totalSteps_, .loss = loss, .lr = lr, .samplesPerSec = rate,
+                       .etaSeconds = perStep * static_cast<double>(totalSteps_ - step_)};
+      std::cout << formatProgress(p) << std::endl;
+      if (metrics_) {
+        metrics_->write({{"kind", "train"}, {"epoch", epoch + 1}, {"step", step_},
+                         {"loss", loss}, {"lr", lr}, {"samples_per_sec", rate},
+                         {"elapsed_s", stats_.trainSeconds()}});
+      }
+    }
+    stats_.startInterval();
+  }
+
+  void evaluateNow(int64_t epoch) {
+    Stopwatch time;
+    const auto ev = evaluate(*model_, data_.test, device_, comm_);
+    stats_.addPause(time.seconds());
+    result_.testAccuracy = ev.accuracy;
+    if (!master_) return;
+    std::printf("epoch %lld  step %lld  test loss %.4f  test accuracy %.4f\n",
+                static_cast<long long>(epoch + 1), static_cast<long long>(step_), ev.loss,
+                ev.accuracy);
+    std::fflush(stdout);
+    if (metrics_) {
+      metrics_->write({{"kind", "eval"}, {"epoch", epoch + 1}, {"step", step_},
+                       {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
+    }
+  }
+
+  // Rank 0 saves model, optimizer and position. A checkpoint taken as an epoch ends points at
+  // the start of the next one, so a resume neither repeats the epoch's evaluation nor its end.
+  void checkpoint(int64_t epoch, bool epochDone) {
+    runtime::TrainingState state{.step = step_, .epoch = epoch, .sampler = sampler_.state()};
+    if (epochDone) state.sampler = {.epoch = epoch + 1, .position = 0};
+    state.epoch = state.sampler.epoch;
+    state.extra["test_accuracy"] = result_.testAccuracy;
+    checkpoints_->save(*model_, &optimizer_, state);
+  }
+
+  TrainResult finish() {
+    result_.steps = step_;
+    result_.trainSeconds = stats_.trainSeconds();
+    const int64_t samples = (step_ - startStep_) * globalBatch_;
+    result_.samplesPerSec =
+        result_.trainSeconds > 0 ? static_cast<double>(samples) / result_.trainSeconds : 0;
+    result_.finalLoss = averageOverRanks(stats_.recentMeanLoss(), comm_);
+    if (!master_) return result_;
+    if (!config_.save_weights.empty()) saveWeights(*model_, config_.save_weights);
+    if (metrics_) {
+      metrics_->write({{"kind", "summary"}, {"trainer", "ddprun"}, {"model", config_.model},
+                       {"world_size", rt_.worldSize()}, {"steps", step_}, {"samples", samples},
+                       {"train_seconds", result_.trainSeconds},
+                       {"samples_per_sec", result_.samplesPerSec},
+                       {"final_loss", result_.finalLoss}, {"test_accuracy", result_.testAccuracy},
+                       {"resumed_from", result_.resumedFrom}});
+    }
+    return result_;
+  }
+
+  const TrainConfig& config_;
+  const TrainData& data_;
+  runtime::Runtime& rt_;
+  runtime::Communicator& comm_;
+  const bool master_;
+  const torch::Device device_;
+  const bool autocast_;
+  const int64_t globalBatch_;
+
+  std::shared_ptr<Classifier> model_;
+  torch::optim::SGD optimizer_;
+  runtime::DistributedSampler sampler_;
+  std::optional<runtime::DistributedDataParallel> ddp_;
+  std::optional<runtime::CheckpointManager> checkpoints_;
+  std::optional<MetricsFile> metrics_;
+
+  int64_t stepsPerEpoch_ = 0, totalSteps_ = 0;
+  LrScheduleOptions schedule_;
+  int64_t step_ = 0, startStep_ = 0;  // optimizer steps done; where this attempt started
+  runtime::SamplerState position_;    // where the resumed checkpoint left the sampler
+  StepStats stats_;
+  TrainResult result_;
+};
 
 }  // namespace
 
@@ -130,203 +362,7 @@ TrainData loadTrainData(const TrainConfig& config) {
 }
 
 TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Runtime& rt) {
-  auto& comm = *rt.comm();
-  const bool master = rt.isMaster();
-  const torch::Device device = chooseDevice(config, rt);
-  const bool autocast = config.mixed_precision && device.is_cuda();
-  if (config.mixed_precision && !autocast && master) {
-    DDPRUN_LOG(INFO, "trainer") << "mixed_precision applies on CUDA only; training in float32";
-  }
-  const auto B = config.batch_size;
-  const auto W = static_cast<int64_t>(rt.worldSize());
-
-  // Same seed on every rank: identical initial weights (DDP broadcasts rank 0's anyway).
-  torch::manual_seed(config.seed);
-  auto model = makeModel(config.model, config.hidden, config.width);
-  model->to(device);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(config.lr)
-                                                       .momentum(config.momentum)
-                                                       .weight_decay(config.weight_decay));
-
-  runtime::DistributedSampler sampler({.datasetSize = static_cast<size_t>(data.train.size()),
-                                       .numReplicas = rt.worldSize(),
-                                       .rank = rt.rank(),
-                                       .shuffle = true,
-                                       .seed = config.seed,
-                                       .dropLast = true});
-  const int64_t stepsPerEpoch = static_cast<int64_t>(sampler.size()) / B;
-  if (stepsPerEpoch == 0) {
-    throw ConfigError("batch_size = " + std::to_string(B) + " is larger than a rank's share of " +
-                      "the training data (" + std::to_string(sampler.size()) + " examples)");
-  }
-  int64_t totalSteps = stepsPerEpoch * config.epochs;
-  if (config.max_steps > 0) totalSteps = std::min(totalSteps, config.max_steps);
-  const LrScheduleOptions schedule{.kind = config.lr_schedule,
-                                   .base = config.lr,
-                                   .totalSteps = totalSteps,
-                                   .stepsPerEpoch = stepsPerEpoch,
-                                   .stepEpochs = config.lr_step_epochs,
-                                   .gamma = config.lr_gamma,
-                                   .warmupSteps = config.warmup_steps};
-
-  // Resume from the newest complete checkpoint, if there is one (every rank loads the same).
-  TrainResult result;
-  int64_t step = 0;
-  runtime::SamplerState position;
-  std::optional<runtime::CheckpointManager> checkpoints;
-  if (!config.checkpoint_dir.empty()) {
-    checkpoints.emplace(runtime::CheckpointOptions{.directory = config.checkpoint_dir, .keep = 2});
-    if (auto state = checkpoints->loadLatest(*model, &optimizer, &comm)) {
-      step = state->step;
-      position = state->sampler;
-      result.resumedFrom = step;
-      result.testAccuracy = state->extra.value("test_accuracy", -1.0);
-      if (master) {
-        std::cout << "resumed from checkpoint at step " << step << " (epoch " << position.epoch + 1
-                  << ", attempt " << rt.attempt() << ")" << std::endl;
-      }
-    }
-  }
-
-  // DDP is built after the checkpoint is loaded: Module::load replaces the parameters' tensors,
-  // and a DDP built before would keep watching the old ones (ranks silently drift apart).
-  runtime::DistributedDataParallel ddp(model, rt.comm());
-
-  std::optional<MetricsFile> metrics;
-  if (master && !config.metrics.empty()) {
-    metrics.emplace(config.metrics, result.resumedFrom);
-    auto record = toJson(config);
-    record["kind"] = "config";
-    record["world_size"] = W;
-    record["attempt"] = rt.attempt();
-    record["resumed_from"] = result.resumedFrom;
-    record["steps_per_epoch"] = stepsPerEpoch;
-    record["total_steps"] = totalSteps;
-    metrics->write(record);
-  }
-  if (master) {
-    std::cout << "training " << config.model << " on " << data.train.size() << " examples, "
-              << W << " rank(s) x batch " << B << ", " << stepsPerEpoch << " steps/epoch, "
-              << totalSteps << " steps, device " << device.str() << std::endl;
-  }
-
-  const int64_t startStep = step;
-  std::deque<double> recentLosses;
-  double intervalLoss = 0;
-  int64_t intervalSteps = 0;
-  double evalSeconds = 0, intervalEvalSeconds = 0;  // evaluation is not training time
-  comm.barrier();  // time from a common start, as bench/ddp_mnist.py does
-  Stopwatch total, interval;
-
-  for (int64_t epoch = position.epoch; epoch < config.epochs && step < totalSteps; ++epoch) {
-    sampler.setEpoch(epoch);
-    if (epoch == position.epoch && position.position > 0) sampler.restore(position);
-    while (step < totalSteps) {
-      auto next = sampler.next(static_cast<size_t>(B));
-      if (!next || static_cast<int64_t>(next->size()) < B) break;
-      std::vector<int64_t> indices(next->begin(), next->end());
-      const auto idx = torch::from_blob(indices.data(), {B}, torch::kInt64);
-      const auto x = data.train.images.index_select(0, idx).to(device);
-      const auto y = data.train.labels.index_select(0, idx).to(device);
-
-      const double lr = learningRate(schedule, step);
-      for (auto& group : optimizer.param_groups()) {
-        static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-      }
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        AutocastScope scope(autocast);
-        loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-      }
-      loss.backward();  // DDP averages the gradients over all ranks before this returns
-      optimizer.step();
-      ++step;
-
-      const double lossValue = loss.item<double>();
-      recentLosses.push_back(lossValue);
-      if (recentLosses.size() > kLossWindow) recentLosses.pop_front();
-      intervalLoss += lossValue;
-      ++intervalSteps;
-
-      if (step % config.log_interval == 0 || step == totalSteps) {
-        const double meanLoss = averageOverRanks(intervalLoss / intervalSteps, comm);
-        const double rate =
-            static_cast<double>(intervalSteps * B * W) / (interval.seconds() - intervalEvalSeconds);
-        const double perStep = (total.seconds() - evalSeconds) / static_cast<double>(step - startStep);
-        if (master) {
-          const Progress p{.epoch = epoch + 1, .epochs = config.epochs, .step = step,
-                           .totalSteps = totalSteps, .loss = meanLoss, .lr = lr,
-                           .samplesPerSec = rate,
-                           .etaSeconds = perStep * static_cast<double>(totalSteps - step)};
-          std::cout << formatProgress(p) << std::endl;
-          if (metrics) {
-            metrics->write({{"kind", "train"}, {"epoch", epoch + 1}, {"step", step},
-                            {"loss", meanLoss}, {"lr", lr}, {"samples_per_sec", rate},
-                            {"elapsed_s", total.seconds()}});
-          }
-        }
-        intervalLoss = 0;
-        intervalSteps = 0;
-        intervalEvalSeconds = 0;
-        interval.restart();
-      }
-
-      const bool epochDone = sampler.state().position + static_cast<size_t>(B) > sampler.size();
-      const bool last = step == totalSteps;
-      if (config.evaluate && (epochDone || last)) {
-        Stopwatch evalTime;
-        const auto ev = evaluate(*model, data.test, device, comm);
-        evalSeconds += evalTime.seconds();
-        intervalEvalSeconds += evalTime.seconds();
-        result.testAccuracy = ev.accuracy;
-        if (master) {
-          std::printf("epoch %lld  step %lld  test loss %.4f  test accuracy %.4f\n",
-                      static_cast<long long>(epoch + 1), static_cast<long long>(step), ev.loss,
-                      ev.accuracy);
-          std::fflush(stdout);
-          if (metrics) {
-            metrics->write({{"kind", "eval"}, {"epoch", epoch + 1}, {"step", step},
-                            {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
-          }
-        }
-      }
-
-      const bool due = config.checkpoint_interval > 0 && step % config.checkpoint_interval == 0;
-      if (checkpoints && master && (due || epochDone || last)) {
-        runtime::TrainingState state{.step = step, .epoch = epoch, .sampler = sampler.state()};
-        if (epochDone) state.sampler = {.epoch = epoch + 1, .position = 0};
-        state.epoch = state.sampler.epoch;
-        state.extra["test_accuracy"] = result.testAccuracy;
-        checkpoints->save(*model, &optimizer, state);
-      }
-      maybeKillForTest(step, rt.rank(), rt.attempt());
-    }
-  }
-  comm.barrier();
-
-  result.steps = step;
-  result.trainSeconds = total.seconds() - evalSeconds;
-  const int64_t samples = (step - startStep) * B * W;
-  result.samplesPerSec = result.trainSeconds > 0 ? static_cast<double>(samples) / result.trainSeconds : 0;
-  const double localFinal =
-      recentLosses.empty() ? 0.0
-                           : std::accumulate(recentLosses.begin(), recentLosses.end(), 0.0) /
-                                 static_cast<double>(recentLosses.size());
-  result.finalLoss = averageOverRanks(localFinal, comm);
-
-  if (master) {
-    if (!config.save_weights.empty()) saveWeights(*model, config.save_weights);
-    if (metrics) {
-      metrics->write({{"kind", "summary"}, {"trainer", "ddprun"}, {"model", config.model},
-                      {"world_size", W}, {"steps", step}, {"samples", samples},
-                      {"train_seconds", result.trainSeconds},
-                      {"samples_per_sec", result.samplesPerSec},
-                      {"final_loss", result.finalLoss}, {"test_accuracy", result.testAccuracy},
-                      {"resumed_from", result.resumedFrom}});
-    }
-  }
-  return result;
+  return TrainingRun(config, data, rt).run();
 }
 
 }  // namespace ddprun::trainers
