@@ -117,7 +117,11 @@ class DynamicRendezvous {
   const std::string& jobFailure() const { return jobFailure_; }
 
  private:
-  struct Connection;  // one TcpStore wrapped in the job's PrefixStore
+  // One connection: the TcpStore (to interrupt it) and the job's PrefixStore over it.
+  struct Connection {
+    std::shared_ptr<TcpStore> tcp;
+    std::shared_ptr<Store> store;
+  };
   std::unique_ptr<Connection> connect() const;
   void checkSettings();
   RoundInfo roundInfo(const RoundState& s) const;

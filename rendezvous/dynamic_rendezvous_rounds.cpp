@@ -1,0 +1,232 @@
+// DynamicRendezvous, the round operations: join (nextRound), failure, exit barrier, leave.
+// The constructor, the connections and the round watcher are in dynamic_rendezvous.cpp.
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/errors.h"
+#include "rendezvous/log.h"
+#include "rendezvous/node_address.h"
+
+namespace ddprun::rendezvous {
+
+namespace {
+
+Millis until(Clock::time_point t) {
+  return std::chrono::duration_cast<Millis>(t - Clock::now());
+}
+
+std::string seconds(Millis m) {
+  std::ostringstream os;
+  os << m.count() / 1000.0 << " s";
+  return os.str();
+}
+
+std::string passedKey(int64_t round, int rank) {
+  return "round/" + std::to_string(round) + "/passed/" + std::to_string(rank);
+}
+
+}  // namespace
+
+RoundInfo DynamicRendezvous::nextRound() {
+  DDPRUN_CHECK(!left_, "nextRound() after leave()");
+  reconnectIfInterrupted();
+  watch(-1);
+  inRound_ = false;
+  self_.masterPort = pickFreePort();
+  const Versioned closed = joinAndWait();
+  round_ = roundInfo(closed.state);
+  roundNo_ = round_.round;
+  inRound_ = true;
+  watch(round_.round);
+  DDPRUN_LOG(INFO, "rendezvous")
+      << "round " << round_.round << " closed: node rank " << round_.nodeRank << " of "
+      << round_.nodeCount << ", ranks " << round_.rankOffset << ".."
+      << round_.rankOffset + self_.nproc - 1 << " of " << round_.worldSize << ", master "
+      << round_.masterAddr << ":" << round_.masterPort << ", restarts " << round_.restartCount;
+  return round_;
+}
+
+// The loop of one join: take part, then WAIT on the marker that ends the current wait
+// (closed, last_call, over), or on the next version when a marker would be stale.
+Versioned DynamicRendezvous::joinAndWait() {
+  const auto& lim = options_.limits;
+  const auto joinDeadline = Clock::now() + options_.joinTimeout;
+  std::map<int64_t, Clock::time_point> lastCallDeadline;  // per round, from when we saw MIN
+  Versioned cur = fresh();
+  for (;;) {
+    current_ = cur;
+    view_.offer(cur);
+    const RoundState& s = cur.state;
+    if (s.phase == Phase::Finished || s.phase == Phase::Failed) {
+      transition::join(s, self_, lim);  // throws JobEndedError with the reason
+    }
+    if (until(joinDeadline).count() <= 0) {
+      throw TimeoutError("rendezvous '" + options_.runId + "' at " + main_->tcp->address() +
+                         ": round " + std::to_string(s.round) + " did not close within " +
+                         "join_timeout=" + seconds(options_.joinTimeout) + " (" +
+                         std::to_string(s.members.size()) + " node(s) joined, MIN=" +
+                         std::to_string(lim.minNodes) + ", MAX=" + std::to_string(lim.maxNodes) +
+                         ")");
+    }
+    const bool member = s.member(self_.id) != nullptr;
+    const bool waiting = std::any_of(s.waiting.begin(), s.waiting.end(),
+                                     [&](const NodeInfo& n) { return n.id == self_.id; });
+    if (s.phase == Phase::Closed && member) return cur;
+    if (s.phase == Phase::Closed && waiting) {  // the job is full: wait for a place
+      if (auto v = log_->waitMarker(overKey(s.round), until(joinDeadline))) cur = log_->read(*v);
+      continue;
+    }
+    if (!member) {
+      cur = log_->update(cur, [&](const RoundState& st) {
+        return transition::join(st, self_, lim);
+      }).now;
+      continue;
+    }
+    // A member of a joining round.
+    if (static_cast<int>(s.members.size()) >= lim.minNodes) {
+      auto it =
+          lastCallDeadline.try_emplace(s.round, Clock::now() + options_.lastCallTimeout).first;
+      const auto wakeAt = std::min(it->second, joinDeadline);
+      if (auto v = log_->waitMarker(closedKey(s.round), until(wakeAt))) {
+        cur = log_->read(*v);
+        continue;
+      }
+      if (Clock::now() < it->second) continue;  // the join deadline: reported above
+      auto r = log_->update(cur, [&](const RoundState& st) {
+        return transition::closeAtDeadline(st, s.round, lim);
+      });
+      cur = r.now;
+      if (r.wrote || cur.state.round != s.round || cur.state.phase != Phase::Joining ||
+          static_cast<int>(cur.state.members.size()) >= lim.minNodes) {
+        continue;
+      }
+      // Below MIN again (a node left after the last call began): fall through.
+    }
+    // Below MIN: wait for the last call, unless that marker is older news than `cur`.
+    auto lc = log_->waitMarker(lastCallKey(cur.state.round), until(joinDeadline));
+    if (!lc) continue;
+    if (*lc > cur.version) {
+      cur = log_->read(*lc);
+      continue;
+    }
+    if (auto nv = log_->waitNewer(cur, until(joinDeadline))) cur = *nv;
+  }
+}
+
+RoundInfo DynamicRendezvous::roundInfo(const RoundState& s) const {
+  RoundInfo r;
+  r.round = s.round;
+  r.restartCount = s.restarts;
+  r.nodeRank = s.rankOf(self_.id);
+  DDPRUN_CHECK(r.nodeRank >= 0, "node " << self_.id << " is not in round " << s.round);
+  r.nodeCount = static_cast<int>(s.members.size());
+  for (int i = 0; i < r.nodeCount; ++i) {
+    if (i < r.nodeRank) r.rankOffset += s.members[i].nproc;
+    r.worldSize += s.members[i].nproc;
+  }
+  r.masterAddr = s.members[0].addr;
+  r.masterPort = s.members[0].masterPort;
+  r.nodes = s.members;
+  return r;
+}
+
+DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
+                                                                const std::string& what) {
+  DDPRUN_CHECK(inRound_, "reportFailure() outside a round");
+  reconnectIfInterrupted();
+  watch(-1);
+  inRound_ = false;
+  const std::string reason = "workers of node " + self_.id + " failed: " + what;
+  auto r = log_->update(current_, [&](const RoundState& s) {
+    return transition::failWorkers(s, round_.round, self_.id, exitCode, reason, options_.limits);
+  });
+  current_ = r.now;
+  view_.offer(current_);
+  if (r.now.state.phase == Phase::Failed) {
+    jobExitCode_ = r.now.state.exitCode;
+    jobFailure_ = r.now.state.reason;
+    return AfterFailure::JobFailed;
+  }
+  if (!r.wrote) {
+    DDPRUN_LOG(INFO, "rendezvous") << "round " << round_.round
+                                   << " had already ended; no restart spent";
+  }
+  return AfterFailure::Restart;
+}
+
+DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
+  DDPRUN_CHECK(inRound_, "finishRound() outside a round");
+  reconnectIfInterrupted();
+  watch(-1);
+  inRound_ = false;
+  const int64_t r = round_.round;
+  auto& store = *main_->store;
+  const int64_t done = store.add("round/" + std::to_string(r) + "/done", 1);
+  if (done == 1) {
+    // The first to finish: from now on a late node waits rather than making every node redo
+    // finished work.
+    current_ = log_->update(current_, [&](const RoundState& s) {
+      return transition::beginFinish(s, r);
+    }).now;
+  }
+  if (done == round_.nodeCount) {
+    current_ = log_->update(current_, [&](const RoundState& s) {
+      return transition::finish(s, r);
+    }).now;
+  }
+  auto v = log_->waitMarker(overKey(r), options_.exitBarrierTimeout);
+  if (!v) {
+    throw TimeoutError("rendezvous '" + options_.runId + "': exit barrier of round " +
+                       std::to_string(r) + ": only " + std::to_string(done) + " of " +
+                       std::to_string(round_.nodeCount) + " nodes had finished when " +
+                       "exit_barrier_timeout=" + seconds(options_.exitBarrierTimeout) +
+                       " ran out");
+  }
+  current_ = log_->read(*v);
+  view_.offer(current_);
+  const RoundState& s = current_.state;
+  if (s.phase == Phase::Failed) {
+    jobExitCode_ = s.exitCode;
+    jobFailure_ = s.reason;
+    return AfterSuccess::JobFailed;
+  }
+  if (s.phase != Phase::Finished) return AfterSuccess::Rejoin;
+  if (s.round == r) {
+    store.set(passedKey(r, round_.nodeRank), "");
+    if (options_.isHost) {
+      // The store must outlive every node's last read of it (pytorch#118891).
+      std::vector<std::string> keys;
+      for (int i = 0; i < round_.nodeCount; ++i) keys.push_back(passedKey(r, i));
+      try {
+        store.wait(keys, options_.closeTimeout);
+      } catch (const TimeoutError&) {
+        DDPRUN_LOG(WARN, "rendezvous") << "not every node passed the exit barrier within "
+                                       << "close_timeout=" << seconds(options_.closeTimeout);
+      }
+    }
+  }
+  // The job is over: stop beating; the keys die with the store (no round trips spent on them).
+  if (monitor_) monitor_->stop();
+  if (writer_) writer_->stop(false);
+  return AfterSuccess::Finished;
+}
+
+void DynamicRendezvous::leave(const std::string& reason) {
+  if (left_) return;
+  reconnectIfInterrupted();
+  watch(-1);
+  left_ = true;
+  inRound_ = false;
+  if (monitor_) monitor_->stop();
+  const std::string why = "node " + self_.id + " (" + self_.addr + ") left: " + reason;
+  auto r = log_->update(fresh(), [&](const RoundState& s) {
+    return transition::remove(s, self_.id, why, options_.limits);
+  });
+  current_ = r.now;
+  if (writer_) writer_->stop(true);
+  DDPRUN_LOG(INFO, "rendezvous") << why;
+}
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,159 @@
+// The text encoding of RoundState (round_state.h): encodeState / decodeState.
+#include <charconv>
+#include <string_view>
+
+#include "rendezvous/round_state.h"
+
+namespace ddprun::rendezvous {
+
+// ---- Encoding ----
+//   ddprun-rendezvous-state 1
+//   round <r>
+//   phase joining|closed|finished|failed
+//   restarts <n>
+//   exit <code>
+//   finishing 1                (only when set)
+//   reason <text to the end of the line>
+//   member|waiting <id> <addr> <nproc> <masterPort> <fixedRank> <prevRank>
+//   expected <id> <prevRank>
+// Hand-written both ways: a state is re-read on every lost compare-set, so it must be cheap.
+namespace {
+constexpr std::string_view kMagic = "ddprun-rendezvous-state 1";
+
+void put(std::string& out, int64_t v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+
+void encodeNode(std::string& out, std::string_view tag, const NodeInfo& n) {
+  out.append(tag).append(" ").append(n.id).append(" ").append(n.addr).append(" ");
+  put(out, n.nproc);
+  out += ' ';
+  put(out, n.masterPort);
+  out += ' ';
+  put(out, n.fixedRank);
+  out += ' ';
+  put(out, n.prevRank);
+  out += '\n';
+}
+
+// Splits one line into white-space separated words.
+std::vector<std::string_view> words(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && line[i] == ' ') ++i;
+    size_t j = i;
+    while (j < line.size() && line[j] != ' ') ++j;
+    if (j > i) out.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+template <typename T>
+bool number(std::string_view w, T& v) {
+  auto r = std::from_chars(w.data(), w.data() + w.size(), v);
+  return r.ec == std::errc() && r.ptr == w.data() + w.size();
+}
+}  // namespace
+
+std::string encodeState(const RoundState& s) {
+  std::string out;
+  out.reserve(160 + 64 * (s.members.size() + s.waiting.size()) + 40 * s.expected.size());
+  out.append(kMagic).append("\nround ");
+  put(out, s.round);
+  out.append("\nphase ").append(phaseName(s.phase)).append("\nrestarts ");
+  put(out, s.restarts);
+  out.append("\nexit ");
+  put(out, s.exitCode);
+  out += '\n';
+  if (s.finishing) out.append("finishing 1\n");
+  std::string reason = s.reason;
+  for (char& c : reason)
+    if (c == '\n' || c == '\r') c = ' ';
+  out.append("reason ").append(reason).append("\n");
+  for (const auto& n : s.members) encodeNode(out, "member", n);
+  for (const auto& n : s.waiting) encodeNode(out, "waiting", n);
+  for (const auto& n : s.expected) {
+    out.append("expected ").append(n.id).append(" ");
+    put(out, n.prevRank);
+    out += '\n';
+  }
+  return out;
+}
+
+RoundState decodeState(const std::string& text, const std::string& what) {
+  auto bad = [&](const std::string& why) -> StoreError {
+    return StoreError("rendezvous state " + what + " is not valid (" + why +
+                      "): is another program using this rendezvous id?");
+  };
+  std::string_view rest(text);
+  auto nextLine = [&](std::string_view& line) {
+    if (rest.empty()) return false;
+    const size_t nl = rest.find('\n');
+    line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    return true;
+  };
+  std::string_view line;
+  if (!nextLine(line) || line != kMagic) throw bad("no '" + std::string(kMagic) + "' header");
+  RoundState s;
+  bool seenRound = false, seenPhase = false;
+  while (nextLine(line)) {
+    if (line.substr(0, 7) == "reason ") {
+      s.reason = std::string(line.substr(7));
+      continue;
+    }
+    const auto w = words(line);
+    if (w.empty()) continue;
+    const std::string_view tag = w[0];
+    auto field = [&](auto& v) { return w.size() == 2 && number(w[1], v); };
+    if (tag == "round") {
+      if (!field(s.round) || s.round < 0) throw bad("round: '" + std::string(line) + "'");
+      seenRound = true;
+    } else if (tag == "phase") {
+      const std::string_view p = w.size() == 2 ? w[1] : std::string_view();
+      if (p == "joining") s.phase = Phase::Joining;
+      else if (p == "closed") s.phase = Phase::Closed;
+      else if (p == "finished") s.phase = Phase::Finished;
+      else if (p == "failed") s.phase = Phase::Failed;
+      else throw bad("phase '" + std::string(p) + "'");
+      seenPhase = true;
+    } else if (tag == "restarts") {
+      if (!field(s.restarts) || s.restarts < 0) throw bad("restarts: '" + std::string(line) + "'");
+    } else if (tag == "exit") {
+      if (!field(s.exitCode)) throw bad("exit: '" + std::string(line) + "'");
+    } else if (tag == "finishing") {
+      int f = 0;
+      if (!field(f) || (f != 0 && f != 1)) throw bad("finishing: '" + std::string(line) + "'");
+      s.finishing = f == 1;
+    } else if (tag == "member" || tag == "waiting") {
+      NodeInfo n;
+      int port = 0;
+      if (w.size() != 7 || !number(w[3], n.nproc) || !number(w[4], port) ||
+          !number(w[5], n.fixedRank) || !number(w[6], n.prevRank) || n.nproc < 1 || port < 0 ||
+          port > 65535) {
+        throw bad("node record '" + std::string(line) + "'");
+      }
+      n.id = std::string(w[1]);
+      n.addr = std::string(w[2]);
+      n.masterPort = static_cast<uint16_t>(port);
+      (tag == "member" ? s.members : s.waiting).push_back(std::move(n));
+    } else if (tag == "expected") {
+      NodeInfo n;
+      if (w.size() != 3 || !number(w[2], n.prevRank)) {
+        throw bad("expected record '" + std::string(line) + "'");
+      }
+      n.id = std::string(w[1]);
+      s.expected.push_back(std::move(n));
+    } else {
+      throw bad("unknown record '" + std::string(tag) + "'");
+    }
+  }
+  if (!seenRound || !seenPhase) throw bad("round or phase missing");
+  return s;
+}
+
+}  // namespace ddprun::rendezvous
