@@ -77,7 +77,7 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
                                                   view_, onError);
   }
   watcher_ = std::thread([this] { watcherLoop(); });
-  DDPRUN_LOG(INFO, "rendezvous") << "node " << self_.id << " joined rendezvous '"
+  DDPRUN_LOG(INFO, "rendezvous") << "node " << self_.id << " connected to rendezvous '"
                                  << options_.runId << "' at " << main_->tcp->address();
 }
 
