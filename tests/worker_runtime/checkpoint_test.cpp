@@ -85,7 +85,7 @@ TEST_CASE("a checkpoint round trip restores model, optimizer and state", "[check
   CHECK(sameTensors(a.parameters(), b.parameters()));
 }
 
-TEST_CASE("the newest complete checkpoint wins; torn and damaged ones are skipped",
+TEST_CASE("the newest complete checkpoint wins, torn and damaged ones are skipped",
           "[checkpoint]") {
   TempDir dir;
   Net net;
@@ -120,7 +120,7 @@ TEST_CASE("the newest complete checkpoint wins; torn and damaged ones are skippe
                     Catch::Contains(newest.string()) && Catch::Contains("torn or damaged"));
 }
 
-TEST_CASE("no checkpoint means a fresh start; leftovers of a crashed save are ignored",
+TEST_CASE("no checkpoint means a fresh start, leftovers of a crashed save are ignored",
           "[checkpoint]") {
   TempDir dir;
   CheckpointManager ckpt({.directory = dir.path});

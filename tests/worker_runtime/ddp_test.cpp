@@ -130,7 +130,7 @@ TEST_CASE("after N steps the weights agree across ranks bit for bit", "[ddp]") {
   }
 }
 
-TEST_CASE("no_sync accumulates locally; the next backward syncs the accumulated sum", "[ddp]") {
+TEST_CASE("no_sync accumulates locally, the next backward syncs the accumulated sum", "[ddp]") {
   const int P = 2;
   auto comms = makeGroup(P);
   std::vector<torch::Tensor> local(P), synced(P), expected(P);

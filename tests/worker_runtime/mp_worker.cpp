@@ -65,6 +65,8 @@ void collectives(Runtime& rt) {
     for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{12347}, (int64_t{64} << 20) / es}) {
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
         if (op == ReduceOp::Avg && !c10::isFloatingType(dtype)) continue;
+        // 64 MiB: every dtype with sum, every op with float32 (the test's time budget).
+        if (n > 12347 && op != ReduceOp::Sum && dtype != torch::kFloat32) continue;
         torch::Tensor t = input(rt.rank(), n, dtype);
         comm.allreduce(t, op);
         expect(torch::equal(t, expected(n, dtype, op, P)),
