@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fcntl.h>
 #include <fstream>
 #include <iostream>
@@ -311,24 +312,28 @@ int benchRendezvous(int argc, char** argv) {
   }
   const Millis hbTimeout{3'000};
   std::ofstream out(csv);
-  out << "scenario,agents,ddprun_s,torchrun_s,torchrun_over_ddprun,target,note\n";
-  std::printf("%-9s %6s | %10s %10s %8s | %s\n", "scenario", "agents", "ddprun", "torchrun",
-              "ratio", "target / note");
+  // Absolute times depend on what else runs on the machine: each row records the load.
+  out << "scenario,agents,ddprun_s,torchrun_s,torchrun_over_ddprun,target,load1,note\n";
+  std::printf("%-9s %6s | %10s %10s %8s | %5s | %s\n", "scenario", "agents", "ddprun",
+              "torchrun", "ratio", "load", "target; note");
   auto row = [&](const char* scenario, int n, const std::vector<Result>& rs,
                  const std::string& target) {
     const Result& d = rs[0];
     const Result t = rs.size() > 1 ? rs[1] : Result{std::nullopt, torchNote};
     std::string ratio = d.seconds && t.seconds ? std::to_string(*t.seconds / *d.seconds) : "-";
     if (ratio != "-") ratio = ratio.substr(0, ratio.find('.') + 2) + "x";
-    std::string note = target;
+    std::string note;
     for (const auto& x : {d.note, t.note})
-      if (!x.empty()) note += "; " + x;
-    std::printf("%-9s %6d | %10s %10s %8s | %s\n", scenario, n, fmt(d).c_str(), fmt(t).c_str(),
-                ratio.c_str(), note.c_str());
+      if (!x.empty()) note += (note.empty() ? "" : "; ") + x;
+    double load[1] = {0};
+    ::getloadavg(load, 1);
+    std::printf("%-9s %6d | %10s %10s %8s | %5.1f | %s%s%s\n", scenario, n, fmt(d).c_str(),
+                fmt(t).c_str(), ratio.c_str(), load[0], target.c_str(),
+                target.empty() || note.empty() ? "" : "; ", note.c_str());
     std::fflush(stdout);
     out << scenario << "," << n << "," << (d.seconds ? std::to_string(*d.seconds) : "") << ","
-        << (t.seconds ? std::to_string(*t.seconds) : "") << "," << ratio << "," << target << ",\""
-        << note << "\"\n";
+        << (t.seconds ? std::to_string(*t.seconds) : "") << "," << ratio << ",\"" << target
+        << "\"," << load[0] << ",\"" << note << "\"\n";
   };
   for (int n : sizes) {
     if (only == "recovery") break;
@@ -351,7 +356,7 @@ int benchRendezvous(int argc, char** argv) {
     if (only == "form") break;
     std::vector<Result> rs;
     for (const auto& p : peers) rs.push_back(recovery(p, n, hbTimeout, hbTimeout + Millis(10'000)));
-    row("recovery", n, rs, "ddprun <= heartbeat timeout 3 s + 0.2 s");
+    row("recovery", n, rs, "ddprun <= 3.2 s (heartbeat timeout + 0.2 s)");
   }
   std::printf("\nwritten: %s\n", csv.c_str());
   return 0;
