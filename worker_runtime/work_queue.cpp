@@ -2,91 +2,147 @@
 
 namespace ddprun::runtime {
 
-void CompletionWork::wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return done_; });
-  if (error_) std::rethrow_exception(error_);
+namespace {
+class QueuedWork;
 }
 
-bool CompletionWork::completed() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
+struct WorkQueue::State {
+  struct Item {
+    std::function<void()> job;
+    std::shared_ptr<QueuedWork> work;
+  };
+  std::mutex mu;
+  std::condition_variable cv;  // queue, busy or a work's state changed
+  std::deque<Item> queue;
+  bool busy = false;  // a job is running (on the thread or on a caller's)
+  bool stop = false;
 
-void CompletionWork::finish(std::exception_ptr error) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    error_ = std::move(error);
+  // With `mu` held and busy false: takes the front job and runs it without the lock.
+  void runFront(std::unique_lock<std::mutex>& lock);
+};
+
+namespace {
+
+class QueuedWork final : public Work {
+ public:
+  explicit QueuedWork(std::weak_ptr<WorkQueue::State> queue) : queue_(std::move(queue)) {}
+
+  void wait() override {
+    if (auto q = queue_.lock()) {
+      std::unique_lock<std::mutex> lock(q->mu);
+      while (!done_) {
+        if (!q->busy && !q->queue.empty()) {
+          q->runFront(lock);  // ours or one before it: run it here rather than wait for a hop
+        } else {
+          q->cv.wait(lock);
+        }
+      }
+    }
+    // done_ is written under the queue's lock; the queue is gone only after finishing all.
+    if (error_) std::rethrow_exception(error_);
   }
-  cv_.notify_all();
+  bool completed() override {
+    if (auto q = queue_.lock()) {
+      std::lock_guard<std::mutex> lock(q->mu);
+      return done_;
+    }
+    return true;
+  }
+  // Called with the queue's lock held.
+  void finish(std::exception_ptr error) {
+    error_ = std::move(error);
+    done_ = true;
+  }
+
+ private:
+  std::weak_ptr<WorkQueue::State> queue_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+void WorkQueue::State::runFront(std::unique_lock<std::mutex>& lock) {
+  Item item = std::move(queue.front());
+  queue.pop_front();
+  busy = true;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    item.job();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  item.work->finish(error);
+  busy = false;
+  cv.notify_all();
 }
 
-WorkQueue::WorkQueue() : thread_([this] { loop(); }) {}
+WorkQueue::WorkQueue() : state_(std::make_shared<State>()) {
+  thread_ = std::thread([s = state_] {
+    std::unique_lock<std::mutex> lock(s->mu);
+    for (;;) {
+      s->cv.wait(lock, [&] { return (!s->queue.empty() && !s->busy) || (s->stop && s->queue.empty()); });
+      if (s->queue.empty()) return;  // stop, and nothing left
+      s->runFront(lock);
+    }
+  });
+}
 
 WorkQueue::~WorkQueue() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
   }
-  cv_.notify_all();
+  state_->cv.notify_all();
   thread_.join();
 }
 
 std::shared_ptr<Work> WorkQueue::submit(std::function<void()> job) {
-  auto work = std::make_shared<CompletionWork>();
+  auto work = std::make_shared<QueuedWork>(state_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({std::move(job), work});
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->queue.push_back({std::move(job), work});
   }
-  cv_.notify_all();
+  state_->cv.notify_all();
   return work;
 }
 
-void WorkQueue::runInline(const std::function<void()>& job) {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
-    busy_ = true;
+namespace {
+// Runs queued jobs on this thread (in order) or waits, until the queue is empty and idle.
+void helpDrain(WorkQueue::State& s, std::unique_lock<std::mutex>& lock) {
+  while (!s.queue.empty() || s.busy) {
+    if (!s.busy) {
+      s.runFront(lock);
+    } else {
+      s.cv.wait(lock);
+    }
   }
+}
+}  // namespace
+
+void WorkQueue::runInline(const std::function<void()>& job) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  helpDrain(*state_, lock);
+  state_->busy = true;
+  lock.unlock();
   struct Release {
-    WorkQueue* q;
+    State& s;
     ~Release() {
       {
-        std::lock_guard<std::mutex> lock(q->mu_);
-        q->busy_ = false;
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.busy = false;
       }
-      q->cv_.notify_all();
+      s.cv.notify_all();
     }
-  } release{this};
+  } release{*state_};
   job();
 }
 
 void WorkQueue::drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
-}
-
-void WorkQueue::loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stop_ && queue_.empty()); });
-    if (queue_.empty()) return;  // stop_ and nothing left
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      item.job();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    item.work->finish(error);
-    lock.lock();
-    busy_ = false;
-    cv_.notify_all();
-  }
+  std::unique_lock<std::mutex> lock(state_->mu);
+  helpDrain(*state_, lock);
 }
 
 }  // namespace ddprun::runtime

@@ -1,11 +1,17 @@
 #pragma once
 // WorkQueue: runs collectives one at a time, in submission order, on one communication thread.
 //
-// Collectives must be issued in the same order on every rank, and a backend's transport allows one
-// collective at a time, so the queue is strictly FIFO. submit() returns at once with a Work that
-// completes when the job has run; runInline() runs a job on the caller's thread once everything
-// submitted before it has finished, which saves a thread hop for blocking calls. A job's
-// exception is stored in its Work and rethrown by wait(), never thrown on the communication thread.
+// Collectives must be issued in the same order on every rank, and a communicator runs one at a
+// time, so the queue is strictly FIFO. submit() returns at once with a Work that completes when the
+// job has run; the thread lets communication overlap the caller's computation (DDP's buckets
+// during backward). A thread hop costs a wake-up, though, which on a loaded machine can take
+// milliseconds, so nobody waits for one needlessly:
+//   - runInline() runs a blocking collective on the caller's thread once everything submitted
+//     before it has finished;
+//   - Work::wait() on a job that has not started yet runs the queued jobs up to and including it
+//     on the waiting thread (in order), instead of sleeping until the communication thread does.
+// A job's exception is stored in its Work and rethrown by wait(), never thrown on the
+// communication thread.
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -17,20 +23,6 @@
 #include "worker_runtime/communicator.h"
 
 namespace ddprun::runtime {
-
-// A Work that some thread completes by calling finish().
-class CompletionWork final : public Work {
- public:
-  void wait() override;
-  bool completed() override;
-  void finish(std::exception_ptr error);
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
 
 class WorkQueue {
  public:
@@ -46,18 +38,10 @@ class WorkQueue {
   // Blocks until every job submitted so far has run.
   void drain();
 
- private:
-  struct Item {
-    std::function<void()> job;
-    std::shared_ptr<CompletionWork> work;
-  };
-  void loop();
+  struct State;  // shared with the Works, which may outlive the queue
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool busy_ = false;  // a job is running (on the thread or inline)
-  bool stop_ = false;
+ private:
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 
