@@ -9,7 +9,6 @@
 //     stepping locally (no communication), interleaved, same per-rank batch.
 // The ranks are processes of this binary (started with posix_spawn, environment as ddprun gives
 // it, the agent store hosted here). Prints a table with ratios; writes bench/results/allreduce.csv.
-#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,7 +45,6 @@ struct Options {
   size_t maxBytes = 256 << 20;
   double seconds = 1.0;  // rough time budget per size and implementation
   bool ddp = true;
-  bool realtime = false;
   std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/allreduce.csv";
   GlooOptions tuning;  // ddprun's algorithm settings (defaults unless overridden for experiments)
   // Optional second ddprun communicator with other settings, interleaved with the rest: an A/B
@@ -268,7 +266,6 @@ int benchAllreduce(int argc, char** argv) {
   app.add_option("--max-bytes", o.maxBytes, "largest message [268435456]");
   app.add_option("--seconds", o.seconds, "time budget per size and implementation [1]");
   app.add_flag("!--no-ddp", o.ddp, "skip the DDP step measurement");
-  app.add_flag("--realtime", o.realtime, "run the ranks under SCHED_FIFO (needs root)");
   app.add_option("--csv", o.csv, "where to write the results");
   app.add_option("--direct-max-bytes", o.tuning.directMaxBytes, "tuning: ddprun's direct/ring switch");
   app.add_option("--ring-segment-bytes", o.tuning.ringSegmentBytes, "tuning: ring pipeline segment");
@@ -278,13 +275,6 @@ int benchAllreduce(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (isWorker) return worker(o);
 
-  if (o.realtime) {
-    sched_param sp{.sched_priority = 10};
-    if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) {
-      std::cerr << "--realtime: cannot use SCHED_FIFO (" << std::strerror(errno) << ")\n";
-      return 1;
-    }
-  }
   std::vector<std::string> args{"--min-bytes", std::to_string(o.minBytes), "--max-bytes",
                                 std::to_string(o.maxBytes), "--seconds", std::to_string(o.seconds),
                                 "--direct-max-bytes", std::to_string(o.tuning.directMaxBytes),
