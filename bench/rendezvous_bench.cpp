@@ -27,6 +27,7 @@
 #include <spawn.h>
 #include <sstream>
 #include <sys/inotify.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <thread>
 #include <tuple>
@@ -143,7 +144,14 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 struct Result {
   std::optional<double> seconds;
   std::string note;
+  std::optional<double> cpu;  // form: CPU seconds of every agent, worker and guard of the run
 };
+
+double childrenCpuSeconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_CHILDREN, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
 
 // Scenario 1: from the first spawn until every agent has exited 0 (a watchdog kills the rest
 // at the cap).
@@ -151,6 +159,7 @@ Result form(const Peer& peer, int n, Millis cap) {
   const uint16_t port = ddprun::rendezvous::pickFreePort();
   const std::string id = "form" + std::to_string(n) + "-" + std::to_string(::getpid());
   std::vector<pid_t> pids;
+  const double cpu0 = childrenCpuSeconds();  // agents reap their workers: all of it lands here
   const auto t0 = Clock::now();
   for (int i = 0; i < n; ++i) pids.push_back(spawnAgent(peer.argv(i, n, n, port, id, {"true"}), i));
   std::mutex mu;
@@ -183,7 +192,7 @@ Result form(const Peer& peer, int n, Millis cap) {
   removeLogs(n);
   if (capped) return {std::nullopt, "not done within " + std::to_string(cap.count() / 1000) + " s"};
   if (failed) return {std::nullopt, std::to_string(failed) + " agents failed"};
-  return {seconds(t1 - t0), ""};
+  return {seconds(t1 - t0), "", childrenCpuSeconds() - cpu0};
 }
 
 // Lines "AGENT WORLD PID" appended by each worker at its start, watched with inotify.
@@ -312,10 +321,12 @@ int benchRendezvous(int argc, char** argv) {
   }
   const Millis hbTimeout{3'000};
   std::ofstream out(csv);
-  // Absolute times depend on what else runs on the machine: each row records the load.
-  out << "scenario,agents,ddprun_s,torchrun_s,torchrun_over_ddprun,target,load1,note\n";
-  std::printf("%-9s %6s | %10s %10s %8s | %5s | %s\n", "scenario", "agents", "ddprun",
-              "torchrun", "ratio", "load", "target; note");
+  // Wall times depend on what else runs on the machine; CPU seconds do not (form rows: with
+  // 2 cores, cpu / 2 is the wall time an idle machine could reach).
+  out << "scenario,agents,ddprun_s,torchrun_s,torchrun_over_ddprun,ddprun_cpu_s,torchrun_cpu_s,"
+         "target,note\n";
+  std::printf("%-9s %6s | %10s %10s %8s | %9s %9s | %s\n", "scenario", "agents", "ddprun",
+              "torchrun", "ratio", "cpu ddp", "cpu torch", "target; note");
   auto row = [&](const char* scenario, int n, const std::vector<Result>& rs,
                  const std::string& target) {
     const Result& d = rs[0];
@@ -325,29 +336,37 @@ int benchRendezvous(int argc, char** argv) {
     std::string note;
     for (const auto& x : {d.note, t.note})
       if (!x.empty()) note += (note.empty() ? "" : "; ") + x;
-    double load[1] = {0};
-    ::getloadavg(load, 1);
-    std::printf("%-9s %6d | %10s %10s %8s | %5.1f | %s%s%s\n", scenario, n, fmt(d).c_str(),
-                fmt(t).c_str(), ratio.c_str(), load[0], target.c_str(),
+    auto cpu = [](const Result& r) {
+      char b[32] = "-";
+      if (r.cpu) std::snprintf(b, sizeof b, "%.3f s", *r.cpu);
+      return std::string(b);
+    };
+    auto num = [](const std::optional<double>& v) { return v ? std::to_string(*v) : ""; };
+    std::printf("%-9s %6d | %10s %10s %8s | %9s %9s | %s%s%s\n", scenario, n, fmt(d).c_str(),
+                fmt(t).c_str(), ratio.c_str(), cpu(d).c_str(), cpu(t).c_str(), target.c_str(),
                 target.empty() || note.empty() ? "" : "; ", note.c_str());
     std::fflush(stdout);
-    out << scenario << "," << n << "," << (d.seconds ? std::to_string(*d.seconds) : "") << ","
-        << (t.seconds ? std::to_string(*t.seconds) : "") << "," << ratio << ",\"" << target
-        << "\"," << load[0] << ",\"" << note << "\"\n";
+    out << scenario << "," << n << "," << num(d.seconds) << "," << num(t.seconds) << "," << ratio
+        << "," << num(d.cpu) << "," << num(t.cpu) << ",\"" << target << "\",\"" << note
+        << "\"\n";
   };
   for (int n : sizes) {
     if (only == "recovery") break;
     std::vector<Result> rs;
     for (const auto& p : peers) {
       const int runs = p.name == "torchrun" && n > 16 ? 1 : repeat;  // torchrun: ~1 s CPU per agent
-      std::vector<double> times;
+      std::vector<double> times, cpus;
       Result last;
       for (int k = 0; k < runs; ++k) {
         last = form(p, n, Millis(300'000));
         if (!last.seconds) break;
         times.push_back(*last.seconds);
+        cpus.push_back(*last.cpu);
       }
-      if (last.seconds) last.seconds = median(times);
+      if (last.seconds) {
+        last.seconds = median(times);
+        last.cpu = median(cpus);
+      }
       rs.push_back(last);
     }
     row("form+run", n, rs, n == 64 ? "ddprun < 0.3 s" : "");
