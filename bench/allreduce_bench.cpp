@@ -201,7 +201,7 @@ int worker(const Options& o) {
 
 // ---- parent side ----
 
-std::vector<std::string> runRanks(int P, const Options& o, const std::vector<std::string>& args) {
+std::vector<std::string> runRanks(int P, const std::vector<std::string>& args) {
   ddprun::rendezvous::ThreadedStoreServer store({.host = "127.0.0.1", .port = 0});
   int out[2];
   if (::pipe(out) != 0) throw std::runtime_error("pipe failed");
@@ -289,7 +289,7 @@ int benchAllreduce(int argc, char** argv) {
     std::cout << std::left << std::setw(10) << "size" << std::right << std::setw(12) << "ddprun us"
               << std::setw(12) << "HD us" << std::setw(12) << "ring us" << std::setw(12)
               << "ddprun GB/s" << std::setw(12) << "best Gloo" << std::setw(10) << "ratio\n";
-    for (const auto& line : runRanks(P, o, args)) {
+    for (const auto& line : runRanks(P, args)) {
       std::istringstream in(line);
       std::string what;
       size_t bytes;

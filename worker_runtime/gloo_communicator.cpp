@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
@@ -18,8 +19,8 @@
 #include "rendezvous/errors.h"
 #include "rendezvous/log.h"
 #include "rendezvous/prefix_store.h"
-#include "worker_runtime/mesh_allreduce.h"
 #include "worker_runtime/gloo_store_adapter.h"
+#include "worker_runtime/mesh_allreduce.h"
 #include "worker_runtime/reduce.h"
 #include "worker_runtime/work_queue.h"
 
@@ -28,34 +29,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::shared_ptr<gloo::transport::Device> makeDevice(const GlooOptions& o) {
-  gloo::transport::tcp::attr attr;
-  if (!o.hostname.empty()) {
-    attr.hostname = o.hostname;
-  } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
-    attr.iface = ifname;
-  } else {
-    char host[256] = {};
-    attr.hostname = ::gethostname(host, sizeof(host) - 1) == 0 ? host : "127.0.0.1";
-  }
-  try {
-    return gloo::transport::tcp::CreateDevice(attr);
-  } catch (const std::exception& e) {
-    if (!o.hostname.empty() || !attr.iface.empty()) {
-      throw ConfigError("gloo: cannot listen on " +
-                        (attr.iface.empty() ? "address " + attr.hostname
-                                            : "interface GLOO_SOCKET_IFNAME=" + attr.iface) +
-                        ": " + e.what());
-    }
-    DDPRUN_LOG(WARN, "gloo") << "host name " << attr.hostname << " unusable (" << e.what()
-                             << "); using 127.0.0.1";
-    attr.hostname = "127.0.0.1";
-    return gloo::transport::tcp::CreateDevice(attr);
-  }
-}
-
-// The address other ranks reach this one at for the allreduce mesh: as for Gloo's device.
-std::string meshHost(const GlooOptions& o) {
+// The address other ranks reach this one at, for Gloo's device and for the allreduce mesh alike:
+// GlooOptions::hostname, else GLOO_SOCKET_IFNAME's IPv4 address, else this host's name when it
+// resolves, else 127.0.0.1.
+std::string chooseHost(const GlooOptions& o) {
   if (!o.hostname.empty()) return o.hostname;
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
     ifaddrs* list = nullptr;
@@ -74,12 +51,33 @@ std::string meshHost(const GlooOptions& o) {
     }
     if (found.empty()) {
       throw ConfigError(std::string("GLOO_SOCKET_IFNAME=") + ifname +
-                        ": no such interface with an IPv4 address");
+                        ": no such network interface with an IPv4 address");
     }
     return found;
   }
   char host[256] = {};
-  return ::gethostname(host, sizeof(host) - 1) == 0 ? host : "127.0.0.1";
+  if (::gethostname(host, sizeof(host) - 1) == 0) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(host, nullptr, &hints, &res) == 0) {
+      ::freeaddrinfo(res);
+      return host;
+    }
+    DDPRUN_LOG(WARN, "gloo") << "host name " << host << " does not resolve; using 127.0.0.1 "
+                             << "(set GLOO_SOCKET_IFNAME for jobs across machines)";
+  }
+  return "127.0.0.1";
+}
+
+std::shared_ptr<gloo::transport::Device> makeDevice(const std::string& host) {
+  gloo::transport::tcp::attr attr;
+  attr.hostname = host;
+  try {
+    return gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw ConfigError("gloo: cannot listen on address " + host + ": " + e.what());
+  }
 }
 
 class GlooCommunicator final : public Communicator {
@@ -92,7 +90,8 @@ class GlooCommunicator final : public Communicator {
     const std::string prefix = "gloo/" + std::to_string(n);
     auto scoped = std::make_shared<rendezvous::PrefixStore>(prefix, std::move(store));
     GlooStoreAdapter adapter(*scoped);
-    auto device = makeDevice(options_);
+    const std::string host = chooseHost(options_);
+    auto device = makeDevice(host);
     auto context = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.size);
     context->setTimeout(options_.timeout);
     try {
@@ -107,7 +106,7 @@ class GlooCommunicator final : public Communicator {
     context_ = context;
     if (options_.size > 1) {
       allreduce_ = std::make_unique<MeshAllreduce>(std::make_unique<TcpMesh>(
-          *scoped, "mesh", options_.rank, options_.size, meshHost(options_), options_.timeout));
+          *scoped, "mesh", options_.rank, options_.size, host, options_.timeout));
     }
   }
 

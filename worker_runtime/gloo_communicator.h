@@ -24,8 +24,8 @@ struct GlooOptions {
   int rank = 0;
   int size = 1;
   Millis timeout = kDefaultCollectiveTimeout;
-  // Address (name or IP) other ranks use to reach this one. Empty: GLOO_SOCKET_IFNAME's interface
-  // when that variable is set, else this host's name, else 127.0.0.1.
+  // Address (name or IP) other ranks use to reach this one. Empty: GLOO_SOCKET_IFNAME's IPv4
+  // address when that variable is set, else this host's name when it resolves, else 127.0.0.1.
   std::string hostname;
   AllreduceAlgorithm allreduce = AllreduceAlgorithm::Auto;
   // Under Auto, a message of B bytes uses "direct" while B * (size - 1) <= directMaxBytes, else

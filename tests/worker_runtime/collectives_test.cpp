@@ -187,3 +187,21 @@ TEST_CASE("a group of one needs no peers", "[collectives][gloo]") {
   CHECK(torch::equal(comms[0]->allgather(t)[0], t));
   comms[0]->barrier();
 }
+
+TEST_CASE("GLOO_SOCKET_IFNAME picks the interface, an unknown one is refused by name",
+          "[collectives][gloo]") {
+  auto store = std::make_shared<MemoryStore>(std::chrono::seconds(5));
+  ::setenv("GLOO_SOCKET_IFNAME", "nope0", 1);
+  CHECK_THROWS_WITH(makeGlooCommunicator(store, {.rank = 0, .size = 1}),
+                    Catch::Contains("GLOO_SOCKET_IFNAME=nope0"));
+  ::setenv("GLOO_SOCKET_IFNAME", "lo", 1);
+  store = std::make_shared<MemoryStore>(std::chrono::seconds(5));  // the failure counted above
+  std::vector<std::shared_ptr<Communicator>> comms(2);
+  runRanks(2, [&](int r) {
+    comms[r] = makeGlooCommunicator(store, {.rank = r, .size = 2, .timeout = std::chrono::seconds(20)});
+  });
+  ::unsetenv("GLOO_SOCKET_IFNAME");
+  std::vector<torch::Tensor> t{torch::ones({5}), torch::ones({5})};
+  runRanks(2, [&](int r) { comms[r]->allreduce(t[r]); });
+  CHECK(torch::equal(t[0], torch::full({5}, 2.0f)));
+}
