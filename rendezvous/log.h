@@ -38,13 +38,21 @@ class Line {
   std::ostringstream os_;
 };
 
+// Turns a Line into void so both arms of DDPRUN_LOG's ?: have one type (& binds looser
+// than <<, so the whole line is built first).
+struct Voidify {
+  void operator&(const Line&) {}
+};
+
 }  // namespace ddprun::log
 
-#define DDPRUN_LOG(LEVEL, COMPONENT)                                   \
-  if (!::ddprun::log::enabled(::ddprun::log::Level::DDPRUN_LVL_##LEVEL)) \
-    ;                                                                  \
-  else                                                                 \
-    ::ddprun::log::Line(::ddprun::log::Level::DDPRUN_LVL_##LEVEL, COMPONENT)
+// An expression, not an if/else, so that `if (x) DDPRUN_LOG(...) << y; else ...` binds as
+// written; the line is neither built nor formatted when its level is off.
+#define DDPRUN_LOG(LEVEL, COMPONENT)                                           \
+  !::ddprun::log::enabled(::ddprun::log::Level::DDPRUN_LVL_##LEVEL)            \
+      ? (void)0                                                                \
+      : ::ddprun::log::Voidify() &                                             \
+            ::ddprun::log::Line(::ddprun::log::Level::DDPRUN_LVL_##LEVEL, COMPONENT)
 
 #define DDPRUN_LVL_ERROR Error
 #define DDPRUN_LVL_WARN Warn

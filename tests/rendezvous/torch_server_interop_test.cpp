@@ -1,9 +1,11 @@
 // ddprun's TcpStore client against a real torch 1.13 TCPStore server (c10d::TCPStore from
 // Debian's libtorch, in this process), in the legacy dialect. Note the torch 1.13 client
 // prefixes keys with "/", so the same data seen from torch is under "/key".
-#include <catch2/catch.hpp>
-
+// Torch first: it pulls in glog, whose CHECK would replace Catch's (and abort instead of
+// failing the test); drop it before Catch defines its own.
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#undef CHECK
+#include <catch2/catch.hpp>
 
 #include "rendezvous/errors.h"
 #include "rendezvous/tcp_store.h"
