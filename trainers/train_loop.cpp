@@ -134,8 +134,8 @@ class TrainingRun {
       DDPRUN_LOG(INFO, "trainer") << "mixed_precision applies on CUDA only; training in float32";
     }
     resume();
-    // DDP is built after the checkpoint is loaded: Module::load replaces the parameters'
-    // tensors, and a DDP built before keeps watching the old ones (the ranks drift apart).
+    // DDP is built after the checkpoint is loaded, so its initial broadcast from rank 0 starts
+    // every rank from the restored weights.
     ddp_.emplace(model_, rt.comm());
     if (master_) openMetrics();
   }

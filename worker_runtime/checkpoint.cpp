@@ -258,25 +258,70 @@ TrainingState CheckpointManager::inspect(const fs::path& file) {
   return stateFrom(readVerified(file).first, file);
 }
 
+namespace {
+
+struct LoadedTensor {
+  std::string name;
+  torch::Tensor mine;    // the model's tensor
+  torch::Tensor theirs;  // the checkpoint's value
+};
+
+// Reads every parameter and buffer of `module` (recursively, in Module::save's nested layout)
+// from `archive` into `out`, keyed by their dotted names, without touching the module.
+void readModuleTensors(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+                       const std::string& prefix,
+                       std::vector<LoadedTensor>& out) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+    torch::Tensor t;
+    archive.read(p.key(), t);
+    out.push_back({prefix + p.key(), p.value(), t});
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) {
+    torch::Tensor t;
+    archive.read(b.key(), t, /*is_buffer=*/true);
+    out.push_back({prefix + b.key(), b.value(), t});
+  }
+  for (const auto& c : module.named_children()) {
+    torch::serialize::InputArchive child;
+    archive.read(c.key(), child);
+    readModuleTensors(*c.value(), child, prefix + c.key() + ".", out);
+  }
+}
+
+}  // namespace
+
 TrainingState CheckpointManager::load(const fs::path& file, torch::nn::Module& model,
                                       torch::optim::Optimizer* optimizer) {
   auto [meta, payload] = readVerified(file);
   TrainingState state = stateFrom(meta, file);
-  // LibTorch's load replaces tensors wholesale (shapes included): check they still fit.
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  for (const auto& p : model.named_parameters()) shapes.emplace_back(p.key(), p.value().sizes().vec());
-  for (const auto& b : model.named_buffers()) shapes.emplace_back(b.key(), b.value().sizes().vec());
   try {
     torch::serialize::InputArchive archive;
     std::istringstream in(payload);
     archive.load_from(in);
     torch::serialize::InputArchive modelArchive;
     archive.read("model", modelArchive);
-    model.load(modelArchive);
-    if (optimizer) {
-      if (!meta.value("has_optimizer", false)) {
-        throw CheckpointError("it holds no optimizer state");
+    // Read everything first and check every shape, then copy values into the model's own
+    // tensors. LibTorch's Module::load would instead swap the tensors' storage (set_), which
+    // breaks a DistributedDataParallel already built on them, and would leave a half-loaded
+    // model behind when a later tensor does not fit.
+    std::vector<LoadedTensor> loaded;
+    readModuleTensors(model, modelArchive, "", loaded);
+    for (const auto& [name, mine, theirs] : loaded) {
+      if (mine.sizes() != theirs.sizes() || mine.scalar_type() != theirs.scalar_type()) {
+        throw CheckpointError("does not fit this model: " + name + " has shape " + c10::str(theirs.sizes()) + " (" +
+                              c10::toString(theirs.scalar_type()) + ") in the checkpoint, " +
+                              c10::str(mine.sizes()) + " (" + c10::toString(mine.scalar_type()) +
+                              ") in the model");
       }
+    }
+    if (optimizer && !meta.value("has_optimizer", false)) {
+      throw CheckpointError("it holds no optimizer state");
+    }
+    {
+      torch::NoGradGuard noGrad;
+      for (auto& t : loaded) t.mine.copy_(t.theirs);
+    }
+    if (optimizer) {
       torch::serialize::InputArchive optimArchive;
       archive.read("optimizer", optimArchive);
       optimizer->load(optimArchive);
@@ -287,17 +332,6 @@ TrainingState CheckpointManager::load(const fs::path& file, torch::nn::Module& m
     throw CheckpointError("checkpoint " + file.string() +
                           " does not fit this model/optimizer: " + e.what());
   }
-  size_t i = 0;
-  auto check = [&](const std::string& name, const torch::Tensor& t) {
-    const auto& [expectedName, expectedShape] = shapes[i++];
-    if (name != expectedName || t.sizes().vec() != expectedShape) {
-      throw CheckpointError("checkpoint " + file.string() + " does not fit this model: " + name +
-                            " has shape " + c10::str(t.sizes()) + " in the checkpoint, " +
-                            c10::str(c10::IntArrayRef(expectedShape)) + " in the model");
-    }
-  };
-  for (const auto& p : model.named_parameters()) check(p.key(), p.value());
-  for (const auto& b : model.named_buffers()) check(b.key(), b.value());
   return state;
 }
 

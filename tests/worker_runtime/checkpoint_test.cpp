@@ -185,9 +185,31 @@ TEST_CASE("a checkpoint of another model is refused with the parameter named", "
   Net small(16);
   ckpt.save(small, nullptr, {.step = 1});
   Net other(32);
+  std::vector<torch::Tensor> before;
+  for (const auto& t : other.parameters()) before.push_back(t.clone());
   CHECK_THROWS_WITH(ckpt.loadLatest(other, nullptr),
-                    Catch::Contains("does not fit this model") && Catch::Contains("ckpt-000000000001"));
+                    Catch::Contains("does not fit this model") && Catch::Contains("fc1.weight") &&
+                        Catch::Contains("ckpt-000000000001"));
+  CHECK(sameTensors(before, other.parameters()));  // a refused checkpoint changes nothing
   torch::optim::SGD sgd(small.parameters(), 0.1);
   CHECK_THROWS_WITH(ckpt.loadLatest(small, &sgd), Catch::Contains("no optimizer state"));
   CHECK_THROWS_AS(CheckpointManager({.directory = dir.path, .keep = 0}), ddprun::ConfigError);
+}
+
+TEST_CASE("loading copies into the model's own tensors (a DDP built on them stays valid)",
+          "[checkpoint]") {
+  TempDir dir;
+  CheckpointManager ckpt({.directory = dir.path});
+  Net a;
+  ckpt.save(a, nullptr, {.step = 4});
+  Net b;
+  std::vector<const void*> storage;
+  for (const auto& t : b.parameters()) storage.push_back(t.data_ptr());
+  for (const auto& t : b.buffers()) storage.push_back(t.data_ptr());
+  REQUIRE(ckpt.loadLatest(b, nullptr));
+  size_t i = 0;
+  for (const auto& t : b.parameters()) CHECK(t.data_ptr() == storage[i++]);
+  for (const auto& t : b.buffers()) CHECK(t.data_ptr() == storage[i++]);
+  CHECK(sameTensors(a.parameters(), b.parameters()));
+  CHECK(sameTensors(a.buffers(), b.buffers()));
 }
