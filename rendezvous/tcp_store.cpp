@@ -244,7 +244,10 @@ TcpStore::TcpStore(TcpStoreOptions options)
       address_(options_.host + ":" + std::to_string(options_.port)),
       wire_(options_.dialect == StoreDialect::Legacy ? protocol::Dialect::Legacy
                                                      : protocol::Dialect::Current) {
-  if (!options_.authToken) options_.authToken = tokenFromEnvironment();
+  if (!options_.authToken && options_.tokenFromEnvironment &&
+      options_.dialect == StoreDialect::Ddprun) {
+    options_.authToken = tokenFromEnvironment();
+  }
   if (options_.authToken && options_.dialect != StoreDialect::Ddprun) {
     throw ConfigError("store at " + address_ +
                       ": an authentication token needs the ddprun dialect (torch's TCPStore "

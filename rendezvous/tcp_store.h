@@ -34,6 +34,10 @@ struct TcpStoreOptions {
   // Token for an authenticating ddprun-store. When unset, DDPRUN_STORE_TOKEN_FILE is read
   // (if that variable is set).
   std::optional<std::string> authToken;
+  // Whether an unset authToken is read from DDPRUN_STORE_TOKEN_FILE (ddprun dialect only).
+  // Off for stores that are never authenticated, such as the store workers meet in (PyTorch
+  // workers could not authenticate to it).
+  bool tokenFromEnvironment = true;
 };
 
 class TcpStore final : public Store {

@@ -54,7 +54,9 @@ std::shared_ptr<rendezvous::Store> connect(const WorkerEnv& env, Millis timeout,
   return std::make_shared<TcpStore>(TcpStoreOptions{.host = unbracket(env.masterAddr),
                                                     .port = env.masterPort,
                                                     .timeout = timeout,
-                                                    .dialect = dialect});
+                                                    .dialect = dialect,
+                                                    // the workers' store is never authenticated
+                                                    .tokenFromEnvironment = false});
 }
 
 // The agent's store is a ddprun-store under ddprun and a torch TCPStore under torchrun.
