@@ -16,8 +16,8 @@
 #include "launcher/worker_command.h"
 #include "launcher/worker_env.h"
 #include "launcher/worker_group.h"
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 
 namespace ddprun::launcher {
 

@@ -12,7 +12,7 @@
 #include <csignal>
 #include <cstring>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::launcher {
 

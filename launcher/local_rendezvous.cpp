@@ -11,7 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <cstring>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "rendezvous/store_server.h"
 
 namespace ddprun::launcher {

@@ -10,7 +10,7 @@
 #include "launcher/agent.h"
 #include "launcher/options.h"
 #include "launcher/worker_command.h"
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 int main(int argc, char** argv) {
   using namespace ddprun;

@@ -6,7 +6,7 @@
 #include "launcher/multinode_rendezvous.h"
 #include "launcher/option_values.h"
 #include "launcher/options.h"
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::launcher {
 

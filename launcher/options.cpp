@@ -13,8 +13,8 @@
 
 #include "launcher/devices.h"
 #include "launcher/option_values.h"
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 
 extern char** environ;
 

@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::launcher {
 

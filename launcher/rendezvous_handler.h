@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace boost::asio {
 class io_context;

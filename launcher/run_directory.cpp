@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <system_error>
 
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 
 namespace ddprun::launcher {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "launcher/options.h"
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::launcher {
 

@@ -14,8 +14,8 @@
 #include <cstring>
 
 #include "launcher/option_values.h"
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 
 namespace ddprun::launcher {
 

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::rendezvous::auth {
 

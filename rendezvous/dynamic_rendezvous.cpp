@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <random>
 
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/node_address.h"
 #include "rendezvous/prefix_store.h"
 

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "rendezvous/dynamic_rendezvous.h"
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/node_address.h"
 
 namespace ddprun::rendezvous {

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 
 namespace ddprun::rendezvous {
 

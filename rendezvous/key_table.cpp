@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::rendezvous {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::rendezvous {
 

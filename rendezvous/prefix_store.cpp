@@ -1,6 +1,6 @@
 #include "rendezvous/prefix_store.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::rendezvous {
 

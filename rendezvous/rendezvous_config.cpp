@@ -3,7 +3,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::rendezvous {
 

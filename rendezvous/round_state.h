@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::rendezvous {
 

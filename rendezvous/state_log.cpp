@@ -1,6 +1,6 @@
 #include "rendezvous/state_log.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::rendezvous {
 

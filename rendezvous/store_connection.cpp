@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "rendezvous/auth.h"
-#include "rendezvous/log.h"
+#include "base/log.h"
 
 namespace ddprun::rendezvous {
 

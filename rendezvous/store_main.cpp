@@ -14,8 +14,8 @@
 #include <iostream>
 
 #include "rendezvous/auth.h"
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/store_server.h"
 
 int main(int argc, char** argv) {

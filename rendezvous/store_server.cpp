@@ -8,8 +8,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <unordered_map>
 
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/store_connection.h"
 
 namespace ddprun::rendezvous {

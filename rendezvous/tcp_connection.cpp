@@ -4,7 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::rendezvous {
 

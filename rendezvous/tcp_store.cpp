@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "rendezvous/auth.h"
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/tcp_connection.h"
 
 namespace ddprun::rendezvous {

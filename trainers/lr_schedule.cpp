@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::trainers {
 

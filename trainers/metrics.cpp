@@ -6,7 +6,7 @@
 #include <sstream>
 #include <vector>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::trainers {
 

@@ -17,7 +17,7 @@
 
 #include <torch/torch.h>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::trainers {
 

@@ -1,6 +1,6 @@
 #include "trainers/models.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::trainers {
 

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::trainers {
 

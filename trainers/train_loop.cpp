@@ -11,7 +11,7 @@
 #include <numeric>
 #include <optional>
 
-#include "rendezvous/log.h"
+#include "base/log.h"
 #include "trainers/evaluation.h"
 #include "trainers/lr_schedule.h"
 #include "trainers/metrics.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/log.h"
+#include "base/log.h"
 #include "trainers/threads.h"
 #include "trainers/train_loop.h"
 #include "worker_runtime/runtime.h"

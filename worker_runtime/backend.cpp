@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::runtime {
 

@@ -11,7 +11,7 @@
 #include <regex>
 #include <sstream>
 
-#include "rendezvous/log.h"
+#include "base/log.h"
 #include "worker_runtime/communicator.h"
 
 namespace ddprun::runtime {

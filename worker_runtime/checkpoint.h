@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "worker_runtime/sampler.h"
 
 namespace ddprun::runtime {

@@ -1,6 +1,6 @@
 #include "worker_runtime/communicator.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "worker_runtime/reduce.h"
 
 namespace ddprun::runtime {

@@ -5,7 +5,7 @@
 #include <map>
 #include <sstream>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "worker_runtime/ddp_reducer.h"
 
 namespace ddprun::runtime {

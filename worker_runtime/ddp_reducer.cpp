@@ -7,8 +7,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #ifdef DDPRUN_HAVE_CUDA_KERNELS
 #include "worker_runtime/cuda/bucket_kernels.h"
 #endif

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <limits>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::runtime {
 namespace {

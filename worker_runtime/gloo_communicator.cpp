@@ -16,8 +16,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/prefix_store.h"
 #include "worker_runtime/gloo_store_adapter.h"
 #include "worker_runtime/mesh_allreduce.h"

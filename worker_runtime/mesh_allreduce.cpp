@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "worker_runtime/reduce.h"
 
 namespace ddprun::runtime {

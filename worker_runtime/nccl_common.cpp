@@ -2,7 +2,7 @@
 // anywhere) and, when ddprun is built without NCCL, the factories that say so.
 #include "worker_runtime/nccl_communicator.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::runtime {
 

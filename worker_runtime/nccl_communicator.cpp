@@ -15,8 +15,8 @@
 #include <mutex>
 #include <thread>
 
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/prefix_store.h"
 
 namespace ddprun::runtime {

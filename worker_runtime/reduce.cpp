@@ -5,7 +5,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::runtime {
 namespace {

@@ -3,8 +3,8 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "rendezvous/errors.h"
-#include "rendezvous/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"

@@ -1,6 +1,6 @@
 #include "worker_runtime/sampler.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::runtime {
 namespace {

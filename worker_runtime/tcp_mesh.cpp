@@ -14,7 +14,7 @@
 #include <sstream>
 #include <thread>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 namespace ddprun::runtime {
 namespace {

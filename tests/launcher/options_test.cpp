@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "launcher/options.h"
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 
 using namespace ddprun;
 using namespace ddprun::launcher;

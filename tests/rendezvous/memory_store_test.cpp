@@ -3,7 +3,7 @@
 
 #include <thread>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "rendezvous/memory_store.h"
 
 using namespace ddprun::rendezvous;

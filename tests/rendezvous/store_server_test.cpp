@@ -5,7 +5,7 @@
 #include <cstring>
 #include <thread>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/tcp_store.h"

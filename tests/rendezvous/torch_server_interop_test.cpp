@@ -7,7 +7,7 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "rendezvous/tcp_store.h"
 
 using namespace ddprun::rendezvous;

@@ -3,7 +3,7 @@
 
 #include <fstream>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "test_files.h"
 #include "trainers/lr_schedule.h"
 #include "trainers/metrics.h"

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "worker_runtime/checkpoint.h"
 
 using namespace ddprun::runtime;

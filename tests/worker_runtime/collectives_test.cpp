@@ -2,7 +2,7 @@
 // ranks as threads on one MemoryStore (real Gloo TCP connections over loopback).
 #include "tests/worker_runtime/catch_torch.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "rendezvous/memory_store.h"
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/gloo_communicator.h"

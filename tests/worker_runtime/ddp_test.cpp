@@ -3,7 +3,7 @@
 // across ranks, no_sync accumulates locally, buckets follow PyTorch's rules.
 #include "tests/worker_runtime/catch_torch.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "rendezvous/memory_store.h"
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/ddp.h"

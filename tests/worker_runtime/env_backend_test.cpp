@@ -3,7 +3,7 @@
 
 #include <map>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "rendezvous/threaded_store_server.h"
 #include "worker_runtime/backend.h"
 #include "worker_runtime/env.h"

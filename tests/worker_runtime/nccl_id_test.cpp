@@ -3,7 +3,7 @@
 // the others fetch it, as NCCL requires).
 #include "tests/worker_runtime/catch_torch.h"
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
 #include "tests/worker_runtime/rank_threads.h"

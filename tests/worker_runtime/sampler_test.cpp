@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "worker_runtime/sampler.h"
 
 using namespace ddprun::runtime;

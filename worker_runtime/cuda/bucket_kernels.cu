@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "rendezvous/errors.h"
+#include "base/errors.h"
 #include "worker_runtime/cuda/bucket_kernels.h"
 
 namespace ddprun::runtime::cuda {

@@ -1,4 +1,4 @@
-#include "rendezvous/log.h"
+#include "base/log.h"
 
 #include <unistd.h>
 
