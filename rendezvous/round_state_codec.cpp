@@ -71,8 +71,8 @@ std::string encodeState(const RoundState& s) {
   out += '\n';
   if (s.finishing) out.append("finishing 1\n");
   std::string reason = s.reason;
-  for (char& c : reason)
-    if (c == '\n' || c == '\r') c = ' ';
+  for (char& c : reason)  // one line of printable text: control characters become spaces
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   out.append("reason ").append(reason).append("\n");
   for (const auto& n : s.members) encodeNode(out, "member", n);
   for (const auto& n : s.waiting) encodeNode(out, "waiting", n);
@@ -97,6 +97,11 @@ RoundState decodeState(const std::string& text, const std::string& what) {
     rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
     return true;
   };
+  for (char c : text) {  // lines of printable text only: a state is never binary
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || c == 0x7f) {
+      throw bad("control character " + std::to_string(static_cast<unsigned char>(c)));
+    }
+  }
   std::string_view line;
   if (!nextLine(line) || line != kMagic) throw bad("no '" + std::string(kMagic) + "' header");
   RoundState s;
