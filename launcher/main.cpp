@@ -7,10 +7,12 @@
 #include <csignal>
 #include <iostream>
 
+#include "base/errors.h"
+#include "base/log.h"
 #include "launcher/agent.h"
+#include "launcher/cluster/slurm.h"
 #include "launcher/options.h"
 #include "launcher/worker_command.h"
-#include "base/errors.h"
 
 int main(int argc, char** argv) {
   using namespace ddprun;
@@ -19,10 +21,19 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   try {
     Environment env = currentEnvironment();
-    ParseOutcome parsed = parseLaunchOptions(std::vector<std::string>(argv, argv + argc), env);
+    // Under srun, Slurm's step supplies the rendezvous flags' defaults (launcher/cluster/).
+    const std::optional<cluster::SlurmStep> slurm = cluster::readSlurmStep(env);
+    SchedulerDefaults scheduler;
+    if (slurm) scheduler = cluster::slurmDefaults(*slurm, cluster::scontrolNodeAddresses);
+    ParseOutcome parsed =
+        parseLaunchOptions(std::vector<std::string>(argv, argv + argc), env, scheduler);
     if (!parsed.options) {
       std::cout << parsed.message;
       return 0;
+    }
+    if (slurm && !parsed.fromScheduler.empty()) {
+      DDPRUN_LOG(INFO, "launcher") << cluster::describeSlurmDefaults(
+          *slurm, scheduler, parsed.fromScheduler, parsed.options->rdzvBackend);
     }
     Agent agent(std::move(*parsed.options), std::move(env));
     return agent.run();

@@ -70,6 +70,9 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
     r.store.host = ep.host;
     r.store.port = ep.port;
     hostStore = conf.isHost.value_or(rdzv::endpointIsThisNode(ep.host, o.localAddr));
+    // A scheduler's node rank (SLURM_NODEID) is kept when the round has room for it.
+    if (o.schedulerNodeRank >= 0 && o.schedulerNodeRank < o.maxNodes)
+      r.fixedRank = o.schedulerNodeRank;
   }
   rdzv::applyRdzvConf(conf, r);
   if (o.rdzvBackend == "static") r.heartbeat.interval = rdzv::Millis(0);
