@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "launcher/local_rendezvous.h"
+#include "launcher/option_values.h"
 #include "launcher/options.h"
 #include "rendezvous/auth.h"
 #include "base/errors.h"
@@ -66,10 +67,18 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
       throw ConfigError("--rdzv-backend=c10d with --nnodes=" + nnodesText(o) +
                         " needs --rdzv-endpoint=HOST[:PORT] (the store every node meets at)");
     }
-    const rdzv::Endpoint ep = rdzv::parseEndpoint(o.rdzvEndpoint);
+    // Port 0: the store's host binds a free port (the others must learn it: an ssh launch
+    // relays it); any other node needs the real port.
+    const Endpoint given = parseEndpoint(o.rdzvEndpoint);
+    const rdzv::Endpoint ep = given.port == 0 ? rdzv::Endpoint{.host = given.host, .port = 0}
+                                              : rdzv::parseEndpoint(o.rdzvEndpoint);
     r.store.host = ep.host;
     r.store.port = ep.port;
     hostStore = conf.isHost.value_or(rdzv::endpointIsThisNode(ep.host, o.localAddr));
+    if (ep.port == 0 && !hostStore) {
+      throw ConfigError("--rdzv-endpoint=" + o.rdzvEndpoint + ": port 0 (a free port) only "
+                        "works on the node that hosts the store; the others need its port");
+    }
     // A scheduler's node rank (SLURM_NODEID) is kept when the round has room for it.
     if (o.schedulerNodeRank >= 0 && o.schedulerNodeRank < o.maxNodes)
       r.fixedRank = o.schedulerNodeRank;
@@ -84,7 +93,7 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
   bool host = false;
   options_ = multiNodeOptions(o, host);
-  const std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
+  std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
   std::optional<std::string> token;
   if (host) {
     if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f)
@@ -100,6 +109,10 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
                          "the endpoint's host): " + e.what() +
                          " -- is another job using this port? pick another one");
     }
+  }
+  if (host && options_.store.port == 0) {
+    options_.store.port = rendezvousStore_->port();
+    endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
   }
   if (host) {
     DDPRUN_LOG(INFO, "launcher") << "hosting the rendezvous store at " << endpoint
@@ -138,9 +151,11 @@ void MultiNodeRendezvous::threadMain() {
     if (stopping_) return;
     auto job = std::move(jobs_.front());
     jobs_.pop_front();
+    busy_ = true;
     lock.unlock();
     job();
     lock.lock();
+    busy_ = false;
   }
 }
 
@@ -271,8 +286,15 @@ void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
 }
 
 void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done) {
-  // A join or exit barrier may be waiting on the handler's thread: cut it short first.
-  if (auto* p = live_.load()) p->interrupt();
+  // A join or exit barrier may be waiting on the handler's thread: cut it short first. Only
+  // then: an interrupted protocol reconnects, and when the store's host has already gone (all
+  // nodes got the signal at once) that connect would hold this node for connect_timeout.
+  bool busy;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    busy = busy_ || !jobs_.empty();
+  }
+  if (auto* p = live_.load(); p && busy) p->interrupt();
   submit([this, reason, done = std::move(done)] {
     std::exception_ptr error;
     try {
@@ -285,5 +307,9 @@ void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done
 }
 
 std::string MultiNodeRendezvous::describe() const { return describe_; }
+
+uint16_t MultiNodeRendezvous::hostedStorePort() const {
+  return rendezvousStore_ ? options_.store.port : 0;
+}
 
 }  // namespace ddprun::launcher

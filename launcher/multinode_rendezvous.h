@@ -52,6 +52,7 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   void asyncFinish(DecisionHandler done) override;
   void asyncLeave(const std::string& reason, DoneHandler done) override;
   std::string describe() const override;
+  uint16_t hostedStorePort() const override;
 
  private:
   // Runs `job` on the handler's thread after the jobs before it.
