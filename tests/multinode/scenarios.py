@@ -154,6 +154,21 @@ def failure_ends_job(t):
     check("restart 1 of 1 spent there" in a.stderr(), "a says the restart was spent elsewhere")
 
 
+def not_retryable(t):
+    """A worker error that a restart cannot fix (its error file says so) ends the job at once on
+    every node, with its message, however many restarts are left."""
+    args = ["--fatal", "1", "2", "--run", "30"]
+    a = t.agent("a", "127.0.0.2", "2", "fatal2", args, extra=["--max-restarts=5"])
+    b = t.agent("b", "127.0.0.3", "2", "fatal2", args, extra=["--max-restarts=5"])
+    check(b.wait(60) == 2, "node b (root cause) exit code %s, expected 2" % b.proc.returncode)
+    check(a.wait(60) == 2, "node a exit code %s, expected 2" % a.proc.returncode)
+    check(len(t.starts()) == 2, "one start per node: no restart (%d starts)" % len(t.starts()))
+    sa, sb = summary_lines(a), summary_lines(b)
+    check(len(sa) == 1 and sa == sb, "one identical summary line: %s / %s" % (sa, sb))
+    check("does not fit" in sa[0] and "not retryable" in sa[0], "the message: %s" % sa[0])
+    check("retryable  : no" in b.stderr(), "b's report says why")
+
+
 def paused_node_while_finishing(t):
     """Node b's agent is paused (SIGSTOP) while the job completes; its worker finishes anyway.
     No new round or worker starts anywhere; a evicts b as lost in the exit barrier and the job
@@ -387,7 +402,7 @@ def netns_two_nodes(t):
 
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
-    paused_node_while_finishing, two_jobs,
+    not_retryable, paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
     netns_two_nodes)}
 

@@ -462,3 +462,27 @@ TEST_CASE("mnist_cnn resumes at another world size", "[elastic][slow]") {
   REQUIRE(!records.empty());
   CHECK(3200 - records.back().samples < 64);  // the tail that does not fill a global batch
 }
+
+TEST_CASE("an incompatible checkpoint ends the job once, with its message", "[elastic][errors]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  TempDir dir;
+  const std::vector<std::string> small = {kBin + "/mnist_mlp", "--train-limit", "512",
+                                          "--test-limit", "100", "--epochs", "1",
+                                          "--hidden", "32", "--checkpoint-dir", dir / "ckpt"};
+  REQUIRE(runJob(underDdprun(1, small), dir / "log1").code == 0);
+  // The same directory with another model: every attempt would fail the same way, so the job
+  // ends at the first, whatever the restart budget, naming the parameter and both shapes.
+  auto other = small;
+  other[8] = "64";
+  const auto r = runJob(underDdprun(2, other, {"--max-restarts=3"}), dir / "log2");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Contains("does not fit this model: fc1.weight has shape [32, 784]"));
+  CHECK_THAT(r.output, Contains("type       : ddprun::runtime::IncompatibleCheckpoint"));
+  CHECK_THAT(r.output, Contains("retryable  : no"));
+  CHECK_THAT(r.output, Contains("0 of 3 restarts used"));
+  CHECK_THAT(r.output, !Contains("restarting"));
+}
