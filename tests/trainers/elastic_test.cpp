@@ -4,13 +4,14 @@
 // restarted by ddprun, and a job stopped with SIGTERM and started again, both end with weights
 // bit-identical to an uninterrupted run; and 2 workers match 1 worker with the same global batch.
 // Bad data and bad settings end the job with one clear message.
-#include "catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
 
 #include "job_runner.h"
+#include "tests/support/skip.h"
 #include "test_files.h"
 #include "trainers/mnist_data.h"
 #include "trainers/models.h"
@@ -116,14 +117,17 @@ bool haveData() {
   return fs::exists(mnistFilePath(kDefaultDataDir, Split::Train, false));
 }
 
+// A skip (ctest: Skipped), or a failure under CI=true, where scripts/setup installed the data.
+void skipWithoutData() {
+  ddprun::testing::skipUnlessCi("Fashion-MNIST is not installed in " + std::string(kDefaultDataDir) +
+                                " (Debian package dataset-fashion-mnist)");
+}
+
 }  // namespace
 
 TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-identical",
           "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
   TempDir dir;
   // Rank 1 kills itself with SIGKILL right after step 47 of the first attempt; the newest
@@ -140,10 +144,7 @@ TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-ident
 
 TEST_CASE("a job that fails without restarts left resumes when started again and matches",
           "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
   TempDir dir;
   const auto failed = runJob(underDdprun(2, trainerArgs(dir.path(), 16)), dir / "log1",
@@ -161,10 +162,7 @@ TEST_CASE("a job that fails without restarts left resumes when started again and
 
 TEST_CASE("a job stopped with SIGTERM and started again continues from the newest checkpoint",
           "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
   TempDir dir;
   {
@@ -203,10 +201,7 @@ TEST_CASE("a job stopped with SIGTERM and started again continues from the newes
 }
 
 TEST_CASE("2 workers match 1 worker with the same global batch", "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
   TempDir dir;
   const auto r = runJob(underDdprun(1, trainerArgs(dir.path(), 32)), dir / "log");
@@ -231,12 +226,12 @@ TEST_CASE("bad data and bad settings end the job with one clear message", "[elas
   writeFile(images, bytes);
 
   // Directly, without a launcher: the message names the file, exit code 2.
-  auto r = runJob({kBin + "/mnist_mlp", "--data", dir.path().string()}, dir / "log1");
+  auto r = runJob({kBin + "/mnist_mlp", "--data", dir.path()}, dir / "log1");
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Contains("mnist_mlp: error: data file " + images + ": truncated"));
 
   // Under ddprun the same message reaches the user and the job fails.
-  r = runJob(underDdprun(2, {kBin + "/mnist_mlp", "--data", dir.path().string()}), dir / "log2");
+  r = runJob(underDdprun(2, {kBin + "/mnist_mlp", "--data", dir.path()}), dir / "log2");
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Contains("data file " + images + ": truncated"));
 
@@ -261,10 +256,7 @@ TEST_CASE("bad data and bad settings end the job with one clear message", "[elas
 }
 
 TEST_CASE("mnist_cnn trains under ddprun and its loss falls", "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   TempDir dir;
   const auto r = runJob(underDdprun(2, {kBin + "/mnist_cnn", "--config",
                                         std::string(DDPRUN_SOURCE_DIR) + "/configs/mnist_cnn.json",
