@@ -5,14 +5,70 @@
 // stderr captured in one file. wait() is bounded: on timeout the whole group is SIGKILLed and
 // the test fails, so a hung job never outlives the test. After the job exits, whatever is left
 // in its group is killed; the destructor kills a job that is still running.
+// workerPid() finds a worker of a running launcher from outside (by /proc), so a test can kill it
+// at an arbitrary moment, as a crash would: nothing in the trainer knows about tests.
+#include <dirent.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "tests/support/process.h"
 
 namespace ddprun::trainers::testing {
+
+// The pids of every living descendant of `root` (from /proc/<pid>/stat; zombies included).
+inline std::vector<pid_t> descendants(pid_t root) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  if (DIR* d = ::opendir("/proc")) {
+    while (dirent* e = ::readdir(d)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (pid <= 0) continue;
+      std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
+      std::string stat;
+      std::getline(in, stat);
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(stat.substr(close + 2));
+      std::string state;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      children[ppid].push_back(pid);
+    }
+    ::closedir(d);
+  }
+  std::vector<pid_t> out, todo{root};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p]) {
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+// The worker of global rank `rank` under launcher `launcher` (the descendant whose environment
+// has RANK=<rank> and whose executable is `program`), or -1.
+inline pid_t workerPid(pid_t launcher, int rank, const std::string& program) {
+  for (pid_t p : descendants(launcher)) {
+    std::ifstream comm("/proc/" + std::to_string(p) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != program.substr(0, 15)) continue;
+    std::ifstream env("/proc/" + std::to_string(p) + "/environ");
+    std::string entry;
+    while (std::getline(env, entry, '\0')) {
+      if (entry == "RANK=" + std::to_string(rank)) return p;
+    }
+  }
+  return -1;
+}
 
 class Job {
  public:
@@ -24,6 +80,8 @@ class Job {
 
   pid_t pid() const { return process_.pid(); }
   void signal(int sig) { process_.signal(sig); }
+  // Whether the process has exited (it is reaped then; wait() returns its code at once).
+  bool exited() { return process_.poll().has_value(); }
 
   // The exit code (128 + signal for a signal death). Throws after `timeout`, having killed the
   // whole process group.
