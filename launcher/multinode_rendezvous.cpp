@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "launcher/local_rendezvous.h"
+#include "launcher/option_values.h"
 #include "launcher/options.h"
 #include "rendezvous/auth.h"
 #include "base/errors.h"
@@ -66,10 +67,21 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
       throw ConfigError("--rdzv-backend=c10d with --nnodes=" + nnodesText(o) +
                         " needs --rdzv-endpoint=HOST[:PORT] (the store every node meets at)");
     }
-    const rdzv::Endpoint ep = rdzv::parseEndpoint(o.rdzvEndpoint);
+    // Port 0: the store's host binds a free port (the others must learn it: an ssh launch
+    // relays it); any other node needs the real port.
+    const Endpoint given = parseEndpoint(o.rdzvEndpoint);
+    const rdzv::Endpoint ep = given.port == 0 ? rdzv::Endpoint{.host = given.host, .port = 0}
+                                              : rdzv::parseEndpoint(o.rdzvEndpoint);
     r.store.host = ep.host;
     r.store.port = ep.port;
     hostStore = conf.isHost.value_or(rdzv::endpointIsThisNode(ep.host, o.localAddr));
+    if (ep.port == 0 && !hostStore) {
+      throw ConfigError("--rdzv-endpoint=" + o.rdzvEndpoint + ": port 0 (a free port) only "
+                        "works on the node that hosts the store; the others need its port");
+    }
+    // A scheduler's node rank (SLURM_NODEID) is kept when the round has room for it.
+    if (o.schedulerNodeRank >= 0 && o.schedulerNodeRank < o.maxNodes)
+      r.fixedRank = o.schedulerNodeRank;
   }
   rdzv::applyRdzvConf(conf, r);
   if (o.rdzvBackend == "static") r.heartbeat.interval = rdzv::Millis(0);
@@ -81,7 +93,7 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
   bool host = false;
   options_ = multiNodeOptions(o, host);
-  const std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
+  std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
   std::optional<std::string> token;
   if (host) {
     if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f)
@@ -97,6 +109,10 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
                          "the endpoint's host): " + e.what() +
                          " -- is another job using this port? pick another one");
     }
+  }
+  if (host && options_.store.port == 0) {
+    options_.store.port = rendezvousStore_->port();
+    endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
   }
   if (host) {
     DDPRUN_LOG(INFO, "launcher") << "hosting the rendezvous store at " << endpoint
@@ -135,9 +151,11 @@ void MultiNodeRendezvous::threadMain() {
     if (stopping_) return;
     auto job = std::move(jobs_.front());
     jobs_.pop_front();
+    busy_ = true;
     lock.unlock();
     job();
     lock.lock();
+    busy_ = false;
   }
 }
 
@@ -146,15 +164,24 @@ rdzv::DynamicRendezvous& MultiNodeRendezvous::protocol() {
     protocol_ = std::make_unique<rdzv::DynamicRendezvous>(
         options_, [this](const rdzv::RoundEvent& e) { onEvent(e); });
     live_ = protocol_.get();
+    if (leaving_) protocol_->interruptForLeave();  // a signal came while it was connecting
   }
   return *protocol_;
 }
 
 void MultiNodeRendezvous::setListener(Listener listener) { listener_ = std::move(listener); }
 
+std::string MultiNodeRendezvous::summary(bool failed, int exitCode,
+                                         const std::string& reason) const {
+  return "job '" + options_.runId + "' " +
+         (failed ? "FAILED (exit code " + std::to_string(exitCode) + ")" : std::string("finished")) +
+         ": " + reason;
+}
+
 void MultiNodeRendezvous::onEvent(const rdzv::RoundEvent& e) {
   JobDecision d;
   d.reason = e.message;
+  d.restartCount = e.restarts;
   switch (e.kind) {
     case rdzv::RoundEvent::Kind::Superseded:
       d.kind = JobDecision::Kind::NextRound;
@@ -162,10 +189,16 @@ void MultiNodeRendezvous::onEvent(const rdzv::RoundEvent& e) {
     case rdzv::RoundEvent::Kind::JobFailed:
       d.kind = JobDecision::Kind::Failed;
       d.exitCode = e.exitCode;
+      d.summary = summary(true, e.exitCode, e.message);
+      break;
+    case rdzv::RoundEvent::Kind::JobFinished:
+      d.kind = JobDecision::Kind::Finished;
+      d.summary = summary(false, 0, e.message);
       break;
     case rdzv::RoundEvent::Kind::StoreLost:
       d.kind = JobDecision::Kind::Failed;
       d.exitCode = 1;
+      d.storeLost = true;
       break;
   }
   asio::post(io_, [this, d] {
@@ -192,7 +225,8 @@ void MultiNodeRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) 
                        .useAgentStore = agentStore_,
                        .runId = options_.runId};
     } catch (const rdzv::JobEndedError& e) {
-      error = std::make_exception_ptr(JobEnded(e.what(), e.failed() ? e.exitCode() : 0));
+      const int code = e.failed() ? e.exitCode() : 0;
+      error = std::make_exception_ptr(JobEnded(e.what(), code, summary(e.failed(), code, e.reason())));
     } catch (...) {
       error = std::current_exception();
     }
@@ -222,17 +256,20 @@ void MultiNodeRendezvous::hostWorkerStore(const RoundInfo& info) {
 }
 
 void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& what,
-                                             DecisionHandler done) {
-  submit([this, exitCode, what, done = std::move(done)] {
+                                             bool retryable, DecisionHandler done) {
+  submit([this, exitCode, what, retryable, done = std::move(done)] {
     std::exception_ptr error;
     JobDecision d;
     try {
       auto& p = protocol();
-      if (p.reportFailure(exitCode, what) == rdzv::DynamicRendezvous::AfterFailure::Restart) {
-        d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what};
+      if (p.reportFailure(exitCode, what, retryable) ==
+          rdzv::DynamicRendezvous::AfterFailure::Restart) {
+        d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                        .restartCount = p.state().restarts};
       } else {
         d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
-                        .reason = p.jobFailure()};
+                        .reason = p.jobFailure(),
+                        .summary = summary(true, p.jobExitCode(), p.jobFailure())};
       }
     } catch (...) {
       error = std::current_exception();
@@ -249,15 +286,18 @@ void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
       auto& p = protocol();
       switch (p.finishRound()) {
         case rdzv::DynamicRendezvous::AfterSuccess::Finished:
-          d.kind = JobDecision::Kind::Finished;
+          d = JobDecision{.kind = JobDecision::Kind::Finished, .reason = p.state().reason,
+                          .summary = summary(false, 0, p.state().reason)};
           break;
         case rdzv::DynamicRendezvous::AfterSuccess::Rejoin:
           d = JobDecision{.kind = JobDecision::Kind::NextRound,
-                          .reason = "the round ended before every node had finished"};
+                          .reason = "the round ended before every node had finished",
+                          .restartCount = p.state().restarts};
           break;
         case rdzv::DynamicRendezvous::AfterSuccess::JobFailed:
           d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
-                          .reason = p.jobFailure()};
+                          .reason = p.jobFailure(),
+                          .summary = summary(true, p.jobExitCode(), p.jobFailure())};
           break;
       }
     } catch (...) {
@@ -268,8 +308,17 @@ void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
 }
 
 void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done) {
-  // A join or exit barrier may be waiting on the handler's thread: cut it short first.
-  if (auto* p = live_.load()) p->interrupt();
+  // A join or exit barrier may be waiting on the handler's thread (or about to): cut it short.
+  // Only then: an interrupted protocol reconnects to leave, and when the store's host has
+  // already gone (every node got the signal at once) that connect would hold this node for
+  // connect_timeout.
+  leaving_ = true;
+  bool busy;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    busy = busy_ || !jobs_.empty();
+  }
+  if (auto* p = live_.load(); p && busy) p->interruptForLeave();
   submit([this, reason, done = std::move(done)] {
     std::exception_ptr error;
     try {
@@ -281,6 +330,17 @@ void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done
   });
 }
 
+void MultiNodeRendezvous::asyncShutdown(DoneHandler done) {
+  submit([this, done = std::move(done)] {
+    if (protocol_) protocol_->closeJob();
+    asio::post(io_, [done] { done(nullptr); });
+  });
+}
+
 std::string MultiNodeRendezvous::describe() const { return describe_; }
+
+uint16_t MultiNodeRendezvous::hostedStorePort() const {
+  return rendezvousStore_ ? options_.store.port : 0;
+}
 
 }  // namespace ddprun::launcher
