@@ -1,29 +1,34 @@
 #pragma once
-// Learning-rate schedules as pure functions of the optimizer step.
+// Learning-rate schedules as pure functions of training progress counted in samples.
 //
-// Because the rate depends only on the step (never on state kept between steps), a run that
-// resumes from a checkpoint at step s continues with exactly the rates the uninterrupted run
-// would have used.
+// Progress is measured in samples of the data passed, not in optimizer steps: "seen" is
+// epoch x dataset size + the position in the epoch's order (runtime::SamplerState), the same
+// number whatever the world size, and a step trains on the samples [seen, seen + batch). So a
+// job resumed at another world size (another global batch, another number of steps per epoch)
+// continues the schedule where it stopped instead of jumping, and a run resumed at the same
+// world size repeats exactly the rates of the uninterrupted run.
 //   constant: base
-//   step:     base * gamma^floor(epoch / stepEpochs), epoch = step / stepsPerEpoch
-//   cosine:   base * (1 + cos(pi * step / totalSteps)) / 2, decaying to 0 at totalSteps
-// A warm-up of warmupSteps multiplies any of them by (step + 1) / warmupSteps at the start.
+//   step:     base * gamma^floor(epoch / stepEpochs), epoch = floor(seen / samplesPerEpoch)
+//   cosine:   base * (1 + cos(pi * seen / totalSamples)) / 2, decaying to 0 at totalSamples
+// A warm-up over the first warmupSamples multiplies any of them by
+// min(1, (seen + batch) / warmupSamples): at a fixed global batch G with warmupSamples = k x G
+// that is PyTorch's (step + 1) / k.
 #include <cstdint>
 #include <string>
 
 namespace ddprun::trainers {
 
 struct LrScheduleOptions {
-  std::string kind = "cosine";  // "constant", "step" or "cosine"
+  std::string kind = "cosine";   // "constant", "step" or "cosine"
   double base = 0.05;
-  int64_t totalSteps = 1;     // cosine: the step at which the rate reaches 0
-  int64_t stepsPerEpoch = 1;  // step: converts steps to epochs
-  int64_t stepEpochs = 1;     // step: epochs between decays
-  double gamma = 0.1;         // step: decay factor
-  int64_t warmupSteps = 0;
+  int64_t totalSamples = 1;      // cosine: the progress at which the rate reaches 0
+  int64_t samplesPerEpoch = 1;   // step: converts samples to epochs
+  int64_t stepEpochs = 1;        // step: epochs between decays
+  double gamma = 0.1;            // step: decay factor
+  int64_t warmupSamples = 0;
 };
 
-// The rate for optimizer step `step` (0-based: the step about to be taken).
-double learningRate(const LrScheduleOptions& options, int64_t step);
+// The rate for the step that trains on samples [seen, seen + batch) of the run.
+double learningRate(const LrScheduleOptions& options, int64_t seen, int64_t batch);
 
 }  // namespace ddprun::trainers

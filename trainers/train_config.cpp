@@ -90,7 +90,8 @@ const std::vector<Setting>& table() {
     s.push_back(integer("batch_size", &TrainConfig::batch_size, 1, "examples per step per rank"));
     s.push_back(integer("epochs", &TrainConfig::epochs, 1, "passes over the training data"));
     s.push_back(integer("max_steps", &TrainConfig::max_steps, 0,
-                        "stop after this many optimizer steps (0: no limit)"));
+                        "stop after this many optimizer steps at the world size the job "
+                        "started with (0: no limit)"));
     s.push_back({{"seed", "integer", "seed of the initial weights and the data order"},
                  [](TrainConfig& c, const json& v, const std::string& where) {
                    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
@@ -110,6 +111,9 @@ const std::vector<Setting>& table() {
                        "step schedule: factor applied at each decay"));
     s.push_back(integer("warmup_steps", &TrainConfig::warmup_steps, 0,
                         "linear warm-up steps at the start"));
+    s.push_back(text("lr_scaling", &TrainConfig::lr_scaling, {"none", "linear"},
+                     "when the world size changes: none (lr unchanged, as PyTorch) or linear "
+                     "(lr x global batch / the global batch the job started with)"));
     s.push_back(text("checkpoint_dir", &TrainConfig::checkpoint_dir, {},
                      "directory for checkpoints; a restarted job resumes from the newest"));
     s.push_back(integer("checkpoint_interval", &TrainConfig::checkpoint_interval, 0,

@@ -27,7 +27,9 @@ struct TrainConfig {
 
   int64_t batch_size = 64;  // per rank; the global batch is batch_size * world size
   int64_t epochs = 2;
-  int64_t max_steps = 0;  // > 0: stop after this many optimizer steps in total
+  // > 0: stop after this many optimizer steps, counted in global batches of the world size the
+  // job started with (the same point of the data whatever the world size does later).
+  int64_t max_steps = 0;
   uint64_t seed = 0;
 
   double lr = 0.05;
@@ -37,6 +39,9 @@ struct TrainConfig {
   int64_t lr_step_epochs = 1;          // step: multiply by lr_gamma every this many epochs
   double lr_gamma = 0.1;
   int64_t warmup_steps = 0;  // linear warm-up from 0 over the first steps (any schedule)
+  // When the world size (hence the global batch) changes: "none" keeps lr (PyTorch's default);
+  // "linear" scales it by the global batch over the global batch the job started with.
+  std::string lr_scaling = "none";
 
   std::string checkpoint_dir;       // empty: no checkpoints, no resume
   int64_t checkpoint_interval = 0;  // steps between checkpoints; 0: at the end of each epoch

@@ -1,10 +1,7 @@
 #include "trainers/train_loop.h"
 
 #include <ATen/autocast_mode.h>
-#include <signal.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <iostream>
@@ -16,6 +13,7 @@
 #include "trainers/lr_schedule.h"
 #include "trainers/metrics.h"
 #include "trainers/models.h"
+#include "trainers/training_plan.h"
 #include "worker_runtime/checkpoint.h"
 #include "worker_runtime/ddp.h"
 #include "worker_runtime/sampler.h"
@@ -118,6 +116,7 @@ class TrainingRun {
         master_(rt.isMaster()),
         device_(chooseDevice(config, rt)),
         autocast_(config.mixed_precision && device_.is_cuda()),
+        datasetSize_(data.train.size()),
         globalBatch_(config.batch_size * rt.worldSize()),
         model_(makeSeededModel(config, device_)),
         optimizer_(model_->parameters(), torch::optim::SGDOptions(config.lr)
@@ -129,11 +128,11 @@ class TrainingRun {
                   .shuffle = true,
                   .seed = config.seed,
                   .dropLast = true}) {
-    planSteps();
     if (config_.mixed_precision && !autocast_ && master_) {
       DDPRUN_LOG(INFO, "trainer") << "mixed_precision applies on CUDA only; training in float32";
     }
     resume();
+    planRun();
     // DDP is built after the checkpoint is loaded, so its initial broadcast from rank 0 starts
     // every rank from the restored weights.
     ddp_.emplace(model_, rt.comm());
@@ -142,33 +141,36 @@ class TrainingRun {
 
   TrainResult run() {
     if (master_) {
-      std::cout << "training " << config_.model << " on " << data_.train.size() << " examples, "
+      std::cout << "training " << config_.model << " on " << datasetSize_ << " examples, "
                 << rt_.worldSize() << " rank(s) x batch " << config_.batch_size << ", "
-                << stepsPerEpoch_ << " steps/epoch, " << totalSteps_ << " steps, device "
-                << device_.str() << std::endl;
+                << stepsInSegment(datasetSize_, 0, rt_.worldSize(), config_.batch_size)
+                << " steps/epoch, " << totalSteps_ << " steps, device " << device_.str()
+                << std::endl;
     }
     startStep_ = step_;
     comm_.barrier();  // time from a common start, as bench/ddp_mnist.py does
     stats_ = StepStats();
-    for (int64_t epoch = position_.epoch; epoch < config_.epochs && step_ < totalSteps_; ++epoch) {
+    for (int64_t epoch = resumeAt_.epoch; epoch < config_.epochs; ++epoch) {
       sampler_.setEpoch(epoch);
-      if (epoch == position_.epoch && position_.position > 0) sampler_.restore(position_);
-      while (step_ < totalSteps_) {
-        auto indices = sampler_.next(static_cast<size_t>(config_.batch_size));
-        if (!indices || static_cast<int64_t>(indices->size()) < config_.batch_size) break;
-        const double lr = learningRate(schedule_, step_);
-        stats_.addStep(trainStep(*indices, lr));
+      if (epoch == resumeAt_.epoch) sampler_.restore(resumeAt_);
+      const auto batch = static_cast<size_t>(config_.batch_size);
+      bool last = false;
+      while (sampler_.remaining() >= batch && !last) {
+        const int64_t seen = epoch * datasetSize_ + static_cast<int64_t>(sampler_.state().position);
+        if (seen >= plan_.endSamples) break;
+        const double lr = learningRate(schedule_, seen, globalBatch_) * lrScale_;
+        stats_.addStep(trainStep(*sampler_.next(batch), lr));
         ++step_;
 
-        const bool epochDone = sampler_.state().position + static_cast<size_t>(config_.batch_size) >
-                               sampler_.size();
-        const bool last = step_ == totalSteps_;
-        if (step_ % config_.log_interval == 0 || last) report(epoch, lr);
+        const bool epochDone = sampler_.remaining() < batch;
+        const int64_t after = epochDone ? (epoch + 1) * datasetSize_ : seenNow(epoch);
+        last = after >= plan_.endSamples;
+        if (step_ % config_.log_interval == 0 || last) report(epoch, lr, seenNow(epoch));
         if (config_.evaluate && (epochDone || last)) evaluateNow(epoch);
         const bool due = config_.checkpoint_interval > 0 && step_ % config_.checkpoint_interval == 0;
         if (checkpoints_ && master_ && (due || epochDone || last)) checkpoint(epoch, epochDone);
-        maybeKillForTest(step_, rt_.rank(), rt_.attempt());
       }
+      if (last) break;
     }
     comm_.barrier();
     return finish();
@@ -183,37 +185,71 @@ class TrainingRun {
     return model;
   }
 
-  void planSteps() {
-    stepsPerEpoch_ = static_cast<int64_t>(sampler_.size()) / config_.batch_size;
-    if (stepsPerEpoch_ == 0) {
+  int64_t seenNow(int64_t epoch) const {
+    return epoch * datasetSize_ + static_cast<int64_t>(sampler_.state().position);
+  }
+
+  // The run's length and schedule in samples, from the reference batch (the job's first start,
+  // or this one when there is no checkpoint yet).
+  void planRun() {
+    plan_ = makePlan({.datasetSize = datasetSize_,
+                      .epochs = config_.epochs,
+                      .maxSteps = config_.max_steps,
+                      .warmupSteps = config_.warmup_steps,
+                      .referenceBatch = referenceBatch_,
+                      .referenceWorldSize = referenceWorldSize_});
+    if (stepsInSegment(datasetSize_, 0, rt_.worldSize(), config_.batch_size) == 0) {
       throw ConfigError("batch_size = " + std::to_string(config_.batch_size) +
                         " is larger than a rank's share of the training data (" +
-                        std::to_string(sampler_.size()) + " examples)");
+                        std::to_string(datasetSize_ / rt_.worldSize()) + " examples at world size " +
+                        std::to_string(rt_.worldSize()) + ")");
     }
-    totalSteps_ = stepsPerEpoch_ * config_.epochs;
-    if (config_.max_steps > 0) totalSteps_ = std::min(totalSteps_, config_.max_steps);
     schedule_ = {.kind = config_.lr_schedule,
                  .base = config_.lr,
-                 .totalSteps = totalSteps_,
-                 .stepsPerEpoch = stepsPerEpoch_,
+                 .totalSamples = plan_.endSamples,
+                 .samplesPerEpoch = datasetSize_,
                  .stepEpochs = config_.lr_step_epochs,
                  .gamma = config_.lr_gamma,
-                 .warmupSteps = config_.warmup_steps};
+                 .warmupSamples = plan_.warmupSamples};
+    if (config_.lr_scaling == "linear") {
+      lrScale_ = static_cast<double>(globalBatch_) / static_cast<double>(plan_.referenceGlobalBatch);
+    }
+    totalSteps_ = step_ + stepsToEnd(plan_, resumeAt_.epoch, static_cast<int64_t>(resumeAt_.position),
+                                     rt_.worldSize(), config_.batch_size);
   }
 
   // Loads the newest complete checkpoint, if any; every rank loads the same one.
   void resume() {
+    referenceBatch_ = config_.batch_size;
+    referenceWorldSize_ = rt_.worldSize();
+    resumeAt_ = {.epoch = 0, .position = 0, .datasetSize = static_cast<size_t>(datasetSize_)};
     if (config_.checkpoint_dir.empty()) return;
     checkpoints_.emplace(runtime::CheckpointOptions{.directory = config_.checkpoint_dir, .keep = 2});
     auto state = checkpoints_->loadLatest(*model_, &optimizer_, &comm_);
     if (!state) return;
     step_ = state->step;
-    position_ = state->sampler;
+    resumeAt_ = state->sampler;
+    // A state saved for another dataset size is refused here, before any step (not retryable).
+    sampler_.restore(resumeAt_);
+    const auto& reference = state->extra.value("reference", nlohmann::json::object());
+    referenceBatch_ = reference.value("batch_size", referenceBatch_);
+    referenceWorldSize_ = reference.value("world_size", referenceWorldSize_);
     result_.resumedFrom = step_;
     result_.testAccuracy = state->extra.value("test_accuracy", -1.0);
-    if (master_) {
-      std::cout << "resumed from checkpoint at step " << step_ << " (epoch " << position_.epoch + 1
-                << ", attempt " << rt_.attempt() << ")" << std::endl;
+    if (!master_) return;
+    std::cout << "resumed from checkpoint at step " << step_;
+    if (resumeAt_.epoch >= config_.epochs) {
+      std::cout << ": training is already complete (attempt " << rt_.attempt() << ")" << std::endl;
+      return;
+    }
+    std::cout << " (epoch " << resumeAt_.epoch + 1 << "/" << config_.epochs << ", sample "
+              << resumeAt_.position << " of " << datasetSize_ << ", attempt " << rt_.attempt()
+              << ")" << std::endl;
+    if (state->worldSize > 0 && state->worldSize != rt_.worldSize()) {
+      std::cout << "world size " << state->worldSize << " -> " << rt_.worldSize()
+                << ": global batch " << state->extra.value("global_batch", int64_t{0}) << " -> "
+                << globalBatch_ << "; the rest of the epoch is split over " << rt_.worldSize()
+                << " rank(s)" << std::endl;
     }
   }
 
@@ -225,8 +261,9 @@ class TrainingRun {
     record["world_size"] = rt_.worldSize();
     record["attempt"] = rt_.attempt();
     record["resumed_from"] = result_.resumedFrom;
-    record["steps_per_epoch"] = stepsPerEpoch_;
+    record["steps_per_epoch"] = stepsInSegment(datasetSize_, 0, rt_.worldSize(), config_.batch_size);
     record["total_steps"] = totalSteps_;
+    record["total_samples"] = plan_.endSamples;
     metrics_->write(record);
   }
 
@@ -253,7 +290,7 @@ class TrainingRun {
   }
 
   // A progress line (rank 0) with the loss averaged over ranks and the interval's steps.
-  void report(int64_t epoch, double lr) {
+  void report(int64_t epoch, double lr, int64_t seen) {
     const double loss = averageOverRanks(stats_.intervalMeanLoss(), comm_);
     const double rate = stats_.intervalSamplesPerSec(globalBatch_);
     const double perStep = stats_.trainSeconds() / static_cast<double>(step_ - startStep_);
@@ -264,6 +301,7 @@ class TrainingRun {
       std::cout << formatProgress(p) << std::endl;
       if (metrics_) {
         metrics_->write({{"kind", "train"}, {"epoch", epoch + 1}, {"step", step_},
+                         {"samples", seen}, {"world_size", rt_.worldSize()},
                          {"loss", loss}, {"lr", lr}, {"samples_per_sec", rate},
                          {"elapsed_s", stats_.trainSeconds()}});
       }
@@ -290,10 +328,17 @@ class TrainingRun {
   // Rank 0 saves model, optimizer and position. A checkpoint taken as an epoch ends points at
   // the start of the next one, so a resume neither repeats the epoch's evaluation nor its end.
   void checkpoint(int64_t epoch, bool epochDone) {
-    runtime::TrainingState state{.step = step_, .epoch = epoch, .sampler = sampler_.state()};
-    if (epochDone) state.sampler = {.epoch = epoch + 1, .position = 0};
+    runtime::TrainingState state{.step = step_, .epoch = epoch, .sampler = sampler_.state(),
+                                 .worldSize = rt_.worldSize()};
+    if (epochDone) {
+      state.sampler = {.epoch = epoch + 1, .position = 0,
+                       .datasetSize = static_cast<size_t>(datasetSize_)};
+    }
     state.epoch = state.sampler.epoch;
     state.extra["test_accuracy"] = result_.testAccuracy;
+    state.extra["global_batch"] = globalBatch_;
+    state.extra["reference"] = {{"batch_size", referenceBatch_},
+                                {"world_size", referenceWorldSize_}};
     checkpoints_->save(*model_, &optimizer_, state);
   }
 
@@ -324,6 +369,7 @@ class TrainingRun {
   const bool master_;
   const torch::Device device_;
   const bool autocast_;
+  const int64_t datasetSize_;
   const int64_t globalBatch_;
 
   std::shared_ptr<Classifier> model_;
@@ -333,24 +379,19 @@ class TrainingRun {
   std::optional<runtime::CheckpointManager> checkpoints_;
   std::optional<MetricsFile> metrics_;
 
-  int64_t stepsPerEpoch_ = 0, totalSteps_ = 0;
+  int64_t referenceBatch_ = 0;  // per rank and world size when the job started (training_plan.h)
+  int referenceWorldSize_ = 0;
+  TrainingPlan plan_;
+  int64_t totalSteps_ = 0;  // announced: steps done + steps to the end at this world size
   LrScheduleOptions schedule_;
+  double lrScale_ = 1.0;    // lr_scaling = linear: global batch / reference global batch
   int64_t step_ = 0, startStep_ = 0;  // optimizer steps done; where this attempt started
-  runtime::SamplerState position_;    // where the resumed checkpoint left the sampler
+  runtime::SamplerState resumeAt_;    // where this attempt starts
   StepStats stats_;
   TrainResult result_;
 };
 
 }  // namespace
-
-void maybeKillForTest(int64_t step, int rank, int attempt) {
-  static const char* atStep = std::getenv("DDPRUN_TRAINER_KILL_AT_STEP");
-  if (!atStep || attempt != 0 || std::atoll(atStep) != step) return;
-  const char* killRank = std::getenv("DDPRUN_TRAINER_KILL_RANK");
-  if ((killRank ? std::atoi(killRank) : 1) != rank) return;
-  DDPRUN_LOG(WARN, "trainer") << "test hook: SIGKILL to myself after step " << step;
-  ::kill(::getpid(), SIGKILL);
-}
 
 TrainData loadTrainData(const TrainConfig& config) {
   TrainData data;

@@ -7,12 +7,15 @@
 // epoch (set_epoch each epoch). The global batch is batch_size * world size; an epoch has
 // floor(samples per rank / batch_size) steps (incomplete batches are dropped).
 //
-// Elastic resume: with a checkpoint_dir, rank 0 saves model, optimizer, step, epoch and the
-// sampler position every checkpoint_interval steps (or after each epoch), at the end of each epoch
-// and at the end of training. A (re)started job loads the newest complete checkpoint on every rank
-// and continues from its step. Since the learning rate is a function of the step and the data
-// order a function of seed and epoch, the resumed run computes exactly what the uninterrupted run
-// would have: its final weights are bit-identical on CPU.
+// Elastic resume: with a checkpoint_dir, rank 0 saves model, optimizer, step, epoch, the
+// sampler's position (of all ranks together) and the reference batch (training_plan.h) every
+// checkpoint_interval steps (or after each epoch), at the end of each epoch and at the end of
+// training. A (re)started job loads the newest complete checkpoint on every rank and continues
+// from its position, at whatever world size it now has: the rest of the epoch is split over the
+// new ranks, and the learning rate, the run's end and the progress lines are functions of the
+// samples passed (training_plan.h, lr_schedule.h). At the same world size the resumed run
+// computes exactly what the uninterrupted run would have: its final weights are bit-identical on
+// CPU.
 //
 // Rank 0 prints a progress line every log_interval steps and the test accuracy after each epoch,
 // and writes the metrics file (metrics.h).
@@ -44,10 +47,5 @@ TrainData loadTrainData(const TrainConfig& config);
 // Trains as `config` says on the ranks of `rt`. Throws ConfigError, BackendError,
 // runtime::CheckpointError, ...
 TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Runtime& rt);
-
-// Test hook, for the elastic tests: when DDPRUN_TRAINER_KILL_AT_STEP=N is set, the rank named by
-// DDPRUN_TRAINER_KILL_RANK (default 1) sends itself SIGKILL right after optimizer step N -- in
-// the first attempt only (TORCHELASTIC_RESTART_COUNT 0), so the restarted group runs through.
-void maybeKillForTest(int64_t step, int rank, int attempt);
 
 }  // namespace ddprun::trainers

@@ -90,7 +90,11 @@ nlohmann::json toJson(const TrainingState& s, bool hasOptimizer) {
           {"version", kVersion},
           {"step", s.step},
           {"epoch", s.epoch},
-          {"sampler", {{"epoch", s.sampler.epoch}, {"position", s.sampler.position}}},
+          {"sampler",
+           {{"epoch", s.sampler.epoch},
+            {"global_position", s.sampler.position},
+            {"dataset_size", s.sampler.datasetSize}}},
+          {"world_size", s.worldSize},
           {"has_optimizer", hasOptimizer},
           {"extra", s.extra}};
 }
@@ -144,10 +148,22 @@ TrainingState stateFrom(const nlohmann::json& j, const fs::path& file) {
     TrainingState s;
     s.step = j.at("step").get<int64_t>();
     s.epoch = j.at("epoch").get<int64_t>();
-    s.sampler.epoch = j.at("sampler").at("epoch").get<int64_t>();
-    s.sampler.position = j.at("sampler").at("position").get<size_t>();
+    const auto& sampler = j.at("sampler");
+    s.sampler.epoch = sampler.at("epoch").get<int64_t>();
+    if (!sampler.contains("global_position")) {
+      // Written before the position became global: a per-rank index of an unknown world size.
+      throw IncompatibleCheckpoint(
+          "checkpoint " + file.string() +
+          " was written by an older ddprun (its sampler position is per rank, and the world size "
+          "is not recorded): it cannot be resumed; move it away to start over");
+    }
+    s.sampler.position = sampler.at("global_position").get<size_t>();
+    s.sampler.datasetSize = sampler.value("dataset_size", size_t{0});
+    s.worldSize = j.value("world_size", 0);
     s.extra = j.value("extra", nlohmann::json::object());
     return s;
+  } catch (const CheckpointError&) {
+    throw;
   } catch (const std::exception& e) {
     throw CheckpointError("checkpoint " + file.string() + ": bad metadata: " + e.what());
   }
@@ -308,14 +324,14 @@ TrainingState CheckpointManager::load(const fs::path& file, torch::nn::Module& m
     readModuleTensors(model, modelArchive, "", loaded);
     for (const auto& [name, mine, theirs] : loaded) {
       if (mine.sizes() != theirs.sizes() || mine.scalar_type() != theirs.scalar_type()) {
-        throw CheckpointError("does not fit this model: " + name + " has shape " + c10::str(theirs.sizes()) + " (" +
+        throw IncompatibleCheckpoint("does not fit this model: " + name + " has shape " + c10::str(theirs.sizes()) + " (" +
                               c10::toString(theirs.scalar_type()) + ") in the checkpoint, " +
                               c10::str(mine.sizes()) + " (" + c10::toString(mine.scalar_type()) +
                               ") in the model");
       }
     }
     if (optimizer && !meta.value("has_optimizer", false)) {
-      throw CheckpointError("it holds no optimizer state");
+      throw IncompatibleCheckpoint("it holds no optimizer state");
     }
     {
       torch::NoGradGuard noGrad;
@@ -326,11 +342,13 @@ TrainingState CheckpointManager::load(const fs::path& file, torch::nn::Module& m
       archive.read("optimizer", optimArchive);
       optimizer->load(optimArchive);
     }
+  } catch (const IncompatibleCheckpoint& e) {
+    throw IncompatibleCheckpoint("checkpoint " + file.string() + ": " + e.what());
   } catch (const CheckpointError& e) {
     throw CheckpointError("checkpoint " + file.string() + ": " + e.what());
   } catch (const std::exception& e) {
-    throw CheckpointError("checkpoint " + file.string() +
-                          " does not fit this model/optimizer: " + e.what());
+    throw IncompatibleCheckpoint("checkpoint " + file.string() +
+                                 " does not fit this model/optimizer: " + e.what());
   }
   return state;
 }
@@ -367,6 +385,8 @@ std::optional<TrainingState> CheckpointManager::loadLatest(torch::nn::Module& mo
   const fs::path file = options_.directory / fileName(chosen);
   try {
     return load(file, model, optimizer);
+  } catch (const IncompatibleCheckpoint&) {
+    throw;  // the same on every rank: not a question of which directory it sees
   } catch (const CheckpointError& e) {
     throw CheckpointError(std::string(e.what()) + " (rank 0 chose this checkpoint; every rank must "
                           "see the same checkpoint directory)");

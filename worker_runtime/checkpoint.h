@@ -12,7 +12,8 @@
 // successful save, checkpoints beyond the newest `keep` are deleted.
 //
 // File format (version 1): a fixed header (magic "DDPRUNCK", version, lengths and CRC-32s), a JSON
-// document with the metadata, then the torch::serialize archive (model under "model", optimizer
+// document with the metadata (step, epoch, the sampler's global position and dataset size, the
+// world size that wrote it, the program's `extra` JSON), then the torch::serialize archive (model under "model", optimizer
 // under "optimizer"), then the end magic "DDPRUNCK-END". A file whose size, magic or checksums do not
 // match is torn or damaged: loadLatest() skips it with a warning and takes the next newest; load()
 // of that one file throws CheckpointError naming the file and what is wrong.
@@ -37,11 +38,20 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// A complete checkpoint that this program cannot resume from: it holds another model (a tensor
+// of another shape), no optimizer state, or a format this version does not read. Retrying cannot
+// help (see error_file.h: it is not retryable).
+class IncompatibleCheckpoint : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 // Everything but the tensors.
 struct TrainingState {
   int64_t step = 0;
   int64_t epoch = 0;
-  SamplerState sampler;
+  SamplerState sampler;  // the position of all ranks together: resumable at any world size
+  int worldSize = 0;     // the world size that wrote it (0: unknown); for logs
   nlohmann::json extra = nlohmann::json::object();  // the program's own values (best accuracy...)
 };
 

@@ -1,9 +1,10 @@
 // End to end: the real mnist_mlp under the real ddprun, on a slice of Fashion-MNIST.
 //
-// Proof that elastic training loses nothing: a job whose worker is SIGKILLed mid-run and
-// restarted by ddprun, and a job stopped with SIGTERM and started again, both end with weights
-// bit-identical to an uninterrupted run; and 2 workers match 1 worker with the same global batch.
-// Bad data and bad settings end the job with one clear message.
+// Proof that elastic training loses nothing: a job whose worker is SIGKILLed from outside at an
+// arbitrary moment and restarted by ddprun, and a job stopped with SIGTERM and started again, both
+// end with weights bit-identical to an uninterrupted run; 2 workers match 1 worker with the same
+// global batch; a job resumed at another world size continues the same data order and schedule
+// (both trainers). Bad data and bad settings end the job with one clear message.
 #include "catch_torch.h"
 
 #include <filesystem>
@@ -112,6 +113,52 @@ int64_t newestCheckpoint(const std::string& dir) {
   return newest;
 }
 
+// Waits until the job has checkpointed step `step` or later (at whatever moment of the training
+// that is noticed); false when the job ended first or the deadline passed.
+bool waitForCheckpoint(Job& job, const std::string& dir, int64_t step) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (newestCheckpoint(dir) < step) {
+    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// SIGKILLs the worker of global rank `rank` of a running job from outside.
+void killWorker(Job& job, int rank, const std::string& program = "mnist_mlp") {
+  pid_t pid = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((pid = workerPid(job.pid(), rank, program)) < 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(pid > 0);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+}
+
+// The step of the "resumed from checkpoint at step N" line (-1 when there is none).
+int64_t resumedStep(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex(R"(resumed from checkpoint at step (\d+))"))) return -1;
+  return std::stoll(m[1]);
+}
+
+struct MetricsRecord {
+  int64_t step, samples, worldSize;
+  double lr;
+};
+std::vector<MetricsRecord> trainRecords(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<MetricsRecord> out;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "train") continue;
+    out.push_back({j["step"].get<int64_t>(), j["samples"].get<int64_t>(),
+                   j["world_size"].get<int64_t>(), j["lr"].get<double>()});
+  }
+  return out;
+}
+
 bool haveData() {
   return fs::exists(mnistFilePath(kDefaultDataDir, Split::Train, false));
 }
@@ -126,15 +173,25 @@ TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-ident
   }
   const auto& reference = referenceRun();
   TempDir dir;
-  // Rank 1 kills itself with SIGKILL right after step 47 of the first attempt; the newest
-  // checkpoint then is step 40, so steps 41..47 are lost and redone by the restarted group.
-  const auto r = runJob(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1"}), dir / "log",
-                        {{"DDPRUN_TRAINER_KILL_AT_STEP", "47"}, {"DDPRUN_TRAINER_KILL_RANK", "1"}});
-  INFO(r.output);
-  REQUIRE(r.code == 0);
-  CHECK_THAT(r.output, Contains("SIGKILL to myself after step 47"));
-  CHECK_THAT(r.output, Contains("resumed from checkpoint at step 40"));
-  CHECK_THAT(r.output, Contains("done: 256 steps"));
+  int64_t killedAfter = -1;
+  std::string output;
+  {
+    // Rank 1 is SIGKILLed from outside once step 40 has been checkpointed, at whatever point of
+    // its step it is; the steps after the newest checkpoint are lost and redone.
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1"}), {}, dir / "log");
+    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+    killedAfter = newestCheckpoint(dir / "ckpt");
+    killWorker(job, 1);
+    const int code = job.wait(kJobTimeout);
+    output = job.output();
+    INFO(output);
+    REQUIRE(code == 0);
+  }
+  INFO(output);
+  CHECK_THAT(output, Contains("signal 9 (SIGKILL)"));
+  CHECK(resumedStep(output) >= killedAfter);
+  CHECK(resumedStep(output) < 256);
+  CHECK_THAT(output, Contains("done: 256 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
@@ -146,16 +203,20 @@ TEST_CASE("a job that fails without restarts left resumes when started again and
   }
   const auto& reference = referenceRun();
   TempDir dir;
-  const auto failed = runJob(underDdprun(2, trainerArgs(dir.path(), 16)), dir / "log1",
-                             {{"DDPRUN_TRAINER_KILL_AT_STEP", "93"}});
-  INFO(failed.output);
-  REQUIRE(failed.code != 0);
-  REQUIRE_FALSE(fs::exists(dir / "final.pt"));
-
+  {
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16)), {}, dir / "log1");
+    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 90));
+    killWorker(job, 1);
+    const int code = job.wait(kJobTimeout);
+    INFO(job.output());
+    REQUIRE(code == 128 + SIGKILL);
+    REQUIRE_FALSE(fs::exists(dir / "final.pt"));
+  }
+  const int64_t newest = newestCheckpoint(dir / "ckpt");
   const auto again = runJob(underDdprun(2, trainerArgs(dir.path(), 16)), dir / "log2");
   INFO(again.output);
   REQUIRE(again.code == 0);
-  CHECK_THAT(again.output, Contains("resumed from checkpoint at step 90"));
+  CHECK(resumedStep(again.output) == newest);
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
@@ -285,4 +346,119 @@ TEST_CASE("mnist_cnn trains under ddprun and its loss falls", "[elastic][slow]")
   }
   REQUIRE(losses.size() == 3);  // steps 10, 20, 25
   CHECK(losses.back() < losses.front());
+}
+
+// Runs `argv` until it has checkpointed step `step` or later, then stops it with SIGTERM, as an
+// operator (or a shrinking cluster) would; returns the newest checkpoint left.
+int64_t runUntilCheckpoint(const std::vector<std::string>& argv, const std::string& ckpt,
+                           int64_t step, const std::string& log) {
+  Job job(argv, {}, log);
+  REQUIRE(waitForCheckpoint(job, ckpt, step));
+  job.signal(SIGTERM);
+  const int code = job.wait(kJobTimeout);
+  INFO(job.output());
+  REQUIRE(code != 0);
+  return newestCheckpoint(ckpt);
+}
+
+TEST_CASE("a job resumed at another world size continues the same data and schedule",
+          "[elastic][slow]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  // 1 worker x 32, then 2 workers x 16: the same global batch, so the resumed job must take the
+  // same samples in the same steps with the same rates as the uninterrupted 2 x 16 run.
+  const auto& reference = referenceRun();
+  TempDir dir;
+  const int64_t stopped = runUntilCheckpoint(underDdprun(1, trainerArgs(dir.path(), 32)),
+                                             dir / "ckpt", 50, dir / "log1");
+  REQUIRE(stopped < 256);
+  const auto again = runJob(underDdprun(2, trainerArgs(dir.path(), 16)), dir / "log2");
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK(resumedStep(again.output) == stopped);
+  CHECK_THAT(again.output, Contains("world size 1 -> 2: global batch 32 -> 32"));
+  CHECK_THAT(again.output, Contains("done: 256 steps"));
+  const double diff = maxAbsDifference(loadWeights(dir / "final.pt"),
+                                       loadWeights(reference / "final.pt"));
+  INFO("max |w - w_reference| = " << diff);
+  CHECK(diff < 1e-5);
+}
+
+TEST_CASE("2 -> 1 -> 2 workers with a fixed per-rank batch: samples, steps and rates count right",
+          "[elastic][slow]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  TempDir dir;
+  auto args = trainerArgs(dir.path(), 16);
+  *(std::find(args.begin(), args.end(), "--log-interval") + 1) = "8";
+  args.insert(args.end(), {"--lr-scaling", "linear"});
+  const int64_t first = runUntilCheckpoint(underDdprun(2, args), dir / "ckpt", 40, dir / "log1");
+  const int64_t second =
+      runUntilCheckpoint(underDdprun(1, args), dir / "ckpt", first + 60, dir / "log2");
+  REQUIRE(second > first);
+  const auto last = runJob(underDdprun(2, args), dir / "log3");
+  INFO(last.output);
+  REQUIRE(last.code == 0);
+  CHECK(resumedStep(last.output) == second);
+  CHECK_THAT(last.output, Contains("world size 1 -> 2: global batch 16 -> 32"));
+
+  // The total this start announces is what it does.
+  std::smatch m;
+  REQUIRE(std::regex_search(last.output, m, std::regex(R"(steps/epoch, (\d+) steps)")));
+  const std::string announced = m[1];
+  CHECK_THAT(last.output, Contains("done: " + announced + " steps"));
+
+  // Every record: steps and samples strictly increasing; each rate is the cosine of the samples
+  // passed before the step, scaled by global batch / 32 (lr_scaling linear).
+  const auto records = trainRecords(dir / "metrics.jsonl");
+  REQUIRE(records.size() > 10);
+  bool sawOne = false;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const auto& r = records[i];
+    if (i > 0) {
+      CHECK(r.step > records[i - 1].step);
+      CHECK(r.samples > records[i - 1].samples);
+    }
+    sawOne = sawOne || r.worldSize == 1;
+    const int64_t global = 16 * r.worldSize;
+    const double before = static_cast<double>(r.samples - global);
+    const double expected =
+        0.05 * 0.5 * (1 + std::cos(M_PI * before / 8192.0)) * static_cast<double>(global) / 32.0;
+    INFO("step " << r.step << " samples " << r.samples << " world " << r.worldSize);
+    CHECK(r.lr == Approx(expected).epsilon(1e-9));
+  }
+  CHECK(sawOne);
+  // 2 epochs of 4096 samples, less what did not fill a global batch where a segment ended.
+  CHECK(records.back().samples > 8192 - 2 * 32);
+  CHECK(records.back().step == std::stoll(announced));
+}
+
+TEST_CASE("mnist_cnn resumes at another world size", "[elastic][slow]") {
+  if (!haveData()) {
+    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
+    return;
+  }
+  TempDir dir;
+  const std::vector<std::string> args = {
+      kBin + "/mnist_cnn", "--config", std::string(DDPRUN_SOURCE_DIR) + "/configs/mnist_cnn.json",
+      "--train-limit", "3200", "--test-limit", "500", "--epochs", "1", "--batch-size", "32",
+      "--log-interval", "10", "--checkpoint-dir", dir / "ckpt", "--checkpoint-interval", "10",
+      "--metrics", dir / "metrics.jsonl"};
+  const int64_t stopped = runUntilCheckpoint(underDdprun(1, args), dir / "ckpt", 20, dir / "log1");
+  REQUIRE(stopped < 100);
+  const auto r = runJob(underDdprun(2, args), dir / "log2");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(resumedStep(r.output) == stopped);
+  CHECK_THAT(r.output, Contains("world size 1 -> 2: global batch 32 -> 64"));
+  // 3200 samples: `stopped` steps of 32, then the rest in steps of 64.
+  const int64_t rest = (3200 - stopped * 32) / 64;
+  CHECK_THAT(r.output, Contains("done: " + std::to_string(stopped + rest) + " steps"));
+  const auto records = trainRecords(dir / "metrics.jsonl");
+  REQUIRE(!records.empty());
+  CHECK(3200 - records.back().samples < 64);  // the tail that does not fill a global batch
 }

@@ -4,6 +4,8 @@
 // A Job is one child process in its own process group, its stdout and stderr captured in a file.
 // wait() is bounded: on timeout the whole group is SIGKILLed and the test fails, so a hung job
 // never outlives the test. The destructor kills a job that is still running.
+// workerPid() finds a worker of a running launcher from outside (by /proc), so a test can kill it
+// at an arbitrary moment, as a crash would: nothing in the trainer knows about tests.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -21,9 +23,60 @@
 #include <thread>
 #include <vector>
 
+#include <dirent.h>
+
 extern char** environ;
 
 namespace ddprun::trainers::testing {
+
+// The pids of every living descendant of `root` (from /proc/<pid>/stat; zombies included).
+inline std::vector<pid_t> descendants(pid_t root) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  if (DIR* d = ::opendir("/proc")) {
+    while (dirent* e = ::readdir(d)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (pid <= 0) continue;
+      std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
+      std::string stat;
+      std::getline(in, stat);
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(stat.substr(close + 2));
+      std::string state;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      children[ppid].push_back(pid);
+    }
+    ::closedir(d);
+  }
+  std::vector<pid_t> out, todo{root};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p]) {
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+// The worker of global rank `rank` under launcher `launcher` (the descendant whose environment
+// has RANK=<rank> and whose executable is `program`), or -1.
+inline pid_t workerPid(pid_t launcher, int rank, const std::string& program) {
+  for (pid_t p : descendants(launcher)) {
+    std::ifstream comm("/proc/" + std::to_string(p) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != program.substr(0, 15)) continue;
+    std::ifstream env("/proc/" + std::to_string(p) + "/environ");
+    std::string entry;
+    while (std::getline(env, entry, '\0')) {
+      if (entry == "RANK=" + std::to_string(rank)) return p;
+    }
+  }
+  return -1;
+}
 
 class Job {
  public:
@@ -67,13 +120,20 @@ class Job {
 
   pid_t pid() const { return pid_; }
   void signal(int sig) { ::kill(pid_, sig); }
+  // Whether the process has exited (it is reaped then; wait() returns its code at once).
+  bool exited() {
+    if (reaped_) return true;
+    if (::waitpid(pid_, &status_, WNOHANG) != pid_) return false;
+    reaped_ = true;
+    return true;
+  }
 
   // The exit code (128 + signal for a signal death). Throws after `timeout`, having killed the
   // whole process group.
   int wait(std::chrono::seconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+    int status = status_;
+    while (!reaped_ && ::waitpid(pid_, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
         ::kill(-pid_, SIGKILL);
         ::waitpid(pid_, nullptr, 0);
@@ -98,6 +158,8 @@ class Job {
  private:
   std::string log_;
   pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
 };
 
 }  // namespace ddprun::trainers::testing
