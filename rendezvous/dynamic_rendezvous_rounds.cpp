@@ -63,7 +63,7 @@ Versioned DynamicRendezvous::joinAndWait() {
       transition::join(s, self_, lim);  // throws JobEndedError with the reason
     }
     if (until(joinDeadline).count() <= 0) {
-      throw TimeoutError("rendezvous '" + options_.runId + "' at " + main_->tcp->address() +
+      throw TimeoutError("rendezvous '" + options_.runId + "' at " + options_.backend->describe() +
                          ": round " + std::to_string(s.round) + " did not close within " +
                          "join_timeout=" + seconds(options_.joinTimeout) + " (" +
                          std::to_string(s.members.size()) + " node(s) joined, MIN=" +
@@ -162,7 +162,7 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   watch(-1);
   inRound_ = false;
   const int64_t r = round_.round;
-  auto& store = *main_->store;
+  auto& store = *main_.store;
   const int64_t done = store.add("round/" + std::to_string(r) + "/done", 1);
   if (done == 1) {
     // The first to finish: from now on a late node waits rather than making every node redo
@@ -207,9 +207,8 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
       }
     }
   }
-  // The job is over: stop beating; the keys die with the store (no round trips spent on them).
-  if (monitor_) monitor_->stop();
-  if (writer_) writer_->stop(false);
+  // The job is over: stop the liveness signal (heartbeat keys die with the store).
+  if (liveness_) liveness_->stop(false);
   return AfterSuccess::Finished;
 }
 
@@ -219,13 +218,13 @@ void DynamicRendezvous::leave(const std::string& reason) {
   watch(-1);
   left_ = true;
   inRound_ = false;
-  if (monitor_) monitor_->stop();
+  if (liveness_) liveness_->stopWatching();
   const std::string why = "node " + self_.id + " (" + self_.addr + ") left: " + reason;
   auto r = log_->update(fresh(), [&](const RoundState& s) {
     return transition::remove(s, self_.id, why, options_.limits);
   });
   current_ = r.now;
-  if (writer_) writer_->stop(true);
+  if (liveness_) liveness_->stop(true);
   DDPRUN_LOG(INFO, "rendezvous") << why;
 }
 
