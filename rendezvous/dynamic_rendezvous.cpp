@@ -65,6 +65,7 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
   checkSettings();
   // The background threads connect on their own threads, off the join's critical path.
   liveness_ = options_.backend->startLiveness(LivenessContext{
+      .runId = options_.runId,
       .self = self_.id,
       .limits = lim,
       .view = view_,

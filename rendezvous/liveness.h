@@ -32,6 +32,7 @@ struct InterruptibleStore {
 using ConnectFn = std::function<InterruptibleStore()>;
 
 struct LivenessContext {
+  std::string runId;  // the job (--rdzv-id)
   std::string self;   // this node's id
   JobLimits limits;
   StateView& view;    // the newest state this agent knows: whom to watch
