@@ -17,6 +17,7 @@ constexpr Millis kMinAttempt{2'000};   // one member's share of a call, at least
 struct AttemptFailed {
   std::string what;
   bool maybeApplied;
+  bool timedOut = false;  // cut by the deadline: says less than an earlier, real error
 };
 
 }  // namespace
@@ -79,7 +80,7 @@ std::string EtcdClient::callOnce(size_t member, const std::string& target,
   } catch (const HttpConnection::Failure& f) {
     throw AttemptFailed{who + ": " + f.what(), f.maybeSent()};
   } catch (const TimeoutError& e) {
-    throw AttemptFailed{e.what(), true};
+    throw AttemptFailed{e.what(), true, true};
   }
   if (r.status == 200) return std::move(r.body);
   const auto err = parseError(r.body);
@@ -120,7 +121,7 @@ std::string EtcdClient::call(const std::string& target, const std::string& body,
         throw AmbiguousError(describe() + ": " + target + ": " + f.what +
                              " (the request may have been applied)");
       }
-      lastError = f.what;
+      if (!f.timedOut || lastError.empty()) lastError = f.what;
       DDPRUN_LOG(DEBUG, "etcd") << target << " failed on " << f.what << "; trying the next member";
     }
     current_ = (current_ + 1) % n;

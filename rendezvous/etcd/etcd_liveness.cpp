@@ -74,6 +74,7 @@ void EtcdLiveness::keep() {
     } catch (const Error&) {
       lock.lock();
       keeperClient_ = nullptr;
+      lost_ = true;
       const bool report = !stopKeeping_;
       lock.unlock();
       if (report) this->report(std::current_exception());
@@ -192,9 +193,11 @@ void EtcdLiveness::stop(bool withdraw) {
   }
   cv_.notify_all();
   if (keeper_.joinable()) keeper_.join();
-  // A clean exit revokes the lease either way: the key goes now, not after the TTL.
+  // A clean exit revokes the lease either way: the key goes now, not after the TTL. Not when
+  // the keeper has already found etcd unreachable: that would only delay the exit.
+  if (lost_) return;
   EtcdClientOptions o = options_.client;
-  o.timeout = std::min(o.timeout, Millis(5'000));
+  o.timeout = std::min(o.timeout, Millis(2'000));
   try {
     EtcdClient c(o);
     c.leaseRevoke(lease_);

@@ -75,6 +75,7 @@ class EtcdLiveness final : public Liveness {
   std::condition_variable cv_;
   bool stopKeeping_ = false;
   bool stopWatching_ = false;
+  bool lost_ = false;  // the keeper gave up: etcd unreachable
   EtcdClient* keeperClient_ = nullptr;
   EtcdWatch* watch_ = nullptr;
   std::shared_ptr<EtcdClient> watcherClient_;

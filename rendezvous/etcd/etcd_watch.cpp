@@ -86,6 +86,10 @@ std::vector<Event> EtcdWatch::next(Clock::time_point deadline) {
       const auto failDeadline = *failingSince + options_.timeout;
       try {
         open(std::min(failDeadline, Clock::now() + std::max(kMinAttempt, options_.timeout / 3)));
+      } catch (const TimeoutError& e) {
+        const std::string earlier = lastError_;  // a real error says more than the deadline
+        broken("member " + options_.endpoints[member_].text() + ": " + e.what());
+        if (!earlier.empty()) lastError_ = earlier;
       } catch (const Error& e) {
         broken("member " + options_.endpoints[member_].text() + ": " + e.what());
       }

@@ -30,10 +30,11 @@ inline const char* kEtcdBinary = ETCD_BINARY;
 
 class EtcdCluster {
  public:
-  // Extra flags for every member (e.g. TLS).
+  // `extra`: flags for every member; `tls`: the members serve https (with `extra` naming
+  // their certificates) and the test's clients use this context.
   explicit EtcdCluster(int members = 3, std::vector<std::string> extra = {},
-                       std::string scheme = "http")
-      : extra_(std::move(extra)), scheme_(std::move(scheme)) {
+                       std::shared_ptr<boost::asio::ssl::context> tls = nullptr)
+      : extra_(std::move(extra)), scheme_(tls ? "https" : "http"), tls_(std::move(tls)) {
     char tmpl[] = "/tmp/ddprun-etcd-test-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
     for (int i = 0; i < members; ++i) {
@@ -58,7 +59,7 @@ class EtcdCluster {
     return out;
   }
   EtcdClientOptions clientOptions(Millis timeout = Millis(10'000)) const {
-    return {.endpoints = endpoints(), .tls = nullptr, .timeout = timeout};
+    return {.endpoints = endpoints(), .tls = tls_, .timeout = timeout};
   }
   std::string dir() const { return dir_; }
 
@@ -131,6 +132,7 @@ class EtcdCluster {
 
   std::vector<std::string> extra_;
   std::string scheme_;
+  std::shared_ptr<boost::asio::ssl::context> tls_;
   std::string dir_;
   std::string initial_;
   std::vector<Member> members_;

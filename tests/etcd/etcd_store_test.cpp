@@ -5,6 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <boost/asio/ssl/context.hpp>
+#include <cstdlib>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -226,4 +229,66 @@ TEST_CASE("etcd quorum lost: calls and watches fail in bounded time naming every
   INFO(werr);
   CHECK(since(t0) < 3.0 + 10.0);
   CHECK_THAT(werr, Catch::Contains("etcd at") && !Catch::Contains("TimeoutError"));
+}
+
+namespace {
+
+// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
+struct Certificates {
+  std::string dir;
+  explicit Certificates(const std::string& d) : dir(d) {
+    const std::string script =
+        "set -e; cd '" + dir + "'; "
+        "k='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'; "
+        "openssl req -x509 $k -keyout ca.key -out ca.pem -days 2 -subj /CN=ddprun-test-ca; "
+        "openssl req -x509 $k -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other; "
+        "for who in server client; do "
+        "  openssl req $k -keyout $who.key -out $who.csr -subj /CN=127.0.0.1; "
+        "  printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > $who.ext; "
+        "  openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+        "    -extfile $who.ext -out $who.pem; "
+        "done";
+    std::ofstream(dir + "/make.sh") << script << "\n";
+    if (std::system(("sh '" + dir + "/make.sh' > '" + dir + "/openssl.log' 2>&1").c_str()) != 0)
+      FAIL("openssl could not make the test certificates: see " + dir + "/openssl.log");
+  }
+  std::string path(const std::string& f) const { return dir + "/" + f; }
+};
+
+}  // namespace
+
+TEST_CASE("etcd over TLS: client certificates, a wrong CA or none is refused clearly",
+          "[etcd][tls]") {
+  char tmpl[] = "/tmp/ddprun-etcd-tls-XXXXXX";
+  Certificates certs(::mkdtemp(tmpl));
+  auto tls = makeTlsContext({certs.path("ca.pem"), certs.path("client.pem"), certs.path("client.key")});
+  EtcdCluster cluster(3,
+                      {"--cert-file", certs.path("server.pem"), "--key-file", certs.path("server.key"),
+                       "--trusted-ca-file", certs.path("ca.pem"), "--client-cert-auth"},
+                      tls);
+  EtcdStore s(cluster.clientOptions(), uniquePrefix());
+  s.set("secret", "v");
+  CHECK(s.get("secret") == "v");
+  CHECK_THAT(s.describe(), Catch::StartsWith("etcd at https://127.0.0.1:"));
+
+  auto refused = [&](std::shared_ptr<boost::asio::ssl::context> ctx) -> std::string {
+    EtcdClientOptions o = cluster.clientOptions(Millis(1'500));
+    o.tls = std::move(ctx);
+    EtcdStore other(o, s.prefix());
+    try {
+      other.get("secret");
+    } catch (const NetworkError& e) {
+      return e.what();
+    }
+    return "served";
+  };
+  const std::string noCert = refused(makeTlsContext({certs.path("ca.pem"), "", ""}));
+  INFO(noCert);
+  CHECK_THAT(noCert, Catch::Contains("etcd at https://") && Catch::Contains("bad certificate"));
+  const std::string wrongCa = refused(
+      makeTlsContext({certs.path("other-ca.pem"), certs.path("client.pem"), certs.path("client.key")}));
+  INFO(wrongCa);
+  CHECK_THAT(wrongCa, Catch::Contains("TLS connect failed") && Catch::Contains("certificate verify failed"));
+  std::error_code ec;
+  std::filesystem::remove_all(certs.dir, ec);
 }
