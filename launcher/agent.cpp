@@ -6,6 +6,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <cerrno>
 #include <csignal>
 #include <optional>
 
@@ -31,7 +32,7 @@ class Agent::Impl {
   int run();
 
  private:
-  enum class State { Rendezvous, Running, Stopping, Finishing, Leaving, Done };
+  enum class State { Rendezvous, Running, Stopping, Finishing, Leaving, Closing, Done };
   // Why a running group is being stopped; decides what follows once it has stopped.
   enum class StopReason { None, WorkerFailed, Decision, Signal, Error };
 
@@ -47,6 +48,13 @@ class Agent::Impl {
   void apply(const JobDecision& d);
   void stopGroup(StopReason reason, int sig);
   void leaveAndExit(int code);
+  // The job has ended for this node: print the summary (multi-node), let the handler tell the
+  // other nodes (asyncShutdown), then exit with `code`.
+  void endJob(int code, const std::string& summary);
+  // Every local worker of the group exited 0 on its own (before ddprun stopped anything).
+  bool localSuccess() const;
+  // Every started worker process is gone already (its exit not processed yet).
+  bool workersAlreadyGone() const;
   void finish(int code);
   void fail(std::exception_ptr e);
   // Runs fn on the I/O thread; an exception is kept (and rethrown by run()), never thrown.
@@ -136,6 +144,7 @@ void Agent::Impl::onSignal(int sig) {
       leaveAndExit(128 + sig);
       break;
     case State::Leaving:
+    case State::Closing:
       finish(128 + sig);  // a second signal does not wait for a clean leave
       break;
     case State::Done:
@@ -155,7 +164,7 @@ void Agent::Impl::nextRound() {
           std::rethrow_exception(e);
         } catch (const JobEnded& ended) {
           DDPRUN_LOG(WARN, "launcher") << ended.what();
-          finish(ended.exitCode());
+          endJob(ended.exitCode(), ended.summary());
           return;
         }
       }
@@ -232,13 +241,44 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
 
 void Agent::Impl::onHandlerDecision(const JobDecision& d) {
   if (state_ != State::Running) return;  // other states get their decision as a completion
-  if (d.kind == JobDecision::Kind::NextRound) {
-    DDPRUN_LOG(WARN, "launcher") << "restarting the workers (no restart spent): " << d.reason;
-  } else {
-    DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: " << d.reason;
+  switch (d.kind) {
+    case JobDecision::Kind::NextRound:
+      if (d.restartCount > round_.restartCount) {
+        DDPRUN_LOG(WARN, "launcher") << "restarting the workers after a failure on another node "
+                                     << "(restart " << d.restartCount << " of "
+                                     << options_.maxRestarts << " spent there): " << d.reason;
+      } else {
+        DDPRUN_LOG(WARN, "launcher") << "restarting the workers (membership changed, no restart "
+                                     << "spent): " << d.reason;
+      }
+      break;
+    case JobDecision::Kind::Finished:
+      DDPRUN_LOG(WARN, "launcher") << "the job finished while this node was cut off: " << d.reason
+                                   << "; stopping what is left of its workers";
+      break;
+    case JobDecision::Kind::Failed:
+      DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: " << d.reason;
+      break;
   }
   pending_ = d;
+  if (workersAlreadyGone()) {
+    // They ended on their own while this agent was not looking (it was paused): let their exit
+    // records, already waiting in the pipes, arrive instead of signalling them, so that how
+    // they ended is known (localSuccess()).
+    stopReason_ = StopReason::Decision;
+    state_ = State::Stopping;
+    return;
+  }
   stopGroup(StopReason::Decision, SIGTERM);
+}
+
+bool Agent::Impl::workersAlreadyGone() const {
+  const auto pids = group_->workerPids();
+  if (pids.empty()) return false;
+  for (pid_t pid : pids) {
+    if (::kill(pid, 0) == 0 || errno != ESRCH) return false;  // the guard reaps at once
+  }
+  return true;
 }
 
 void Agent::Impl::stopGroup(StopReason reason, int sig) {
@@ -255,7 +295,19 @@ void Agent::Impl::onGroupStopped() {
     handler_->asyncFinish([this](std::exception_ptr e, JobDecision d) {
       guarded([&] {
         if (state_ != State::Finishing) return;
-        if (e) std::rethrow_exception(e);
+        if (e) {
+          try {
+            std::rethrow_exception(e);
+          } catch (const Error& ex) {
+            // As torchrun: a node whose workers all succeeded exits 0 even when the exit barrier
+            // cannot complete (the store host is gone, the others did not finish in time).
+            DDPRUN_LOG(WARN, "launcher") << "every worker of this node succeeded, but the exit "
+                                         << "barrier did not complete: " << ex.what()
+                                         << "; exiting 0";
+            finish(0);
+            return;
+          }
+        }
         apply(d);
       });
     });
@@ -271,7 +323,8 @@ void Agent::Impl::onGroupStopped() {
       const std::string what = "rank " + std::to_string(rootCause_->globalRank) + " failed (" +
                                rootCause_->describe() + ")";
       handler_->asyncReportFailure(
-          rootCause_->exitCode(), what, [this](std::exception_ptr e, JobDecision d) {
+          rootCause_->exitCode(), what, /*retryable=*/true,
+          [this](std::exception_ptr e, JobDecision d) {
             guarded([&] {
               if (state_ != State::Stopping) return;
               if (e) std::rethrow_exception(e);
@@ -281,6 +334,14 @@ void Agent::Impl::onGroupStopped() {
       break;
     }
     case StopReason::Decision:
+      if (pending_.storeLost && localSuccess()) {
+        // The store went away after every local worker had succeeded: its host exits once the
+        // job has ended, so this node's part is done (torchrun exits 0 here too).
+        DDPRUN_LOG(WARN, "launcher") << pending_.reason << "; every worker of this node had "
+                                     << "succeeded: exiting 0";
+        finish(0);
+        break;
+      }
       apply(pending_);
       break;
     case StopReason::Signal:
@@ -296,9 +357,16 @@ void Agent::Impl::onGroupStopped() {
 void Agent::Impl::afterLocalFailure(const JobDecision& d) {
   const WorkerResult& rc = *rootCause_;
   if (d.kind == JobDecision::Kind::NextRound) {
-    DDPRUN_LOG(WARN, "launcher") << "restarting the worker group after rank " << rc.globalRank
-                                 << " failed (" << rc.describe() << "); restart "
-                                 << round_.restartCount + 1 << " of " << options_.maxRestarts;
+    if (d.restartCount > round_.restartCount) {
+      DDPRUN_LOG(WARN, "launcher") << "restarting the worker group after rank " << rc.globalRank
+                                   << " failed (" << rc.describe() << "): restart "
+                                   << d.restartCount << " of " << options_.maxRestarts
+                                   << " spent by this node";
+    } else {
+      DDPRUN_LOG(WARN, "launcher") << "rank " << rc.globalRank << " failed (" << rc.describe()
+                                   << ") after the round had ended (a failure elsewhere spent "
+                                   << "the restart): rejoining";
+    }
     nextRound();
     return;
   }
@@ -327,12 +395,28 @@ void Agent::Impl::apply(const JobDecision& d) {
       nextRound();
       break;
     case JobDecision::Kind::Finished:
-      finish(0);
+      endJob(0, d.summary);
       break;
     case JobDecision::Kind::Failed:
-      finish(d.exitCode);
+      endJob(d.exitCode, d.summary);
       break;
   }
+}
+
+bool Agent::Impl::localSuccess() const {
+  if (!group_ || group_->results().empty()) return false;
+  for (const auto& r : group_->results()) {
+    if (!r.ended || r.failed() || r.stopSignal != 0) return false;
+  }
+  return true;
+}
+
+void Agent::Impl::endJob(int code, const std::string& summary) {
+  state_ = State::Closing;
+  if (!summary.empty()) writeFully(STDERR_FILENO, "ddprun: " + summary + "\n");
+  handler_->asyncShutdown([this, code](std::exception_ptr) {
+    if (state_ == State::Closing) finish(code);
+  });
 }
 
 void Agent::Impl::leaveAndExit(int code) {

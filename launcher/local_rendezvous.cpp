@@ -53,12 +53,16 @@ void LocalRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) {
   asio::post(io_, [done = std::move(done), error, info] { done(error, info); });
 }
 
-void LocalRendezvous::asyncReportFailure(int exitCode, const std::string& what,
+void LocalRendezvous::asyncReportFailure(int exitCode, const std::string& what, bool retryable,
                                          DecisionHandler done) {
   JobDecision d;
-  if (restarts_ < options_.maxRestarts) {
+  if (!retryable) {
+    d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = exitCode,
+                    .reason = what + " (not retryable: no restart spent)"};
+  } else if (restarts_ < options_.maxRestarts) {
     ++restarts_;
-    d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what};
+    d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                    .restartCount = restarts_};
   } else {
     d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = exitCode, .reason = what};
   }
@@ -72,6 +76,10 @@ void LocalRendezvous::asyncFinish(DecisionHandler done) {
 }
 
 void LocalRendezvous::asyncLeave(const std::string&, DoneHandler done) {
+  asio::post(io_, [done = std::move(done)] { done(nullptr); });
+}
+
+void LocalRendezvous::asyncShutdown(DoneHandler done) {
   asio::post(io_, [done = std::move(done)] { done(nullptr); });
 }
 

@@ -35,9 +35,11 @@ class LocalRendezvous final : public RendezvousHandler {
 
   void setListener(Listener listener) override;
   void asyncNextRound(int localWorldSize, RoundHandler done) override;
-  void asyncReportFailure(int exitCode, const std::string& what, DecisionHandler done) override;
+  void asyncReportFailure(int exitCode, const std::string& what, bool retryable,
+                          DecisionHandler done) override;
   void asyncFinish(DecisionHandler done) override;
   void asyncLeave(const std::string& reason, DoneHandler done) override;
+  void asyncShutdown(DoneHandler done) override;
   std::string describe() const override;
 
   // The hosted store's port (0 when there is none).

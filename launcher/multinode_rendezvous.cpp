@@ -187,15 +187,24 @@ rdzv::DynamicRendezvous& MultiNodeRendezvous::protocol() {
     protocol_ = std::make_unique<rdzv::DynamicRendezvous>(
         options_, [this](const rdzv::RoundEvent& e) { onEvent(e); });
     live_ = protocol_.get();
+    if (leaving_) protocol_->interruptForLeave();  // a signal came while it was connecting
   }
   return *protocol_;
 }
 
 void MultiNodeRendezvous::setListener(Listener listener) { listener_ = std::move(listener); }
 
+std::string MultiNodeRendezvous::summary(bool failed, int exitCode,
+                                         const std::string& reason) const {
+  return "job '" + options_.runId + "' " +
+         (failed ? "FAILED (exit code " + std::to_string(exitCode) + ")" : std::string("finished")) +
+         ": " + reason;
+}
+
 void MultiNodeRendezvous::onEvent(const rdzv::RoundEvent& e) {
   JobDecision d;
   d.reason = e.message;
+  d.restartCount = e.restarts;
   switch (e.kind) {
     case rdzv::RoundEvent::Kind::Superseded:
       d.kind = JobDecision::Kind::NextRound;
@@ -203,10 +212,16 @@ void MultiNodeRendezvous::onEvent(const rdzv::RoundEvent& e) {
     case rdzv::RoundEvent::Kind::JobFailed:
       d.kind = JobDecision::Kind::Failed;
       d.exitCode = e.exitCode;
+      d.summary = summary(true, e.exitCode, e.message);
+      break;
+    case rdzv::RoundEvent::Kind::JobFinished:
+      d.kind = JobDecision::Kind::Finished;
+      d.summary = summary(false, 0, e.message);
       break;
     case rdzv::RoundEvent::Kind::StoreLost:
       d.kind = JobDecision::Kind::Failed;
       d.exitCode = 1;
+      d.storeLost = true;
       break;
   }
   asio::post(io_, [this, d] {
@@ -233,7 +248,8 @@ void MultiNodeRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) 
                        .useAgentStore = agentStore_,
                        .runId = options_.runId};
     } catch (const rdzv::JobEndedError& e) {
-      error = std::make_exception_ptr(JobEnded(e.what(), e.failed() ? e.exitCode() : 0));
+      const int code = e.failed() ? e.exitCode() : 0;
+      error = std::make_exception_ptr(JobEnded(e.what(), code, summary(e.failed(), code, e.reason())));
     } catch (...) {
       error = std::current_exception();
     }
@@ -263,17 +279,20 @@ void MultiNodeRendezvous::hostWorkerStore(const RoundInfo& info) {
 }
 
 void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& what,
-                                             DecisionHandler done) {
-  submit([this, exitCode, what, done = std::move(done)] {
+                                             bool retryable, DecisionHandler done) {
+  submit([this, exitCode, what, retryable, done = std::move(done)] {
     std::exception_ptr error;
     JobDecision d;
     try {
       auto& p = protocol();
-      if (p.reportFailure(exitCode, what) == rdzv::DynamicRendezvous::AfterFailure::Restart) {
-        d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what};
+      if (p.reportFailure(exitCode, what, retryable) ==
+          rdzv::DynamicRendezvous::AfterFailure::Restart) {
+        d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                        .restartCount = p.state().restarts};
       } else {
         d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
-                        .reason = p.jobFailure()};
+                        .reason = p.jobFailure(),
+                        .summary = summary(true, p.jobExitCode(), p.jobFailure())};
       }
     } catch (...) {
       error = std::current_exception();
@@ -290,15 +309,18 @@ void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
       auto& p = protocol();
       switch (p.finishRound()) {
         case rdzv::DynamicRendezvous::AfterSuccess::Finished:
-          d.kind = JobDecision::Kind::Finished;
+          d = JobDecision{.kind = JobDecision::Kind::Finished, .reason = p.state().reason,
+                          .summary = summary(false, 0, p.state().reason)};
           break;
         case rdzv::DynamicRendezvous::AfterSuccess::Rejoin:
           d = JobDecision{.kind = JobDecision::Kind::NextRound,
-                          .reason = "the round ended before every node had finished"};
+                          .reason = "the round ended before every node had finished",
+                          .restartCount = p.state().restarts};
           break;
         case rdzv::DynamicRendezvous::AfterSuccess::JobFailed:
           d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
-                          .reason = p.jobFailure()};
+                          .reason = p.jobFailure(),
+                          .summary = summary(true, p.jobExitCode(), p.jobFailure())};
           break;
       }
     } catch (...) {
@@ -309,8 +331,9 @@ void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
 }
 
 void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done) {
-  // A join or exit barrier may be waiting on the handler's thread: cut it short first.
-  if (auto* p = live_.load()) p->interrupt();
+  // A join or exit barrier may be waiting on the handler's thread (or about to): cut it short.
+  leaving_ = true;
+  if (auto* p = live_.load()) p->interruptForLeave();
   submit([this, reason, done = std::move(done)] {
     std::exception_ptr error;
     try {
@@ -319,6 +342,13 @@ void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done
       error = std::current_exception();
     }
     asio::post(io_, [done, error] { done(error); });
+  });
+}
+
+void MultiNodeRendezvous::asyncShutdown(DoneHandler done) {
+  submit([this, done = std::move(done)] {
+    if (protocol_) protocol_->closeJob();
+    asio::post(io_, [done] { done(nullptr); });
   });
 }
 

@@ -49,9 +49,11 @@ class MultiNodeRendezvous final : public RendezvousHandler {
 
   void setListener(Listener listener) override;
   void asyncNextRound(int localWorldSize, RoundHandler done) override;
-  void asyncReportFailure(int exitCode, const std::string& what, DecisionHandler done) override;
+  void asyncReportFailure(int exitCode, const std::string& what, bool retryable,
+                          DecisionHandler done) override;
   void asyncFinish(DecisionHandler done) override;
   void asyncLeave(const std::string& reason, DoneHandler done) override;
+  void asyncShutdown(DoneHandler done) override;
   std::string describe() const override;
 
  private:
@@ -61,6 +63,8 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   rendezvous::DynamicRendezvous& protocol();  // connects on first use (handler's thread)
   void onEvent(const rendezvous::RoundEvent& e);
   void hostWorkerStore(const RoundInfo& info);  // on the io_context
+  // "job 'ID' finished: REASON" / "job 'ID' FAILED (exit code N): REASON".
+  std::string summary(bool failed, int exitCode, const std::string& reason) const;
 
   boost::asio::io_context& io_;
   bool agentStore_;
@@ -71,6 +75,7 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   Listener listener_;
   std::unique_ptr<rendezvous::DynamicRendezvous> protocol_;
   std::atomic<rendezvous::DynamicRendezvous*> live_{nullptr};  // for interrupt() from io thread
+  std::atomic<bool> leaving_{false};  // asyncLeave() was called: cut every call short
   std::string describe_;
 
   std::mutex mu_;

@@ -55,17 +55,25 @@ struct JobDecision {
   Kind kind = Kind::NextRound;
   int exitCode = 0;    // Failed: ddprun's exit code (the root cause's, or 1)
   std::string reason;  // one line for the log: "node 2 joined", "rank 5 on node 1 failed"
+  int restartCount = 0;  // the job's restarts spent after this decision (NextRound)
+  bool storeLost = false;  // Failed because the rendezvous store cannot be reached
+  // Multi-node, Finished/Failed: how the job ended, the same line on every node (empty for one
+  // node, where the exit code and the failure report say it all).
+  std::string summary;
 };
 
 // The job ended while this node was joining a round (it finished or failed elsewhere).
 // asyncNextRound delivers it as its error; ddprun then exits with exitCode().
 class JobEnded : public Error {
  public:
-  JobEnded(const std::string& what, int exitCode) : Error(what), exitCode_(exitCode) {}
+  JobEnded(const std::string& what, int exitCode, std::string summary = {})
+      : Error(what), exitCode_(exitCode), summary_(std::move(summary)) {}
   int exitCode() const { return exitCode_; }
+  const std::string& summary() const { return summary_; }  // as JobDecision::summary
 
  private:
   int exitCode_;
+  std::string summary_;
 };
 
 class RendezvousHandler {
@@ -86,13 +94,19 @@ class RendezvousHandler {
   virtual void asyncNextRound(int localWorldSize, RoundHandler done) = 0;
   // A worker of this node failed (the root cause: its exit code and a description). Spends a
   // restart of the job's budget (--max-restarts counts once per job): NextRound when one was
-  // left, else Failed with the exit code the job ends with.
-  virtual void asyncReportFailure(int exitCode, const std::string& what, DecisionHandler done) = 0;
+  // left, else Failed with the exit code the job ends with. Not `retryable` (the worker's error
+  // file says retrying cannot help): Failed at once, spending nothing.
+  virtual void asyncReportFailure(int exitCode, const std::string& what, bool retryable,
+                                  DecisionHandler done) = 0;
   // Every local worker succeeded: the exit barrier. Finished once the job is done; NextRound
   // when the round ended first (rejoin); Failed when the job failed elsewhere.
   virtual void asyncFinish(DecisionHandler done) = 0;
   // This node leaves the job for good (a signal to the agent). Best effort, bounded in time.
   virtual void asyncLeave(const std::string& reason, DoneHandler done) = 0;
+  // The job has ended (Finished or Failed, however this node learned it): the last call before
+  // ddprun exits. Multi-node: tell the other nodes this one knows; the store host waits, bounded
+  // by close_timeout, until every node knows. Never fails.
+  virtual void asyncShutdown(DoneHandler done) = 0;
   // One line for logs: "single node, agent store on 127.0.0.1:41234".
   virtual std::string describe() const = 0;
 };

@@ -111,13 +111,25 @@ void DynamicRendezvous::interrupt() {
 }
 
 // Only the agent's thread replaces main_ (under mainMu_); it reads main_ without the lock.
-void DynamicRendezvous::reconnectIfInterrupted() {
+void DynamicRendezvous::interruptForLeave() {
+  leaving_ = true;
+  interrupt();
+}
+
+void DynamicRendezvous::reconnectIfInterrupted(bool leaving) {
+  auto refuse = [&] {
+    if (!leaving && leaving_) throw NetworkError("interrupted: this agent is leaving the job");
+  };
+  refuse();
   if (!interrupted_.exchange(false)) return;
   auto fresh = connect();
   auto log = std::make_unique<StateLog>(*fresh.store, options_.limits);
-  std::lock_guard<std::mutex> g(mainMu_);
-  std::swap(main_, fresh);
-  std::swap(log_, log);
+  {
+    std::lock_guard<std::mutex> g(mainMu_);
+    std::swap(main_, fresh);
+    std::swap(log_, log);
+  }
+  refuse();  // a leave that came in meanwhile
 }
 
 Versioned DynamicRendezvous::fresh() {
@@ -173,8 +185,10 @@ void DynamicRendezvous::watcherLoop() {
     e.round = r;
     e.message = ended.state.reason;
     e.exitCode = ended.state.exitCode;
-    e.kind = ended.state.phase == Phase::Failed ? RoundEvent::Kind::JobFailed
-                                                : RoundEvent::Kind::Superseded;
+    e.restarts = ended.state.restarts;
+    e.kind = ended.state.phase == Phase::Failed     ? RoundEvent::Kind::JobFailed
+             : ended.state.phase == Phase::Finished ? RoundEvent::Kind::JobFinished
+                                                    : RoundEvent::Kind::Superseded;
     lock.unlock();
     DDPRUN_LOG(INFO, "rendezvous") << "round " << r << " is over: " << e.message;
     emit(e);

@@ -13,9 +13,10 @@
 //   for (;;) {
 //     RoundInfo r = rdzv.nextRound();
 //     ... run workers; on an event: stop them, continue ...
-//     on failure:  if (rdzv.reportFailure(code, what) == AfterFailure::JobFailed) return code;
-//     on success:  if (rdzv.finishRound() == AfterSuccess::Finished) return 0;
+//     on failure:  if (rdzv.reportFailure(code, what) == AfterFailure::JobFailed) break;
+//     on success:  if (rdzv.finishRound() == AfterSuccess::Finished) break;
 //   }
+//   rdzv.closeJob();  // the job has ended: tell the others (the store host waits for them)
 //
 // The static backend is the same protocol with fixed node ranks (NodeInfo::fixedRank),
 // MIN = MAX and no heartbeats. Methods other than the constructor's event callback are called
@@ -45,7 +46,7 @@ struct DynamicRendezvousOptions {
   int fixedRank = -1;       // static backend: --node-rank
   Millis joinTimeout{600'000};
   Millis lastCallTimeout{30'000};
-  Millis closeTimeout{30'000};          // the store host's wait for every node to pass the exit barrier
+  Millis closeTimeout{30'000};          // the store host's wait for every node to learn the job ended
   Millis exitBarrierTimeout{300'000};  // a finished node's wait for the others' workers
   HeartbeatOptions heartbeat{};         // interval 0: no heartbeats (static backend)
   bool isHost = false;                  // this agent hosts the store: see finishRound()
@@ -67,13 +68,15 @@ struct RoundInfo {
 // Something that ended the current round without this agent asking (delivered once per round).
 struct RoundEvent {
   enum class Kind {
-    Superseded,  // a new round opened (arrival, departure, eviction, failure elsewhere)
-    JobFailed,   // workers failed somewhere and no restart is left
-    StoreLost,   // the store cannot be reached: the agent must stop
+    Superseded,   // a new round opened (arrival, departure, eviction, failure elsewhere)
+    JobFailed,    // workers failed somewhere and no restart is left
+    JobFinished,  // the job finished while this node was not looking (it was lost: paused, cut off)
+    StoreLost,    // the store cannot be reached: the agent must stop
   };
   Kind kind;
   int64_t round = 0;
   int exitCode = 0;    // JobFailed: the root cause's exit code
+  int restarts = 0;    // the job's restarts after the event (more than the round's: one was spent)
   std::string message;
 };
 
@@ -97,14 +100,23 @@ class DynamicRendezvous {
   enum class AfterFailure { Restart, JobFailed };
   // This node's workers failed in the current round: spends one restart of the job's budget
   // (unless the round had already ended) and returns Restart -- call nextRound() -- or ends
-  // the job for every node and returns JobFailed (see jobExitCode()).
-  AfterFailure reportFailure(int exitCode, const std::string& what);
+  // the job for every node and returns JobFailed (see jobExitCode()): when no restart is left, or
+  // at once when `retryable` is false (the error cannot go away by retrying).
+  AfterFailure reportFailure(int exitCode, const std::string& what, bool retryable = true);
 
   enum class AfterSuccess { Finished, Rejoin, JobFailed };
-  // This node's workers succeeded: the exit barrier. Finished once every node's workers have
-  // succeeded (the store host, isHost, also waits up to close_timeout for every node to pass
-  // the barrier); Rejoin when the round ended first (call nextRound()).
+  // This node's workers succeeded: the exit barrier. Finished once every member is done (or was
+  // lost after the first one was: a finishing job is never re-formed); Rejoin when the round
+  // ended first (call nextRound()); JobFailed when it failed. TimeoutError after
+  // exit_barrier_timeout.
   AfterSuccess finishRound();
+
+  // The job has ended (finished or failed, as this node learned from the state): records that
+  // this node knows (key ended/<id>) and stops the heartbeats. On the store host, then waits up to
+  // close_timeout until every node the final state names has recorded it too, so that none of
+  // them -- a node paused or cut off while the job ended, one waiting to join -- loses the store
+  // before it has learned how the job ended. Never throws (failures are logged).
+  void closeJob();
 
   // Leaves the job for good (SIGTERM/SIGINT on this node); the others re-form without it.
   void leave(const std::string& reason);
@@ -113,11 +125,16 @@ class DynamicRendezvous {
   // with NetworkError; the next call reconnects. Safe from any thread (a signal handler's
   // thread, the event loop) -- e.g. to leave() while a join is still waiting.
   void interrupt();
+  // interrupt(), and every later call but leave() and closeJob() fails the same way: the agent
+  // is leaving (a signal), even if that came before the call it was meant to cut short started.
+  void interruptForLeave();
 
   const NodeInfo& self() const { return self_; }
   const DynamicRendezvousOptions& options() const { return options_; }
   int jobExitCode() const { return jobExitCode_; }
   const std::string& jobFailure() const { return jobFailure_; }
+  // The newest state this node's agent thread has seen (its reason, its restart count).
+  const RoundState& state() const { return current_.state; }
 
  private:
   InterruptibleStore connect() const;
@@ -130,8 +147,9 @@ class DynamicRendezvous {
   void emit(const RoundEvent& e);
   void onBackgroundError(std::exception_ptr e);
   Versioned fresh();
-  // Replaces the agent's connection after interrupt().
-  void reconnectIfInterrupted();
+  // Replaces the agent's connection after interrupt(); throws NetworkError after
+  // interruptForLeave() unless `leaving` (the call is leave() or closeJob()).
+  void reconnectIfInterrupted(bool leaving = false);
 
   DynamicRendezvousOptions options_;
   EventFn onEvent_;
@@ -146,6 +164,7 @@ class DynamicRendezvous {
   std::atomic<int64_t> roundNo_{-1};  // round_.round, for background threads
   bool inRound_ = false;
   bool left_ = false;
+  bool closed_ = false;
   int jobExitCode_ = 0;
   std::string jobFailure_;
 
@@ -155,6 +174,7 @@ class DynamicRendezvous {
   bool stopping_ = false;
   bool storeLost_ = false;
   std::atomic<bool> interrupted_{false};
+  std::atomic<bool> leaving_{false};
   std::mutex mainMu_;  // interrupt() vs. reconnectIfInterrupted() swapping main_
   std::thread watcher_;
 };

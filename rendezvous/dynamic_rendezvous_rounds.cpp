@@ -23,9 +23,7 @@ std::string seconds(Millis m) {
   return os.str();
 }
 
-std::string passedKey(int64_t round, int rank) {
-  return "round/" + std::to_string(round) + "/passed/" + std::to_string(rank);
-}
+std::string endedKey(const std::string& id) { return "ended/" + id; }
 
 }  // namespace
 
@@ -133,14 +131,16 @@ RoundInfo DynamicRendezvous::roundInfo(const RoundState& s) const {
 }
 
 DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
-                                                                const std::string& what) {
+                                                                const std::string& what,
+                                                                bool retryable) {
   DDPRUN_CHECK(inRound_, "reportFailure() outside a round");
   reconnectIfInterrupted();
   watch(-1);
   inRound_ = false;
   const std::string reason = "workers of node " + self_.id + " failed: " + what;
   auto r = log_->update(current_, [&](const RoundState& s) {
-    return transition::failWorkers(s, round_.round, self_.id, exitCode, reason, options_.limits);
+    return transition::failWorkers(s, round_.round, self_.id, exitCode, reason, options_.limits,
+                                   !retryable);
   });
   current_ = r.now;
   view_.offer(current_);
@@ -162,24 +162,15 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   watch(-1);
   inRound_ = false;
   const int64_t r = round_.round;
-  auto& store = *main_.store;
-  const int64_t done = store.add("round/" + std::to_string(r) + "/done", 1);
-  if (done == 1) {
-    // The first to finish: from now on a late node waits rather than making every node redo
-    // finished work.
-    current_ = log_->update(current_, [&](const RoundState& s) {
-      return transition::beginFinish(s, r);
-    }).now;
-  }
-  if (done == round_.nodeCount) {
-    current_ = log_->update(current_, [&](const RoundState& s) {
-      return transition::finish(s, r);
-    }).now;
-  }
+  current_ = log_->update(current_, [&](const RoundState& s) {
+    return transition::nodeDone(s, r, self_.id);
+  }).now;
+  view_.offer(current_);
   auto v = log_->waitMarker(overKey(r), options_.exitBarrierTimeout);
   if (!v) {
+    const RoundState& s = fresh().state;
     throw TimeoutError("rendezvous '" + options_.runId + "': exit barrier of round " +
-                       std::to_string(r) + ": only " + std::to_string(done) + " of " +
+                       std::to_string(r) + ": only " + std::to_string(s.done.size()) + " of " +
                        std::to_string(round_.nodeCount) + " nodes had finished when " +
                        "exit_barrier_timeout=" + seconds(options_.exitBarrierTimeout) +
                        " ran out");
@@ -192,29 +183,52 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
     jobFailure_ = s.reason;
     return AfterSuccess::JobFailed;
   }
-  if (s.phase != Phase::Finished) return AfterSuccess::Rejoin;
-  if (s.round == r) {
-    store.set(passedKey(r, round_.nodeRank), "");
-    if (options_.isHost) {
-      // The store must outlive every node's last read of it (pytorch#118891).
-      std::vector<std::string> keys;
-      for (int i = 0; i < round_.nodeCount; ++i) keys.push_back(passedKey(r, i));
-      try {
-        store.wait(keys, options_.closeTimeout);
-      } catch (const TimeoutError&) {
-        DDPRUN_LOG(WARN, "rendezvous") << "not every node passed the exit barrier within "
-                                       << "close_timeout=" << seconds(options_.closeTimeout);
+  return s.phase == Phase::Finished ? AfterSuccess::Finished : AfterSuccess::Rejoin;
+}
+
+void DynamicRendezvous::closeJob() {
+  if (closed_) return;
+  closed_ = true;
+  watch(-1);
+  if (liveness_) liveness_->stopWatching();  // nothing may be evicted any more
+  try {
+    reconnectIfInterrupted(/*leaving=*/true);
+    const Versioned end = current_.state.ended() ? current_ : fresh();
+    if (!end.state.ended()) {
+      DDPRUN_LOG(DEBUG, "rendezvous") << "closing before the job has ended (round "
+                                      << end.state.round << ")";
+    } else {
+      auto& store = *main_.store;
+      store.set(endedKey(self_.id), "");
+      if (options_.isHost) {
+        // The store must outlive every node's last read of it (pytorch#118891).
+        std::vector<std::string> keys;
+        for (const auto& id : end.state.allIds())
+          if (id != self_.id) keys.push_back(endedKey(id));
+        try {
+          if (!keys.empty()) store.wait(keys, options_.closeTimeout);
+        } catch (const TimeoutError&) {
+          std::string missing;
+          for (const auto& k : keys)
+            if (!store.check({k})) missing += " " + k.substr(6);
+          DDPRUN_LOG(WARN, "rendezvous") << "close_timeout=" << seconds(options_.closeTimeout)
+                                         << " ran out before every node learned that the job "
+                                         << "ended; not heard from:" << missing;
+        }
       }
     }
+  } catch (const Error& e) {
+    DDPRUN_LOG(WARN, "rendezvous") << "could not tell the other nodes that the job ended: "
+                                   << e.what();
   }
-  // The job is over: stop the liveness signal (heartbeat keys die with the store).
+  // The job is over: stop the liveness signal (heartbeat keys die with the store; an etcd
+  // lease is revoked).
   if (liveness_) liveness_->stop(false);
-  return AfterSuccess::Finished;
 }
 
 void DynamicRendezvous::leave(const std::string& reason) {
   if (left_) return;
-  reconnectIfInterrupted();
+  reconnectIfInterrupted(/*leaving=*/true);
   watch(-1);
   left_ = true;
   inRound_ = false;

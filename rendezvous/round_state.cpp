@@ -29,6 +29,12 @@ int RoundState::rankOf(const std::string& id) const {
   return -1;
 }
 
+namespace {
+bool contains(const std::vector<std::string>& v, const std::string& id) {
+  return std::find(v.begin(), v.end(), id) != v.end();
+}
+}  // namespace
+
 bool RoundState::knows(const std::string& id) const {
   auto has = [&](const std::vector<NodeInfo>& v) {
     return std::any_of(v.begin(), v.end(), [&](const NodeInfo& n) { return n.id == id; });
@@ -128,7 +134,7 @@ RoundState openNext(const RoundState& s, const std::string& without, std::string
   next.restarts = s.restarts;
   next.reason = std::move(reason);
   for (size_t r = 0; r < s.members.size(); ++r) {
-    if (s.members[r].id == without) continue;
+    if (s.members[r].id == without || contains(s.lost, s.members[r].id)) continue;
     next.expected.push_back(NodeInfo{.id = s.members[r].id, .prevRank = static_cast<int>(r)});
   }
   for (const auto& w : s.waiting)
@@ -137,6 +143,21 @@ RoundState openNext(const RoundState& s, const std::string& without, std::string
 }
 
 std::string describe(const NodeInfo& n) { return "node " + n.id + " (" + n.addr + ")"; }
+
+// A finishing round whose members are all done or lost is Finished.
+RoundState finishIfAllDone(RoundState s) {
+  for (const auto& m : s.members)
+    if (!contains(s.done, m.id) && !contains(s.lost, m.id)) return s;
+  s.phase = Phase::Finished;
+  if (s.lost.empty()) {
+    s.reason = "every node's workers succeeded in round " + std::to_string(s.round);
+  } else {
+    s.reason = "the workers of " + std::to_string(s.done.size()) + " node(s) succeeded in round " +
+               std::to_string(s.round) + " and " + std::to_string(s.lost.size()) +
+               " node(s) were lost in the exit barrier (last: " + s.reason + ")";
+  }
+  return s;
+}
 
 void checkFixedRank(const std::vector<NodeInfo>& nodes, const NodeInfo& node,
                     const JobLimits& lim) {
@@ -161,7 +182,7 @@ std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const 
     const bool failed = s.phase == Phase::Failed;
     throw JobEndedError(std::string("the job has already ") + (failed ? "failed" : "finished") +
                             " (" + s.reason + "): use a new --rdzv-id for a new job",
-                        failed, s.exitCode);
+                        failed, s.exitCode, s.reason);
   }
   if (s.member(node.id)) return std::nullopt;
   if (s.phase == Phase::Joining) {
@@ -177,7 +198,7 @@ std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const 
   // Closed.
   for (const auto& w : s.waiting)
     if (w.id == node.id) return std::nullopt;
-  if (static_cast<int>(s.members.size()) < lim.maxNodes && !s.finishing) {
+  if (static_cast<int>(s.members.size()) < lim.maxNodes && !s.finishing()) {
     checkFixedRank(s.members, node, lim);
     RoundState next = openNext(s, "", describe(node) + " arrived");
     NodeInfo n = node;
@@ -214,6 +235,13 @@ std::optional<RoundState> remove(const RoundState& s, const std::string& id,
     return maybeClose(std::move(next), lim);
   }
   if (s.phase != Phase::Closed) return std::nullopt;
+  if (s.member(id) && s.finishing()) {
+    if (contains(s.done, id) || contains(s.lost, id)) return std::nullopt;
+    RoundState next = s;
+    next.lost.push_back(id);
+    next.reason = reason;
+    return finishIfAllDone(std::move(next));
+  }
   if (s.member(id)) return openNext(s, id, reason);
   RoundState next = s;
   if (!erase(next.waiting)) return std::nullopt;
@@ -222,8 +250,15 @@ std::optional<RoundState> remove(const RoundState& s, const std::string& id,
 
 std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const std::string& id,
                                       int exitCode, const std::string& reason,
-                                      const JobLimits& lim) {
+                                      const JobLimits& lim, bool final) {
   if (s.phase != Phase::Closed || s.round != round || !s.member(id)) return std::nullopt;
+  if (final) {
+    RoundState next = s;
+    next.phase = Phase::Failed;
+    next.exitCode = exitCode;
+    next.reason = reason + " (not retryable: no restart spent)";
+    return next;
+  }
   if (s.restarts < lim.maxRestarts) {
     RoundState next = openNext(s, "", reason + " (restart " + std::to_string(s.restarts + 1) +
                                           " of " + std::to_string(lim.maxRestarts) + ")");
@@ -233,24 +268,25 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
   RoundState next = s;
   next.phase = Phase::Failed;
   next.exitCode = exitCode;
-  next.waiting.clear();
   next.reason = reason + " and no restart is left (max_restarts=" +
                 std::to_string(lim.maxRestarts) + ")";
   return next;
 }
 
-std::optional<RoundState> beginFinish(const RoundState& s, int64_t round) {
-  if (s.phase != Phase::Closed || s.round != round || s.finishing) return std::nullopt;
+std::optional<RoundState> nodeDone(const RoundState& s, int64_t round, const std::string& id) {
+  if (s.phase != Phase::Closed || s.round != round || !s.member(id) || contains(s.done, id)) {
+    return std::nullopt;
+  }
   RoundState next = s;
-  next.finishing = true;
-  return next;
+  next.lost.erase(std::remove(next.lost.begin(), next.lost.end(), id), next.lost.end());
+  next.done.push_back(id);
+  return finishIfAllDone(std::move(next));
 }
 
 std::optional<RoundState> finish(const RoundState& s, int64_t round) {
   if (s.phase != Phase::Closed || s.round != round) return std::nullopt;
   RoundState next = s;
   next.phase = Phase::Finished;
-  next.waiting.clear();
   next.reason = "every node's workers succeeded in round " + std::to_string(round);
   return next;
 }

@@ -11,7 +11,11 @@
 //               or the last-call deadline passes with >= MIN--> Closed(r)
 //   Closed(r)  --a node arrives (room left), a member leaves or is evicted,
 //               or workers fail (restart budget left)--> Joining(r+1)
-//   Closed(r)  --workers fail, no restart left--> Failed;  --every node done--> Finished
+//   Closed(r)  --workers fail, no restart left, or an error retrying cannot fix--> Failed
+//   Closed(r)  --a node's workers succeeded--> Closed(r), finishing: from then on nobody re-forms
+//               the job; --every member done (or lost in the exit barrier)--> Finished
+// Finished and Failed are final: no transition leaves them, so once the job has ended no
+// eviction, arrival or late heartbeat starts another round anywhere.
 //
 // In Closed(r) `members` is ordered by node rank. Node ranks are stable: a node of round r
 // keeps its rank in round r+1 when that rank still exists; newcomers fill the free ranks in
@@ -28,14 +32,16 @@ namespace ddprun::rendezvous {
 // The job this node tried to join has already finished or failed: there is nothing to join.
 class JobEndedError : public Error {
  public:
-  JobEndedError(const std::string& what, bool failed, int exitCode)
-      : Error(what), failed_(failed), exitCode_(exitCode) {}
+  JobEndedError(const std::string& what, bool failed, int exitCode, std::string reason = {})
+      : Error(what), failed_(failed), exitCode_(exitCode), reason_(std::move(reason)) {}
   bool failed() const { return failed_; }
   int exitCode() const { return exitCode_; }  // the root cause's, when failed()
+  const std::string& reason() const { return reason_; }  // the final state's reason
 
  private:
   bool failed_;
   int exitCode_;
+  std::string reason_;
 };
 
 // One agent (node) as the rendezvous sees it.
@@ -59,13 +65,18 @@ struct RoundState {
   std::vector<NodeInfo> members;  // Joining: join order; Closed/Finished/Failed: rank order
   std::vector<NodeInfo> waiting;  // Closed: arrivals while the round was full
   std::vector<NodeInfo> expected; // Joining: nodes of the round before, awaited back (id, prevRank)
-  bool finishing = false;         // Closed: some node's workers have succeeded (exit barrier)
+  std::vector<std::string> done;  // Closed: members whose workers succeeded (in the exit barrier)
+  std::vector<std::string> lost;  // Closed, finishing: members that left or were evicted since
   int exitCode = 0;               // Failed: the root cause's exit code
   std::string reason;             // why this round was opened / the job ended (one line)
+
+  // Some node's workers have succeeded: the round will not be re-formed.
+  bool finishing() const { return !done.empty(); }
 
   const NodeInfo* member(const std::string& id) const;
   int rankOf(const std::string& id) const;  // -1 when not a member
   bool knows(const std::string& id) const;  // member, waiting or expected
+  bool ended() const { return phase == Phase::Finished || phase == Phase::Failed; }
   // Every node id the state mentions, sorted (the heartbeat ring).
   std::vector<std::string> allIds() const;
   bool operator==(const RoundState&) const = default;
@@ -95,19 +106,26 @@ std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const 
 std::optional<RoundState> closeAtDeadline(const RoundState& s, int64_t round, const JobLimits& lim);
 
 // Node `id` left (SIGTERM) or was evicted (no heartbeat). A member of a closed round opens
-// round r+1 without it; in a joining round it is dropped (which may close the round).
+// round r+1 without it; in a joining round it is dropped (which may close the round). In a
+// finishing round a member that is not done is *lost* instead: the job is not re-formed (a node's
+// workers succeed only once the whole group is through its collectives), and it is Finished once
+// every member is done or lost. A done member leaving changes nothing.
 std::optional<RoundState> remove(const RoundState& s, const std::string& id,
                                  const std::string& reason, const JobLimits& lim);
 
 // Workers of node `id` failed in round `round`: spend one restart of the job-wide budget and
-// open round r+1, or end the job as Failed when none is left. No-op when round `round` is over.
+// open round r+1, or end the job as Failed when none is left -- or at once when `final` (an error
+// that retrying cannot fix: a bad config, an incompatible checkpoint, missing data). No-op when
+// round `round` is over. Lost members are not expected back.
 std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const std::string& id,
                                       int exitCode, const std::string& reason,
-                                      const JobLimits& lim);
+                                      const JobLimits& lim, bool final = false);
 
-// The first node whose workers succeeded in round `round` enters the exit barrier: from now on
-// arrivals wait instead of opening a new round (failures and departures still re-form).
-std::optional<RoundState> beginFinish(const RoundState& s, int64_t round);
+// Node `id`'s workers succeeded in round `round`: it is done. The first done node makes the round
+// finishing: from then on arrivals wait instead of opening a new round, and departures are lost
+// (see remove). Once every member is done or lost the job is Finished. No-op when already done or
+// when round `round` is over.
+std::optional<RoundState> nodeDone(const RoundState& s, int64_t round, const std::string& id);
 
 // Every node's workers succeeded in round `round`: the job is Finished.
 std::optional<RoundState> finish(const RoundState& s, int64_t round);

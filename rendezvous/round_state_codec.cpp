@@ -12,10 +12,10 @@ namespace ddprun::rendezvous {
 //   phase joining|closed|finished|failed
 //   restarts <n>
 //   exit <code>
-//   finishing 1                (only when set)
 //   reason <text to the end of the line>
 //   member|waiting <id> <addr> <nproc> <masterPort> <fixedRank> <prevRank>
 //   expected <id> <prevRank>
+//   done|lost <id>             (a finishing round: members in the exit barrier / lost since)
 // Hand-written both ways: a state is re-read on every lost compare-set, so it must be cheap.
 namespace {
 constexpr std::string_view kMagic = "ddprun-rendezvous-state 1";
@@ -69,7 +69,6 @@ std::string encodeState(const RoundState& s) {
   out.append("\nexit ");
   put(out, s.exitCode);
   out += '\n';
-  if (s.finishing) out.append("finishing 1\n");
   std::string reason = s.reason;
   for (char& c : reason)
     if (c == '\n' || c == '\r') c = ' ';
@@ -81,6 +80,8 @@ std::string encodeState(const RoundState& s) {
     put(out, n.prevRank);
     out += '\n';
   }
+  for (const auto& id : s.done) out.append("done ").append(id).append("\n");
+  for (const auto& id : s.lost) out.append("lost ").append(id).append("\n");
   return out;
 }
 
@@ -125,10 +126,9 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       if (!field(s.restarts) || s.restarts < 0) throw bad("restarts: '" + std::string(line) + "'");
     } else if (tag == "exit") {
       if (!field(s.exitCode)) throw bad("exit: '" + std::string(line) + "'");
-    } else if (tag == "finishing") {
-      int f = 0;
-      if (!field(f) || (f != 0 && f != 1)) throw bad("finishing: '" + std::string(line) + "'");
-      s.finishing = f == 1;
+    } else if (tag == "done" || tag == "lost") {
+      if (w.size() != 2) throw bad(std::string(tag) + " record '" + std::string(line) + "'");
+      (tag == "done" ? s.done : s.lost).emplace_back(w[1]);
     } else if (tag == "member" || tag == "waiting") {
       NodeInfo n;
       int port = 0;

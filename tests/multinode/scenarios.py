@@ -120,15 +120,69 @@ def worker_failure(t):
               % (node, counts))
 
 
+def summary_lines(node):
+    return [line for line in node.stderr().splitlines() if line.startswith("ddprun: job '")]
+
+
 def failure_ends_job(t):
-    """With the budget spent, every node stops with the root cause's exit code."""
+    """With the budget spent, every node stops with the root cause's exit code and the same
+    one-line summary; the node that prints the FAILED report exits right after."""
     args = ["--always-fail", "1", "7", "--run", "30"]
     a = t.agent("a", "127.0.0.2", "2", "fatal", args, extra=["--max-restarts=1"])
     b = t.agent("b", "127.0.0.3", "2", "fatal", args, extra=["--max-restarts=1"])
-    check(b.wait(60) == 7, "node b (root cause) exit code %s, expected 7" % b.proc.returncode)
-    check(a.wait(60) == 7, "node a exit code %s, expected 7" % a.proc.returncode)
+    exited = {}
+
+    def reap(n):
+        n.wait(60)
+        exited[n.name] = time.time()
+    waiters = [threading.Thread(target=reap, args=(n,)) for n in (a, b)]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    check(b.proc.returncode == 7, "node b (root cause) exit code %s, expected 7" % b.proc.returncode)
+    check(a.proc.returncode == 7, "node a exit code %s, expected 7" % a.proc.returncode)
     check(len(t.starts(node="a")) == 2, "one restart, counted once for the job")
     check("no restart is left" in a.stderr(), "node a names the cause")
+    check("FAILED" in b.stderr() and "Root cause" in b.stderr(), "node b prints the report")
+    sa, sb = summary_lines(a), summary_lines(b)
+    check(len(sa) == 1 and sa == sb, "one identical summary line on both nodes: %s / %s" % (sa, sb))
+    check("FAILED (exit code 7)" in sa[0], "the summary names the exit code: %s" % sa[0])
+    check(abs(exited["a"] - exited["b"]) < 3, "both nodes end within 3 s of each other "
+          "(a %.2f, b %.2f)" % (exited["a"], exited["b"]))
+    check("restart 1 of 1 spent by this node" in b.stderr(), "b says it spent the restart")
+    check("restart 1 of 1 spent there" in a.stderr(), "a says the restart was spent elsewhere")
+
+
+def paused_node_while_finishing(t):
+    """Node b's agent is paused (SIGSTOP) while the job completes; its worker finishes anyway.
+    No new round or worker starts anywhere; a evicts b as lost in the exit barrier and the job
+    is finished. Resumed within close_timeout, b learns that from the store and both nodes exit
+    0 with the same summary; resumed after the store host has gone, b still exits 0 (its
+    workers succeeded), saying why."""
+    for pause, rdzv_id in ((2.0, "pause"), (6.5, "longpause")):  # close_timeout is 5 s
+        gate = os.path.join(t.dir, "gate-" + rdzv_id)
+        a = t.agent("a" + rdzv_id, "127.0.0.2", "1:2", rdzv_id, ["--exit-when", gate])
+        b = t.agent("b" + rdzv_id, "127.0.0.3", "1:2", rdzv_id, ["--exit-when", gate])
+        t.wait_for("a round of 2", lambda: len(t.starts(world=2, node=b.name)) == 1 and
+                   len(t.starts(world=2, node=a.name)) == 1, 30)
+        started_before = len(t.starts(node=a.name)) + len(t.starts(node=b.name))
+        b.signal(signal.SIGSTOP)
+        open(gate, "w").close()  # both workers finish; b's agent cannot see it
+        t.wait_for("a to evict b", lambda: "evicted" in a.stderr(), 10)
+        time.sleep(pause)
+        b.signal(signal.SIGCONT)
+        check(a.wait(30) == 0, "node a exit code %s" % a.proc.returncode)
+        check(b.wait(30) == 0, "node b exit code %s" % b.proc.returncode)
+        check(len(t.starts(node=a.name)) + len(t.starts(node=b.name)) == started_before,
+              "no worker started after the job finished")
+        sa = summary_lines(a)
+        check(len(sa) == 1 and "finished" in sa[0] and "lost in the exit barrier" in sa[0],
+              "a's summary: %s" % sa)
+        if pause < 5:
+            check(summary_lines(b) == sa, "b prints the same summary: %s" % summary_lines(b))
+        else:
+            check("exiting 0" in b.stderr(), "b says why it exits 0: %s" % b.stderr()[-400:])
 
 
 def two_jobs(t):
@@ -332,7 +386,8 @@ def netns_two_nodes(t):
 
 
 SCENARIOS = {f.__name__: f for f in (
-    fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job, two_jobs,
+    fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
+    paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
     netns_two_nodes)}
 

@@ -11,6 +11,7 @@ arguments say:
   --fail-once K CODE    the first time it runs on node rank K (local rank 0), exit CODE
   --always-fail K CODE  exit CODE whenever it runs on node rank K (local rank 0)
   --run S               run S seconds, then exit 0 (default: exit 0 at once)
+  --exit-when FILE      run until FILE exists, then exit 0
 """
 import argparse
 import json
@@ -73,6 +74,7 @@ def main():
     p.add_argument("--fail-once", nargs=2, type=int)
     p.add_argument("--always-fail", nargs=2, type=int)
     p.add_argument("--run", type=float, default=0.0)
+    p.add_argument("--exit-when")
     a = p.parse_args()
     started = time.time()
     env = {k: os.environ.get(k, "") for k in (
@@ -104,6 +106,10 @@ def main():
             open(marker, "w").close()
             print("worker rank %d fails on purpose" % rank, flush=True)
             sys.exit(a.fail_once[1])
+    if a.exit_when:
+        while not os.path.exists(a.exit_when):
+            time.sleep(0.01)
+        sys.exit(0)
     if a.finish_at_world is not None:
         if world == a.finish_at_world and (not a.gate or os.path.exists(a.gate)):
             sys.exit(0)

@@ -184,3 +184,50 @@ TEST_CASE("a node arriving during the exit barrier does not make finished nodes 
   CHECK(fa.get() == DynamicRendezvous::AfterSuccess::Finished);
   CHECK_THROWS_WITH(fc.get(), Catch::Contains("already finished"));
 }
+
+TEST_CASE("a node lost in the exit barrier: the job finishes, no round is re-formed",
+          "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3, .maxRestarts = 3};
+  auto ho = agentOptions(server.port(), "lostend", 2, lim);
+  ho.isHost = true;
+  auto a = makeAgent(ho);
+  auto b = makeAgent(agentOptions(server.port(), "lostend", 3, lim));
+  auto c = makeAgent(agentOptions(server.port(), "lostend", 4, lim));
+  allNextRound({a.get(), b.get(), c.get()});
+  auto fa = std::async(std::launch::async, [&] { return a->rdzv->finishRound(); });
+  CHECK(fa.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  // b dies (its heartbeats stop) while a waits in the exit barrier: lost, not re-formed.
+  b.reset();
+  CHECK(fa.wait_for(std::chrono::milliseconds(700)) == std::future_status::timeout);
+  CHECK(c->events.size() == 0);  // c's workers keep running: nobody restarts them
+  CHECK(c->rdzv->finishRound() == DynamicRendezvous::AfterSuccess::Finished);
+  CHECK(fa.get() == DynamicRendezvous::AfterSuccess::Finished);
+  CHECK(a->rdzv->state().reason.find("lost in the exit barrier") != std::string::npos);
+  CHECK(a->events.size() == 0);
+  // A late arrival cannot start anything either.
+  auto late = makeAgent(agentOptions(server.port(), "lostend", 5, lim));
+  CHECK_THROWS_WITH(late->rdzv->nextRound(), Catch::Contains("already finished"));
+}
+
+TEST_CASE("closeJob: the store host waits until every node knows the job ended",
+          "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 2, .maxNodes = 2};
+  auto ho = agentOptions(server.port(), "close", 2, lim);
+  ho.isHost = true;
+  ho.closeTimeout = Millis(60'000);
+  auto host = makeAgent(ho);
+  auto b = makeAgent(agentOptions(server.port(), "close", 3, lim));
+  allNextRound({host.get(), b.get()});
+  CHECK(b->rdzv->reportFailure(4, "exit code 4") == DynamicRendezvous::AfterFailure::JobFailed);
+  auto e = host->events.next(Millis(5'000));
+  REQUIRE(e);
+  CHECK(e->kind == RoundEvent::Kind::JobFailed);
+  auto closing = std::async(std::launch::async, [&] { host->rdzv->closeJob(); });
+  CHECK(closing.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
+  const auto t0 = Clock::now();
+  b->rdzv->closeJob();
+  closing.get();
+  CHECK(Clock::now() - t0 < Millis(30'000));  // released by b's acknowledgement, not the timeout
+}

@@ -148,10 +148,11 @@ TEST_CASE("once a node is finishing, arrivals wait instead of restarting", "[rdz
   JobLimits lim{.minNodes = 1, .maxNodes = 3};
   RoundState s = joinAll({}, {node("f1"), node("f2")}, lim);
   s = *transition::closeAtDeadline(s, 0, lim);
-  CHECK_FALSE(transition::beginFinish(s, 7).has_value());
-  RoundState fin = *transition::beginFinish(s, 0);
-  CHECK(fin.finishing);
-  CHECK_FALSE(transition::beginFinish(fin, 0).has_value());  // once
+  CHECK_FALSE(transition::nodeDone(s, 7, node("f1").id).has_value());
+  RoundState fin = *transition::nodeDone(s, 0, node("f1").id);
+  CHECK(fin.finishing());
+  CHECK(fin.phase == Phase::Closed);
+  CHECK_FALSE(transition::nodeDone(fin, 0, node("f1").id).has_value());  // once
   auto w = transition::join(fin, node("f3"), lim);
   REQUIRE(w);
   CHECK(w->round == 0);  // no new round: f3 waits
@@ -160,9 +161,63 @@ TEST_CASE("once a node is finishing, arrivals wait instead of restarting", "[rdz
   auto r1 = transition::failWorkers(*w, 0, node("f2").id, 1, "exit 1",
                                     JobLimits{.minNodes = 1, .maxNodes = 3, .maxRestarts = 1});
   REQUIRE(r1);
-  CHECK_FALSE(r1->finishing);
+  CHECK_FALSE(r1->finishing());
   CHECK(r1->expected.size() == 3);
   CHECK(decodeState(encodeState(fin), "k") == fin);
+  // The last member done: Finished, and final.
+  auto end = transition::nodeDone(*w, 0, node("f2").id);
+  REQUIRE(end);
+  CHECK(end->phase == Phase::Finished);
+  CHECK(end->ended());
+  CHECK_THROWS_AS(transition::join(*end, node("f4"), lim), JobEndedError);
+  CHECK_FALSE(transition::remove(*end, node("f1").id, "gone", lim).has_value());
+  CHECK_FALSE(transition::failWorkers(*end, 0, node("f2").id, 1, "x", lim).has_value());
+}
+
+TEST_CASE("a member lost in the exit barrier never re-forms a finishing job", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 1, .maxNodes = 3, .maxRestarts = 5};
+  RoundState s = joinAll({}, {node("g1"), node("g2"), node("g3")}, lim);
+  REQUIRE(s.phase == Phase::Closed);
+  RoundState fin = *transition::nodeDone(s, 0, node("g1").id);
+  // g2 is evicted while g1 waits in the exit barrier: no new round, g2 is lost.
+  auto lost = transition::remove(fin, node("g2").id, "node g2 was evicted: no heartbeat", lim);
+  REQUIRE(lost);
+  CHECK(lost->round == 0);
+  CHECK(lost->phase == Phase::Closed);
+  CHECK(lost->lost == std::vector<std::string>{node("g2").id});
+  CHECK_FALSE(transition::remove(*lost, node("g2").id, "again", lim).has_value());
+  CHECK_FALSE(transition::remove(*lost, node("g1").id, "a done node leaves", lim).has_value());
+  CHECK(decodeState(encodeState(*lost), "k") == *lost);
+  // g3 finishes: every member is done or lost, the job is Finished, naming the loss.
+  auto end = transition::nodeDone(*lost, 0, node("g3").id);
+  REQUIRE(end);
+  CHECK(end->phase == Phase::Finished);
+  CHECK(end->reason.find("lost in the exit barrier") != std::string::npos);
+  CHECK(end->reason.find("no heartbeat") != std::string::npos);
+  // A lost node that comes back and reports done finds the job over: nothing to write.
+  CHECK_FALSE(transition::nodeDone(*end, 0, node("g2").id).has_value());
+  // Before the end, a lost node reporting done moves to done.
+  auto back = transition::nodeDone(*lost, 0, node("g2").id);
+  REQUIRE(back);
+  CHECK(back->lost.empty());
+  CHECK(back->done.size() == 2);
+  // A failure after a loss restarts without the lost node.
+  auto r1 = transition::failWorkers(*lost, 0, node("g3").id, 1, "exit 1", lim);
+  REQUIRE(r1);
+  CHECK(r1->expected.size() == 2);
+  CHECK_FALSE(r1->knows(node("g2").id));
+}
+
+TEST_CASE("a failure that retrying cannot fix ends the job at once", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 2, .maxRestarts = 20};
+  RoundState s = joinAll({}, {node("n1"), node("n2")}, lim);
+  auto f = transition::failWorkers(s, 0, node("n2").id, 2, "checkpoint does not fit", lim, true);
+  REQUIRE(f);
+  CHECK(f->phase == Phase::Failed);
+  CHECK(f->exitCode == 2);
+  CHECK(f->restarts == 0);
+  CHECK(f->reason.find("checkpoint does not fit") != std::string::npos);
+  CHECK(f->reason.find("not retryable") != std::string::npos);
 }
 
 TEST_CASE("finish ends the job only from the round it names", "[rdzv][state]") {
