@@ -191,6 +191,16 @@ void DynamicRendezvous::closeJob() {
   closed_ = true;
   watch(-1);
   if (liveness_) liveness_->stopWatching();  // nothing may be evicted any more
+  bool lost;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    lost = storeLost_;
+  }
+  if (lost) {
+    // The store is gone (its host, or etcd's quorum): telling anyone would only wait for it.
+    if (liveness_) liveness_->stop(false);
+    return;
+  }
   try {
     reconnectIfInterrupted(/*leaving=*/true);
     const Versioned end = current_.state.ended() ? current_ : fresh();
