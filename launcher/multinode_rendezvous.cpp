@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "launcher/local_rendezvous.h"
+#include "launcher/option_values.h"
 #include "launcher/options.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/etcd/etcd_backend.h"
@@ -105,10 +106,21 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
       throw ConfigError("--rdzv-backend=c10d with --nnodes=" + nnodesText(o) +
                         " needs --rdzv-endpoint=HOST[:PORT] (the store every node meets at)");
     }
-    const rdzv::Endpoint ep = rdzv::parseEndpoint(o.rdzvEndpoint);
+    // Port 0: the store's host binds a free port (the others must learn it: an ssh launch
+    // relays it); any other node needs the real port.
+    const Endpoint given = parseEndpoint(o.rdzvEndpoint);
+    const rdzv::Endpoint ep = given.port == 0 ? rdzv::Endpoint{.host = given.host, .port = 0}
+                                              : rdzv::parseEndpoint(o.rdzvEndpoint);
     r.store.host = ep.host;
     r.store.port = ep.port;
     hostStore = conf.isHost.value_or(rdzv::endpointIsThisNode(ep.host, o.localAddr));
+    if (ep.port == 0 && !hostStore) {
+      throw ConfigError("--rdzv-endpoint=" + o.rdzvEndpoint + ": port 0 (a free port) only "
+                        "works on the node that hosts the store; the others need its port");
+    }
+    // A scheduler's node rank (SLURM_NODEID) is kept when the round has room for it.
+    if (o.schedulerNodeRank >= 0 && o.schedulerNodeRank < o.maxNodes)
+      r.fixedRank = o.schedulerNodeRank;
   }
   rdzv::applyRdzvConf(conf, r);
   if (o.rdzvBackend == "static") r.heartbeat.interval = rdzv::Millis(0);
@@ -120,9 +132,13 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
   bool host = false;
   options_ = multiNodeOptions(o, host);
+<<<<<<< HEAD
   const std::string endpoint =
       options_.backend ? options_.backend->describe()
                        : options_.store.host + ":" + std::to_string(options_.store.port);
+=======
+  std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
+>>>>>>> main
   std::optional<std::string> token;
   if (host) {
     if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f)
@@ -138,6 +154,10 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
                          "the endpoint's host): " + e.what() +
                          " -- is another job using this port? pick another one");
     }
+  }
+  if (host && options_.store.port == 0) {
+    options_.store.port = rendezvousStore_->port();
+    endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
   }
   if (host) {
     DDPRUN_LOG(INFO, "launcher") << "hosting the rendezvous store at " << endpoint
@@ -176,9 +196,11 @@ void MultiNodeRendezvous::threadMain() {
     if (stopping_) return;
     auto job = std::move(jobs_.front());
     jobs_.pop_front();
+    busy_ = true;
     lock.unlock();
     job();
     lock.lock();
+    busy_ = false;
   }
 }
 
@@ -332,8 +354,16 @@ void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
 
 void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done) {
   // A join or exit barrier may be waiting on the handler's thread (or about to): cut it short.
+  // Only then: an interrupted protocol reconnects to leave, and when the store's host has
+  // already gone (every node got the signal at once) that connect would hold this node for
+  // connect_timeout.
   leaving_ = true;
-  if (auto* p = live_.load()) p->interruptForLeave();
+  bool busy;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    busy = busy_ || !jobs_.empty();
+  }
+  if (auto* p = live_.load(); p && busy) p->interruptForLeave();
   submit([this, reason, done = std::move(done)] {
     std::exception_ptr error;
     try {
@@ -353,5 +383,9 @@ void MultiNodeRendezvous::asyncShutdown(DoneHandler done) {
 }
 
 std::string MultiNodeRendezvous::describe() const { return describe_; }
+
+uint16_t MultiNodeRendezvous::hostedStorePort() const {
+  return rendezvousStore_ ? options_.store.port : 0;
+}
 
 }  // namespace ddprun::launcher

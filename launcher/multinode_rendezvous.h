@@ -55,6 +55,7 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   void asyncLeave(const std::string& reason, DoneHandler done) override;
   void asyncShutdown(DoneHandler done) override;
   std::string describe() const override;
+  uint16_t hostedStorePort() const override;
 
  private:
   // Runs `job` on the handler's thread after the jobs before it.
