@@ -132,13 +132,9 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
   bool host = false;
   options_ = multiNodeOptions(o, host);
-<<<<<<< HEAD
-  const std::string endpoint =
+  std::string endpoint =
       options_.backend ? options_.backend->describe()
                        : options_.store.host + ":" + std::to_string(options_.store.port);
-=======
-  std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
->>>>>>> main
   std::optional<std::string> token;
   if (host) {
     if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f)
