@@ -189,6 +189,16 @@ TEST_CASE("flag --nproc-per-node takes cpu, auto, and gpu only with a CUDA devic
   }
 }
 
+TEST_CASE("etcd-v3 takes every member of the cluster as --rdzv-endpoint", "[launcher][options]") {
+  auto o = parse({"--rdzv-backend=etcd-v3", "--rdzv-endpoint=10.0.0.1:2379,10.0.0.2:2379,[::1]:2379",
+                  "--nnodes=2", "p"});
+  CHECK(o.rdzvBackend == "etcd-v3");
+  CHECK(o.rdzvEndpoint == "10.0.0.1:2379,10.0.0.2:2379,[::1]:2379");
+  const std::string bad = parseError({"--rdzv-backend=etcd-v3", "--rdzv-endpoint=h1:2379,:2379", "p"});
+  CHECK_THAT(bad, Catch::StartsWith("--rdzv-endpoint=h1:2379,:2379: ") &&
+                      Catch::Contains("':2379' is not an endpoint"));
+}
+
 TEST_CASE("a bad value is one line naming the flag, the value, its source and what is allowed",
           "[launcher][options]") {
   CHECK(parseError({"--nproc-per-node=abc", "p"}) ==
@@ -196,8 +206,14 @@ TEST_CASE("a bad value is one line naming the flag, the value, its source and wh
   CHECK(parseError({"--max-restarts=-1", "p"}) == "--max-restarts=-1: expected an integer >= 0");
   CHECK(parseError({"--master-port=70000", "p"}) ==
         "--master-port=70000: expected an integer from 0 to 65535");
-  CHECK(parseError({"--rdzv-backend=etcd", "p"}) ==
-        "--rdzv-backend=etcd: expected one of static, c10d");
+  CHECK(parseError({"--rdzv-backend=zookeeper", "p"}) ==
+        "--rdzv-backend=zookeeper: expected one of static, c10d, etcd-v3");
+  // torchrun's v2-API etcd backends: pointed at ours.
+  for (const char* v2 : {"etcd", "etcd-v2"}) {
+    const std::string e = parseError({std::string("--rdzv-backend=") + v2, "p"});
+    CHECK_THAT(e, Catch::StartsWith(std::string("--rdzv-backend=") + v2 + ": ") &&
+                      Catch::Contains("v2 API") && Catch::Contains("--rdzv-backend=etcd-v3"));
+  }
   CHECK(parseError({"--start-method=thread", "p"}) ==
         "--start-method=thread: expected one of spawn, fork, forkserver");
   CHECK(parseError({"p"}, {{"PET_MAX_RESTARTS", "lots"}}) ==

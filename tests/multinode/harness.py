@@ -93,6 +93,7 @@ class MultiNodeTest:
         self.out = os.path.join(self.dir, "workers")
         self.nodes = []
         self.port = free_port("127.0.0.2")
+        self.cleanups = []  # more to stop after the agents (e.g. an etcd cluster)
 
     def endpoint(self, host="127.0.0.2"):
         return "%s:%d" % (host, self.port)
@@ -141,6 +142,8 @@ class MultiNodeTest:
                 except ProcessLookupError:
                     pass
                 n.proc.wait()
+        for fn in self.cleanups:
+            fn()
 
     def dump(self):
         for n in self.nodes:
