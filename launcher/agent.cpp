@@ -27,8 +27,8 @@ namespace asio = boost::asio;
 
 class Agent::Impl {
  public:
-  Impl(LaunchOptions options, Environment env)
-      : options_(std::move(options)), env_(std::move(env)), signals_(io_) {}
+  Impl(LaunchOptions options, Environment env, AgentLink* link)
+      : options_(std::move(options)), env_(std::move(env)), link_(link), signals_(io_) {}
 
   int run();
   const std::string& errorRecord() const { return errorRecord_; }
@@ -71,6 +71,7 @@ class Agent::Impl {
 
   LaunchOptions options_;
   Environment env_;
+  AgentLink* link_;
   asio::io_context io_{1};
   asio::signal_set signals_;
   std::unique_ptr<RendezvousHandler> handler_;
@@ -106,6 +107,10 @@ int Agent::Impl::run() {
       [this](const JobDecision& d) { guarded([&] { onHandlerDecision(d); }); });
   for (int sig : options_.signalsToHandle) signals_.add(sig);
   waitForSignal();
+  if (link_) {
+    link_->attach(io_, [this](int sig) { guarded([&] { onSignal(sig); }); },
+                  handler_->hostedStorePort());
+  }
   nextRound();
   io_.run();
 
@@ -178,7 +183,8 @@ void Agent::Impl::nextRound() {
 
 std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
   const int nproc = options_.nprocPerNode;
-  const bool devNullStdin = ::isatty(STDIN_FILENO) == 1;  // a background group must not read a tty
+  // A background group must not read a tty; a linked agent's stdin is its link's.
+  const bool devNullStdin = link_ != nullptr || ::isatty(STDIN_FILENO) == 1;
   auto templ = env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
   std::vector<WorkerLaunch> launches;
   for (int lr = 0; lr < nproc; ++lr) {
@@ -196,8 +202,10 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
                            .env = mergeEnvironment(env_, overlay),
                            .stdinFromDevNull = devNullStdin};
 
-    const std::string prefix = linePrefix(templ != env_.end() ? &templ->second : nullptr,
-                                          options_.role, rank, lr, round.worldSize);
+    const std::string prefix =
+        link_ ? link_->linePrefix(round.nodeRank, rank, lr)
+              : linePrefix(templ != env_.end() ? &templ->second : nullptr, options_.role, rank,
+                           lr, round.worldSize);
     const bool filteredOut =
         !options_.localRanksFilter.empty() && options_.localRanksFilter.count(lr) == 0;
     auto targets = [&](uint8_t bit, int consoleFd, const char* file, size_t tail) {
@@ -400,6 +408,7 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
     if (runDir_->temporary()) report.keptDirectory = runDir_->path();
     writeFully(STDERR_FILENO, formatFailureReport(report));
     errorRecord_ = workerErrorRecord(readErrorFile(rc.errorFile), rc);
+    if (link_) link_->rootCause(rc, d.exitCode);
   }
   apply(d);
 }
@@ -478,8 +487,8 @@ void Agent::Impl::fail(std::exception_ptr e) {
   finish(1);
 }
 
-Agent::Agent(LaunchOptions options, Environment env)
-    : impl_(std::make_unique<Impl>(std::move(options), std::move(env))) {}
+Agent::Agent(LaunchOptions options, Environment env, AgentLink* link)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(env), link)) {}
 Agent::~Agent() = default;
 int Agent::run() { return impl_->run(); }
 std::string Agent::errorRecord() const { return impl_->errorRecord(); }

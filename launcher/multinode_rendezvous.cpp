@@ -7,8 +7,10 @@
 #include <cstdlib>
 
 #include "launcher/local_rendezvous.h"
+#include "launcher/option_values.h"
 #include "launcher/options.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/etcd/etcd_backend.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "rendezvous/node_address.h"
@@ -28,6 +30,37 @@ std::string nnodesText(const LaunchOptions& o) {
   return o.minNodes == o.maxNodes ? std::to_string(o.maxNodes)
                                   : std::to_string(o.minNodes) + ":" + std::to_string(o.maxNodes);
 }
+
+// --rdzv-backend=etcd-v3: the cluster's members, TLS, key prefix and lease.
+std::shared_ptr<rdzv::RendezvousBackend> etcdBackend(const LaunchOptions& o,
+                                                     const rdzv::RendezvousConf& conf) {
+  namespace etcd = rdzv::etcd;
+  if (o.rdzvEndpoint.empty()) {
+    throw ConfigError("--rdzv-backend=etcd-v3 needs --rdzv-endpoint=HOST:PORT[,HOST:PORT...] "
+                      "(every member of the etcd cluster)");
+  }
+  if (conf.heartbeatInterval || conf.missedHeartbeats) {
+    throw ConfigError("--rdzv-conf heartbeat and missed_heartbeats do not apply to etcd-v3: a "
+                      "node's liveness is its etcd lease (set lease_ttl)");
+  }
+  if (conf.isHost) {
+    throw ConfigError("--rdzv-conf is_host does not apply to etcd-v3: the etcd cluster holds "
+                      "the rendezvous, no agent hosts it");
+  }
+  etcd::EtcdBackendOptions e;
+  for (const auto& ep : rdzv::parseEndpoints(o.rdzvEndpoint, etcd::kDefaultEtcdPort))
+    e.client.endpoints.push_back({ep.host, ep.port});
+  e.client.timeout = conf.readTimeout.value_or(kReadTimeout);
+  if (conf.protocol.value_or("http") == "https") {
+    e.client.tls = etcd::makeTlsContext(
+        {conf.cacert.value_or(""), conf.cert.value_or(""), conf.key.value_or("")});
+  } else if (conf.cacert || conf.cert || conf.key) {
+    throw ConfigError("--rdzv-conf cacert, cert and key are for TLS: add protocol=https");
+  }
+  if (conf.keyPrefix) e.keyPrefix = *conf.keyPrefix;
+  if (conf.leaseTtl) e.leaseTtl = *conf.leaseTtl;
+  return std::make_shared<etcd::EtcdBackend>(std::move(e));
+}
 }  // namespace
 
 rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore) {
@@ -35,6 +68,10 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
   for (const auto& [k, v] : o.rdzvConf) confText += (confText.empty() ? "" : ",") + k + "=" + v;
   const rdzv::RendezvousConf conf = rdzv::parseRdzvConf(confText);
 
+  if (o.rdzvBackend != "etcd-v3" && conf.hasEtcdKeys()) {
+    throw ConfigError("--rdzv-conf key_prefix, lease_ttl, protocol, cacert, cert and key are "
+                      "for --rdzv-backend=etcd-v3 (this job uses " + o.rdzvBackend + ")");
+  }
   rdzv::DynamicRendezvousOptions r;
   r.runId = o.rdzvId;
   r.limits = {.minNodes = o.minNodes, .maxNodes = o.maxNodes, .maxRestarts = o.maxRestarts};
@@ -61,15 +98,29 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
     r.heartbeat.interval = rdzv::Millis(0);  // static: fixed membership, no liveness
     r.joinTimeout = conf.staticTimeout.value_or(conf.joinTimeout.value_or(kStaticTimeout));
     hostStore = conf.isHost.value_or(o.nodeRank == 0);
+  } else if (o.rdzvBackend == "etcd-v3") {
+    r.backend = etcdBackend(o, conf);
+    hostStore = false;
   } else {
     if (o.rdzvEndpoint.empty()) {
       throw ConfigError("--rdzv-backend=c10d with --nnodes=" + nnodesText(o) +
                         " needs --rdzv-endpoint=HOST[:PORT] (the store every node meets at)");
     }
-    const rdzv::Endpoint ep = rdzv::parseEndpoint(o.rdzvEndpoint);
+    // Port 0: the store's host binds a free port (the others must learn it: an ssh launch
+    // relays it); any other node needs the real port.
+    const Endpoint given = parseEndpoint(o.rdzvEndpoint);
+    const rdzv::Endpoint ep = given.port == 0 ? rdzv::Endpoint{.host = given.host, .port = 0}
+                                              : rdzv::parseEndpoint(o.rdzvEndpoint);
     r.store.host = ep.host;
     r.store.port = ep.port;
     hostStore = conf.isHost.value_or(rdzv::endpointIsThisNode(ep.host, o.localAddr));
+    if (ep.port == 0 && !hostStore) {
+      throw ConfigError("--rdzv-endpoint=" + o.rdzvEndpoint + ": port 0 (a free port) only "
+                        "works on the node that hosts the store; the others need its port");
+    }
+    // A scheduler's node rank (SLURM_NODEID) is kept when the round has room for it.
+    if (o.schedulerNodeRank >= 0 && o.schedulerNodeRank < o.maxNodes)
+      r.fixedRank = o.schedulerNodeRank;
   }
   rdzv::applyRdzvConf(conf, r);
   if (o.rdzvBackend == "static") r.heartbeat.interval = rdzv::Millis(0);
@@ -81,7 +132,9 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
   bool host = false;
   options_ = multiNodeOptions(o, host);
-  const std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
+  std::string endpoint =
+      options_.backend ? options_.backend->describe()
+                       : options_.store.host + ":" + std::to_string(options_.store.port);
   std::optional<std::string> token;
   if (host) {
     if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f)
@@ -97,6 +150,10 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
                          "the endpoint's host): " + e.what() +
                          " -- is another job using this port? pick another one");
     }
+  }
+  if (host && options_.store.port == 0) {
+    options_.store.port = rendezvousStore_->port();
+    endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
   }
   if (host) {
     DDPRUN_LOG(INFO, "launcher") << "hosting the rendezvous store at " << endpoint
@@ -135,9 +192,11 @@ void MultiNodeRendezvous::threadMain() {
     if (stopping_) return;
     auto job = std::move(jobs_.front());
     jobs_.pop_front();
+    busy_ = true;
     lock.unlock();
     job();
     lock.lock();
+    busy_ = false;
   }
 }
 
@@ -291,8 +350,16 @@ void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
 
 void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done) {
   // A join or exit barrier may be waiting on the handler's thread (or about to): cut it short.
+  // Only then: an interrupted protocol reconnects to leave, and when the store's host has
+  // already gone (every node got the signal at once) that connect would hold this node for
+  // connect_timeout.
   leaving_ = true;
-  if (auto* p = live_.load()) p->interruptForLeave();
+  bool busy;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    busy = busy_ || !jobs_.empty();
+  }
+  if (auto* p = live_.load(); p && busy) p->interruptForLeave();
   submit([this, reason, done = std::move(done)] {
     std::exception_ptr error;
     try {
@@ -312,5 +379,9 @@ void MultiNodeRendezvous::asyncShutdown(DoneHandler done) {
 }
 
 std::string MultiNodeRendezvous::describe() const { return describe_; }
+
+uint16_t MultiNodeRendezvous::hostedStorePort() const {
+  return rendezvousStore_ ? options_.store.port : 0;
+}
 
 }  // namespace ddprun::launcher

@@ -34,8 +34,8 @@ struct Flag {
 constexpr Flag kFlags[] = {
     {"nnodes", "", false, "1:1", "number of nodes: N or MIN:MAX"},
     {"nproc-per-node", "", false, "1", "workers per node: N, cpu, gpu or auto"},
-    {"rdzv-backend", "", false, "static", "rendezvous backend: static or c10d"},
-    {"rdzv-endpoint", "", false, "", "rendezvous endpoint HOST[:PORT]"},
+    {"rdzv-backend", "", false, "static", "rendezvous backend: static, c10d or etcd-v3"},
+    {"rdzv-endpoint", "", false, "", "rendezvous endpoint HOST[:PORT] (etcd-v3: every member, comma-separated)"},
     {"rdzv-id", "", false, "none", "job id shared by every node"},
     {"rdzv-conf", "", false, "", "rendezvous settings k=v,k2=v2"},
     {"standalone", "", true, "0", "single node with a free port and a random run id"},
@@ -65,6 +65,8 @@ constexpr Flag kFlags[] = {
      "give each worker --local_rank=N, as torch.distributed.launch did"},
     {"no-agent-store", "", true, "0",
      "workers get a free MASTER_PORT of their own instead of the agent's store"},
+    {"hosts", "", false, "", "start one agent per host over ssh: HOST[:SLOTS],... (h1:2,h2:2)"},
+    {"hostfile", "", false, "", "as --hosts, from a file of lines 'HOST slots=N' (# comments)"},
 };
 
 std::string underscored(std::string s) {
@@ -80,7 +82,8 @@ std::string envName(const Flag& f) {
 // A flag's text and where it came from, for error messages.
 struct Raw {
   std::string value;
-  std::string source;  // "" (command line or default), "PET_X", "config FILE"
+  std::string source;  // "" (command line or default), "PET_X", "config FILE", scheduler's
+  bool given = false;  // not a default (neither the table's nor the scheduler's)
 };
 
 [[noreturn]] void badFlag(const std::string& flag, const Raw& raw, const std::string& allowed) {
@@ -169,7 +172,7 @@ std::string randomRunId() {
 }
 
 // Converts the gathered raw values into LaunchOptions.
-LaunchOptions convert(const std::map<std::string, Raw>& raw) {
+LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefaults& scheduler) {
   auto get = [&](const char* name) -> const Raw& { return raw.at(name); };
   // Runs a pure parser; a BadValue becomes a ConfigError naming flag, value and source.
   auto parse = [&](const char* name, auto&& fn) {
@@ -196,13 +199,26 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw) {
   constexpr int kMaxInt = std::numeric_limits<int>::max();
 
   LaunchOptions o;
-  o.nprocPerNode = parse("nproc-per-node", [](auto& v) {
-    return parseNproc(v, DeviceCounts{.cpus = cpuCount, .gpus = cudaDeviceCount});
+  o.nprocPerNode = parse("nproc-per-node", [&](auto& v) {
+    // What a scheduler gave this node, else what the machine has.
+    return parseNproc(v, DeviceCounts{
+        .cpus = [&] { return scheduler.cpus ? *scheduler.cpus : cpuCount(); },
+        .gpus = [&] { return scheduler.gpus ? *scheduler.gpus : cudaDeviceCount(); }});
   });
   std::tie(o.minNodes, o.maxNodes) = parse("nnodes", [](auto& v) { return parseNodeRange(v); });
-  o.rdzvBackend = oneOf("rdzv-backend", {"static", "c10d"});
+  if (get("rdzv-backend").value == "etcd" || get("rdzv-backend").value == "etcd-v2") {
+    badFlag("rdzv-backend", get("rdzv-backend"),
+            "torchrun's etcd and etcd-v2 backends speak etcd's deprecated v2 API and keep "
+            "pickled Python state; ddprun speaks etcd's v3 API: use --rdzv-backend=etcd-v3 with "
+            "--rdzv-endpoint=HOST:PORT,HOST:PORT,... (every member of the cluster)");
+  }
+  o.rdzvBackend = oneOf("rdzv-backend", {"static", "c10d", "etcd-v3"});
   o.rdzvEndpoint = get("rdzv-endpoint").value;
-  if (!o.rdzvEndpoint.empty()) parse("rdzv-endpoint", [](auto& v) { return parseEndpoint(v); });
+  if (!o.rdzvEndpoint.empty()) {
+    // etcd-v3 lists every member of the cluster; the others name one store.
+    if (o.rdzvBackend == "etcd-v3") parse("rdzv-endpoint", [](auto& v) { return parseEndpointList(v); });
+    else parse("rdzv-endpoint", [](auto& v) { return parseEndpoint(v); });
+  }
   o.rdzvId = nonEmpty("rdzv-id");
   o.rdzvConf = parse("rdzv-conf", [](auto& v) { return parseKeyValues(v); });
   o.standalone = flag("standalone");
@@ -226,6 +242,9 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw) {
   o.signalsToHandle = parse("signals-to-handle", [](auto& v) { return parseSignalList(v); });
   o.passLocalRank = flag("pass-local-rank");
   o.agentStore = !flag("no-agent-store");
+  o.hosts = get("hosts").value;
+  o.hostfile = get("hostfile").value;
+  o.schedulerNodeRank = scheduler.nodeRank;
 
   if (o.module && o.noPython) {
     throw ConfigError("--no-python and -m/--module cannot be used together: a module needs "
@@ -234,7 +253,7 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw) {
   if (o.standalone) {
     // torchrun --standalone: a single node, c10d on localhost, a random run id. ddprun binds
     // a free port instead of torchrun 1.13's fixed 29400.
-    if (o.minNodes != 1 || o.maxNodes != 1) {
+    if ((o.minNodes != 1 || o.maxNodes != 1) && get("nnodes").given) {
       DDPRUN_LOG(WARN, "launcher") << "--standalone runs a single node: --nnodes="
                                    << get("nnodes").value << " is replaced by 1";
     }
@@ -258,7 +277,8 @@ Environment currentEnvironment() {
   return env;
 }
 
-ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Environment& env) {
+ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Environment& env,
+                                const SchedulerDefaults& scheduler) {
   CLI::App app{"ddprun [OPTIONS] PROGRAM [ARGS...]: start, supervise and restart distributed "
                "training workers on this node (a drop-in for torchrun)",
                "ddprun"};
@@ -267,7 +287,7 @@ ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Envi
       "PET_<NAME> when absent (PET_NPROC_PER_NODE), and settable in --config FILE.json; "
       "precedence: command line, config, environment, default. See docs/launcher.md.");
   app.prefix_command();  // PROGRAM and everything after it belong to the workers
-  app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION);
+  app.set_version_flag("--version", versionText());
 
   std::map<std::string, std::string> cliText;
   std::map<std::string, bool> cliSwitch;
@@ -287,6 +307,15 @@ ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Envi
   std::string configPath;
   app.add_option("--config", configPath,
                  "JSON file of flags ({\"nproc_per_node\": 4, ...}); the command line wins");
+  std::vector<std::string> sshOptions, exports;
+  app.add_option("--ssh-option,--ssh_option", sshOptions,
+                 "with --hosts: an ssh option, passed as ssh -o OPT (repeatable)")
+      ->allow_extra_args(false);
+  app.add_option("--export", exports,
+                 "with --hosts: VAR or VAR=VALUE (or PREFIX*) for the remote agents, besides "
+                 "NCCL_*, PYTHONPATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, DDPRUN_* "
+                 "(repeatable)")
+      ->allow_extra_args(false);
 
   std::vector<std::string> args(argv.size() > 1 ? argv.begin() + 1 : argv.end(), argv.end());
   std::reverse(args.begin(), args.end());  // CLI11 consumes a reversed vector
@@ -295,7 +324,7 @@ ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Envi
   } catch (const CLI::CallForHelp&) {
     return ParseOutcome{.message = app.help()};
   } catch (const CLI::CallForVersion&) {
-    return ParseOutcome{.message = std::string("ddprun ") + DDPRUN_VERSION + "\n"};
+    return ParseOutcome{.message = versionText() + "\n"};
   } catch (const CLI::ParseError& e) {
     throw ConfigError(std::string(e.what()) + " (see ddprun --help)");
   }
@@ -303,21 +332,42 @@ ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Envi
   ConfigFile config;
   if (!configPath.empty()) config = readConfig(configPath);
 
-  std::map<std::string, Raw> raw;
-  for (const auto& f : kFlags) {
-    Raw r;
-    if (cliOption[f.name]->count() > 0) {
-      r.value = f.isSwitch ? (cliSwitch[f.name] ? "1" : "0") : cliText[f.name];
-    } else if (auto it = config.flags.find(f.name); it != config.flags.end()) {
-      r = Raw{it->second, "--config " + configPath};
-    } else if (auto e = env.find(envName(f)); e != env.end()) {
-      r = Raw{e->second, envName(f)};
-    } else {
-      r.value = f.defaultValue;
+  // Each flag from its first source: command line, --config, PET_*, the scheduler, default.
+  auto gather = [&](const SchedulerDefaults& sched) {
+    std::map<std::string, Raw> raw;
+    for (const auto& f : kFlags) {
+      Raw r;
+      if (cliOption[f.name]->count() > 0) {
+        r.value = f.isSwitch ? (cliSwitch[f.name] ? "1" : "0") : cliText[f.name];
+        r.given = true;
+      } else if (auto it = config.flags.find(f.name); it != config.flags.end()) {
+        r = Raw{it->second, "--config " + configPath, true};
+      } else if (auto e = env.find(envName(f)); e != env.end()) {
+        r = Raw{e->second, envName(f), true};
+      } else if (auto s = sched.flags.find(f.name); s != sched.flags.end()) {
+        r = Raw{s->second, sched.source};
+      } else {
+        r.value = f.defaultValue;
+      }
+      raw[f.name] = r;
     }
-    raw[f.name] = r;
-  }
-  LaunchOptions options = convert(raw);
+    return raw;
+  };
+  // --standalone and --hosts lay the job out themselves: a scheduler's layout does not apply.
+  std::map<std::string, Raw> raw = gather({});
+  auto on = [](const Raw& r) {
+    try {
+      return r.given && parseBool(r.value);
+    } catch (const BadValue&) {
+      return false;  // convert() reports it
+    }
+  };
+  const bool ownLayout = raw["hosts"].given || raw["hostfile"].given || on(raw["standalone"]);
+  const SchedulerDefaults& sched = ownLayout ? SchedulerDefaults{} : scheduler;
+  if (!ownLayout && !scheduler.source.empty()) raw = gather(scheduler);
+  LaunchOptions options = convert(raw, sched);
+  options.sshOptions = std::move(sshOptions);
+  options.exports = std::move(exports);
 
   // PROGRAM [ARGS...]: what CLI11 left over, in order. A leading "-x" is a flag we lack.
   std::vector<std::string> rest = app.remaining();
@@ -335,7 +385,13 @@ ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Envi
   }
   options.program = rest.front();
   options.programArgs.assign(rest.begin() + 1, rest.end());
-  return ParseOutcome{.options = std::move(options)};
+  ParseOutcome out{.options = std::move(options)};
+  for (const auto& f : kFlags) {
+    const Raw& r = raw[f.name];
+    if (r.given) out.given.emplace_back(f.name, r.value);
+    if (!r.given && sched.flags.count(f.name)) out.fromScheduler.push_back(f.name);
+  }
+  return out;
 }
 
 }  // namespace ddprun::launcher

@@ -60,6 +60,14 @@ struct LaunchOptions {
   std::string localAddr;
   bool agentStore = true;                // false with --no-agent-store
   std::string role = "default";
+  int schedulerNodeRank = -1;            // the node rank a scheduler gave (SLURM_NODEID); the
+                                         // c10d rendezvous keeps it (-1: none)
+
+  // ---- One command for several hosts over ssh (launcher/cluster/) ----
+  std::string hosts;                     // --hosts h1:2,h2:2
+  std::string hostfile;                  // --hostfile FILE (lines "host slots=N")
+  std::vector<std::string> sshOptions;   // --ssh-option OPT (repeatable): ssh -o OPT
+  std::vector<std::string> exports;      // --export VAR[=VALUE] (repeatable)
 
   // ---- Supervision ----
   int maxRestarts = 0;
@@ -74,14 +82,33 @@ struct LaunchOptions {
   std::set<int> localRanksFilter;        // empty: every local rank reaches the console
 };
 
+// Defaults that a cluster scheduler supplies (launcher/cluster/slurm.h reads Slurm's). They
+// rank between PET_* and the built-in defaults: a flag given on the command line, in --config
+// or as PET_* wins over them.
+struct SchedulerDefaults {
+  std::string source;                         // "Slurm job 1234", for messages
+  std::map<std::string, std::string> flags;   // flag name (dash spelling) -> value
+  std::optional<int> gpus;                    // devices it gave this node, for
+  std::optional<int> cpus;                    //   --nproc-per-node=gpu|cpu|auto
+  int nodeRank = -1;                          // -> LaunchOptions::schedulerNodeRank
+};
+
 // What main() should do besides launching: print help or the version and exit.
 struct ParseOutcome {
   std::optional<LaunchOptions> options;  // set when a launch was asked for
   std::string message;                   // help or version text (options unset)
+  // The flags whose value did not come from a default: name (dash spelling) -> text, as given
+  // on the command line, in --config or as PET_*; switches as "1"/"0". In the table's order.
+  std::vector<std::pair<std::string, std::string>> given;
+  std::vector<std::string> fromScheduler;  // flags whose value the scheduler supplied
 };
 
 // Parses argv (argv[0] is the program name). `env` supplies PET_* and the values behind
 // --nproc-per-node=gpu|auto checks are done here too. Throws ConfigError on bad input.
-ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Environment& env);
+ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Environment& env,
+                                const SchedulerDefaults& scheduler = {});
+
+// "ddprun 0.1.0 (git 1a2b3c4)": what --version prints.
+std::string versionText();
 
 }  // namespace ddprun::launcher

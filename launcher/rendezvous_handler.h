@@ -109,6 +109,9 @@ class RendezvousHandler {
   virtual void asyncShutdown(DoneHandler done) = 0;
   // One line for logs: "single node, agent store on 127.0.0.1:41234".
   virtual std::string describe() const = 0;
+  // The port of the rendezvous store this node hosts for other nodes, 0 when it hosts none
+  // (an endpoint with port 0 lets the host pick a free one; an ssh launch tells the others).
+  virtual uint16_t hostedStorePort() const { return 0; }
 };
 
 // Picks the handler for the options: LocalRendezvous for a single node; multi-node backends

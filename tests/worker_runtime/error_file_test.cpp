@@ -1,6 +1,6 @@
 // Error files of C++ programs (TORCHELASTIC_ERROR_FILE): what is written, and whether the error
 // is marked retryable.
-#include "tests/worker_runtime/catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include <unistd.h>
 
