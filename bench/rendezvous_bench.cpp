@@ -33,6 +33,7 @@
 #include <tuple>
 #include <unistd.h>
 
+#include "bench/paths.h"
 #include "bench/registry.h"
 #include "rendezvous/node_address.h"
 
@@ -56,7 +57,7 @@ Peer ddprunPeer() {
   return {"ddprun", [](int i, int n, int minNodes, uint16_t port, const std::string& id,
                        const std::vector<std::string>& program) {
             std::vector<std::string> a = {
-                std::string(DDPRUN_BIN_DIR) + "/ddprun",
+                ddprun::bench::programDir() + "/ddprun",
                 "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
                 "--nproc-per-node=1", "--rdzv-backend=c10d",
                 "--rdzv-endpoint=127.0.1.1:" + std::to_string(port), "--rdzv-id=" + id,
@@ -71,7 +72,7 @@ Peer torchrunPeer(const std::string& python) {
   return {"torchrun", [python](int i, int n, int minNodes, uint16_t port, const std::string& id,
                                const std::vector<std::string>& program) {
             std::vector<std::string> a = {
-                python, std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_wrapper.py",
+                python, ddprun::bench::scriptPath("torchrun_wrapper.py"),
                 "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
                 "--nproc_per_node=1", "--rdzv_backend=c10d",
                 "--rdzv_endpoint=127.0.1.1:" + std::to_string(port), "--rdzv_id=" + id,
@@ -305,7 +306,7 @@ int benchRendezvous(int argc, char** argv) {
   int repeat = 3;
   bool noTorchrun = false;
   std::string python = "/usr/bin/python3";
-  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/rendezvous.csv";
+  std::string csv = ddprun::bench::resultsPath("rendezvous.csv");
   app.add_option("--sizes", sizes, "numbers of agents")->delimiter(',');
   app.add_option("--repeat", repeat, "runs of the form scenario per size (median)");
   app.add_flag("--no-torchrun", noTorchrun, "ddprun only");
