@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "launcher/devices.h"
 #include "launcher/options.h"
 #include "base/errors.h"
+#include "tests/support/temp_dir.h"
 
 using namespace ddprun;
 using namespace ddprun::launcher;
@@ -33,12 +35,12 @@ std::string parseError(std::vector<std::string> args, const Environment& env = {
   return "<no error>";
 }
 
+// A config file in a directory removed when the test process exits.
 std::string writeConfig(const std::string& json) {
-  char path[] = "/tmp/ddprun-config-test-XXXXXX.json";
-  int fd = mkstemps(path, 5);
-  REQUIRE(fd >= 0);
-  REQUIRE(::write(fd, json.data(), json.size()) == static_cast<ssize_t>(json.size()));
-  ::close(fd);
+  static ddprun::testing::TempDir dir;
+  static int count = 0;
+  const std::string path = dir / ("config-" + std::to_string(count++) + ".json");
+  std::ofstream(path) << json;
   return path;
 }
 
@@ -175,10 +177,16 @@ TEST_CASE("flag --nproc-per-node takes cpu, auto, and gpu only with a CUDA devic
           "[launcher][options]") {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   CHECK(parse({"--nproc-per-node=cpu", "p"}).nprocPerNode == cpus);
-  // This machine has no GPU driver: auto falls back to the CPUs, gpu is an error.
-  CHECK(parse({"--nproc-per-node=auto", "p"}).nprocPerNode == cpus);
-  CHECK(parseError({"--nproc-per-node=gpu", "p"}) ==
-        "--nproc-per-node=gpu: no CUDA device is visible here; use a number, 'cpu' or 'auto'");
+  // Whatever this machine has: auto takes the GPUs, else the CPUs; gpu without one is an error.
+  const int gpus = cudaDeviceCount();
+  INFO("visible CUDA devices: " << gpus);
+  CHECK(parse({"--nproc-per-node=auto", "p"}).nprocPerNode == (gpus > 0 ? gpus : cpus));
+  if (gpus > 0) {
+    CHECK(parse({"--nproc-per-node=gpu", "p"}).nprocPerNode == gpus);
+  } else {
+    CHECK(parseError({"--nproc-per-node=gpu", "p"}) ==
+          "--nproc-per-node=gpu: no CUDA device is visible here; use a number, 'cpu' or 'auto'");
+  }
 }
 
 TEST_CASE("etcd-v3 takes every member of the cluster as --rdzv-endpoint", "[launcher][options]") {

@@ -12,7 +12,7 @@ import time
 
 import harness
 from etcd_cluster import EtcdCluster, installed
-from harness import SKIP, check, run
+from harness import SKIP, check, run, skip_unless_ci
 from scenarios import pid_alive, ranks_in
 
 # lease_ttl 5 s outlasts an election (1-3 s with etcd's defaults), so losing the leader
@@ -65,8 +65,7 @@ def etcd_torch_ddp(t):
     on etcd: the workers' store is the one node rank 0's agent hosts."""
     if subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed"],
                       capture_output=True).returncode != 0:
-        print("SKIP: %s has no torch (Debian's python3-torch)" % TORCH_PYTHON)
-        return SKIP
+        return skip_unless_ci("%s has no torch (Debian's python3-torch)" % TORCH_PYTHON)
     start_cluster(t)
     script = os.path.join(harness.HERE, "..", "launcher", "workers", "ddp_train.py")
     nodes = []
@@ -228,8 +227,7 @@ SCENARIOS = {f.__name__: f for f in (
 
 def main():
     if not installed():
-        print("SKIP: etcd is not installed (Debian etcd-server; scripts/setup installs it)")
-        return SKIP
+        return skip_unless_ci("etcd is not installed (Debian etcd-server; scripts/setup installs it)")
     return run(SCENARIOS)
 
 

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from harness import BIN, FAST_CONF, SKIP, check, free_port, run
+from harness import BIN, FAST_CONF, SKIP, check, free_port, run, skip_unless_ci
 
 
 def pid_alive(pid):
@@ -320,8 +320,7 @@ def torch_gloo_elastic(t):
     worker store keeps the second init_process_group clean. The all-reduce crosses nodes."""
     if subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed"],
                       capture_output=True).returncode != 0:
-        print("SKIP: %s has no torch (Debian's python3-torch)" % TORCH_PYTHON)
-        return SKIP
+        return skip_unless_ci("%s has no torch (Debian's python3-torch)" % TORCH_PYTHON)
     import harness
     env = {"PYTHON_EXEC": TORCH_PYTHON}
     conf = FAST_CONF.replace("last_call_timeout=0.5", "last_call_timeout=0.2")

@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from harness import BIN, SKIP, WORKER, Node, check, free_port, run
+from harness import BIN, SKIP, WORKER, Node, check, free_port, run, skip_unless_ci
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../..")
 DATA = "/usr/share/datasets/fashion-mnist"
@@ -67,8 +67,7 @@ def train(t, hosts):
     """2 hosts x 2 workers train the bundled MLP (LibTorch, DDP over Gloo, Fashion-MNIST) and
     end 0; the remote agents' own lines come back marked with their host."""
     if not os.path.isdir(DATA):
-        print("SKIP: no Fashion-MNIST at %s (Debian's dataset-fashion-mnist)" % DATA)
-        return SKIP
+        return skip_unless_ci("no Fashion-MNIST at %s (Debian's dataset-fashion-mnist)" % DATA)
     run_dir = os.path.join(t.dir, "run")
     metrics = os.path.join(run_dir, "metrics.jsonl")
     n, _ = launch(t, hosts, "train", [
