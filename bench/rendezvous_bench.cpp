@@ -33,6 +33,7 @@
 #include <tuple>
 #include <unistd.h>
 
+#include "bench/paths.h"
 #include "bench/registry.h"
 #include "bench/rendezvous_peers.h"
 #include "rendezvous/node_address.h"
@@ -301,8 +302,7 @@ int benchRendezvous(int argc, char** argv) {
   }
   const bool etcd = backend == "etcd-v3";
   if (csv.empty()) {
-    csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/" +
-          (etcd ? "rendezvous_etcd.csv" : "rendezvous.csv");
+    csv = ddprun::bench::resultsPath(etcd ? "rendezvous_etcd.csv" : "rendezvous.csv");
   }
   std::vector<Peer> peers = {ddprunPeer()};
   std::string torchNote;

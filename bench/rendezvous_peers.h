@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/paths.h"
+
 namespace {
 
 struct Peer {
@@ -25,7 +27,7 @@ Peer ddprunPeer() {
   return {"ddprun", [](int i, int n, int minNodes, uint16_t port, const std::string& id,
                        const std::vector<std::string>& program) {
             std::vector<std::string> a = {
-                std::string(DDPRUN_BIN_DIR) + "/ddprun",
+                ddprun::bench::programDir() + "/ddprun",
                 "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
                 "--nproc-per-node=1", "--rdzv-backend=c10d",
                 "--rdzv-endpoint=127.0.1.1:" + std::to_string(port), "--rdzv-id=" + id,
@@ -40,7 +42,7 @@ Peer torchrunPeer(const std::string& python) {
   return {"torchrun", [python](int i, int n, int minNodes, uint16_t port, const std::string& id,
                                const std::vector<std::string>& program) {
             std::vector<std::string> a = {
-                python, std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_wrapper.py",
+                python, ddprun::bench::scriptPath("torchrun_wrapper.py"),
                 "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
                 "--nproc_per_node=1", "--rdzv_backend=c10d",
                 "--rdzv_endpoint=127.0.1.1:" + std::to_string(port), "--rdzv_id=" + id,
@@ -59,7 +61,7 @@ Peer ddprunEtcdPeer(const std::string& endpoints) {
           [endpoints](int i, int n, int minNodes, uint16_t, const std::string& id,
                       const std::vector<std::string>& program) {
             std::vector<std::string> a = {
-                std::string(DDPRUN_BIN_DIR) + "/ddprun",
+                ddprun::bench::programDir() + "/ddprun",
                 "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
                 "--nproc-per-node=1", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=" + endpoints,
                 "--rdzv-id=" + id, "--local-addr=127.0.1." + std::to_string(i + 1),
