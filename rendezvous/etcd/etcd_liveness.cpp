@@ -149,16 +149,21 @@ void EtcdLiveness::evaluate(EtcdClient& c, StateLog& log) {
   const Versioned v = view_.get();
   if (v.state.phase == Phase::Finished || v.state.phase == Phase::Failed) return;
   const std::vector<std::string> ids = v.state.allIds();
-  std::vector<std::string> gone;
-  for (const auto& id : ids) {
-    if (id == self_) continue;
-    if (!dead_.count(id) && !alive_.count(id)) {
-      // A node we have no news of: it announced itself before joining, so a fresh read tells.
-      const bool exists = !c.range({.key = options_.prefix + aliveKey(id)}).kvs.empty();
-      (exists ? alive_ : dead_).insert(id);
-    }
-    if (dead_.count(id)) gone.push_back(id);
+  // Nodes we have no news of yet (their key's PUT may still be on its way in the watch): each
+  // announced itself before joining, so one fresh read of alive/ tells, for all of them.
+  std::vector<std::string> unknown;
+  for (const auto& id : ids)
+    if (id != self_ && !dead_.count(id) && !alive_.count(id)) unknown.push_back(id);
+  if (!unknown.empty()) {
+    const std::string prefix = options_.prefix + kAlivePrefix;
+    std::set<std::string> now;
+    for (const auto& kv : c.range({.key = prefix, .rangeEnd = prefixEnd(prefix)}).kvs)
+      now.insert(kv.key.substr(prefix.size()));
+    for (const auto& id : unknown) (now.count(id) ? alive_ : dead_).insert(id);
   }
+  std::vector<std::string> gone;
+  for (const auto& id : ids)
+    if (id != self_ && dead_.count(id)) gone.push_back(id);
   for (const auto& id : gone) {
     if (evictorOf(ids, dead_, id) != self_) continue;
     const std::string reason = "node " + id + " was evicted: its etcd lease expired (lease_ttl=" +

@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,6 +89,25 @@ class EtcdCluster {
     return -1;
   }
   int leader() const { return leader(clientOptions()); }
+
+  // CPU seconds (user + system) the live members have used so far.
+  double cpuSeconds() const {
+    double total = 0;
+    const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+    for (const auto& m : members_) {
+      if (m.pid <= 0) continue;
+      std::ifstream in("/proc/" + std::to_string(m.pid) + "/stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+      std::string field;
+      for (int i = 3; i <= 13 && rest >> field; ++i) {
+      }
+      long utime = 0, stime = 0;
+      rest >> utime >> stime;
+      total += (utime + stime) / tick;
+    }
+    return total;
+  }
 
   void waitForLeader(Millis timeout) const {
     const auto deadline = std::chrono::steady_clock::now() + timeout;

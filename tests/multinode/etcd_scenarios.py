@@ -15,11 +15,14 @@ from etcd_cluster import EtcdCluster, installed
 from harness import SKIP, check, run, skip_unless_ci
 from scenarios import pid_alive, ranks_in
 
-# lease_ttl 5 s outlasts an election (1-3 s with etcd's defaults), so losing the leader
-# costs the job nothing; a lost agent is evicted 5 s after its last keepalive.
+# lease_ttl 5 s: a lost agent is evicted 5 s after its last keepalive, and the lease still
+# outlasts an election (1-3 s with etcd's defaults).
 LEASE_TTL = 5.0
 CONF = "lease_ttl=5,read_timeout=10,last_call_timeout=0.5,join_timeout=60,close_timeout=5," \
        "exit_barrier_timeout=60"
+# Scenarios where etcd itself loses members use the default lease (10 s): the job must ride out
+# an election even on a busy machine.
+CONF_DEFAULT_LEASE = CONF.replace("lease_ttl=5", "lease_ttl=10")
 TORCH_PYTHON = os.environ.get("DDPRUN_TORCH_PYTHON") or "/usr/bin/python3"
 
 
@@ -84,7 +87,7 @@ def etcd_leader_killed(t):
     """(b) kill -9 of the etcd leader mid-job: the job never notices -- one round, no restart,
     every node exits 0 after its workers' full run."""
     etcd = start_cluster(t)
-    nodes = [etcd_agent(t, n, addr, "3", "leader", ["--run", "8"])
+    nodes = [etcd_agent(t, n, addr, "3", "leader", ["--run", "8"], conf=CONF_DEFAULT_LEASE)
              for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4"))]
     t.wait_for("a round of 3", lambda: len(t.starts(world=3)) == 3, 60)
     leader = etcd.leader()
@@ -193,7 +196,8 @@ def etcd_member_restarted(t):
     down, the cluster's quorum rests on the restarted one, and the job goes on: a node
     arriving re-forms the world through it and the job finishes."""
     etcd = start_cluster(t)
-    nodes = [etcd_agent(t, n, addr, "2:3", "restart", ["--finish-at-world", "3"])
+    nodes = [etcd_agent(t, n, addr, "2:3", "restart", ["--finish-at-world", "3"],
+                        conf=CONF_DEFAULT_LEASE)
              for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))]
     t.wait_for("a round of 2", lambda: len(t.starts(world=2)) == 2, 60)
     follower = [i for i in range(3) if i != etcd.leader()][0]
@@ -205,7 +209,8 @@ def etcd_member_restarted(t):
     other = [i for i in range(3) if i != follower and i != etcd.leader()]
     victim = other[0] if other else [i for i in range(3) if i != follower][0]
     etcd.kill(victim)  # quorum is now the restarted member plus one
-    nodes.append(etcd_agent(t, "c", "127.0.0.4", "2:3", "restart", ["--finish-at-world", "3"]))
+    nodes.append(etcd_agent(t, "c", "127.0.0.4", "2:3", "restart", ["--finish-at-world", "3"],
+                            conf=CONF_DEFAULT_LEASE))
     for n in nodes:
         check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
     check(len(t.starts(world=3)) == 3, "the world grew to 3 after the restart")
