@@ -26,6 +26,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "bench/paths.h"
 #include "bench/registry.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/threaded_store_server.h"
@@ -45,7 +46,7 @@ struct Options {
   size_t maxBytes = 256 << 20;
   double seconds = 1.0;  // rough time budget per size and implementation
   bool ddp = true;
-  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/allreduce.csv";
+  std::string csv = ddprun::bench::resultsPath("allreduce.csv");
   GlooOptions tuning;  // ddprun's algorithm settings (defaults unless overridden for experiments)
   // Optional second ddprun communicator with other settings, interleaved with the rest: an A/B
   // test of tunings under the same load ("SEGMENT,WINDOW,DIRECT_MAX[,PREFER_HD]").

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/paths.h"
 #include "bench/registry.h"
 
 extern char** environ;
@@ -50,7 +51,7 @@ struct Options {
   bool torchrunDefaultInterval = true;
   std::string python = "/usr/bin/python3";
   bool realtime = false;
-  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/launch.csv";
+  std::string csv = ddprun::bench::resultsPath("launch.csv");
 };
 
 struct Sample {
@@ -266,8 +267,8 @@ int benchLaunch(int argc, char** argv) {
     std::ofstream(work / "restart_worker.sh") << kRestartWorker;
     fs::permissions(work / "restart_worker.sh", fs::perms::owner_all);
   }
-  const std::string ddprun = std::string(DDPRUN_BIN_DIR) + "/ddprun";
-  const std::string wrapper = std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_wrapper.py";
+  const std::string ddprun = ddprun::bench::programDir() + "/ddprun";
+  const std::string wrapper = ddprun::bench::scriptPath("torchrun_wrapper.py");
   const bool haveTorch =
       o.torchrun && run({o.python, "-c", "import torch.distributed.run"},
                         (work / "probe.log").string()).exitCode == 0;

@@ -1,6 +1,7 @@
 // ddprun-bench SUBCOMMAND [OPTIONS]: benchmarks that measure ddprun against its peer
 // (c10d::TCPStore, torchrun, raw Gloo, PyTorch DDP) in one run. `ddprun-bench` alone lists them.
 #include <iostream>
+#include <string>
 
 #include "bench/registry.h"
 
@@ -13,13 +14,24 @@ std::map<std::string, BenchEntry>& registry() {
 
 int main(int argc, char** argv) {
   auto& r = ddprun::bench::registry();
-  if (argc < 2 || r.find(argv[1]) == r.end()) {
-    if (argc >= 2 && std::string(argv[1]) != "--help" && std::string(argv[1]) != "-h") {
-      std::cerr << "ddprun-bench: unknown benchmark '" << argv[1] << "'\n";
+  const std::string first = argc >= 2 ? argv[1] : "";
+  if (first == "--help" || first == "-h" || first == "--version") {
+    // Asked for: on stdout, exit 0 (help2man builds the man page from these).
+    if (first == "--version") {
+      std::cout << "ddprun-bench " << DDPRUN_VERSION << "\n";
+      return 0;
     }
+    std::cout << "usage: ddprun-bench BENCHMARK [OPTIONS]   (BENCHMARK --help for its options)\n"
+                 "Measures ddprun against its peer in the same run and reports the ratio.\n\n"
+                 "Benchmarks:\n";
+    for (const auto& [name, e] : r) std::cout << "  " << name << "\t" << e.help << "\n";
+    return 0;
+  }
+  if (argc < 2 || r.find(first) == r.end()) {
+    if (argc >= 2) std::cerr << "ddprun-bench: unknown benchmark '" << first << "'\n";
     std::cerr << "usage: ddprun-bench BENCHMARK [OPTIONS]   (BENCHMARK --help for its options)\n";
     for (const auto& [name, e] : r) std::cerr << "  " << name << "\t" << e.help << "\n";
-    return argc < 2 ? 2 : (r.count(argv[1]) ? 0 : 2);
+    return 2;
   }
-  return r[argv[1]].fn(argc - 1, argv + 1);
+  return r[first].fn(argc - 1, argv + 1);
 }

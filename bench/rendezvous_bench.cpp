@@ -33,8 +33,11 @@
 #include <tuple>
 #include <unistd.h>
 
+#include "bench/paths.h"
 #include "bench/registry.h"
+#include "bench/rendezvous_peers.h"
 #include "rendezvous/node_address.h"
+#include "tests/etcd/etcd_cluster.h"  // a local etcd cluster, as the tests start one
 
 extern char** environ;
 
@@ -42,46 +45,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Millis = std::chrono::milliseconds;
-
-struct Peer {
-  std::string name;
-  // argv of agent `i` of `n`, meeting at 127.0.1.1:port; `program` is the worker command.
-  std::function<std::vector<std::string>(int i, int n, int minNodes, uint16_t port,
-                                         const std::string& id,
-                                         const std::vector<std::string>& program)>
-      argv;
-};
-
-Peer ddprunPeer() {
-  return {"ddprun", [](int i, int n, int minNodes, uint16_t port, const std::string& id,
-                       const std::vector<std::string>& program) {
-            std::vector<std::string> a = {
-                std::string(DDPRUN_BIN_DIR) + "/ddprun",
-                "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
-                "--nproc-per-node=1", "--rdzv-backend=c10d",
-                "--rdzv-endpoint=127.0.1.1:" + std::to_string(port), "--rdzv-id=" + id,
-                "--local-addr=127.0.1." + std::to_string(i + 1),
-                "--rdzv-conf=heartbeat=1,missed_heartbeats=3", "--no-python"};
-            a.insert(a.end(), program.begin(), program.end());
-            return a;
-          }};
-}
-
-Peer torchrunPeer(const std::string& python) {
-  return {"torchrun", [python](int i, int n, int minNodes, uint16_t port, const std::string& id,
-                               const std::vector<std::string>& program) {
-            std::vector<std::string> a = {
-                python, std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_wrapper.py",
-                "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
-                "--nproc_per_node=1", "--rdzv_backend=c10d",
-                "--rdzv_endpoint=127.0.1.1:" + std::to_string(port), "--rdzv_id=" + id,
-                "--rdzv_conf=is_host=" + std::string(i == 0 ? "1" : "0") +
-                    ",keep_alive_interval=1,keep_alive_max_attempt=3",
-                "--monitor_interval=0.1", "--no_python"};
-            a.insert(a.end(), program.begin(), program.end());
-            return a;
-          }};
-}
 
 // Where agents' stderr goes: one file per agent, shown when a run fails, kept with --keep-logs.
 std::string gKeepLogs;  // --keep-logs DIR
@@ -139,6 +102,12 @@ void killAll(const std::vector<pid_t>& pids) {
   for (pid_t p : pids) ::waitpid(p, nullptr, 0);
 }
 
+// Every run its own id: an etcd cluster keeps a finished job's keys (a reused id is refused).
+std::string runId(const char* scenario, int n) {
+  static int runs = 0;
+  return scenario + std::to_string(n) + "-" + std::to_string(::getpid()) + "-" + std::to_string(runs++);
+}
+
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 struct Result {
@@ -147,17 +116,20 @@ struct Result {
   std::optional<double> cpu;  // form: CPU seconds of every agent, worker and guard of the run
 };
 
+etcdtest::EtcdCluster* gCluster = nullptr;  // --backend etcd-v3: its members' CPU counts too
+
 double childrenCpuSeconds() {
   rusage ru{};
   ::getrusage(RUSAGE_CHILDREN, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6 +
+         (gCluster ? gCluster->cpuSeconds() : 0.0);
 }
 
 // Scenario 1: from the first spawn until every agent has exited 0 (a watchdog kills the rest
 // at the cap).
 Result form(const Peer& peer, int n, Millis cap) {
   const uint16_t port = ddprun::rendezvous::pickFreePort();
-  const std::string id = "form" + std::to_string(n) + "-" + std::to_string(::getpid());
+  const std::string id = runId("form", n);
   std::vector<pid_t> pids;
   const double cpu0 = childrenCpuSeconds();  // agents reap their workers: all of it lands here
   const auto t0 = Clock::now();
@@ -243,9 +215,10 @@ class StartLog {
 };
 
 // Scenario 2: SIGKILL one agent's process group; time until every survivor's new worker runs.
-Result recovery(const Peer& peer, int n, Millis hbTimeout, Millis cap) {
+Result recovery(const Peer& peer, int n, Millis cap) {
+  const Millis hbTimeout = peer.detection;
   const uint16_t port = ddprun::rendezvous::pickFreePort();
-  const std::string id = "recover" + std::to_string(n) + "-" + std::to_string(::getpid());
+  const std::string id = runId("recover", n);
   const std::string logPath = "/tmp/ddprun-bench-rdzv-" + std::to_string(::getpid()) + ".log";
   StartLog log(logPath);
   // Both launchers expand $-templates in PROGRAM's arguments ("$$" is "$"): sh gets $$ = pid.
@@ -265,7 +238,8 @@ Result recovery(const Peer& peer, int n, Millis hbTimeout, Millis cap) {
     log.killWorkers(victim);
     if (log.waitFor(n - 1, n - 1, victim, t0 + cap)) {
       r.seconds = seconds(Clock::now() - t0);
-      if (*r.seconds > seconds(hbTimeout + Millis(200))) r.note = "over the bound";
+      if (*r.seconds > seconds(hbTimeout + Millis(200)))
+        r.note = (peer.name == "ddprun" ? "" : peer.name + " ") + "over the bound";
     } else {
       r.note = "survivors not restarted within " + std::to_string(cap.count() / 1000) +
                " s (cf. pytorch#111646)";
@@ -273,8 +247,8 @@ Result recovery(const Peer& peer, int n, Millis hbTimeout, Millis cap) {
   }
   // A failed ddprun run shows its agents' logs; one merely over the bound keeps them and says
   // where, rather than printing 8 lines for each of up to 64 agents.
-  const bool overBound = r.note == "over the bound";
-  if (!r.seconds && peer.name == "ddprun") showLogs(n);
+  const bool overBound = r.note.find("over the bound") != std::string::npos;
+  if (!r.seconds && peer.name != "torchrun") showLogs(n);
   killAll(pids);
   log.killWorkers(-1);
   ::unlink(logPath.c_str());
@@ -300,17 +274,24 @@ double median(std::vector<double> v) {
 }
 
 int benchRendezvous(int argc, char** argv) {
-  CLI::App app{"ddprun-bench rendezvous: multi-node rendezvous, ddprun vs torchrun c10d"};
+  CLI::App app{"ddprun-bench rendezvous: multi-node rendezvous, ddprun vs torchrun c10d, or "
+               "ddprun on etcd-v3 vs ddprun on c10d"};
   std::vector<int> sizes = {4, 16, 64};
   int repeat = 3;
   bool noTorchrun = false;
   std::string python = "/usr/bin/python3";
-  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/rendezvous.csv";
+  std::string backend = "c10d";
+  std::string csv;
   app.add_option("--sizes", sizes, "numbers of agents")->delimiter(',');
   app.add_option("--repeat", repeat, "runs of the form scenario per size (median)");
+  app.add_option("--backend", backend,
+                 "c10d: ddprun vs torchrun 1.13; etcd-v3: ddprun on a 3-member etcd cluster "
+                 "started here vs ddprun on c10d")
+      ->check(CLI::IsMember({"c10d", "etcd-v3"}));
   app.add_flag("--no-torchrun", noTorchrun, "ddprun only");
   app.add_option("--torch-python", python, "python3 with torch (Debian's python3-torch)");
-  app.add_option("--csv", csv, "where to write the results");
+  app.add_option("--csv", csv, "where to write the results (default: bench/results/"
+                               "rendezvous.csv, rendezvous_etcd.csv for etcd-v3)");
   app.add_option("--keep-logs", gKeepLogs, "keep each agent's log in this directory (last run)");
   std::string only;
   app.add_option("--only", only, "run one scenario")->check(CLI::IsMember({"form", "recovery"}));
@@ -319,22 +300,48 @@ int benchRendezvous(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  const bool etcd = backend == "etcd-v3";
+  if (csv.empty()) {
+    csv = ddprun::bench::resultsPath(etcd ? "rendezvous_etcd.csv" : "rendezvous.csv");
+  }
   std::vector<Peer> peers = {ddprunPeer()};
   std::string torchNote;
-  if (!noTorchrun) {
+  std::unique_ptr<etcdtest::EtcdCluster> cluster;
+  if (etcd) {
+    if (!std::ifstream(etcdtest::kEtcdBinary).good()) {
+      std::fprintf(stderr, "ddprun-bench rendezvous: %s not found (Debian etcd-server)\n",
+                   etcdtest::kEtcdBinary);
+      return 1;
+    }
+    cluster = std::make_unique<etcdtest::EtcdCluster>(3);
+    gCluster = cluster.get();
+    std::string endpoints;
+    for (const auto& ep : cluster->endpoints()) endpoints += (endpoints.empty() ? "" : ",") + ep.text();
+    std::printf("etcd cluster (3 members, data in %s): %s\n", cluster->dir().c_str(),
+                endpoints.c_str());
+    peers = {ddprunPeer(), ddprunEtcdPeer(endpoints)};  // c10d first: the ratio is etcd / c10d
+    peers[0].name = "c10d";
+  } else if (!noTorchrun) {
     if (std::system((python + " -c 'import torch.distributed' 2>/dev/null").c_str()) == 0)
       peers.push_back(torchrunPeer(python));
     else
       torchNote = "torchrun skipped: " + python + " has no torch";
   }
-  const Millis hbTimeout{3'000};
+  const std::string first = peers[0].name, second = etcd ? peers[1].name : "torchrun";
+  // (c10d mode keeps its historical column names: ddprun_s, torchrun_s, torchrun_over_ddprun.)
+  auto column = [](std::string s) {
+    for (auto& c : s) c = (c == '-' || c == ' ') ? '_' : c;
+    return s;
+  };
   std::ofstream out(csv);
   // Wall times depend on what else runs on the machine; CPU seconds do not (form rows: with
   // 2 cores, cpu / 2 is the wall time an idle machine could reach).
-  out << "scenario,agents,ddprun_s,torchrun_s,torchrun_over_ddprun,ddprun_cpu_s,torchrun_cpu_s,"
-         "target,note\n";
-  std::printf("%-9s %6s | %10s %10s %8s | %9s %9s | %s\n", "scenario", "agents", "ddprun",
-              "torchrun", "ratio", "cpu ddp", "cpu torch", "target; note");
+  const std::string a = column(first), b = column(second);
+  out << "scenario,agents," << a << "_s," << b << "_s," << b << "_over_" << a << "," << a
+      << "_cpu_s," << b << "_cpu_s,target,note\n";
+  std::printf("%-9s %6s | %10s %10s %8s | %9s %9s | %s\n", "scenario", "agents", first.c_str(),
+              second.c_str(), "ratio", ("cpu " + first.substr(0, 5)).c_str(),
+              ("cpu " + second.substr(0, 5)).c_str(), "target; note");
   auto row = [&](const char* scenario, int n, const std::vector<Result>& rs,
                  const std::string& target) {
     const Result& d = rs[0];
@@ -344,6 +351,12 @@ int benchRendezvous(int argc, char** argv) {
     std::string note;
     for (const auto& x : {d.note, t.note})
       if (!x.empty()) note += (note.empty() ? "" : "; ") + x;
+    if (etcd) {  // etcd's members share the machine: say how busy it was
+      std::ifstream loadavg("/proc/loadavg");
+      std::string load;
+      loadavg >> load;
+      note += (note.empty() ? "" : "; ") + std::string("load ") + load;
+    }
     auto cpu = [](const Result& r) {
       char b[32] = "-";
       if (r.cpu) std::snprintf(b, sizeof b, "%.3f s", *r.cpu);
@@ -377,13 +390,16 @@ int benchRendezvous(int argc, char** argv) {
       }
       rs.push_back(last);
     }
-    row("form+run", n, rs, n == 64 ? "ddprun < 0.3 s" : "");
+    row("form+run", n, rs, n == 64 && !etcd ? "ddprun < 0.3 s" : "");
   }
   for (int n : sizes) {
     if (only == "form") break;
     std::vector<Result> rs;
-    for (const auto& p : peers) rs.push_back(recovery(p, n, hbTimeout, hbTimeout + Millis(10'000)));
-    row("recovery", n, rs, "ddprun <= 3.2 s (heartbeat timeout + 0.2 s)");
+    for (const auto& p : peers) rs.push_back(recovery(p, n, p.detection + Millis(10'000)));
+    row("recovery", n, rs,
+        etcd ? "c10d <= 3.2 s (heartbeat timeout + 0.2 s); etcd-v3 <= 3.7 s (lease_ttl + "
+               "etcd's 0.5 s expiry check + 0.2 s)"
+             : "ddprun <= 3.2 s (heartbeat timeout + 0.2 s)");
   }
   std::printf("\nwritten: %s\n", csv.c_str());
   return 0;

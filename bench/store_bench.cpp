@@ -27,6 +27,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
+#include "bench/paths.h"
 #include "bench/registry.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/tcp_store.h"
@@ -284,7 +285,7 @@ int benchStore(int argc, char** argv) {
   std::string childKind;
   int port = 0, clients = 0, total = 0, ops = 20000;
   std::vector<int> barrierSizes{64, 1024, 8192};
-  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/store.csv";
+  std::string csv = ddprun::bench::resultsPath("store.csv");
   app.add_option("--barrier-child", childKind)->group("");  // internal: a barrier client process
   app.add_option("--port", port)->group("");
   app.add_option("--clients", clients)->group("");

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/paths.h"
 #include "bench/registry.h"
 
 extern char** environ;
@@ -47,7 +48,7 @@ struct Options {
   int repeat = 3;
   std::string python = "/usr/bin/python3";
   std::string data = "/usr/share/datasets/fashion-mnist";
-  std::string csv = std::string(DDPRUN_SOURCE_DIR) + "/bench/results/train.csv";
+  std::string csv = ddprun::bench::resultsPath("train.csv");
   std::string workDir;  // logs and metrics; default: a fresh directory under /tmp
 };
 
@@ -104,14 +105,14 @@ nlohmann::json readSummary(const std::string& path) {
 }
 
 RunResult runPytorch(const Options& o, int run) {
-  const std::string wrapper = std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_wrapper.py";
+  const std::string wrapper = ddprun::bench::scriptPath("torchrun_wrapper.py");
   if (!fs::exists(wrapper)) throw std::runtime_error(wrapper + " is missing");
   const std::string metrics = o.workDir + "/pytorch-" + std::to_string(run) + ".jsonl";
   const std::string log = o.workDir + "/pytorch-" + std::to_string(run) + ".log";
   fs::remove(metrics);
   const Timing t = runLogged(
       {o.python, wrapper, "--standalone", "--nproc_per_node=" + std::to_string(o.nproc),
-       std::string(DDPRUN_SOURCE_DIR) + "/bench/ddp_mnist.py", "--model", o.model, "--data",
+       ddprun::bench::scriptPath("ddp_mnist.py"), "--model", o.model, "--data",
        o.data, "--batch-size", std::to_string(o.batchSize), "--lr", std::to_string(o.lr),
        "--steps", std::to_string(o.steps), "--metrics", metrics},
       log);
@@ -121,7 +122,7 @@ RunResult runPytorch(const Options& o, int run) {
 }
 
 RunResult runDdprun(const Options& o, int run) {
-  const std::string bin = DDPRUN_BIN_DIR;
+  const std::string bin = ddprun::bench::programDir();
   const std::string metrics = o.workDir + "/ddprun-" + std::to_string(run) + ".jsonl";
   const std::string log = o.workDir + "/ddprun-" + std::to_string(run) + ".log";
   const Timing t = runLogged(

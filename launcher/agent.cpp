@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "launcher/failure_report.h"
+#include "launcher/launcher_error_file.h"
 #include "launcher/option_values.h"
 #include "launcher/rendezvous_handler.h"
 #include "launcher/run_directory.h"
@@ -30,6 +31,7 @@ class Agent::Impl {
       : options_(std::move(options)), env_(std::move(env)), link_(link), signals_(io_) {}
 
   int run();
+  const std::string& errorRecord() const { return errorRecord_; }
 
  private:
   enum class State { Rendezvous, Running, Stopping, Finishing, Leaving, Closing, Done };
@@ -84,6 +86,7 @@ class Agent::Impl {
   JobDecision pending_;  // StopReason::Decision: what to do once the group has stopped
   int exitCode_ = 1;
   std::exception_ptr error_;
+  std::string errorRecord_;  // ddprun's own error file, when the job fails
 };
 
 int Agent::Impl::run() {
@@ -328,10 +331,19 @@ void Agent::Impl::onGroupStopped() {
       for (const auto& r : group_->results()) {
         if (r.localRank == rootCause_->localRank) rootCause_ = r;
       }
-      const std::string what = "rank " + std::to_string(rootCause_->globalRank) + " failed (" +
-                               rootCause_->describe() + ")";
+      std::string what = "rank " + std::to_string(rootCause_->globalRank) + " failed (" +
+                         rootCause_->describe() + ")";
+      // The worker's error file may say that a restart cannot help (a bad setting, an
+      // incompatible checkpoint): then the job ends now, with that message.
+      const ErrorFile ef = readErrorFile(rootCause_->errorFile);
+      const bool retryable = ef.retryable.value_or(true);
+      if (!retryable) {
+        what += ": " + ef.message;
+        DDPRUN_LOG(ERROR, "launcher") << "rank " << rootCause_->globalRank << " failed with an "
+                                      << "error a restart cannot fix: " << ef.message;
+      }
       handler_->asyncReportFailure(
-          rootCause_->exitCode(), what, /*retryable=*/true,
+          rootCause_->exitCode(), what, retryable,
           [this](std::exception_ptr e, JobDecision d) {
             guarded([&] {
               if (state_ != State::Stopping) return;
@@ -388,11 +400,14 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
                          .attempt = round_.round,
                          .restartCount = round_.restartCount,
                          .maxRestarts = options_.maxRestarts,
-                         .rootCause = rc};
+                         .rootCause = rc,
+                         .pythonWorker = command_.python};
     for (const auto& r : group_->results()) {
       if (r.localRank != rc.localRank && r.failed()) report.others.push_back(r);
     }
+    if (runDir_->temporary()) report.keptDirectory = runDir_->path();
     writeFully(STDERR_FILENO, formatFailureReport(report));
+    errorRecord_ = workerErrorRecord(readErrorFile(rc.errorFile), rc);
     if (link_) link_->rootCause(rc, d.exitCode);
   }
   apply(d);
@@ -422,6 +437,10 @@ bool Agent::Impl::localSuccess() const {
 
 void Agent::Impl::endJob(int code, const std::string& summary) {
   state_ = State::Closing;
+  if (code != 0 && errorRecord_.empty()) {
+    // The job failed on another node: the reason every node reports.
+    errorRecord_ = generatedErrorRecord(summary.empty() ? "the job failed" : summary, code);
+  }
   if (!summary.empty()) writeFully(STDERR_FILENO, "ddprun: " + summary + "\n");
   handler_->asyncShutdown([this, code](std::exception_ptr) {
     if (state_ == State::Closing) finish(code);
@@ -430,6 +449,8 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
 
 void Agent::Impl::leaveAndExit(int code) {
   state_ = State::Leaving;
+  errorRecord_ = generatedErrorRecord("ddprun received " + signalName(signal_) + ": it stopped "
+                                      "its workers and left the job", code);
   handler_->asyncLeave(signalName(signal_) + " on this node", [this, code](std::exception_ptr e) {
     if (e) {
       try {
@@ -447,6 +468,9 @@ void Agent::Impl::leaveAndExit(int code) {
 void Agent::Impl::finish(int code) {
   exitCode_ = code;
   state_ = State::Done;
+  // The error files and logs a failure report points to must outlive ddprun (torchrun keeps
+  // them too): a temporary run directory is deleted only after a success.
+  if (code != 0 && runDir_) runDir_->keep();
   boost::system::error_code ec;
   signals_.cancel(ec);
   io_.stop();
@@ -467,5 +491,6 @@ Agent::Agent(LaunchOptions options, Environment env, AgentLink* link)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(env), link)) {}
 Agent::~Agent() = default;
 int Agent::run() { return impl_->run(); }
+std::string Agent::errorRecord() const { return impl_->errorRecord(); }
 
 }  // namespace ddprun::launcher

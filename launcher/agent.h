@@ -58,6 +58,10 @@ class Agent {
   // fails; no worker is left running either way.
   int run();
 
+  // After run() returned non-zero (or threw): what ddprun writes to its own
+  // TORCHELASTIC_ERROR_FILE (launcher_error_file.h); empty when run() did not get that far.
+  std::string errorRecord() const;
+
   class Impl;
 
  private:

@@ -2,6 +2,8 @@
 
 #include "launcher/option_values.h"
 
+#include <sys/wait.h>
+
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -36,12 +38,17 @@ ErrorFile readErrorFile(const std::string& path) {
   try {
     auto j = nlohmann::json::parse(content);
     const auto& m = j.at("message");
+    if (j.is_object()) ef.json = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     if (m.is_object()) {
       ef.message = asText(m.at("message"));
       if (m.contains("extraInfo")) {
         const auto& extra = m.at("extraInfo");
         if (extra.contains("py_callstack")) ef.traceback = asText(extra.at("py_callstack"));
         if (extra.contains("timestamp")) ef.timestamp = asText(extra.at("timestamp"));
+        if (extra.contains("exceptionType")) ef.exceptionType = asText(extra.at("exceptionType"));
+        if (extra.contains("retryable") && extra.at("retryable").is_boolean()) {
+          ef.retryable = extra.at("retryable").get<bool>();
+        }
       }
     } else {
       ef.message = asText(m);
@@ -81,12 +88,26 @@ std::string formatFailureReport(const FailureReport& r) {
   os << "  exit       : " << w.describe() << " -> ddprun exits with " << w.exitCode() << "\n";
   const ErrorFile ef = readErrorFile(w.errorFile);
   if (!ef.present) {
-    os << "  error file : " << (w.errorFile.empty() ? "<none>" : w.errorFile)
-       << " (not written; decorate main with torch.distributed.elastic.multiprocessing"
-          ".errors.record to get the traceback here)\n";
+    os << "  error file : " << (w.errorFile.empty() ? "<none>" : w.errorFile) << " (not written";
+    if (w.ended && WIFSIGNALED(w.waitStatus)) {
+      os << ": the worker was killed by " << signalName(WTERMSIG(w.waitStatus));
+    } else if (r.pythonWorker) {
+      os << "; decorate main with torch.distributed.elastic.multiprocessing.errors.record to get "
+            "the traceback here";
+    } else {
+      os << "; a C++ program writes it with ddprun::runtime::recordError, see "
+            "docs/worker_runtime.md";
+    }
+    os << ")\n";
   } else {
     os << "  error file : " << w.errorFile << "\n";
     if (!ef.message.empty()) os << "  message    : " << ef.message << "\n";
+    if (!ef.exceptionType.empty()) os << "  type       : " << ef.exceptionType << "\n";
+    if (ef.retryable.has_value()) {
+      os << "  retryable  : "
+         << (*ef.retryable ? "yes" : "no (a restart cannot fix it: the job ended without one)")
+         << "\n";
+    }
     if (!ef.timestamp.empty()) os << "  timestamp  : " << ef.timestamp << "\n";
     if (!ef.traceback.empty()) {
       os << "  traceback  :\n";
@@ -109,6 +130,10 @@ std::string formatFailureReport(const FailureReport& r) {
       if (o.stopSignal != 0) os << " (ended after ddprun sent " << signalName(o.stopSignal) << ")";
       os << "\n";
     }
+  }
+  if (!r.keptDirectory.empty()) {
+    os << "Worker logs and error files are kept in " << r.keptDirectory
+       << " (ddprun deletes its run directory only after a success)\n";
   }
   os << rule << "\n";
   return os.str();

@@ -3,6 +3,7 @@
 // worker to fail) in full -- rank, local rank, pid, exit code or signal, time, the error file
 // that PyTorch's @record wrote to TORCHELASTIC_ERROR_FILE, the last lines of its stderr --
 // and one line for every other worker that did not succeed.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@ struct ErrorFile {
   std::string traceback;
   std::string timestamp;  // seconds since the epoch, as written
   std::string raw;        // when it is not in PyTorch's format
+  // Written by ddprun::runtime (worker_runtime/error_file.h) into extraInfo:
+  std::string exceptionType;       // "ddprun::runtime::IncompatibleCheckpoint"
+  std::optional<bool> retryable;   // false: a restart cannot fix it (ends the job at once)
+  std::string json;  // the whole document, when it is a JSON object with "message" (compact)
 };
 ErrorFile readErrorFile(const std::string& path);
 
@@ -30,6 +35,8 @@ struct FailureReport {
   int maxRestarts = 0;
   WorkerResult rootCause;
   std::vector<WorkerResult> others;  // failed or stopped workers besides the root cause
+  bool pythonWorker = false;         // the @record hint is only for Python programs
+  std::string keptDirectory;         // the run directory kept for this failure (temporary one)
 };
 
 std::string formatFailureReport(const FailureReport& report);

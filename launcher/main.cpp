@@ -7,23 +7,32 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
 #include "base/errors.h"
 #include "base/log.h"
 #include "launcher/agent.h"
+#include "launcher/launcher_error_file.h"
 #include "launcher/cluster/remote_agent.h"
 #include "launcher/cluster/slurm.h"
 #include "launcher/cluster/ssh_launch.h"
 #include "launcher/options.h"
 #include "launcher/worker_command.h"
 
-int main(int argc, char** argv) {
-  using namespace ddprun;
-  using namespace ddprun::launcher;
-  // A closed console must not kill the launcher (and with it the workers' supervision).
-  std::signal(SIGPIPE, SIG_IGN);
+namespace {
+
+using namespace ddprun;
+using namespace ddprun::launcher;
+
+int exitCodeFor(const std::exception& e) {
+  if (const auto* p = dynamic_cast<const ProgramError*>(&e)) return p->exitCode();
+  if (dynamic_cast<const ConfigError*>(&e)) return 2;
+  return 1;
+}
+
+int run(int argc, char** argv, std::string& record) {
   try {
     std::vector<std::string> args(argv, argv + argc);
     // Started over ssh by another ddprun (launcher/cluster/remote_agent.h): the exported
@@ -57,15 +66,30 @@ int main(int argc, char** argv) {
     // The launching ddprun gave this agent its node rank (its host's place in the list).
     if (link) parsed.options->schedulerNodeRank = parsed.options->nodeRank;
     Agent agent(std::move(*parsed.options), std::move(env), link.get());
-    return agent.run();
-  } catch (const ProgramError& e) {
-    std::cerr << "ddprun: " << e.what() << "\n";
-    return e.exitCode();
-  } catch (const ConfigError& e) {
-    std::cerr << "ddprun: " << e.what() << "\n";
-    return 2;
+    const int code = agent.run();
+    record = agent.errorRecord();
+    return code;
   } catch (const std::exception& e) {
+    const int code = exitCodeFor(e);
     std::cerr << "ddprun: " << e.what() << "\n";
-    return 1;
+    record = generatedErrorRecord(std::string("ddprun: ") + e.what(), code);
+    return code;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A closed console must not kill the launcher (and with it the workers' supervision).
+  std::signal(SIGPIPE, SIG_IGN);
+  std::string record;
+  const int code = run(argc, argv, record);
+  // torchrun's entry point is @record-decorated: on failure, the root cause goes to the
+  // launcher's own TORCHELASTIC_ERROR_FILE (launcher_error_file.h). Read now: a remote agent gets
+  // its environment over stdin inside run().
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (code != 0 && path != nullptr && *path != '\0') {
+    writeLauncherErrorFile(path, record.empty() ? generatedErrorRecord("ddprun failed", code) : record);
+  }
+  return code;
 }

@@ -12,8 +12,10 @@ namespace ddprun::launcher {
 
 std::unique_ptr<RendezvousHandler> makeRendezvousHandler(boost::asio::io_context& io,
                                                          const LaunchOptions& o) {
-  // Several nodes (--nnodes=N>1 or MIN:MAX): the store-based rendezvous, docs/rendezvous.md.
-  if (o.maxNodes > 1) return std::make_unique<MultiNodeRendezvous>(io, o);
+  // Several nodes (--nnodes=N>1 or MIN:MAX): the store-based rendezvous, docs/rendezvous.md;
+  // etcd-v3 always, even for one node (the job is in the cluster, under its id).
+  if (o.maxNodes > 1 || o.rdzvBackend == "etcd-v3")
+    return std::make_unique<MultiNodeRendezvous>(io, o);
   if (o.nodeRank != 0) {
     throw ConfigError("--node-rank=" + std::to_string(o.nodeRank) +
                       ": expected 0 for a single-node job (--nnodes=1)");

@@ -10,6 +10,7 @@
 #include "launcher/option_values.h"
 #include "launcher/options.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/etcd/etcd_backend.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "rendezvous/node_address.h"
@@ -29,6 +30,37 @@ std::string nnodesText(const LaunchOptions& o) {
   return o.minNodes == o.maxNodes ? std::to_string(o.maxNodes)
                                   : std::to_string(o.minNodes) + ":" + std::to_string(o.maxNodes);
 }
+
+// --rdzv-backend=etcd-v3: the cluster's members, TLS, key prefix and lease.
+std::shared_ptr<rdzv::RendezvousBackend> etcdBackend(const LaunchOptions& o,
+                                                     const rdzv::RendezvousConf& conf) {
+  namespace etcd = rdzv::etcd;
+  if (o.rdzvEndpoint.empty()) {
+    throw ConfigError("--rdzv-backend=etcd-v3 needs --rdzv-endpoint=HOST:PORT[,HOST:PORT...] "
+                      "(every member of the etcd cluster)");
+  }
+  if (conf.heartbeatInterval || conf.missedHeartbeats) {
+    throw ConfigError("--rdzv-conf heartbeat and missed_heartbeats do not apply to etcd-v3: a "
+                      "node's liveness is its etcd lease (set lease_ttl)");
+  }
+  if (conf.isHost) {
+    throw ConfigError("--rdzv-conf is_host does not apply to etcd-v3: the etcd cluster holds "
+                      "the rendezvous, no agent hosts it");
+  }
+  etcd::EtcdBackendOptions e;
+  for (const auto& ep : rdzv::parseEndpoints(o.rdzvEndpoint, etcd::kDefaultEtcdPort))
+    e.client.endpoints.push_back({ep.host, ep.port});
+  e.client.timeout = conf.readTimeout.value_or(kReadTimeout);
+  if (conf.protocol.value_or("http") == "https") {
+    e.client.tls = etcd::makeTlsContext(
+        {conf.cacert.value_or(""), conf.cert.value_or(""), conf.key.value_or("")});
+  } else if (conf.cacert || conf.cert || conf.key) {
+    throw ConfigError("--rdzv-conf cacert, cert and key are for TLS: add protocol=https");
+  }
+  if (conf.keyPrefix) e.keyPrefix = *conf.keyPrefix;
+  if (conf.leaseTtl) e.leaseTtl = *conf.leaseTtl;
+  return std::make_shared<etcd::EtcdBackend>(std::move(e));
+}
 }  // namespace
 
 rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore) {
@@ -36,6 +68,10 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
   for (const auto& [k, v] : o.rdzvConf) confText += (confText.empty() ? "" : ",") + k + "=" + v;
   const rdzv::RendezvousConf conf = rdzv::parseRdzvConf(confText);
 
+  if (o.rdzvBackend != "etcd-v3" && conf.hasEtcdKeys()) {
+    throw ConfigError("--rdzv-conf key_prefix, lease_ttl, protocol, cacert, cert and key are "
+                      "for --rdzv-backend=etcd-v3 (this job uses " + o.rdzvBackend + ")");
+  }
   rdzv::DynamicRendezvousOptions r;
   r.runId = o.rdzvId;
   r.limits = {.minNodes = o.minNodes, .maxNodes = o.maxNodes, .maxRestarts = o.maxRestarts};
@@ -62,6 +98,9 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
     r.heartbeat.interval = rdzv::Millis(0);  // static: fixed membership, no liveness
     r.joinTimeout = conf.staticTimeout.value_or(conf.joinTimeout.value_or(kStaticTimeout));
     hostStore = conf.isHost.value_or(o.nodeRank == 0);
+  } else if (o.rdzvBackend == "etcd-v3") {
+    r.backend = etcdBackend(o, conf);
+    hostStore = false;
   } else {
     if (o.rdzvEndpoint.empty()) {
       throw ConfigError("--rdzv-backend=c10d with --nnodes=" + nnodesText(o) +
@@ -93,7 +132,9 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
   bool host = false;
   options_ = multiNodeOptions(o, host);
-  std::string endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
+  std::string endpoint =
+      options_.backend ? options_.backend->describe()
+                       : options_.store.host + ":" + std::to_string(options_.store.port);
   std::optional<std::string> token;
   if (host) {
     if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f)

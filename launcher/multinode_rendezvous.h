@@ -1,6 +1,6 @@
 #pragma once
 // MultiNodeRendezvous: the RendezvousHandler of a job on several nodes (--nnodes=N>1 or
-// MIN:MAX, --rdzv-backend=c10d|static), over the store protocol of
+// MIN:MAX, --rdzv-backend=c10d|static|etcd-v3), over the store protocol of
 // rendezvous/dynamic_rendezvous.h (docs/rendezvous.md).
 //
 // The protocol blocks (it WAITs on store keys) and the agent's io_context must not: every
@@ -10,7 +10,8 @@
 // A signal while a join or the exit barrier is waiting interrupts that wait, then leaves.
 //
 // Stores:
-//   - the rendezvous store at the endpoint is hosted, on the agent's io_context, by the agent
+//   - etcd-v3: the rendezvous lives in the etcd cluster the endpoints name; no agent hosts it.
+//   - c10d: the rendezvous store at the endpoint is hosted, on the agent's io_context, by the agent
 //     whose --local-addr (or, without it, this machine) is the endpoint's host, or that has
 //     rdzv-conf is_host=true; static: node 0 at --master-addr:--master-port. A host that cannot
 //     bind fails naming the endpoint: it never joins somebody else's store instead.

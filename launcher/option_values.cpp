@@ -220,6 +220,19 @@ Endpoint parseEndpoint(std::string_view v) {
   return ep;
 }
 
+std::vector<Endpoint> parseEndpointList(std::string_view v) {
+  std::vector<Endpoint> out;
+  for (auto item : split(v, ',')) {
+    try {
+      out.push_back(parseEndpoint(item));
+    } catch (const BadValue&) {
+      throw BadValue("expected HOST:PORT[,HOST:PORT...] (IPv6 as [ADDR]:PORT); '" +
+                     std::string(item) + "' is not an endpoint");
+    }
+  }
+  return out;
+}
+
 int parseNproc(std::string_view v, const DeviceCounts& devices) {
   const std::string s = lower(v);
   if (s == "cpu") return devices.cpus();

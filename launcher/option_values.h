@@ -44,6 +44,8 @@ struct Endpoint {
   std::optional<uint16_t> port;
 };
 Endpoint parseEndpoint(std::string_view v);
+// --rdzv-endpoint for etcd-v3: one or more endpoints separated by commas (every member).
+std::vector<Endpoint> parseEndpointList(std::string_view v);
 
 // --nproc-per-node: N >= 1, "cpu", "gpu" (error when there is no CUDA device) or "auto".
 // The device counts are asked through the callbacks so tests can fake them.

@@ -34,8 +34,8 @@ struct Flag {
 constexpr Flag kFlags[] = {
     {"nnodes", "", false, "1:1", "number of nodes: N or MIN:MAX"},
     {"nproc-per-node", "", false, "1", "workers per node: N, cpu, gpu or auto"},
-    {"rdzv-backend", "", false, "static", "rendezvous backend: static or c10d"},
-    {"rdzv-endpoint", "", false, "", "rendezvous endpoint HOST[:PORT]"},
+    {"rdzv-backend", "", false, "static", "rendezvous backend: static, c10d or etcd-v3"},
+    {"rdzv-endpoint", "", false, "", "rendezvous endpoint HOST[:PORT] (etcd-v3: every member, comma-separated)"},
     {"rdzv-id", "", false, "none", "job id shared by every node"},
     {"rdzv-conf", "", false, "", "rendezvous settings k=v,k2=v2"},
     {"standalone", "", true, "0", "single node with a free port and a random run id"},
@@ -206,9 +206,19 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
         .gpus = [&] { return scheduler.gpus ? *scheduler.gpus : cudaDeviceCount(); }});
   });
   std::tie(o.minNodes, o.maxNodes) = parse("nnodes", [](auto& v) { return parseNodeRange(v); });
-  o.rdzvBackend = oneOf("rdzv-backend", {"static", "c10d"});
+  if (get("rdzv-backend").value == "etcd" || get("rdzv-backend").value == "etcd-v2") {
+    badFlag("rdzv-backend", get("rdzv-backend"),
+            "torchrun's etcd and etcd-v2 backends speak etcd's deprecated v2 API and keep "
+            "pickled Python state; ddprun speaks etcd's v3 API: use --rdzv-backend=etcd-v3 with "
+            "--rdzv-endpoint=HOST:PORT,HOST:PORT,... (every member of the cluster)");
+  }
+  o.rdzvBackend = oneOf("rdzv-backend", {"static", "c10d", "etcd-v3"});
   o.rdzvEndpoint = get("rdzv-endpoint").value;
-  if (!o.rdzvEndpoint.empty()) parse("rdzv-endpoint", [](auto& v) { return parseEndpoint(v); });
+  if (!o.rdzvEndpoint.empty()) {
+    // etcd-v3 lists every member of the cluster; the others name one store.
+    if (o.rdzvBackend == "etcd-v3") parse("rdzv-endpoint", [](auto& v) { return parseEndpointList(v); });
+    else parse("rdzv-endpoint", [](auto& v) { return parseEndpoint(v); });
+  }
   o.rdzvId = nonEmpty("rdzv-id");
   o.rdzvConf = parse("rdzv-conf", [](auto& v) { return parseKeyValues(v); });
   o.standalone = flag("standalone");

@@ -62,7 +62,7 @@ RunDirectory::RunDirectory(const std::string& logDir, const std::string& rawRunI
 RunDirectory::~RunDirectory() {
   if (!temporary_) return;
   if (keep_) {
-    DDPRUN_LOG(INFO, "launcher") << "worker logs are in " << base_;
+    DDPRUN_LOG(INFO, "launcher") << "worker logs and error files are kept in " << base_;
     return;
   }
   std::error_code ec;

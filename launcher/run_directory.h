@@ -6,7 +6,8 @@
 // With --log-dir DIR, base is DIR/<run_id>; if that exists already (a run id such as "none"
 // is reused by every static job), DIR/<run_id>.1, .2, ... so no earlier job's logs are
 // overwritten. Without --log-dir, base is a fresh temporary directory, removed at the end
-// unless it holds logs the user asked for. k counts the starts of the worker group.
+// unless it holds logs the user asked for or the job failed (its error files are named in the
+// failure report). k counts the starts of the worker group.
 #include <cstdint>
 #include <string>
 
@@ -24,7 +25,7 @@ class RunDirectory {
   bool temporary() const { return temporary_; }
   // Creates (if needed) and returns <base>/attempt_<attempt>/<localRank>.
   std::string workerDir(uint64_t attempt, int localRank) const;
-  // Keep a temporary directory at exit (it holds redirected output).
+  // Keep a temporary directory at exit (it holds redirected output, or a failed job's files).
   void keep() { keep_ = true; }
 
  private:

@@ -30,11 +30,8 @@ std::string randomHex(int digits) {
 
 }  // namespace
 
-std::unique_ptr<DynamicRendezvous::Connection> DynamicRendezvous::connect() const {
-  auto c = std::make_unique<Connection>();
-  c->tcp = std::make_shared<TcpStore>(options_.store);
-  c->store = std::make_shared<PrefixStore>("ddprun/rdzv/" + options_.runId, c->tcp);
-  return c;
+InterruptibleStore DynamicRendezvous::connect() const {
+  return options_.backend->connect(options_.runId);
 }
 
 DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn onEvent)
@@ -50,8 +47,11 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
                       std::to_string(lim.maxNodes) + " is not valid (allowed: 1 <= MIN <= MAX)");
   }
   if (options_.nproc < 1) throw ConfigError("nproc must be at least 1");
-  if (options_.localAddr.empty())
-    options_.localAddr = addressToward(options_.store.host, options_.store.port);
+  if (!options_.backend) {
+    options_.backend = std::make_shared<TcpStoreBackend>(
+        options_.store, options_.heartbeat, options_.fixedRank >= 0 ? "static" : "c10d");
+  }
+  if (options_.localAddr.empty()) options_.localAddr = options_.backend->localAddress();
   if (hasSpace(options_.localAddr))
     throw ConfigError("--local-addr='" + options_.localAddr + "' contains white space");
 
@@ -61,36 +61,31 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
   self_.fixedRank = options_.fixedRank;
 
   main_ = connect();
-  log_ = std::make_unique<StateLog>(*main_->store, lim);
+  log_ = std::make_unique<StateLog>(*main_.store, lim);
   checkSettings();
   // The background threads connect on their own threads, off the join's critical path.
-  if (options_.heartbeat.interval.count() > 0) {
-    auto onError = [this](std::exception_ptr e) { onBackgroundError(e); };
-    auto connectOne = [this] {
-      std::shared_ptr<Connection> c = connect();
-      return InterruptibleStore{c->store, [c] { c->tcp->interrupt(); },
-                                [c] { c->tcp->cancelCall(); }};
-    };
-    writer_ = std::make_unique<HeartbeatWriter>(connectOne, *main_->store, self_.id,
-                                                options_.heartbeat, onError);
-    monitor_ = std::make_unique<HeartbeatMonitor>(connectOne, self_.id, options_.heartbeat, lim,
-                                                  view_, onError);
-  }
+  liveness_ = options_.backend->startLiveness(LivenessContext{
+      .runId = options_.runId,
+      .self = self_.id,
+      .limits = lim,
+      .view = view_,
+      .first = *main_.store,
+      .connect = [this] { return connect(); },
+      .onError = [this](std::exception_ptr e) { onBackgroundError(e); }});
   watcher_ = std::thread([this] { watcherLoop(); });
   DDPRUN_LOG(INFO, "rendezvous") << "node " << self_.id << " connected to rendezvous '"
-                                 << options_.runId << "' at " << main_->tcp->address();
+                                 << options_.runId << "' at " << options_.backend->describe();
 }
 
 DynamicRendezvous::~DynamicRendezvous() {
   {
     std::lock_guard<std::mutex> g(mu_);  // the watcher publishes its connection under mu_
     stopping_ = true;
-    if (watcherConn_) watcherConn_->tcp->interrupt();
+    if (watcherConn_.interrupt) watcherConn_.interrupt();
   }
   cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
-  monitor_.reset();
-  writer_.reset();
+  liveness_.reset();
 }
 
 // Every node of a job must agree on its bounds and budget; a mismatch is a configuration
@@ -100,10 +95,10 @@ void DynamicRendezvous::checkSettings() {
   std::string mine = "nnodes=" + std::to_string(lim.minNodes) + ":" +
                      std::to_string(lim.maxNodes) +
                      " max_restarts=" + std::to_string(lim.maxRestarts) +
-                     " backend=" + (options_.fixedRank >= 0 ? "static" : "c10d");
-  std::string theirs = main_->store->compareSet("settings", "", mine);
+                     " backend=" + options_.backend->name();
+  std::string theirs = main_.store->compareSet("settings", "", mine);
   if (theirs != mine) {
-    throw ConfigError("rendezvous '" + options_.runId + "' at " + main_->tcp->address() +
+    throw ConfigError("rendezvous '" + options_.runId + "' at " + options_.backend->describe() +
                       ": this node has " + mine + " but the job's other nodes have " + theirs +
                       ": give every node the same --nnodes, --max-restarts and --rdzv-backend");
   }
@@ -112,7 +107,7 @@ void DynamicRendezvous::checkSettings() {
 void DynamicRendezvous::interrupt() {
   std::lock_guard<std::mutex> g(mainMu_);
   interrupted_ = true;
-  main_->tcp->interrupt();
+  main_.interrupt();
 }
 
 // Only the agent's thread replaces main_ (under mainMu_); it reads main_ without the lock.
@@ -128,7 +123,7 @@ void DynamicRendezvous::reconnectIfInterrupted(bool leaving) {
   refuse();
   if (!interrupted_.exchange(false)) return;
   auto fresh = connect();
-  auto log = std::make_unique<StateLog>(*fresh->store, options_.limits);
+  auto log = std::make_unique<StateLog>(*fresh.store, options_.limits);
   {
     std::lock_guard<std::mutex> g(mainMu_);
     std::swap(main_, fresh);
@@ -165,7 +160,7 @@ void DynamicRendezvous::watcherLoop() {
     onBackgroundError(std::current_exception());
     return;
   }
-  StateLog log(*watcherConn_->store, options_.limits);
+  StateLog log(*watcherConn_.store, options_.limits);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || watchRound_ >= 0; });
@@ -220,8 +215,7 @@ void DynamicRendezvous::onBackgroundError(std::exception_ptr eptr) {
   RoundEvent e;
   e.kind = RoundEvent::Kind::StoreLost;
   e.round = roundNo_;
-  e.message = "lost the rendezvous store at " + options_.store.host + ":" +
-              std::to_string(options_.store.port) + ": " + what;
+  e.message = "lost the rendezvous store at " + options_.backend->describe() + ": " + what;
   DDPRUN_LOG(ERROR, "rendezvous") << e.message;
   emit(e);
 }

@@ -29,14 +29,16 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/heartbeat.h"
+#include "rendezvous/rendezvous_backend.h"
 #include "rendezvous/state_log.h"
-#include "rendezvous/tcp_store.h"
 
 namespace ddprun::rendezvous {
 
 struct DynamicRendezvousOptions {
-  std::string runId;        // --rdzv-id; the job's keys live under "ddprun/rdzv/<runId>/"
+  std::string runId;        // --rdzv-id; the backend keeps the job's keys apart from others'
+  // Where the keys live and how nodes watch each other (rendezvous_backend.h). When null:
+  // the ddprun store at `store` with heartbeats `heartbeat` (TcpStoreBackend).
+  std::shared_ptr<const RendezvousBackend> backend;
   TcpStoreOptions store;    // the endpoint; store.timeout is read_timeout
   JobLimits limits;         // --nnodes MIN:MAX, --max-restarts
   std::string localAddr;    // advertised address; empty: the one that routes to the store
@@ -84,7 +86,8 @@ class DynamicRendezvous {
   using EventFn = std::function<void(const RoundEvent&)>;
 
   // Connects (failing clearly when the endpoint is not a ddprun store, or the token is
-  // wrong), checks that the job's settings match the other nodes', starts the heartbeats.
+  // wrong), checks that the job's settings match the other nodes', starts the liveness
+  // signal (heartbeats, or an etcd lease).
   DynamicRendezvous(DynamicRendezvousOptions options, EventFn onEvent);
   ~DynamicRendezvous();
   DynamicRendezvous(const DynamicRendezvous&) = delete;
@@ -134,12 +137,7 @@ class DynamicRendezvous {
   const RoundState& state() const { return current_.state; }
 
  private:
-  // One connection: the TcpStore (to interrupt it) and the job's PrefixStore over it.
-  struct Connection {
-    std::shared_ptr<TcpStore> tcp;
-    std::shared_ptr<Store> store;
-  };
-  std::unique_ptr<Connection> connect() const;
+  InterruptibleStore connect() const;
   void checkSettings();
   RoundInfo roundInfo(const RoundState& s) const;
   Versioned joinAndWait();
@@ -156,12 +154,11 @@ class DynamicRendezvous {
   DynamicRendezvousOptions options_;
   EventFn onEvent_;
   NodeInfo self_;
-  std::unique_ptr<Connection> main_;
-  std::unique_ptr<Connection> watcherConn_;
+  InterruptibleStore main_;
+  InterruptibleStore watcherConn_;  // set once by the watcher thread, under mu_
   std::unique_ptr<StateLog> log_;
   StateView view_;
-  std::unique_ptr<HeartbeatWriter> writer_;
-  std::unique_ptr<HeartbeatMonitor> monitor_;
+  std::unique_ptr<Liveness> liveness_;
   Versioned current_;  // the newest state the agent thread knows
   RoundInfo round_;
   std::atomic<int64_t> roundNo_{-1};  // round_.round, for background threads

@@ -61,7 +61,7 @@ Versioned DynamicRendezvous::joinAndWait() {
       transition::join(s, self_, lim);  // throws JobEndedError with the reason
     }
     if (until(joinDeadline).count() <= 0) {
-      throw TimeoutError("rendezvous '" + options_.runId + "' at " + main_->tcp->address() +
+      throw TimeoutError("rendezvous '" + options_.runId + "' at " + options_.backend->describe() +
                          ": round " + std::to_string(s.round) + " did not close within " +
                          "join_timeout=" + seconds(options_.joinTimeout) + " (" +
                          std::to_string(s.members.size()) + " node(s) joined, MIN=" +
@@ -190,7 +190,17 @@ void DynamicRendezvous::closeJob() {
   if (closed_) return;
   closed_ = true;
   watch(-1);
-  if (monitor_) monitor_->stop();  // nothing may be evicted any more
+  if (liveness_) liveness_->stopWatching();  // nothing may be evicted any more
+  bool lost;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    lost = storeLost_;
+  }
+  if (lost) {
+    // The store is gone (its host, or etcd's quorum): telling anyone would only wait for it.
+    if (liveness_) liveness_->stop(false);
+    return;
+  }
   try {
     reconnectIfInterrupted(/*leaving=*/true);
     const Versioned end = current_.state.ended() ? current_ : fresh();
@@ -198,7 +208,7 @@ void DynamicRendezvous::closeJob() {
       DDPRUN_LOG(DEBUG, "rendezvous") << "closing before the job has ended (round "
                                       << end.state.round << ")";
     } else {
-      auto& store = *main_->store;
+      auto& store = *main_.store;
       store.set(endedKey(self_.id), "");
       if (options_.isHost) {
         // The store must outlive every node's last read of it (pytorch#118891).
@@ -221,7 +231,9 @@ void DynamicRendezvous::closeJob() {
     DDPRUN_LOG(WARN, "rendezvous") << "could not tell the other nodes that the job ended: "
                                    << e.what();
   }
-  if (writer_) writer_->stop(false);
+  // The job is over: stop the liveness signal (heartbeat keys die with the store; an etcd
+  // lease is revoked).
+  if (liveness_) liveness_->stop(false);
 }
 
 void DynamicRendezvous::leave(const std::string& reason) {
@@ -230,13 +242,13 @@ void DynamicRendezvous::leave(const std::string& reason) {
   watch(-1);
   left_ = true;
   inRound_ = false;
-  if (monitor_) monitor_->stop();
+  if (liveness_) liveness_->stopWatching();
   const std::string why = "node " + self_.id + " (" + self_.addr + ") left: " + reason;
   auto r = log_->update(fresh(), [&](const RoundState& s) {
     return transition::remove(s, self_.id, why, options_.limits);
   });
   current_ = r.now;
-  if (writer_) writer_->stop(true);
+  if (liveness_) liveness_->stop(true);
   DDPRUN_LOG(INFO, "rendezvous") << why;
 }
 

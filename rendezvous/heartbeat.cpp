@@ -199,4 +199,12 @@ void HeartbeatMonitor::evict(const std::string& target) {
   view_.offer(r.now);
 }
 
+// ---- HeartbeatRing ----
+
+HeartbeatRing::HeartbeatRing(const LivenessContext& ctx, HeartbeatOptions options)
+    : writer_(std::make_unique<HeartbeatWriter>(ctx.connect, ctx.first, ctx.self, options,
+                                                ctx.onError)),
+      monitor_(std::make_unique<HeartbeatMonitor>(ctx.connect, ctx.self, options, ctx.limits,
+                                                  ctx.view, ctx.onError)) {}
+
 }  // namespace ddprun::rendezvous

@@ -13,7 +13,8 @@
 // (a long pause) sees the new round without it and joins again.
 //
 // Both run on threads of their own, each with its own store connection; failures of the
-// store are handed to `onError` (never thrown on the thread).
+// store are handed to `onError` (never thrown on the thread). HeartbeatRing puts the two
+// together as the Liveness of the TCP store backend (liveness.h).
 #include <atomic>
 #include <condition_variable>
 #include <exception>
@@ -23,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "rendezvous/liveness.h"
 #include "rendezvous/state_log.h"
 #include "rendezvous/store.h"
 
@@ -39,16 +41,6 @@ std::string heartbeatKey(const std::string& id, int64_t beat);
 
 // The node a member of `ids` (sorted) watches: the next one around the ring; empty when alone.
 std::string ringSuccessor(const std::vector<std::string>& ids, const std::string& self);
-
-// A store connection that another thread can cut short (TcpStore::interrupt).
-struct InterruptibleStore {
-  std::shared_ptr<Store> store;
-  std::function<void()> interrupt;   // for good: every later call fails (stop)
-  std::function<void()> cancelCall;  // only the call in progress, if any
-};
-
-// Opens a new connection (the heartbeat threads each use their own).
-using ConnectFn = std::function<InterruptibleStore()>;
 
 class HeartbeatWriter {
  public:
@@ -109,6 +101,21 @@ class HeartbeatMonitor {
   std::atomic<bool> stopping_{false};
   uint64_t cancels_ = 0;  // calls cut short by state changes so far (guarded by connMu_)
   std::thread thread_;
+};
+
+// The Liveness of a ddprun store: a HeartbeatWriter and a HeartbeatMonitor.
+class HeartbeatRing final : public Liveness {
+ public:
+  HeartbeatRing(const LivenessContext& ctx, HeartbeatOptions options);
+  void stopWatching() override { monitor_->stop(); }
+  void stop(bool withdraw) override {
+    monitor_->stop();
+    writer_->stop(withdraw);
+  }
+
+ private:
+  std::unique_ptr<HeartbeatWriter> writer_;
+  std::unique_ptr<HeartbeatMonitor> monitor_;
 };
 
 }  // namespace ddprun::rendezvous

@@ -1,5 +1,6 @@
 #include "rendezvous/rendezvous_config.h"
 
+#include <cctype>
 #include <cmath>
 #include <sstream>
 
@@ -8,6 +9,12 @@
 namespace ddprun::rendezvous {
 
 namespace {
+
+bool hasSpace(const std::string& s) {
+  for (char c : s)
+    if (std::isspace(static_cast<unsigned char>(c))) return true;
+  return false;
+}
 
 std::optional<long> toInt(const std::string& s) {
   if (s.empty() || s.size() > 9) return std::nullopt;
@@ -69,6 +76,15 @@ Endpoint parseEndpoint(const std::string& value, uint16_t defaultPort) {
   return ep;
 }
 
+std::vector<Endpoint> parseEndpoints(const std::string& value, uint16_t defaultPort) {
+  std::vector<Endpoint> out;
+  std::istringstream in(value);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(parseEndpoint(item, defaultPort));
+  if (out.empty()) out.push_back(parseEndpoint("", defaultPort));  // throws, naming the value
+  return out;
+}
+
 RendezvousConf parseRdzvConf(const std::string& value) {
   RendezvousConf conf;
   std::istringstream in(value);
@@ -112,6 +128,21 @@ RendezvousConf parseRdzvConf(const std::string& value) {
                           "' is not valid (allowed: an integer >= 1)");
       }
       conf.missedHeartbeats = static_cast<int>(*n);
+    } else if (key == "lease_ttl") {
+      conf.leaseTtl = seconds();
+    } else if (key == "key_prefix") {
+      if (v.empty() || hasSpace(v)) {
+        throw ConfigError("--rdzv-conf key_prefix='" + v +
+                          "' is not valid (allowed: a non-empty prefix without spaces)");
+      }
+      conf.keyPrefix = v;
+    } else if (key == "protocol") {
+      if (v != "http" && v != "https")
+        throw ConfigError("--rdzv-conf protocol='" + v + "' is not valid (allowed: http, https)");
+      conf.protocol = v;
+    } else if (key == "cacert" || key == "cert" || key == "key") {
+      if (v.empty()) throw ConfigError("--rdzv-conf " + key + "='' is not valid (allowed: a file)");
+      (key == "cacert" ? conf.cacert : key == "cert" ? conf.cert : conf.key) = v;
     } else if (key == "is_host") {
       if (v == "1" || v == "true" || v == "True" || v == "yes") conf.isHost = true;
       else if (v == "0" || v == "false" || v == "False" || v == "no") conf.isHost = false;
@@ -120,7 +151,8 @@ RendezvousConf parseRdzvConf(const std::string& value) {
       throw ConfigError("--rdzv-conf key '" + key +
                         "' is unknown (allowed: join_timeout, last_call_timeout, close_timeout, "
                         "exit_barrier_timeout, heartbeat, keep_alive_interval, missed_heartbeats, "
-                        "keep_alive_max_attempt, read_timeout, timeout, is_host)");
+                        "keep_alive_max_attempt, read_timeout, timeout, is_host; etcd-v3: "
+                        "key_prefix, lease_ttl, protocol, cacert, cert, key)");
     }
   }
   return conf;

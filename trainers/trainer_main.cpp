@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "base/log.h"
 #include "trainers/threads.h"
 #include "trainers/train_loop.h"
+#include "worker_runtime/error_file.h"
 #include "worker_runtime/runtime.h"
 
 namespace ddprun::trainers {
@@ -39,9 +41,14 @@ void collectFlags(const CLI::App& app, CommandLine& cl) {
   }
 }
 
-int fail(const TrainerSpec& spec, const std::string& message, int code) {
-  std::fprintf(stderr, "%s: error: %s\n", spec.name, message.c_str());
-  return code;
+// One line on stderr and the error file the launcher reads (TORCHELASTIC_ERROR_FILE): exit code 2
+// and not retryable for what a restart cannot fix (settings, data, an incompatible checkpoint),
+// 1 and retryable for the rest (a peer died, a timeout, an I/O error), so the launcher restarts.
+int fail(const TrainerSpec& spec, const std::exception& e, std::optional<bool> retryable = {}) {
+  const bool retry = retryable.value_or(runtime::isRetryable(e));
+  runtime::recordError(e, retry);
+  std::fprintf(stderr, "%s: error: %s\n", spec.name, e.what());
+  return retry ? 1 : 2;
 }
 
 }  // namespace
@@ -58,7 +65,10 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);  // prints help, or the error
+    if (code == 0) return 0;
+    runtime::writeErrorFile(std::string("ConfigError: ") + e.what(), "CLI::ParseError", false);
+    return 2;
   }
   collectFlags(app, cl);
 
@@ -74,9 +84,9 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
     }
     data = loadTrainData(config);
   } catch (const ConfigError& e) {
-    return fail(spec, e.what(), 2);
+    return fail(spec, e);
   } catch (const DataError& e) {
-    return fail(spec, e.what(), 2);
+    return fail(spec, e, /*retryable=*/false);
   }
 
   try {
@@ -97,10 +107,8 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
       std::fflush(stdout);
     }
     rt->shutdown();
-  } catch (const ConfigError& e) {
-    return fail(spec, e.what(), 2);
   } catch (const std::exception& e) {
-    return fail(spec, e.what(), 1);
+    return fail(spec, e);
   }
   return 0;
 }

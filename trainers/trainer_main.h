@@ -1,9 +1,10 @@
 #pragma once
 // main() of a bundled trainer (mnist_mlp, mnist_cnn): flags and config file -> settings ->
 // data -> ddprun::init() -> train() -> summary. Bad settings and bad data are reported before
-// the worker joins its group, in one line naming the setting or the file, with exit code 2;
-// other failures (a peer died, a checkpoint cannot be written) exit with 1, so the launcher
-// restarts the group when it has restarts left.
+// the worker joins its group, in one line naming the setting or the file, with exit code 2; so
+// is a checkpoint that does not fit. Other failures (a peer died, a checkpoint cannot be
+// written) exit with 1, so the launcher restarts the group when it has restarts left. Either way
+// the error goes to the launcher's error file (runtime/error_file.h), marked retryable or not.
 namespace ddprun::trainers {
 
 struct TrainerSpec {

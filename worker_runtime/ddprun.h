@@ -5,6 +5,7 @@
 #include "worker_runtime/communicator.h"
 #include "worker_runtime/ddp.h"
 #include "worker_runtime/env.h"
+#include "worker_runtime/error_file.h"
 #include "worker_runtime/gloo_communicator.h"
 #include "worker_runtime/nccl_communicator.h"
 #include "worker_runtime/runtime.h"

@@ -1,5 +1,6 @@
 // The real ddprun binary: what workers see (environment, argv) and what users see (console
 // lines, log files, failure report, errors for bad flags).
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
@@ -229,4 +230,89 @@ TEST_CASE("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE replaces the prefix", "[launche
   auto out = lines(r.out);
   std::sort(out.begin(), out.end());
   CHECK(out == std::vector<std::string>{"[trainer0]:hi0", "[trainer1]:hi1"});
+}
+
+TEST_CASE("ddprun's own TORCHELASTIC_ERROR_FILE holds the root cause, written only on failure",
+          "[launcher][cli][report]") {
+  TempDir dir;
+  const std::string own = dir / "ddprun-error.json";
+  Env env = baseEnv();
+  env["TORCHELASTIC_ERROR_FILE"] = own;
+
+  // Success: nothing is written.
+  auto ok = runDdprun({"--standalone", "--nproc-per-node=2", "true"}, env);
+  REQUIRE(ok.code == 0);
+  CHECK_FALSE(std::filesystem::exists(own));
+
+  // The root cause wrote an error file: its document, with the exit code as errorCode.
+  const std::string json =
+      R"({"message": {"message": "RuntimeError: loss is NaN", "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1700000000"}}})";
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "sh", "-c",
+                      "if [ $RANK = 1 ]; then printf '%s' '" + json +
+                          "' > $TORCHELASTIC_ERROR_FILE; exit 5; fi; sleep 30"},
+                     env);
+  REQUIRE(r.code == 5);
+  auto j = nlohmann::json::parse(readFile(own));
+  CHECK(j["message"]["message"] == "RuntimeError: loss is NaN");
+  CHECK(j["message"]["extraInfo"]["py_callstack"] == "Traceback ...");
+  CHECK(j["message"]["errorCode"] == 5);
+  // The worker got its own path, not ddprun's.
+  std::smatch m;
+  REQUIRE(std::regex_search(r.err, m, std::regex(R"(error file : (\S+error\.json))")));
+  CHECK(m[1] != own);
+
+  // A worker killed by a signal wrote none: a generated record names the signal.
+  auto k = runDdprun({"--standalone", "--nproc-per-node=1", "sh", "-c", "kill -9 $$$$"}, env);
+  REQUIRE(k.code == 137);
+  j = nlohmann::json::parse(readFile(own));
+  CHECK_THAT(j["message"]["message"].get<std::string>(),
+             Catch::Matches("Signal 9 \\(SIGKILL\\) received by PID [0-9]+"));
+  CHECK(j["message"]["errorCode"] == 137);
+  CHECK(j["message"]["extraInfo"].contains("timestamp"));
+  // No temporary file is left next to it (written under another name, then renamed).
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
+  CHECK(files == 1);
+}
+
+TEST_CASE("a failed job keeps its run directory: the error file the report names exists",
+          "[launcher][cli][report]") {
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "sh", "-c",
+                      "if [ $RANK = 1 ]; then echo '{\"message\": \"disk on fire\"}' > "
+                      "$TORCHELASTIC_ERROR_FILE; exit 3; fi; sleep 30"});
+  REQUIRE(r.code == 3);
+  std::smatch m;
+  REQUIRE(std::regex_search(r.err, m, std::regex(R"(error file : (\S+error\.json))")));
+  const std::string path = m[1];
+  CHECK(std::filesystem::exists(path));
+  CHECK_THAT(readFile(path), Catch::Contains("disk on fire"));
+  CHECK_THAT(r.err, Catch::Contains("Worker logs and error files are kept in "));
+  // A C++ (or shell) worker is not told to decorate a Python main.
+  auto s = runDdprun({"--standalone", "--nproc-per-node=1", "sh", "-c", "exit 4"});
+  CHECK_THAT(s.err, !Catch::Contains("torch.distributed.elastic"));
+  CHECK_THAT(s.err, Catch::Contains("ddprun::runtime::recordError"));
+  // After a success the temporary directory is gone.
+  auto ok = runDdprun({"--standalone", "--nproc-per-node=1", "sh", "-c",
+                       "dirname $(dirname $(dirname $TORCHELASTIC_ERROR_FILE))"});
+  REQUIRE(ok.code == 0);
+  std::string base = ok.out;
+  while (!base.empty() && (base.back() == '\n' || base.back() == ' ')) base.pop_back();
+  REQUIRE(!base.empty());
+  CHECK_FALSE(std::filesystem::exists(base));
+}
+
+TEST_CASE("an error a restart cannot fix ends the job at once, whatever the budget",
+          "[launcher][cli][report]") {
+  const std::string json =
+      R"({"message": {"message": "IncompatibleCheckpoint: checkpoint ckpt-5.ddpck does not fit this model", "extraInfo": {"timestamp": "1700000000", "exceptionType": "ddprun::runtime::IncompatibleCheckpoint", "retryable": false}}})";
+  TempDir dir;
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "--max-restarts=5", "sh", "-c",
+                      "echo start >> " + dir.path() + "/starts.$RANK; if [ $RANK = 1 ]; then printf '%s' '" +
+                          json + "' > $TORCHELASTIC_ERROR_FILE; exit 2; fi; sleep 30"});
+  CHECK(r.code == 2);
+  CHECK(readFile(dir / "starts.1") == "start\n");  // one attempt: no restart spent
+  CHECK_THAT(r.err, Catch::Contains("type       : ddprun::runtime::IncompatibleCheckpoint"));
+  CHECK_THAT(r.err, Catch::Contains("retryable  : no"));
+  CHECK_THAT(r.err, Catch::Contains("0 of 5 restarts used"));
+  CHECK_THAT(r.err, !Catch::Contains("restarting"));
 }

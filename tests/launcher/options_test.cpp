@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "launcher/devices.h"
 #include "launcher/options.h"
 #include "base/errors.h"
+#include "tests/support/temp_dir.h"
 
 using namespace ddprun;
 using namespace ddprun::launcher;
@@ -33,12 +35,12 @@ std::string parseError(std::vector<std::string> args, const Environment& env = {
   return "<no error>";
 }
 
+// A config file in a directory removed when the test process exits.
 std::string writeConfig(const std::string& json) {
-  char path[] = "/tmp/ddprun-config-test-XXXXXX.json";
-  int fd = mkstemps(path, 5);
-  REQUIRE(fd >= 0);
-  REQUIRE(::write(fd, json.data(), json.size()) == static_cast<ssize_t>(json.size()));
-  ::close(fd);
+  static ddprun::testing::TempDir dir;
+  static int count = 0;
+  const std::string path = dir / ("config-" + std::to_string(count++) + ".json");
+  std::ofstream(path) << json;
   return path;
 }
 
@@ -175,10 +177,26 @@ TEST_CASE("flag --nproc-per-node takes cpu, auto, and gpu only with a CUDA devic
           "[launcher][options]") {
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   CHECK(parse({"--nproc-per-node=cpu", "p"}).nprocPerNode == cpus);
-  // This machine has no GPU driver: auto falls back to the CPUs, gpu is an error.
-  CHECK(parse({"--nproc-per-node=auto", "p"}).nprocPerNode == cpus);
-  CHECK(parseError({"--nproc-per-node=gpu", "p"}) ==
-        "--nproc-per-node=gpu: no CUDA device is visible here; use a number, 'cpu' or 'auto'");
+  // Whatever this machine has: auto takes the GPUs, else the CPUs; gpu without one is an error.
+  const int gpus = cudaDeviceCount();
+  INFO("visible CUDA devices: " << gpus);
+  CHECK(parse({"--nproc-per-node=auto", "p"}).nprocPerNode == (gpus > 0 ? gpus : cpus));
+  if (gpus > 0) {
+    CHECK(parse({"--nproc-per-node=gpu", "p"}).nprocPerNode == gpus);
+  } else {
+    CHECK(parseError({"--nproc-per-node=gpu", "p"}) ==
+          "--nproc-per-node=gpu: no CUDA device is visible here; use a number, 'cpu' or 'auto'");
+  }
+}
+
+TEST_CASE("etcd-v3 takes every member of the cluster as --rdzv-endpoint", "[launcher][options]") {
+  auto o = parse({"--rdzv-backend=etcd-v3", "--rdzv-endpoint=10.0.0.1:2379,10.0.0.2:2379,[::1]:2379",
+                  "--nnodes=2", "p"});
+  CHECK(o.rdzvBackend == "etcd-v3");
+  CHECK(o.rdzvEndpoint == "10.0.0.1:2379,10.0.0.2:2379,[::1]:2379");
+  const std::string bad = parseError({"--rdzv-backend=etcd-v3", "--rdzv-endpoint=h1:2379,:2379", "p"});
+  CHECK_THAT(bad, Catch::StartsWith("--rdzv-endpoint=h1:2379,:2379: ") &&
+                      Catch::Contains("':2379' is not an endpoint"));
 }
 
 TEST_CASE("a bad value is one line naming the flag, the value, its source and what is allowed",
@@ -188,8 +206,14 @@ TEST_CASE("a bad value is one line naming the flag, the value, its source and wh
   CHECK(parseError({"--max-restarts=-1", "p"}) == "--max-restarts=-1: expected an integer >= 0");
   CHECK(parseError({"--master-port=70000", "p"}) ==
         "--master-port=70000: expected an integer from 0 to 65535");
-  CHECK(parseError({"--rdzv-backend=etcd", "p"}) ==
-        "--rdzv-backend=etcd: expected one of static, c10d");
+  CHECK(parseError({"--rdzv-backend=zookeeper", "p"}) ==
+        "--rdzv-backend=zookeeper: expected one of static, c10d, etcd-v3");
+  // torchrun's v2-API etcd backends: pointed at ours.
+  for (const char* v2 : {"etcd", "etcd-v2"}) {
+    const std::string e = parseError({std::string("--rdzv-backend=") + v2, "p"});
+    CHECK_THAT(e, Catch::StartsWith(std::string("--rdzv-backend=") + v2 + ": ") &&
+                      Catch::Contains("v2 API") && Catch::Contains("--rdzv-backend=etcd-v3"));
+  }
   CHECK(parseError({"--start-method=thread", "p"}) ==
         "--start-method=thread: expected one of spawn, fork, forkserver");
   CHECK(parseError({"p"}, {{"PET_MAX_RESTARTS", "lots"}}) ==

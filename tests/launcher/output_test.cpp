@@ -8,6 +8,7 @@
 #include "launcher/failure_report.h"
 #include "launcher/options.h"
 #include "launcher/output.h"
+#include "tests/support/temp_dir.h"
 
 using namespace ddprun::launcher;
 
@@ -35,11 +36,10 @@ TEST_CASE("LineBuffer bounds a line that never ends", "[launcher][output]") {
 
 TEST_CASE("StreamSink: raw bytes to the file, prefixed whole lines to the console, a tail",
           "[launcher][output]") {
-  char dir[] = "/tmp/ddprun-sink-XXXXXX";
-  REQUIRE(mkdtemp(dir));
+  ddprun::testing::TempDir dir;
   int console[2];
   REQUIRE(pipe(console) == 0);
-  const std::string file = std::string(dir) + "/stderr.log";
+  const std::string file = dir / "stderr.log";
   {
     StreamSink sink(StreamTargets{.consoleFd = console[1], .prefix = "[rank 1]: ",
                                   .filePath = file, .tailLines = 2});
@@ -56,8 +56,6 @@ TEST_CASE("StreamSink: raw bytes to the file, prefixed whole lines to the consol
   std::ifstream in(file);
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(content == "one\ntwo\nthree\nfour");
-  std::remove(file.c_str());
-  ::rmdir(dir);
 }
 
 TEST_CASE("StreamSink names a log file it cannot create", "[launcher][output]") {
@@ -66,13 +64,10 @@ TEST_CASE("StreamSink names a log file it cannot create", "[launcher][output]") 
 }
 
 TEST_CASE("error files in PyTorch's @record format are read", "[launcher][report]") {
-  char path[] = "/tmp/ddprun-error-XXXXXX";
-  int fd = mkstemp(path);
-  REQUIRE(fd >= 0);
-  const std::string json =
-      R"({"message": {"message": "ValueError: bad batch", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\"\nValueError: bad batch", "timestamp": "1700000000"}}})";
-  REQUIRE(::write(fd, json.data(), json.size()) == static_cast<ssize_t>(json.size()));
-  ::close(fd);
+  ddprun::testing::TempDir dir;
+  const std::string path = dir / "error.json";
+  std::ofstream(path)
+      << R"({"message": {"message": "ValueError: bad batch", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\"\nValueError: bad batch", "timestamp": "1700000000"}}})";
   ErrorFile ef = readErrorFile(path);
   CHECK(ef.present);
   CHECK(ef.message == "ValueError: bad batch");
@@ -83,7 +78,7 @@ TEST_CASE("error files in PyTorch's @record format are read", "[launcher][report
   ErrorFile raw = readErrorFile(path);
   CHECK(raw.present);
   CHECK(raw.raw == "not json at all");
-  std::remove(path);
+  std::remove(path.c_str());
   CHECK_FALSE(readErrorFile(path).present);
 }
 

@@ -4,10 +4,13 @@
   are TCPStore clients of it) and --no-agent-store (rank 0 hosts its own TCPStore);
 - a restart after a worker failure, with the agent's store: the new attempt must get fresh
   keys (PyTorch prefixes them with TORCHELASTIC_RESTART_COUNT);
-- @record's error file in ddprun's failure report;
+- @record's error file in ddprun's failure report, and in ddprun's own TORCHELASTIC_ERROR_FILE
+  (with a worker killed by a signal: a generated record);
 - a script for the old torch.distributed.launch reading --local_rank (--pass-local-rank).
 """
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,8 +23,8 @@ DDPRUN = os.path.join(os.environ["DDPRUN_BIN"], "ddprun")
 ENV = dict(os.environ, PYTHON_EXEC=sys.executable, OMP_NUM_THREADS="1")
 
 
-def ddprun(*args, timeout=240):
-    proc = subprocess.run([DDPRUN, *args], env=ENV, capture_output=True, text=True, timeout=timeout)
+def ddprun(*args, timeout=240, env=ENV):
+    proc = subprocess.run([DDPRUN, *args], env=env, capture_output=True, text=True, timeout=timeout)
     print(f"$ ddprun {' '.join(args)}\n  exit {proc.returncode}\n{proc.stdout}{proc.stderr}", flush=True)
     return proc
 
@@ -59,11 +62,36 @@ def test_restart_with_agent_store():
 
 
 def test_record_error_file():
-    proc = ddprun("--standalone", "--nproc-per-node=2", os.path.join(WORKERS, "record_failure.py"))
-    check(proc.returncode == 1, f"@record: exit {proc.returncode}")
-    check("rank       : 1 (local rank 1)" in proc.stderr, "root cause is rank 1")
-    check("message    : ValueError: corrupt batch at step 17" in proc.stderr, "error file message")
-    check("in load_batch" in proc.stderr, "error file traceback")
+    with tempfile.TemporaryDirectory() as tmp:
+        # ddprun's own error file, as a job scheduler sets it for torchrun.
+        own = os.path.join(tmp, "launcher-error.json")
+        env = dict(ENV, TORCHELASTIC_ERROR_FILE=own)
+        proc = ddprun("--standalone", "--nproc-per-node=2", os.path.join(WORKERS, "record_failure.py"),
+                      env=env)
+        check(proc.returncode == 1, f"@record: exit {proc.returncode}")
+        check("rank       : 1 (local rank 1)" in proc.stderr, "root cause is rank 1")
+        check("message    : ValueError: corrupt batch at step 17" in proc.stderr, "error file message")
+        check("in load_batch" in proc.stderr, "error file traceback")
+        # The path the report names still exists (the failed job's run directory is kept).
+        worker_file = re.search(r"error file : (\S+error\.json)", proc.stderr).group(1)
+        with open(worker_file) as f:
+            check("corrupt batch at step 17" in f.read(), "the reported error file holds the error")
+        with open(own) as f:
+            record = json.load(f)
+        check(record["message"]["message"] == "ValueError: corrupt batch at step 17",
+              f"ddprun's error file: the worker's message: {record}")
+        check(record["message"]["errorCode"] == 1, "ddprun's error file: the worker's exit code")
+        check("in load_batch" in record["message"]["extraInfo"]["py_callstack"], "its traceback")
+        # A worker that dies by a signal writes nothing: ddprun generates the record.
+        os.unlink(own)
+        proc = ddprun("--standalone", "--nproc-per-node=1", sys.executable, "-c",
+                      "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", env=env)
+        check(proc.returncode == 137, f"SIGKILL: exit {proc.returncode}")
+        with open(own) as f:
+            record = json.load(f)
+        check(re.fullmatch(r"Signal 9 \(SIGKILL\) received by PID \d+", record["message"]["message"]),
+              f"generated record names the signal: {record}")
+        check(record["message"]["errorCode"] == 137, "generated record: exit code")
 
 
 def test_pass_local_rank():

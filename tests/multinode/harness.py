@@ -30,6 +30,15 @@ class Failure(Exception):
     pass
 
 
+def skip_unless_ci(why):
+    """SKIP for something scripts/setup installs (python3-torch); under CI=true (.ci/run) its
+    absence means a broken set-up, so the scenario fails instead."""
+    if os.environ.get("CI") == "true":
+        raise Failure("%s, and CI=true: scripts/setup installs it" % why)
+    print("SKIP: " + why)
+    return SKIP
+
+
 def check(cond, what):
     if not cond:
         raise Failure(what)
@@ -84,6 +93,7 @@ class MultiNodeTest:
         self.out = os.path.join(self.dir, "workers")
         self.nodes = []
         self.port = free_port("127.0.0.2")
+        self.cleanups = []  # more to stop after the agents (e.g. an etcd cluster)
 
     def endpoint(self, host="127.0.0.2"):
         return "%s:%d" % (host, self.port)
@@ -132,6 +142,8 @@ class MultiNodeTest:
                 except ProcessLookupError:
                     pass
                 n.proc.wait()
+        for fn in self.cleanups:
+            fn()
 
     def dump(self):
         for n in self.nodes:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from harness import BIN, FAST_CONF, SKIP, check, free_port, run
+from harness import BIN, FAST_CONF, SKIP, check, free_port, run, skip_unless_ci
 
 
 def pid_alive(pid):
@@ -152,6 +152,21 @@ def failure_ends_job(t):
           "(a %.2f, b %.2f)" % (exited["a"], exited["b"]))
     check("restart 1 of 1 spent by this node" in b.stderr(), "b says it spent the restart")
     check("restart 1 of 1 spent there" in a.stderr(), "a says the restart was spent elsewhere")
+
+
+def not_retryable(t):
+    """A worker error that a restart cannot fix (its error file says so) ends the job at once on
+    every node, with its message, however many restarts are left."""
+    args = ["--fatal", "1", "2", "--run", "30"]
+    a = t.agent("a", "127.0.0.2", "2", "fatal2", args, extra=["--max-restarts=5"])
+    b = t.agent("b", "127.0.0.3", "2", "fatal2", args, extra=["--max-restarts=5"])
+    check(b.wait(60) == 2, "node b (root cause) exit code %s, expected 2" % b.proc.returncode)
+    check(a.wait(60) == 2, "node a exit code %s, expected 2" % a.proc.returncode)
+    check(len(t.starts()) == 2, "one start per node: no restart (%d starts)" % len(t.starts()))
+    sa, sb = summary_lines(a), summary_lines(b)
+    check(len(sa) == 1 and sa == sb, "one identical summary line: %s / %s" % (sa, sb))
+    check("does not fit" in sa[0] and "not retryable" in sa[0], "the message: %s" % sa[0])
+    check("retryable  : no" in b.stderr(), "b's report says why")
 
 
 def paused_node_while_finishing(t):
@@ -320,8 +335,7 @@ def torch_gloo_elastic(t):
     worker store keeps the second init_process_group clean. The all-reduce crosses nodes."""
     if subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed"],
                       capture_output=True).returncode != 0:
-        print("SKIP: %s has no torch (Debian's python3-torch)" % TORCH_PYTHON)
-        return SKIP
+        return skip_unless_ci("%s has no torch (Debian's python3-torch)" % TORCH_PYTHON)
     import harness
     env = {"PYTHON_EXEC": TORCH_PYTHON}
     conf = FAST_CONF.replace("last_call_timeout=0.5", "last_call_timeout=0.2")
@@ -387,7 +401,7 @@ def netns_two_nodes(t):
 
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
-    paused_node_while_finishing, two_jobs,
+    not_retryable, paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
     netns_two_nodes)}
 

@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from harness import BIN, SKIP, WORKER, Node, check, free_port, run
+from harness import BIN, SKIP, WORKER, Node, check, free_port, run, skip_unless_ci
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../..")
 DATA = "/usr/share/datasets/fashion-mnist"
@@ -67,8 +67,7 @@ def train(t, hosts):
     """2 hosts x 2 workers train the bundled MLP (LibTorch, DDP over Gloo, Fashion-MNIST) and
     end 0; the remote agents' own lines come back marked with their host."""
     if not os.path.isdir(DATA):
-        print("SKIP: no Fashion-MNIST at %s (Debian's dataset-fashion-mnist)" % DATA)
-        return SKIP
+        return skip_unless_ci("no Fashion-MNIST at %s (Debian's dataset-fashion-mnist)" % DATA)
     run_dir = os.path.join(t.dir, "run")
     metrics = os.path.join(run_dir, "metrics.jsonl")
     n, _ = launch(t, hosts, "train", [
@@ -185,7 +184,7 @@ def unreachable(t, hosts):
 @with_hosts
 def environment(t, hosts):
     """What travels: the default set and --export, through stdin; no value on any command
-    line; a --hostfile with comments and slots."""
+    line; a --hostfile with comments and slots; --ssh-option reaches ssh."""
     hostfile = os.path.join(t.dir, "hosts")
     with open(hostfile, "w") as f:
         f.write("# two hosts\n127.0.0.2 slots=1\n\n127.0.0.3 slots=1   # the second\n")
@@ -196,6 +195,7 @@ def environment(t, hosts):
               '${NOT_EXPORTED:-unset} $RANK/$WORLD_SIZE"; sleep 1')
     run_id = "ssh-env-%d" % os.getpid()
     n = Node(t, "env", ["--hostfile=%s" % hostfile, "--rdzv-id=" + run_id,
+                        "--ssh-option=ConnectTimeout=15", "--ssh-option=ServerAliveInterval=5",
                         "--export=MY_VAR", "--export=OTHER=given",
                         "--no-python", "sh", "-c", script], env=env)
     seen = []
@@ -209,6 +209,7 @@ def environment(t, hosts):
     check(rc == 0, "exit code %s" % rc)
     check(seen, "the remote agents were seen running")
     check(not any(secret in c for c in seen), "no exported value on a remote command line")
+    check(any("ServerAliveInterval=5" in c for c in seen), "--ssh-option reaches ssh's command line")
     lines = sorted(l for l in n.stdout().splitlines() if "env: " in l)
     want = ["[node %d rank %d]: env: /tmp/nccl-%d %s mine given unset %d/2" %
             (r, r, os.getpid(), secret, r) for r in (0, 1)]

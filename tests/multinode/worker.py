@@ -12,6 +12,8 @@ arguments say:
   --always-fail K CODE  exit CODE whenever it runs on node rank K (local rank 0)
   --run S               run S seconds, then exit 0 (default: exit 0 at once)
   --exit-when FILE      run until FILE exists, then exit 0
+  --fatal K CODE        on node rank K (local rank 0) write an error file that says a restart
+                        cannot help (as ddprun::runtime::recordError does), then exit CODE
 """
 import argparse
 import json
@@ -75,6 +77,7 @@ def main():
     p.add_argument("--always-fail", nargs=2, type=int)
     p.add_argument("--run", type=float, default=0.0)
     p.add_argument("--exit-when")
+    p.add_argument("--fatal", nargs=2, type=int)
     a = p.parse_args()
     started = time.time()
     env = {k: os.environ.get(k, "") for k in (
@@ -98,6 +101,16 @@ def main():
     os.rename(path + ".tmp", path)
     print("worker rank %d of %d started (node rank %d)" % (rank, world, group), flush=True)
 
+    if local == 0 and a.fatal and group == a.fatal[0]:
+        record = {"message": {"message": "IncompatibleCheckpoint: checkpoint ckpt-7 does not fit",
+                              "extraInfo": {"timestamp": str(int(time.time())),
+                                            "exceptionType": "ddprun::runtime::IncompatibleCheckpoint",
+                                            "retryable": False}}}
+        path = os.environ["TORCHELASTIC_ERROR_FILE"]
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.rename(path + ".tmp", path)
+        sys.exit(a.fatal[1])
     if local == 0 and a.always_fail and group == a.always_fail[0]:
         sys.exit(a.always_fail[1])
     if local == 0 and a.fail_once and group == a.fail_once[0]:

@@ -56,3 +56,32 @@ TEST_CASE("rdzv-conf values: torchrun keys, in seconds", "[rdzv][config]") {
   CHECK_THROWS_WITH(parseRdzvConf("missed_heartbeats=0"), Catch::Contains(">= 1"));
   CHECK_THROWS_WITH(parseRdzvConf("novalue"), Catch::Contains("key=value"));
 }
+
+TEST_CASE("rdzv-conf for etcd-v3: key_prefix, lease_ttl, protocol, TLS files", "[rdzv][config]") {
+  auto c = parseRdzvConf("key_prefix=/team/a,lease_ttl=7,protocol=https,cacert=/ca.pem,"
+                         "cert=/c.pem,key=/k.pem");
+  CHECK(c.keyPrefix == "/team/a");
+  CHECK(c.leaseTtl == Millis(7000));
+  CHECK(c.protocol == "https");
+  CHECK(c.cacert == "/ca.pem");
+  CHECK(c.cert == "/c.pem");
+  CHECK(c.key == "/k.pem");
+  CHECK(c.hasEtcdKeys());
+  CHECK_FALSE(parseRdzvConf("join_timeout=5").hasEtcdKeys());
+  CHECK_THROWS_WITH(parseRdzvConf("protocol=ftp"),
+                    Catch::Contains("protocol='ftp'") && Catch::Contains("http, https"));
+  CHECK_THROWS_WITH(parseRdzvConf("lease_ttl=soon"), Catch::Contains("lease_ttl='soon'"));
+  CHECK_THROWS_WITH(parseRdzvConf("key_prefix="), Catch::Contains("key_prefix=''"));
+  CHECK_THROWS_WITH(parseRdzvConf("cacert="), Catch::Contains("cacert=''"));
+}
+
+TEST_CASE("rdzv-endpoint lists: every member of an etcd cluster", "[rdzv][config]") {
+  auto eps = parseEndpoints("10.0.0.1,10.0.0.2:22379,[::1]:2380", 2379);
+  REQUIRE(eps.size() == 3);
+  CHECK(eps[0].host == "10.0.0.1");
+  CHECK(eps[0].port == 2379);
+  CHECK(eps[1].port == 22379);
+  CHECK(eps[2].host == "::1");
+  CHECK_THROWS_WITH(parseEndpoints("h1,,h2", 2379), Catch::Contains("empty host"));
+  CHECK_THROWS_AS(parseEndpoints("", 2379), ddprun::ConfigError);
+}

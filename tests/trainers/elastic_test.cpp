@@ -5,13 +5,14 @@
 // end with weights bit-identical to an uninterrupted run; 2 workers match 1 worker with the same
 // global batch; a job resumed at another world size continues the same data order and schedule
 // (both trainers). Bad data and bad settings end the job with one clear message.
-#include "catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
 
 #include "job_runner.h"
+#include "tests/support/skip.h"
 #include "test_files.h"
 #include "trainers/mnist_data.h"
 #include "trainers/models.h"
@@ -163,14 +164,17 @@ bool haveData() {
   return fs::exists(mnistFilePath(kDefaultDataDir, Split::Train, false));
 }
 
+// A skip (ctest: Skipped), or a failure under CI=true, where scripts/setup installed the data.
+void skipWithoutData() {
+  ddprun::testing::skipUnlessCi("Fashion-MNIST is not installed in " + std::string(kDefaultDataDir) +
+                                " (Debian package dataset-fashion-mnist)");
+}
+
 }  // namespace
 
 TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-identical",
           "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
   TempDir dir;
   int64_t killedAfter = -1;
@@ -197,10 +201,7 @@ TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-ident
 
 TEST_CASE("a job that fails without restarts left resumes when started again and matches",
           "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
   TempDir dir;
   {
@@ -222,10 +223,7 @@ TEST_CASE("a job that fails without restarts left resumes when started again and
 
 TEST_CASE("a job stopped with SIGTERM and started again continues from the newest checkpoint",
           "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
   TempDir dir;
   {
@@ -264,10 +262,7 @@ TEST_CASE("a job stopped with SIGTERM and started again continues from the newes
 }
 
 TEST_CASE("2 workers match 1 worker with the same global batch", "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
   TempDir dir;
   const auto r = runJob(underDdprun(1, trainerArgs(dir.path(), 32)), dir / "log");
@@ -292,12 +287,12 @@ TEST_CASE("bad data and bad settings end the job with one clear message", "[elas
   writeFile(images, bytes);
 
   // Directly, without a launcher: the message names the file, exit code 2.
-  auto r = runJob({kBin + "/mnist_mlp", "--data", dir.path().string()}, dir / "log1");
+  auto r = runJob({kBin + "/mnist_mlp", "--data", dir.path()}, dir / "log1");
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Contains("mnist_mlp: error: data file " + images + ": truncated"));
 
   // Under ddprun the same message reaches the user and the job fails.
-  r = runJob(underDdprun(2, {kBin + "/mnist_mlp", "--data", dir.path().string()}), dir / "log2");
+  r = runJob(underDdprun(2, {kBin + "/mnist_mlp", "--data", dir.path()}), dir / "log2");
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Contains("data file " + images + ": truncated"));
 
@@ -322,10 +317,7 @@ TEST_CASE("bad data and bad settings end the job with one clear message", "[elas
 }
 
 TEST_CASE("mnist_cnn trains under ddprun and its loss falls", "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   TempDir dir;
   const auto r = runJob(underDdprun(2, {kBin + "/mnist_cnn", "--config",
                                         std::string(DDPRUN_SOURCE_DIR) + "/configs/mnist_cnn.json",
@@ -363,10 +355,7 @@ int64_t runUntilCheckpoint(const std::vector<std::string>& argv, const std::stri
 
 TEST_CASE("a job resumed at another world size continues the same data and schedule",
           "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   // 1 worker x 32, then 2 workers x 16: the same global batch, so the resumed job must take the
   // same samples in the same steps with the same rates as the uninterrupted 2 x 16 run.
   const auto& reference = referenceRun();
@@ -388,10 +377,7 @@ TEST_CASE("a job resumed at another world size continues the same data and sched
 
 TEST_CASE("2 -> 1 -> 2 workers with a fixed per-rank batch: samples, steps and rates count right",
           "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   TempDir dir;
   auto args = trainerArgs(dir.path(), 16);
   *(std::find(args.begin(), args.end(), "--log-interval") + 1) = "8";
@@ -438,10 +424,7 @@ TEST_CASE("2 -> 1 -> 2 workers with a fixed per-rank batch: samples, steps and r
 }
 
 TEST_CASE("mnist_cnn resumes at another world size", "[elastic][slow]") {
-  if (!haveData()) {
-    WARN("skipped: Fashion-MNIST not installed (dataset-fashion-mnist)");
-    return;
-  }
+  if (!haveData()) return skipWithoutData();
   TempDir dir;
   const std::vector<std::string> args = {
       kBin + "/mnist_cnn", "--config", std::string(DDPRUN_SOURCE_DIR) + "/configs/mnist_cnn.json",
@@ -461,4 +444,25 @@ TEST_CASE("mnist_cnn resumes at another world size", "[elastic][slow]") {
   const auto records = trainRecords(dir / "metrics.jsonl");
   REQUIRE(!records.empty());
   CHECK(3200 - records.back().samples < 64);  // the tail that does not fill a global batch
+}
+
+TEST_CASE("an incompatible checkpoint ends the job once, with its message", "[elastic][errors]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  const std::vector<std::string> small = {kBin + "/mnist_mlp", "--train-limit", "512",
+                                          "--test-limit", "100", "--epochs", "1",
+                                          "--hidden", "32", "--checkpoint-dir", dir / "ckpt"};
+  REQUIRE(runJob(underDdprun(1, small), dir / "log1").code == 0);
+  // The same directory with another model: every attempt would fail the same way, so the job
+  // ends at the first, whatever the restart budget, naming the parameter and both shapes.
+  auto other = small;
+  other[8] = "64";
+  const auto r = runJob(underDdprun(2, other, {"--max-restarts=3"}), dir / "log2");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Contains("does not fit this model: fc1.weight has shape [32, 784]"));
+  CHECK_THAT(r.output, Contains("type       : ddprun::runtime::IncompatibleCheckpoint"));
+  CHECK_THAT(r.output, Contains("retryable  : no"));
+  CHECK_THAT(r.output, Contains("0 of 3 restarts used"));
+  CHECK_THAT(r.output, !Contains("restarting"));
 }

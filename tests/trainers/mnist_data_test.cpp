@@ -1,5 +1,6 @@
 // The idx.gz reader: real files written with zlib, then damaged in the ways files get damaged.
-#include "catch_torch.h"
+#include "tests/support/catch_torch.h"
+#include "tests/support/skip.h"
 
 #include "test_files.h"
 #include "trainers/mnist_data.h"
@@ -31,8 +32,9 @@ TEST_CASE("limit reads only the first examples", "[data]") {
 
 TEST_CASE("the real Fashion-MNIST files load (dataset-fashion-mnist)", "[data]") {
   if (!std::filesystem::exists(mnistFilePath(kDefaultDataDir, Split::Test, false))) {
-    WARN("skipped: " << kDefaultDataDir << " not installed");
-    return;
+    return ddprun::testing::skipUnlessCi("Fashion-MNIST is not installed in " +
+                                         std::string(kDefaultDataDir) +
+                                         " (Debian package dataset-fashion-mnist)");
   }
   const auto test = loadMnist({.split = Split::Test});
   REQUIRE(test.size() == 10000);

@@ -1,5 +1,5 @@
 #pragma once
-// Helpers for the trainer tests: a temporary directory and small MNIST-format files.
+// Helpers for the trainer tests: small MNIST-format files (and tests/support's TempDir).
 #include <zlib.h>
 
 #include <cstdint>
@@ -9,29 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
+
 namespace ddprun::trainers::testing {
 
-// A fresh directory under the system temp dir, removed with its content at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() /
-            ("ddprun-trainers-test-" + std::to_string(rd()) + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using ddprun::testing::TempDir;
 
 inline std::vector<uint8_t> idxBytes(const std::vector<uint32_t>& dims,
                                      const std::vector<uint8_t>& data) {

@@ -1,5 +1,5 @@
 // Pure pieces of the training loop: LR schedules, metrics file, progress lines, models.
-#include "catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include <fstream>
 

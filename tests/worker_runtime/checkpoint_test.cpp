@@ -1,6 +1,6 @@
 // Checkpoints: round trip, newest complete wins, torn and damaged files are skipped, a failed
 // write (file size limit: the same EFBIG/ENOSPC path as a full disk) keeps the previous one.
-#include "tests/worker_runtime/catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -9,10 +9,12 @@
 #include <fstream>
 
 #include "base/errors.h"
+#include "tests/support/temp_dir.h"
 #include "worker_runtime/checkpoint.h"
 
 using namespace ddprun::runtime;
 namespace fs = std::filesystem;
+using ddprun::testing::TempDir;
 
 namespace {
 
@@ -25,17 +27,6 @@ struct Net : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(bn(fc1(x)))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
-};
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("ddprun-ckpt-test-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(counter++));
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static inline int counter = 0;
 };
 
 void trainSteps(Net& net, torch::optim::Optimizer& opt, int steps) {
@@ -63,7 +54,7 @@ TEST_CASE("a checkpoint round trip restores model, optimizer and state", "[check
   Net a;
   torch::optim::Adam optA(a.parameters(), torch::optim::AdamOptions(1e-2));
   trainSteps(a, optA, 3);
-  CheckpointManager ckpt({.directory = dir.path});
+  CheckpointManager ckpt({.directory = dir.path()});
   TrainingState st{.step = 30, .epoch = 2, .sampler = {2, 17}, .extra = {{"best", 0.75}}};
   const fs::path file = ckpt.save(a, &optA, st);
   CHECK(file.filename() == "ckpt-000000000030.ddpck");
@@ -89,7 +80,7 @@ TEST_CASE("the newest complete checkpoint wins, torn and damaged ones are skippe
           "[checkpoint]") {
   TempDir dir;
   Net net;
-  CheckpointManager ckpt({.directory = dir.path, .keep = 5});
+  CheckpointManager ckpt({.directory = dir.path(), .keep = 5});
   for (int64_t step : {10, 20, 30}) {
     for (auto& p : net.parameters()) p.data().fill_(static_cast<float>(step));
     ckpt.save(net, nullptr, {.step = step});
@@ -123,19 +114,19 @@ TEST_CASE("the newest complete checkpoint wins, torn and damaged ones are skippe
 TEST_CASE("no checkpoint means a fresh start, leftovers of a crashed save are ignored",
           "[checkpoint]") {
   TempDir dir;
-  CheckpointManager ckpt({.directory = dir.path});
+  CheckpointManager ckpt({.directory = dir.path()});
   Net net;
   CHECK_FALSE(ckpt.loadLatest(net, nullptr));
-  std::ofstream(dir.path / "ckpt-000000000050.ddpck.tmp-123") << "half a file";
+  std::ofstream(dir / "ckpt-000000000050.ddpck.tmp-123") << "half a file";
   CHECK_FALSE(ckpt.loadLatest(net, nullptr));
   ckpt.save(net, nullptr, {.step = 1});
-  CHECK_FALSE(fs::exists(dir.path / "ckpt-000000000050.ddpck.tmp-123"));  // cleaned up
+  CHECK_FALSE(fs::exists(dir / "ckpt-000000000050.ddpck.tmp-123"));  // cleaned up
 }
 
 TEST_CASE("a failed write is an error that keeps the previous checkpoint", "[checkpoint]") {
   TempDir dir;
   Net net;
-  CheckpointManager ckpt({.directory = dir.path});
+  CheckpointManager ckpt({.directory = dir.path()});
   ckpt.save(net, nullptr, {.step = 1});
   const auto before = fs::file_size(ckpt.list()[0]);
 
@@ -150,7 +141,7 @@ TEST_CASE("a failed write is an error that keeps the previous checkpoint", "[che
   Net bigger(64);
   std::string error;
   try {
-    CheckpointManager({.directory = dir.path}).save(bigger, nullptr, {.step = 2});
+    CheckpointManager({.directory = dir.path()}).save(bigger, nullptr, {.step = 2});
   } catch (const CheckpointError& e) {
     error = e.what();
   }
@@ -161,7 +152,7 @@ TEST_CASE("a failed write is an error that keeps the previous checkpoint", "[che
   REQUIRE(ckpt.list().size() == 1);
   CHECK(ckpt.list()[0].filename() == "ckpt-000000000001.ddpck");
   CHECK(fs::file_size(ckpt.list()[0]) == before);
-  for (auto& e : fs::directory_iterator(dir.path)) {
+  for (auto& e : fs::directory_iterator(dir.path())) {
     CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);  // no temp left
   }
   Net loaded;
@@ -171,7 +162,7 @@ TEST_CASE("a failed write is an error that keeps the previous checkpoint", "[che
 TEST_CASE("retention keeps the newest `keep` checkpoints", "[checkpoint]") {
   TempDir dir;
   Net net;
-  CheckpointManager ckpt({.directory = dir.path, .keep = 2});
+  CheckpointManager ckpt({.directory = dir.path(), .keep = 2});
   for (int64_t s = 1; s <= 5; ++s) ckpt.save(net, nullptr, {.step = s});
   auto files = ckpt.list();
   REQUIRE(files.size() == 2);
@@ -181,7 +172,7 @@ TEST_CASE("retention keeps the newest `keep` checkpoints", "[checkpoint]") {
 
 TEST_CASE("a checkpoint of another model is refused with the parameter named", "[checkpoint]") {
   TempDir dir;
-  CheckpointManager ckpt({.directory = dir.path});
+  CheckpointManager ckpt({.directory = dir.path()});
   Net small(16);
   ckpt.save(small, nullptr, {.step = 1});
   Net other(32);
@@ -193,13 +184,13 @@ TEST_CASE("a checkpoint of another model is refused with the parameter named", "
   CHECK(sameTensors(before, other.parameters()));  // a refused checkpoint changes nothing
   torch::optim::SGD sgd(small.parameters(), 0.1);
   CHECK_THROWS_WITH(ckpt.loadLatest(small, &sgd), Catch::Contains("no optimizer state"));
-  CHECK_THROWS_AS(CheckpointManager({.directory = dir.path, .keep = 0}), ddprun::ConfigError);
+  CHECK_THROWS_AS(CheckpointManager({.directory = dir.path(), .keep = 0}), ddprun::ConfigError);
 }
 
 TEST_CASE("loading copies into the model's own tensors (a DDP built on them stays valid)",
           "[checkpoint]") {
   TempDir dir;
-  CheckpointManager ckpt({.directory = dir.path});
+  CheckpointManager ckpt({.directory = dir.path()});
   Net a;
   ckpt.save(a, nullptr, {.step = 4});
   Net b;

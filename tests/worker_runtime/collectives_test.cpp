@@ -1,6 +1,6 @@
 // Each collective of the Gloo communicator against a single-process reference, with 2, 3 and 4
 // ranks as threads on one MemoryStore (real Gloo TCP connections over loopback).
-#include "tests/worker_runtime/catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include "base/errors.h"
 #include "rendezvous/memory_store.h"

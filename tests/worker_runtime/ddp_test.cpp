@@ -1,7 +1,7 @@
 // DistributedDataParallel with N ranks as threads on one MemoryStore (real Gloo over loopback):
 // gradients equal the single-process gradient of the concatenated batch, weights stay bit-identical
 // across ranks, no_sync accumulates locally, buckets follow PyTorch's rules.
-#include "tests/worker_runtime/catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include "base/errors.h"
 #include "rendezvous/memory_store.h"

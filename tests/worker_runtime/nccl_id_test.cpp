@@ -1,7 +1,7 @@
 // NCCL's unique-id exchange through a real ddprun store over TCP. ncclGetUniqueId needs no GPU,
 // so when ddprun is built with NCCL the id is a real one (the calling process stays alive while
 // the others fetch it, as NCCL requires).
-#include "tests/worker_runtime/catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include "base/errors.h"
 #include "rendezvous/tcp_store.h"
@@ -44,14 +44,25 @@ TEST_CASE("a wrong-size id and a missing rank 0 are errors, not hangs", "[nccl]"
                   ddprun::TimeoutError);
 }
 
-TEST_CASE("without a GPU the NCCL communicator refuses with the reason", "[nccl]") {
+TEST_CASE("the NCCL communicator follows the GPU count: refused with the reason without a GPU",
+          "[nccl]") {
   if (!ncclBuilt()) {
     CHECK_THROWS_WITH(generateNcclUniqueId(), Catch::Contains("built without NCCL"));
     return;
   }
-  CHECK(visibleGpuCount() == 0);
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   auto store = std::make_shared<TcpStore>(
       TcpStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = std::chrono::seconds(5)});
-  CHECK_THROWS_AS(makeNcclCommunicator(store, {.rank = 0, .size = 1}), ddprun::BackendError);
+  if (visibleGpuCount() == 0) {
+    CHECK_THROWS_WITH(makeNcclCommunicator(store, {.rank = 0, .size = 1}),
+                      Catch::Contains("no GPU") || Catch::Contains("CUDA"));
+    CHECK_THROWS_AS(makeNcclCommunicator(store, {.rank = 0, .size = 1}), ddprun::BackendError);
+  } else {
+    // A GPU host: a one-rank communicator on device 0 is built and reduces on the GPU.
+    auto comm = makeNcclCommunicator(store, {.rank = 0, .size = 1});
+    CHECK(comm->backend() == "nccl");
+    auto t = torch::ones({4}, torch::Device(torch::kCUDA, 0));
+    comm->allreduce(t);
+    CHECK(t.cpu().equal(torch::ones({4})));
+  }
 }

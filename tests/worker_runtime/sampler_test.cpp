@@ -1,6 +1,6 @@
 // DistributedSampler: the properties PyTorch's sampler has (its exact permutation is compared with
 // torch 1.13 itself in sampler_vs_torch.py).
-#include "tests/worker_runtime/catch_torch.h"
+#include "tests/support/catch_torch.h"
 
 #include <map>
 #include <set>

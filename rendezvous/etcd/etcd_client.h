@@ -1,0 +1,103 @@
+#pragma once
+// EtcdClient: etcd's v3 API (kv, lease, maintenance) over its JSON gateway, with failover
+// between the members of a cluster.
+//
+// Every call is bounded by options.timeout, retries on other members included. A call that
+// fails on one member -- connection refused or reset, the member has no leader, the leader
+// changed under the request -- is tried on the next member (round robin from a random start,
+// with a short backoff once every member has failed), so losing any minority of the cluster
+// is invisible to the caller beyond a leader election. When no member serves the call within
+// the timeout it throws NetworkError naming every endpoint and the last error (never
+// TimeoutError: that one means "the key did not appear" to Store users).
+// A write that is not idempotent is not retried once it may have reached a member; that
+// failure throws AmbiguousError, and the caller decides (EtcdStore re-reads the key).
+// Requests etcd refuses (a bad request, a lease that does not exist) throw EtcdError.
+//
+// One thread uses a client at a time; interrupt() and cancelCall() may come from any thread.
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "rendezvous/etcd/gateway.h"
+#include "rendezvous/etcd/http_connection.h"
+#include "rendezvous/store.h"
+
+namespace ddprun::rendezvous::etcd {
+
+struct EtcdClientOptions {
+  std::vector<MemberAddress> endpoints;                // every member of the cluster
+  std::shared_ptr<boost::asio::ssl::context> tls;      // null: http
+  Millis timeout{60'000};                              // each call, failover included
+};
+
+// "etcd at http://127.0.0.1:2379,127.0.0.1:22379": how errors name the cluster.
+std::string describeCluster(const EtcdClientOptions& o);
+// "2.5 s", for messages.
+std::string secondsText(Millis m);
+
+// etcd refused a request (it was served, and the answer is no).
+class EtcdError : public StoreError {
+ public:
+  EtcdError(const std::string& what, int code) : StoreError(what), code_(code) {}
+  int code() const { return code_; }  // the gRPC status code
+
+ private:
+  int code_;
+};
+
+// A write that is not idempotent failed after it may have been applied.
+class AmbiguousError : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
+
+class EtcdClient {
+ public:
+  explicit EtcdClient(EtcdClientOptions options);
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  RangeReply range(const RangeRequest& r);
+  PutReply put(const PutRequest& p);
+  DeleteReply deleteRange(const DeleteRequest& d);
+  // `idempotent`: whether applying it twice equals applying it once (then it is retried
+  // after an ambiguous failure; otherwise that throws AmbiguousError).
+  TxnReply txn(const TxnRequest& t, bool idempotent);
+  LeaseReply leaseGrant(int64_t ttlSeconds);
+  // Refreshes the lease; the reply's ttl is 0 when the lease has expired.
+  LeaseReply leaseKeepAlive(int64_t id);
+  void leaseRevoke(int64_t id);
+  // maintenance/status of one member (no failover): which member leads.
+  StatusReply status(size_t member);
+
+  // Any thread: the call in progress and every later call fail with NetworkError.
+  void interrupt();
+  // Any thread: the call in progress fails with NetworkError; later calls work.
+  void cancelCall();
+
+  const EtcdClientOptions& options() const { return options_; }
+  void setTimeout(Millis t) { options_.timeout = t; }
+  std::string describe() const { return describeCluster(options_); }
+
+ private:
+  // POSTs to the members in turn until one serves it (see the header comment).
+  std::string call(const std::string& target, const std::string& body, bool idempotent);
+  std::string callOnce(size_t member, const std::string& target, const std::string& body,
+                       Clock::time_point deadline);
+  HttpConnection& connectionTo(size_t member);
+  void pause(Millis d);
+
+  EtcdClientOptions options_;
+  size_t current_ = 0;
+  std::mutex mu_;  // guards conn_ (replaced by the calling thread, cancelled by any)
+  std::condition_variable cv_;
+  std::unique_ptr<HttpConnection> conn_;
+  std::atomic<bool> interrupted_{false};
+  std::atomic<uint64_t> cancels_{0};
+};
+
+}  // namespace ddprun::rendezvous::etcd

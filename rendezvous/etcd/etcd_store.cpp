@@ -1,0 +1,247 @@
+#include "rendezvous/etcd/etcd_store.h"
+
+#include <limits>
+
+#include "base/errors.h"
+
+namespace ddprun::rendezvous::etcd {
+
+namespace {
+
+std::string quoted(const std::vector<std::string>& keys) {
+  std::string s;
+  for (const auto& k : keys) s += (s.empty() ? "'" : ", '") + k + "'";
+  return s;
+}
+
+RequestOp rangeOp(const std::string& key) { return RequestOp::rangeOf({.key = key}); }
+RequestOp putOp(const std::string& key, const std::string& value) {
+  return RequestOp::putOf({.key = key, .value = value});
+}
+
+const KeyValue* firstKv(const TxnReply& r) {
+  if (r.responses.empty() || r.responses[0].range.kvs.empty()) return nullptr;
+  return &r.responses[0].range.kvs[0];
+}
+
+}  // namespace
+
+EtcdStore::EtcdStore(EtcdClientOptions options, std::string prefix)
+    : Store(options.timeout), client_(std::move(options)), prefix_(std::move(prefix)) {}
+
+void EtcdStore::interrupt() {
+  interrupted_ = true;
+  cancelCall();
+  client_.interrupt();
+}
+
+void EtcdStore::cancelCall() {
+  client_.cancelCall();
+  std::lock_guard<std::mutex> g(mu_);
+  if (watch_) watch_->cancel();
+}
+
+void EtcdStore::set(const std::string& key, const std::string& value) {
+  client_.put({.key = prefix_ + key, .value = value});
+}
+
+std::pair<std::vector<std::optional<std::string>>, int64_t> EtcdStore::read(
+    const std::vector<std::string>& keys) {
+  std::vector<std::optional<std::string>> values(keys.size());
+  if (keys.size() == 1) {
+    RangeReply r = client_.range({.key = prefix_ + keys[0]});
+    if (!r.kvs.empty()) values[0] = std::move(r.kvs[0].value);
+    return {std::move(values), r.header.revision};
+  }
+  TxnRequest t;  // no compare: the success branch always runs, at one revision
+  for (const auto& k : keys) t.success.push_back(rangeOp(prefix_ + k));
+  TxnReply r = client_.txn(t, true);
+  for (size_t i = 0; i < keys.size() && i < r.responses.size(); ++i)
+    if (!r.responses[i].range.kvs.empty()) values[i] = std::move(r.responses[i].range.kvs[0].value);
+  return {std::move(values), r.header.revision};
+}
+
+void EtcdStore::watchFor(const std::string& key, int64_t revision, Clock::time_point deadline,
+                         Millis timeout) {
+  EtcdWatch watch(client_.options(), {.key = prefix_ + key, .startRevision = revision + 1});
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (interrupted_) throw NetworkError(describe() + ": interrupted");
+    watch_ = &watch;
+  }
+  struct Clear {
+    EtcdStore* s;
+    ~Clear() {
+      std::lock_guard<std::mutex> g(s->mu_);
+      s->watch_ = nullptr;
+    }
+  } clear{this};
+  for (;;) {
+    std::vector<Event> events;
+    try {
+      events = watch.next(deadline);
+    } catch (const CompactedError&) {
+      return;  // history is gone: the caller reads the key again
+    }
+    for (const Event& e : events)
+      if (e.type == Event::Type::Put) return;
+    if (Clock::now() >= deadline) {
+      throw TimeoutError(describe() + ": timed out after " + std::to_string(timeout.count()) +
+                         " ms waiting for key '" + prefix_ + key + "'");
+    }
+  }
+}
+
+void EtcdStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    auto [values, revision] = read(keys);
+    size_t missing = 0;
+    while (missing < keys.size() && values[missing]) ++missing;
+    if (missing == keys.size()) return;
+    if (Clock::now() >= deadline) {
+      throw TimeoutError(describe() + ": timed out after " + std::to_string(timeout.count()) +
+                         " ms waiting for " + quoted(keys) + " under '" + prefix_ + "'");
+    }
+    watchFor(keys[missing], revision, deadline, timeout);
+  }
+}
+
+std::string EtcdStore::get(const std::string& key) {
+  const auto deadline = Clock::now() + timeout();
+  for (;;) {
+    auto [values, revision] = read({key});
+    if (values[0]) return std::move(*values[0]);
+    watchFor(key, revision, deadline, timeout());
+  }
+}
+
+std::vector<std::string> EtcdStore::multiGet(const std::vector<std::string>& keys) {
+  const auto deadline = Clock::now() + timeout();
+  for (;;) {
+    auto [values, revision] = read(keys);
+    size_t missing = 0;
+    while (missing < keys.size() && values[missing]) ++missing;
+    if (missing == keys.size()) {
+      std::vector<std::string> out;
+      for (auto& v : values) out.push_back(std::move(*v));
+      return out;
+    }
+    watchFor(keys[missing], revision, deadline, timeout());
+  }
+}
+
+bool EtcdStore::check(const std::vector<std::string>& keys) {
+  auto [values, revision] = read(keys);
+  for (const auto& v : values)
+    if (!v) return false;
+  return true;
+}
+
+void EtcdStore::multiSet(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    throw StoreError(describe() + ": multiSet with " + std::to_string(keys.size()) +
+                     " keys but " + std::to_string(values.size()) + " values");
+  }
+  TxnRequest t;
+  for (size_t i = 0; i < keys.size(); ++i) t.success.push_back(putOp(prefix_ + keys[i], values[i]));
+  client_.txn(t, true);
+}
+
+bool EtcdStore::deleteKey(const std::string& key) {
+  return client_.deleteRange({.key = prefix_ + key}).deleted > 0;
+}
+
+int64_t EtcdStore::numKeys() {
+  return client_.range({.key = prefix_, .rangeEnd = prefixEnd(prefix_), .countOnly = true}).count;
+}
+
+std::string EtcdStore::compareSet(const std::string& key, const std::string& expected,
+                                  const std::string& desired) {
+  const std::string k = prefix_ + key;
+  Compare first{.key = k};
+  if (expected.empty()) {
+    first.target = Compare::Target::Create;  // create_revision 0: the key is absent
+    first.number = 0;
+  } else {
+    first.target = Compare::Target::Value;
+    first.value = expected;
+  }
+  Compare cmp = first;
+  for (;;) {
+    TxnRequest t{.compare = {cmp}, .success = {putOp(k, desired)}, .failure = {rangeOp(k)}};
+    // Idempotent: applied twice, the second finds `desired` and returns it, as the first did.
+    TxnReply r = client_.txn(t, true);
+    if (r.succeeded) return desired;
+    const KeyValue* kv = firstKv(r);
+    if (!kv) {
+      if (!expected.empty()) return expected;  // c10d's quirk: missing key, non-empty expectation
+      cmp = first;                             // deleted meanwhile: try to create it again
+      continue;
+    }
+    if (!expected.empty() || !kv->value.empty()) return kv->value;
+    // The key exists with the value "" and we expected "": swap it, on its mod revision.
+    cmp = Compare{.key = k, .target = Compare::Target::Mod, .number = kv->modRevision};
+  }
+}
+
+std::string EtcdStore::readModifyWrite(const std::string& key, const char* op, const Update& fn) {
+  const std::string k = prefix_ + key;
+  std::optional<KeyValue> known;  // nullopt: we believe the key is absent
+  for (;;) {
+    const std::string next = fn(known ? std::optional<std::string>(known->value) : std::nullopt);
+    Compare cmp{.key = k, .target = known ? Compare::Target::Mod : Compare::Target::Create,
+                .number = known ? known->modRevision : 0};
+    TxnRequest t{.compare = {cmp}, .success = {putOp(k, next)}, .failure = {rangeOp(k)}};
+    TxnReply r;
+    try {
+      r = client_.txn(t, false);
+    } catch (const AmbiguousError& e) {
+      // Applied or not? Unchanged since our read means not: then it is safe to try again.
+      RangeReply now = client_.range({.key = k});
+      const bool unchanged = now.kvs.empty() ? !known
+                                             : known && now.kvs[0].modRevision == known->modRevision;
+      if (unchanged) continue;
+      throw StoreError(describe() + ": " + op + " on key '" + k + "': " + e.what() +
+                       "; the key has changed since, so whether it was applied cannot be told");
+    }
+    if (r.succeeded) return next;
+    const KeyValue* kv = firstKv(r);
+    known = kv ? std::optional<KeyValue>(*kv) : std::nullopt;
+  }
+}
+
+int64_t EtcdStore::add(const std::string& key, int64_t delta) {
+  int64_t result = 0;
+  readModifyWrite(key, "ADD", [&](const std::optional<std::string>& cur) {
+    int64_t v = 0;
+    if (cur) {
+      size_t used = 0;
+      try {
+        v = std::stoll(*cur, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (cur->empty() || used != cur->size()) {
+        throw StoreError(describe() + ": ADD on key '" + prefix_ + key +
+                         "' whose value is not an integer");
+      }
+    }
+    if ((delta > 0 && v > std::numeric_limits<int64_t>::max() - delta) ||
+        (delta < 0 && v < std::numeric_limits<int64_t>::min() - delta)) {
+      throw StoreError(describe() + ": ADD on key '" + prefix_ + key + "' overflows");
+    }
+    result = v + delta;
+    return std::to_string(result);
+  });
+  return result;
+}
+
+void EtcdStore::append(const std::string& key, const std::string& value) {
+  readModifyWrite(key, "APPEND", [&](const std::optional<std::string>& cur) {
+    return cur ? *cur + value : value;
+  });
+}
+
+}  // namespace ddprun::rendezvous::etcd

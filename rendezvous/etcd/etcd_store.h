@@ -1,0 +1,80 @@
+#pragma once
+// EtcdStore: the rendezvous Store (rendezvous/store.h) kept in etcd, so that everything
+// written against Store -- the round state machine of docs/rendezvous.md above all -- runs
+// unchanged on a replicated cluster instead of one agent's memory.
+//
+// Store key K is etcd key `prefix + K`. How each operation maps onto etcd:
+//   set, multiSet        put; one txn of puts (atomic)
+//   get, multiGet        wait until the keys exist, then range (one txn for several keys)
+//   compareSet           one txn: compare the value (or, for "", that the key is absent:
+//                        create_revision == 0), put on success, range on failure -- so a
+//                        loser gets the winner's value in the same round trip
+//   add, append          read-modify-write: a txn comparing the key's mod_revision with the
+//                        one read, retried on the newer value until it wins
+//   check, numKeys       range (count only)
+//   wait                 range; for a missing key, a watch from the revision of that read + 1
+//                        for its PUT (no polling, no event lost between read and watch)
+//   deleteKey            deleterange
+// A call is bounded by the client's timeout (failover included); get/wait by the Store
+// timeout. add/append never apply twice: after an ambiguous failure the key is read again,
+// and when it changed meanwhile the call fails with StoreError rather than guess.
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <optional>
+
+#include "rendezvous/etcd/etcd_client.h"
+#include "rendezvous/etcd/etcd_watch.h"
+#include "rendezvous/store.h"
+
+namespace ddprun::rendezvous::etcd {
+
+class EtcdStore final : public Store {
+ public:
+  // `prefix` is prepended to every key, e.g. "/ddprun/rdzv/job42/".
+  EtcdStore(EtcdClientOptions options, std::string prefix);
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compareSet(const std::string& key, const std::string& expected,
+                         const std::string& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  bool deleteKey(const std::string& key) override;
+  int64_t numKeys() override;  // keys under the prefix
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::string>& values) override;
+  void append(const std::string& key, const std::string& value) override;
+
+  // Any thread: the call in progress and every later one fail with NetworkError.
+  void interrupt();
+  // Any thread: the call in progress fails with NetworkError.
+  void cancelCall();
+
+  EtcdClient& client() { return client_; }
+  const std::string& prefix() const { return prefix_; }
+  std::string describe() const { return client_.describe(); }
+
+ private:
+  using Update = std::function<std::string(const std::optional<std::string>& current)>;
+  // Applies `fn` to the key's current value (nullopt: missing) and writes the result, by a
+  // txn on the mod_revision read; retried until it wins. Returns the value written.
+  std::string readModifyWrite(const std::string& key, const char* op, const Update& fn);
+  // The keys' values (nullopt: missing) and the revision they were read at.
+  std::pair<std::vector<std::optional<std::string>>, int64_t> read(
+      const std::vector<std::string>& keys);
+  // Waits for a PUT of `key` after `revision`; throws TimeoutError at the deadline.
+  void watchFor(const std::string& key, int64_t revision, Clock::time_point deadline,
+                Millis timeout);
+
+  EtcdClient client_;
+  std::string prefix_;
+  std::mutex mu_;  // guards watch_ against interrupt()/cancelCall()
+  EtcdWatch* watch_ = nullptr;
+  std::atomic<bool> interrupted_{false};
+};
+
+}  // namespace ddprun::rendezvous::etcd
