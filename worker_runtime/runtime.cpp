@@ -10,6 +10,8 @@
 #include "rendezvous/threaded_store_server.h"
 #include "worker_runtime/gloo_communicator.h"
 #include "worker_runtime/nccl_communicator.h"
+#include "worker_runtime/shm/shm_communicator.h"
+#include "worker_runtime/shm/transport.h"
 
 namespace ddprun::runtime {
 namespace {
@@ -30,6 +32,12 @@ Millis timeoutFrom(const InitOptions& o) {
                       "' is not valid: expected a number of seconds > 0 (default 1800)");
   }
   return Millis(static_cast<int64_t>(s * 1000));
+}
+
+// DDPRUN_TRANSPORT (shm/transport.h), auto when unset.
+shm::Transport transportFrom(const InitOptions& o) {
+  const auto v = o.env("DDPRUN_TRANSPORT");
+  return v && !v->empty() ? shm::parseTransport(*v, "DDPRUN_TRANSPORT") : shm::Transport::Auto;
 }
 
 Backend backendFrom(const InitOptions& o) {
@@ -171,7 +179,21 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                                         .size = env.worldSize,
                                         .device = env.localRank % gpus,
                                         .timeout = timeout});
+  } else if (const shm::TransportChoice t = shm::chooseTransport(
+                 transportFrom(options), env.worldSize, env.localWorldSize, env.groupWorldSize,
+                 [&] { return shm::allRanksOnOneHost(*store, env.rank, env.worldSize); });
+             t.transport == shm::Transport::Shm) {
+    if (env.rank == 0) DDPRUN_LOG(INFO, "runtime") << "transport shm (" << t.reason << ")";
+    const auto prefix = options.env("DDPRUN_SHM_PREFIX");  // tests look for leftovers with it
+    comm = shm::makeShmCommunicator(
+        store, {.rank = env.rank,
+                .size = env.worldSize,
+                .timeout = timeout,
+                .namePrefix = prefix && !prefix->empty() ? *prefix : std::string("ddprun")});
   } else {
+    if (env.rank == 0 && env.worldSize > 1) {
+      DDPRUN_LOG(INFO, "runtime") << "transport tcp (" << t.reason << ")";
+    }
     comm = makeGlooCommunicator(store, {.rank = env.rank,
                                         .size = env.worldSize,
                                         .timeout = timeout,
