@@ -313,6 +313,7 @@ def forged_state(t):
             check(attacker.compare_set("ddprun/rdzv/%s/state/1" % job, "", forged) == forged,
                   "the forged version is written first")
             attacker.set("ddprun/rdzv/%s/latest" % job, "1")
+        attacker.get("unrelated")  # a round trip: the forgery is in place before any agent
         ep = "127.0.0.1:%d" % store.port
         conf = FAST_CONF + ",is_host=false"
         a = t.agent("a%d" % len(t.nodes), "127.0.0.2", "2", job, [], endpoint=ep, conf=conf)
