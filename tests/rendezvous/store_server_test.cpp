@@ -433,3 +433,29 @@ TEST_CASE("a held WAIT does not block later frames; a new WAIT replaces it", "[s
   client(server.port()).set("/never", "now");
   CHECK(raw.read(1, 200).empty());  // and it is never answered
 }
+
+TEST_CASE("INFO names the store and its job", "[server][info]") {
+  // What an agent uses to tell its own store from another (no split brain) and to recognise
+  // the store of its job on the endpoint's port (a second agent on the host joins it).
+  ThreadedStoreServer mine({.host = "127.0.0.1", .port = 0, .jobId = "job-a"});
+  ThreadedStoreServer other({.host = "127.0.0.1", .port = 0});
+  const auto a = TcpStore({.host = "127.0.0.1", .port = mine.port()}).serverInfo();
+  const auto a2 = TcpStore({.host = "127.0.0.1", .port = mine.port()}).serverInfo();
+  const auto b = TcpStore({.host = "127.0.0.1", .port = other.port()}).serverInfo();
+  CHECK(a.job == "job-a");
+  CHECK(b.job.empty());  // ddprun-store: any job
+  CHECK(a.instance.size() == 16);
+  CHECK(a.instance == a2.instance);  // one per server process...
+  CHECK(a.instance != b.instance);   // ...and random
+  // With a token INFO needs authentication, like every command but the handshake's.
+  ThreadedStoreServer secured(
+      {.host = "127.0.0.1", .port = 0, .authToken = "s3cret-s3cret-s3cret", .jobId = "job-b"});
+  CHECK(TcpStore({.host = "127.0.0.1", .port = secured.port(), .authToken = "s3cret-s3cret-s3cret"})
+            .serverInfo()
+            .job == "job-b");
+  RawSocket raw(secured.port());
+  std::string f = currentHandshake();
+  protocol::FrameWriter(f).u8(static_cast<uint8_t>(protocol::ExtensionCommand::Info));
+  raw.send(f);
+  CHECK(raw.closedByPeer());
+}
