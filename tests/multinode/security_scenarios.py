@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 from harness import BIN, FAST_CONF, check, free_port, run
 
@@ -364,6 +363,31 @@ def state_write_once(t):
     check(a.wait(60) == 0 and b.wait(60) == 0, "the job finishes normally")
 
 
+def forged_state_mid_job(t):
+    """While a 2-agent job runs, an attacker without a token writes the next state version first
+    (garbage) and sets the running round's `over` marker to it: both agents read it, report it
+    in one line, stop their workers (which would run for 10 minutes) and fail instead of acting
+    on it; the store keeps serving."""
+    store = Store(t)
+    ep = "127.0.0.1:%d" % store.port
+    conf = FAST_CONF + ",is_host=false"
+    a = t.agent("a", "127.0.0.2", "2", "mid", ["--run", "600"], endpoint=ep, conf=conf)
+    b = t.agent("b", "127.0.0.3", "2", "mid", ["--run", "600"], endpoint=ep, conf=conf)
+    t.wait_for("both workers", lambda: len(t.starts()) == 2, 60)
+    attacker = Client(store.port)
+    latest = int(attacker.get("ddprun/rdzv/mid/latest"))
+    state = attacker.get("ddprun/rdzv/mid/state/%d" % latest)
+    rnd = int([ln for ln in state.splitlines() if ln.startswith("round ")][0].split()[1])
+    nxt = "ddprun/rdzv/mid/state/%d" % (latest + 1)
+    check(attacker.compare_set(nxt, "", "garbage") == "garbage", "the forged version is first")
+    attacker.set("ddprun/rdzv/mid/round/%d/over" % rnd, str(latest + 1))
+    for n in (a, b):
+        check(n.wait(120) != 0, "%s fails" % n.name)
+        check([ln for ln in n.stderr().splitlines() if "'state/%d' is corrupt or forged"
+               % (latest + 1) in ln], "%s reports it in one line: %s" % (n.name, n.stderr()[-400:]))
+    check(attacker.get("ddprun/rdzv/mid/state/%d" % latest) == state, "the real versions intact")
+
+
 def two_agents_one_host(t):
     """torchrun's multi-agent setup (issue 15.2): two launchers with identical arguments on one
     machine. The first hosts the store at localhost:PORT; the second finds the port taken by a
@@ -423,8 +447,8 @@ def two_jobs_one_endpoint(t):
 
 
 SCENARIOS = {f.__name__: f for f in (
-    relayed_proof, fake_server, bad_token_files, forged_state, state_write_once,
-    two_agents_one_host, two_jobs_one_endpoint)}
+    relayed_proof, fake_server, bad_token_files, forged_state, forged_state_mid_job,
+    state_write_once, two_agents_one_host, two_jobs_one_endpoint)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))
