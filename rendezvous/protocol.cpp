@@ -35,6 +35,7 @@ const char* opName(Op op) {
     case Op::Hello: return "HELLO";
     case Op::Auth: return "AUTH";
     case Op::WaitGet: return "WAIT_GET";
+    case Op::Info: return "INFO";
   }
   return "?";
 }
@@ -44,6 +45,7 @@ std::optional<Op> decodeCommand(uint8_t byte, Dialect dialect) {
     case ExtensionCommand::Hello: return Op::Hello;
     case ExtensionCommand::Auth: return Op::Auth;
     case ExtensionCommand::WaitGet: return Op::WaitGet;
+    case ExtensionCommand::Info: return Op::Info;
   }
   if (dialect == Dialect::Legacy) {
     if (byte > static_cast<uint8_t>(LegacyCommand::DeleteKey)) return std::nullopt;
@@ -113,6 +115,7 @@ std::optional<uint8_t> encodeCommand(Op op, Dialect dialect) {
     case Op::Hello: return ext(ExtensionCommand::Hello);
     case Op::Auth: return ext(ExtensionCommand::Auth);
     case Op::WaitGet: return ext(ExtensionCommand::WaitGet);
+    case Op::Info: return ext(ExtensionCommand::Info);
   }
   return std::nullopt;
 }
@@ -291,10 +294,11 @@ ParseResult parseRequest(std::string_view bytes, Dialect dialect, const Limits& 
     case Op::GetNumKeys:
     case Op::CancelWait:
     case Op::Hello:
+    case Op::Info:
       break;
     case Op::Auth:
-      req.values.resize(1);
-      ok = p.value(req.values[0]);
+      req.values.resize(2);
+      ok = p.value(req.values[0]) && p.value(req.values[1]);
       break;
   }
 

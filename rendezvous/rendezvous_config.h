@@ -28,14 +28,15 @@ std::vector<Endpoint> parseEndpoints(const std::string& value, uint16_t defaultP
 // --rdzv-conf=k=v,k=v. Times are in seconds (decimals allowed). Keys: join_timeout,
 // last_call_timeout, close_timeout, exit_barrier_timeout, heartbeat (or keep_alive_interval,
 // heartbeat_interval), missed_heartbeats (or keep_alive_max_attempt), read_timeout, timeout
-// (static backend: its join timeout), is_host; for etcd-v3: key_prefix, lease_ttl (seconds),
+// (static backend: its join timeout), is_host, token_file (the store's token, for every agent
+// and worker: like DDPRUN_STORE_TOKEN_FILE); for etcd-v3: key_prefix, lease_ttl (seconds),
 // protocol (http or https), cacert, cert, key (files, for https).
 struct RendezvousConf {
   std::optional<Millis> joinTimeout, lastCallTimeout, closeTimeout, exitBarrierTimeout;
   std::optional<Millis> heartbeatInterval, readTimeout, staticTimeout;
   std::optional<int> missedHeartbeats;
   std::optional<bool> isHost;
-  std::optional<std::string> keyPrefix, protocol, cacert, cert, key;
+  std::optional<std::string> keyPrefix, protocol, cacert, cert, key, tokenFile;
   std::optional<Millis> leaseTtl;
   // Whether a key that only the etcd-v3 backend reads is set (to refuse it elsewhere).
   bool hasEtcdKeys() const { return keyPrefix || protocol || cacert || cert || key || leaseTtl; }

@@ -23,6 +23,8 @@ struct ServerCore {
   KeyTable table;
   protocol::Limits limits;
   std::optional<std::string> authToken;
+  std::string instanceId;  // random, per server: INFO tells a client which store it reached
+  std::string jobId;       // the run id of the agent hosting it; empty for ddprun-store
   // Completes the WAITs of woken connections (their ids are waiter ids).
   virtual void wake(const KeyTable::Woken& woken) = 0;
   virtual void forget(uint64_t connectionId) = 0;
@@ -50,6 +52,8 @@ class StoreConnection : public std::enable_shared_from_this<StoreConnection> {
   // Handles one frame; returns false when the connection was closed.
   bool handle(protocol::Request& req);
   bool allowedBeforeAuth(protocol::Op op) const;
+  // The write-once key a request would change (KeyTable::writeOnce), or nullptr.
+  const char* writeOnceViolation(const protocol::Request& req) const;
   void replyWaitDone();
   void abandonWait();
   void flush();
@@ -78,6 +82,7 @@ class StoreConnection : public std::enable_shared_from_this<StoreConnection> {
   std::string waitGetKey_;
   bool authenticated_ = false;
   std::string nonce_;
+  std::string channel_;  // our socket address, as auth::channelName writes it
 };
 
 }  // namespace ddprun::rendezvous
