@@ -198,6 +198,11 @@ void WorkerGroup::onGuardGone(size_t i) {
     WorkerResult& res = results_[i];
     if (res.execErrno != 0) {
       res.waitStatus = 127 << 8;
+    } else if (stopSignal_ == SIGKILL) {
+      // ddprun itself SIGKILLed the group (after --shutdown-timeout, or a second signal):
+      // the guard went with its worker, which is what was asked for, not a failure.
+      res.waitStatus = SIGKILL;  // as waitpid reports a death by SIGKILL
+      DDPRUN_LOG(DEBUG, "launcher") << "rank " << res.globalRank << " stopped by ddprun with SIGKILL";
     } else {
       res.guardLost = true;
       DDPRUN_LOG(ERROR, "launcher") << "the guard of rank " << res.globalRank << " (pid "
@@ -214,7 +219,9 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
     if (s->ended || s->reaped) continue;
     // A guard still setting up would drop the signal (it ignores it, and the worker does not
     // exist yet): it is sent when the Started record arrives. SIGKILL needs no such care.
-    if (s->started || sig == SIGKILL) {
+    if (sig == SIGKILL) {
+      s->control.reset();  // the guard kills the worker and every descendant, then reports
+    } else if (s->started) {
       ::kill(-s->guardPid, sig);
     } else {
       s->pendingSignal = sig;
@@ -229,7 +236,7 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
                                  << "sending SIGKILL";
     self->stopSignal_ = SIGKILL;
     for (auto& s : self->slots_) {
-      if (!s->ended && !s->reaped) ::kill(-s->guardPid, SIGKILL);
+      if (!s->ended && !s->reaped) s->control.reset();  // the guard's sweep (see stop())
     }
   });
 }
@@ -286,12 +293,26 @@ void WorkerGroup::finishOutputs() {
 }
 
 void WorkerGroup::killAll() {
+  // Closing the control pipes makes every guard sweep its descendants and exit. A guard
+  // that has not exited after kGuardSweepBound (stuck, or stopped) is SIGKILLed with its
+  // group.
+  constexpr auto kGuardSweepBound = std::chrono::seconds(5);
+  for (auto& s : slots_) {
+    if (!s->reaped) s->control.reset();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kGuardSweepBound;
   for (auto& s : slots_) {
     if (s->reaped) continue;
-    ::kill(-s->guardPid, SIGKILL);
-    s->control.reset();
     int st = 0;
-    while (::waitpid(s->guardPid, &st, 0) < 0 && errno == EINTR) {
+    pid_t r;
+    while ((r = ::waitpid(s->guardPid, &st, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      ::usleep(1000);
+    }
+    if (r == 0) {
+      ::kill(-s->guardPid, SIGKILL);
+      while (::waitpid(s->guardPid, &st, 0) < 0 && errno == EINTR) {
+      }
     }
     s->reaped = true;
     boost::system::error_code ec;
