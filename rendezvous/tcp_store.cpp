@@ -166,9 +166,13 @@ void TcpStore::handshake() {
     }
   } catch (const IoFailure& f) {
     conn_.reset();
+    // A store past its connection limit, or out of descriptors, accepts and closes at once.
+    const std::string hint =
+        f.timeout ? (ddprun ? ": is it a ddprun-store?" : "")
+                  : ": the store may be at its connection or descriptor limit (max_connections, "
+                    "ulimit -n; see its log)" + std::string(ddprun ? ", or it is not a ddprun-store" : "");
     throw StoreError("the server at " + address_ + " did not complete the " +
-                     (ddprun ? "ddprun" : "TCPStore") + " handshake (" + f.what +
-                     (ddprun ? "): is it a ddprun-store?" : ")"));
+                     (ddprun ? "ddprun" : "TCPStore") + " handshake (" + f.what + ")" + hint);
   } catch (...) {
     conn_.reset();
     throw;

@@ -43,6 +43,14 @@ bool eventually(ThreadedStoreServer& s, Pred pred, int tries = 300) {
   return false;
 }
 
+// Stores "before" = "intact" and waits until it is (SET has no reply; another connection could
+// otherwise overtake it).
+void storeBefore(uint16_t port, std::optional<std::string> token = std::nullopt) {
+  auto s = client(port, token);
+  s.set("before", "intact");
+  REQUIRE(s.check({"before"}));
+}
+
 // The keys stored before an attack are intact and a fresh client is served.
 void storedAndServed(uint16_t port, std::optional<std::string> token = std::nullopt) {
   auto s = client(port, token);
@@ -57,17 +65,24 @@ TEST_CASE("a client that pipelines GETs without reading is paused, and loses not
           "[limits]") {
   // The attack of issue 9: a big value, then GETs of it without reading the replies.
   constexpr size_t kValue = 1 << 20;
-  constexpr int kGets = 64;
+  constexpr int kGets = 200;
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0,
                               .limits = {.maxUnsentReplyBytes = 1 << 20}});
-  client(server.port()).set("before", "intact");
-  client(server.port()).set("big", std::string(kValue, 'b'));
+  {
+    auto c = client(server.port());
+    c.set("before", "intact");
+    c.set("big", std::string(kValue, 'b'));
+    REQUIRE(c.check({"before", "big"}));  // a round trip: both are stored before the flood
+  }
   RawSocket flood(server.port());
+  // A small receive buffer, so that the kernel cannot absorb the replies for the server.
+  int small = 64 * 1024;
+  ::setsockopt(flood.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
   std::string gets = handshake();
   for (int i = 0; i < kGets; ++i) FrameWriter(gets).u8(cmd(CurrentCommand::Get)).str("big");
   flood.send(gets);
   REQUIRE(eventually(server, [](auto st) { return st.pausedConnections == 1; }));
-  // Held: at most the cap plus one reply, not 64 MiB of replies.
+  // Held: at most the cap plus one reply, not 200 MiB of replies.
   const auto st = server.stats();
   INFO("unsent reply bytes " << st.unsentReplyBytes);
   CHECK(st.unsentReplyBytes <= (1u << 20) + kValue + 8);
@@ -93,6 +108,7 @@ TEST_CASE("global caps refuse the request beyond them, naming the limit, and kee
     s.set("k2", "v");
     s.set("k3", "v");
     s.set("k3", "overwritten");  // not a new key: allowed at the cap
+    REQUIRE(s.get("k3") == "overwritten");  // a round trip: all stored before the next client
     {
       auto over = client(server.port());
       over.set("k4", "one too many");  // SET has no reply: the server closes the connection
@@ -106,7 +122,7 @@ TEST_CASE("global caps refuse the request beyond them, naming the limit, and kee
   SECTION("max_stored_bytes") {
     ThreadedStoreServer server({.host = "127.0.0.1", .port = 0,
                                 .limits = {.maxStoredBytes = 4096}});
-    client(server.port()).set("before", "intact");
+    storeBefore(server.port());
     {
       auto over = client(server.port());
       over.set("huge", std::string(5000, 'x'));  // no reply: the connection is closed
@@ -120,7 +136,7 @@ TEST_CASE("global caps refuse the request beyond them, naming the limit, and kee
   }
   SECTION("max_waiters") {
     ThreadedStoreServer server({.host = "127.0.0.1", .port = 0, .limits = {.maxWaiters = 2}});
-    client(server.port()).set("before", "intact");
+    storeBefore(server.port());
     std::string wait = handshake();
     FrameWriter(wait).u8(cmd(CurrentCommand::Wait)).u64(1).str("never");
     RawSocket w1(server.port()), w2(server.port()), w3(server.port());
@@ -149,6 +165,7 @@ TEST_CASE("global caps refuse the request beyond them, naming the limit, and kee
     auto s = client(server.port());
     s.set("before", "intact");
     s.set("v", std::string(600, 'v'));
+    REQUIRE(s.check({"before", "v"}));
     auto m = client(server.port());
     CHECK_THROWS(m.multiGet({"v", "v"}));
     storedAndServed(server.port());
@@ -159,7 +176,7 @@ TEST_CASE("before authenticating only a small handshake is read, within a deadli
           "[limits][auth]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0, .authToken = "0123456789abcdef",
                               .limits = {.handshakeTimeout = 300ms}});
-  client(server.port(), "0123456789abcdef").set("before", "intact");
+  storeBefore(server.port(), "0123456789abcdef");
   SECTION("a SET announcing a huge value is closed on its command byte") {
     RawSocket raw(server.port());
     std::string f = handshake();
@@ -194,7 +211,7 @@ TEST_CASE("before authenticating only a small handshake is read, within a deadli
 TEST_CASE("a slow sender is cut at the frame deadline, others are served meanwhile", "[limits]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0,
                               .limits = {.frameTimeout = 500ms}});
-  client(server.port()).set("before", "intact");
+  storeBefore(server.port());
   RawSocket slow(server.port());
   std::string f = handshake();
   FrameWriter(f).u8(cmd(CurrentCommand::Set)).str("slow").u64(100);
@@ -212,7 +229,7 @@ TEST_CASE("a slow sender is cut at the frame deadline, others are served meanwhi
 TEST_CASE("the idle limit cuts silent connections, never a held WAIT", "[limits]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0,
                               .limits = {.idleTimeout = 300ms}});
-  client(server.port()).set("before", "intact");
+  storeBefore(server.port());
   RawSocket idle(server.port());
   RawSocket waiter(server.port());
   std::string wait = handshake();
