@@ -28,7 +28,12 @@ namespace asio = boost::asio;
 class Agent::Impl {
  public:
   Impl(LaunchOptions options, Environment env, AgentLink* link)
-      : options_(std::move(options)), env_(std::move(env)), link_(link), signals_(io_) {}
+      : options_(std::move(options)), env_(std::move(env)), link_(link), signals_(io_) {
+    // --rdzv-conf token_file reaches the workers as DDPRUN_STORE_TOKEN_FILE, so that every
+    // client of the job's store (agents and workers) holds the same token.
+    for (const auto& [k, v] : options_.rdzvConf)
+      if (k == "token_file") env_["DDPRUN_STORE_TOKEN_FILE"] = v;
+  }
 
   int run();
   const std::string& errorRecord() const { return errorRecord_; }

@@ -14,7 +14,10 @@
 //   - c10d: the rendezvous store at the endpoint is hosted, on the agent's io_context, by the agent
 //     whose --local-addr (or, without it, this machine) is the endpoint's host, or that has
 //     rdzv-conf is_host=true; static: node 0 at --master-addr:--master-port. A host that cannot
-//     bind fails naming the endpoint: it never joins somebody else's store instead.
+//     bind fails naming the endpoint: it never joins somebody else's store instead -- unless a
+//     ddprun store answering for this job's id holds the port (another agent of the job on
+//     this machine), which it then joins as a client. A host checks, through the endpoint,
+//     that it reaches its own store (INFO's instance id): no split brain.
 //     The host waits (close_timeout) for every node to pass the exit barrier before it exits.
 //   - with the agent store (the default), node rank 0 of each round hosts a fresh store for
 //     that round's workers at MASTER_ADDR:MASTER_PORT, so keys of an earlier round (same
@@ -66,6 +69,8 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   void threadMain();
   rendezvous::DynamicRendezvous& protocol();  // connects on first use (handler's thread)
   void onEvent(const rendezvous::RoundEvent& e);
+  std::string heldBy(const std::string& bindError) const;
+  void checkOwnStore();  // on the handler's thread, before the first round
   void hostWorkerStore(const RoundInfo& info);  // on the io_context
   // "job 'ID' finished: REASON" / "job 'ID' FAILED (exit code N): REASON".
   std::string summary(bool failed, int exitCode, const std::string& reason) const;

@@ -99,11 +99,24 @@ std::string KeyTable::compareSet(const std::string& key, const std::string& expe
     // returns the expectation and stores nothing.
     return expected;
   }
-  if (it->second == expected) {
+  if (it->second == expected && !writeOnce(key)) {
     adjustBytes(desired.size(), it->second.size());
     it->second = std::move(desired);
   }
   return it->second;
+}
+
+bool KeyTable::writeOnce(std::string_view key) {
+  constexpr std::string_view kPrefix = "ddprun/rdzv/", kState = "/state/";
+  if (key.substr(0, kPrefix.size()) != kPrefix) return false;
+  key.remove_prefix(kPrefix.size());
+  const size_t slash = key.find('/');  // a run id has no '/' (DynamicRendezvous checks it)
+  if (slash == 0 || slash == std::string_view::npos) return false;
+  key.remove_prefix(slash);
+  if (key.substr(0, kState.size()) != kState) return false;
+  key.remove_prefix(kState.size());
+  return !key.empty() && std::all_of(key.begin(), key.end(),
+                                     [](char c) { return c >= '0' && c <= '9'; });
 }
 
 void KeyTable::append(const std::string& key, const std::string& value, Woken& woken) {

@@ -13,6 +13,7 @@
 #include <list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -40,6 +41,17 @@ class KeyTable {
   // A key exists when it is in the map or names a non-empty queue (as in torch's libuv server).
   bool exists(const std::string& key) const;
   bool check(const std::vector<std::string>& keys) const;
+
+  // The write-once namespace: the versions of a job's rendezvous state, keys
+  // `ddprun/rdzv/<run id>/state/<n>` (state_log.h). Agents write a version once, by
+  // COMPARE_SET on the missing key, and never change or delete it; so the server refuses to:
+  // an existing version keeps its value whatever a client sends (COMPARE_SET returns it
+  // unchanged; SET, APPEND, ADD, MULTI_SET and DELETE_KEY are refused by the server, which
+  // closes the connection), and these names are never queues. Without this, any client could
+  // delete a version and let two agents both win it, or rewrite one under their feet.
+  static bool writeOnce(std::string_view key);
+  // `key` is write-once and exists: changing or deleting it must be refused.
+  bool frozen(const std::string& key) const { return writeOnce(key) && exists(key); }
 
   // Registers `id` on the missing keys. Returns true, registering nothing, when all exist.
   // An id may have one registration at a time.

@@ -35,6 +35,7 @@ const char* opName(Op op) {
     case Op::Hello: return "HELLO";
     case Op::Auth: return "AUTH";
     case Op::WaitGet: return "WAIT_GET";
+    case Op::Info: return "INFO";
   }
   return "?";
 }
@@ -44,6 +45,7 @@ std::optional<Op> decodeCommand(uint8_t byte, Dialect dialect) {
     case ExtensionCommand::Hello: return Op::Hello;
     case ExtensionCommand::Auth: return Op::Auth;
     case ExtensionCommand::WaitGet: return Op::WaitGet;
+    case ExtensionCommand::Info: return Op::Info;
   }
   if (dialect == Dialect::Legacy) {
     if (byte > static_cast<uint8_t>(LegacyCommand::DeleteKey)) return std::nullopt;
@@ -113,6 +115,7 @@ std::optional<uint8_t> encodeCommand(Op op, Dialect dialect) {
     case Op::Hello: return ext(ExtensionCommand::Hello);
     case Op::Auth: return ext(ExtensionCommand::Auth);
     case Op::WaitGet: return ext(ExtensionCommand::WaitGet);
+    case Op::Info: return ext(ExtensionCommand::Info);
   }
   return std::nullopt;
 }
@@ -167,7 +170,7 @@ const Shape& shapeOf(Op op) {
   using F = Field;
   static const Shape none{{}, 0, {}, 0}, u32{{F::U32}, 1, {}, 0}, key{{F::Key}, 1, {}, 0},
       keyValue{{F::Key, F::Value}, 2, {}, 0}, keyTwoValues{{F::Key, F::Value, F::Value}, 3, {}, 0},
-      keyI64{{F::Key, F::I64}, 2, {}, 0}, value{{F::Value}, 1, {}, 0},
+      keyI64{{F::Key, F::I64}, 2, {}, 0}, twoValues{{F::Value, F::Value}, 2, {}, 0},
       keyList{{F::Count}, 1, {F::Key}, 1}, pairList{{F::Count}, 1, {F::Key, F::Value}, 2};
   switch (op) {
     case Op::Validate: case Op::Ping: return u32;
@@ -178,8 +181,8 @@ const Shape& shapeOf(Op op) {
     case Op::Add: return keyI64;
     case Op::Check: case Op::Wait: case Op::MultiGet: return keyList;
     case Op::MultiSet: return pairList;
-    case Op::GetNumKeys: case Op::CancelWait: case Op::Hello: return none;
-    case Op::Auth: return value;
+    case Op::GetNumKeys: case Op::CancelWait: case Op::Hello: case Op::Info: return none;
+    case Op::Auth: return twoValues;  // client nonce, proof
   }
   return none;
 }

@@ -29,8 +29,11 @@
 //   QUEUE_LEN    key                               i64
 //   -- ddprun extensions, the same byte in both dialects, outside torch's command range --
 //   HELLO        -                                 string identity, u8 auth required, string nonce
-//   AUTH         string proof                      u8 AUTH_OK=0 | AUTH_REFUSED=1
+//   AUTH         string nonce, string proof        u8 AUTH_OK=0, then string the server's proof
+//                                                  | u8 AUTH_REFUSED=1  (rendezvous/auth.h)
 //   WAIT_GET     key                               u8 STOP_WAITING, then string (one round trip get)
+//   INFO         -                                 string instance id, string job (its run id, or
+//                                                  empty: ddprun-store serves any job)
 //
 // Everything here is pure: no sockets, no clocks. The server feeds bytes to parseRequest();
 // the client builds frames with FrameWriter and reads replies with FrameReader.
@@ -56,14 +59,14 @@ enum class LegacyCommand : uint8_t {
 };
 
 // ddprun's own commands: valid in both dialects.
-enum class ExtensionCommand : uint8_t { Hello = 0x60, Auth = 0x61, WaitGet = 0x62 };
+enum class ExtensionCommand : uint8_t { Hello = 0x60, Auth = 0x61, WaitGet = 0x62, Info = 0x63 };
 
 enum class CheckReply : uint8_t { Ready = 0, NotReady = 1 };
 enum class WaitReply : uint8_t { StopWaiting = 0, WaitCanceled = 1 };
 enum class AuthReply : uint8_t { Ok = 0, Refused = 1 };
 
 inline constexpr uint32_t kValidateMagic = 0x3C85F7CE;
-inline constexpr std::string_view kServerIdentity = "ddprun-store/1";
+inline constexpr std::string_view kServerIdentity = "ddprun-store/2";
 
 enum class Dialect : uint8_t { Current, Legacy };
 const char* dialectName(Dialect d);
@@ -72,6 +75,7 @@ const char* dialectName(Dialect d);
 enum class Op : uint8_t {
   Validate, Ping, Set, CompareSet, Get, Add, Check, Wait, GetNumKeys, WatchKey, DeleteKey,
   Append, MultiGet, MultiSet, CancelWait, QueuePush, QueuePop, QueueLen, Hello, Auth, WaitGet,
+  Info,
 };
 const char* opName(Op op);
 
@@ -94,7 +98,7 @@ struct Limits {
 // One decoded request. Which fields are used depends on op:
 //   keys   : the key(s) (SET/GET/... one; CHECK/WAIT/MULTI_* n)
 //   values : SET/APPEND/QUEUE_PUSH value; COMPARE_SET {expected, desired}; MULTI_SET n values;
-//            AUTH {proof}
+//            AUTH {client nonce, proof}
 //   integer: ADD delta, VALIDATE magic, PING nonce
 struct Request {
   Op op = Op::Ping;

@@ -24,6 +24,8 @@ StoreConnection::StoreConnection(uint64_t id, asio::ip::tcp::socket socket, Serv
   auto ep = socket_.remote_endpoint(ec);
   peer_ = ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  auto local = socket_.local_endpoint(ec);
+  if (!ec) channel_ = auth::channelName(local.address().to_string(), local.port());
   authenticated_ = !core_.authToken.has_value();
 }
 
@@ -305,12 +307,31 @@ bool StoreConnection::withinCaps(const protocol::Request& req) {
   }
 }
 
+const char* StoreConnection::writeOnceViolation(const protocol::Request& req) const {
+  const KeyTable& table = core_.table;
+  switch (req.op) {
+    case Op::Set: case Op::Append: case Op::Add: case Op::DeleteKey: case Op::MultiSet:
+      for (const auto& k : req.keys)
+        if (table.frozen(k)) return k.c_str();
+      return nullptr;
+    case Op::QueuePush: case Op::QueuePop:  // a queue of that name would make it "exist"
+      return KeyTable::writeOnce(req.keys[0]) ? req.keys[0].c_str() : nullptr;
+    default:
+      return nullptr;  // COMPARE_SET: the table keeps an existing version (key_table.h)
+  }
+}
+
 bool StoreConnection::handle(protocol::Request& req) {
   if (!authenticated_ && !allowedBeforeAuth(req.op)) {
     close(std::string("sent ") + protocol::opName(req.op) + " before authenticating");
     return false;
   }
   if (!withinCaps(req)) return false;
+  if (const char* refused = writeOnceViolation(req)) {
+    close(std::string(protocol::opName(req.op)) + " of rendezvous state version '" + refused +
+          "' refused: a written version is never changed or deleted");
+    return false;
+  }
   protocol::FrameWriter out(pending_);
   KeyTable& table = core_.table;
   KeyTable::Woken woken;
@@ -326,20 +347,33 @@ bool StoreConnection::handle(protocol::Request& req) {
       if (core_.authToken && nonce_.empty()) nonce_ = auth::randomNonce();
       out.str(protocol::kServerIdentity).u8(core_.authToken ? 1 : 0).str(nonce_);
       break;
-    case Op::Auth:
+    case Op::Auth: {
+      // Mutual and channel-bound (rendezvous/auth.h): the client's proof covers our nonce, its
+      // own and our socket address; we answer with our proof over the same.
+      const std::string& clientNonce = req.values[0];
       if (!core_.authToken) {
-        out.u8(static_cast<uint8_t>(protocol::AuthReply::Ok));
-      } else if (!nonce_.empty() &&
-                 auth::constantTimeEquals(req.values[0], auth::proof(*core_.authToken, nonce_))) {
+        out.u8(static_cast<uint8_t>(protocol::AuthReply::Ok)).str("");
+      } else if (!nonce_.empty() && clientNonce.size() == auth::kNonceBytes &&
+                 auth::constantTimeEquals(
+                     req.values[1], auth::proof(*core_.authToken, auth::Direction::ClientToServer,
+                                                nonce_, clientNonce, channel_))) {
         authenticated_ = true;
-        out.u8(static_cast<uint8_t>(protocol::AuthReply::Ok));
+        out.u8(static_cast<uint8_t>(protocol::AuthReply::Ok))
+            .str(auth::proof(*core_.authToken, auth::Direction::ServerToClient, nonce_,
+                             clientNonce, channel_));
       } else {
         out.u8(static_cast<uint8_t>(protocol::AuthReply::Refused));
         DDPRUN_LOG(WARN, "store") << "refused connection from " << peer_
-                                  << ": wrong authentication token";
+                                  << ": wrong authentication proof (another token, a replayed "
+                                     "proof, or a relay between the client and "
+                                  << channel_ << ")";
         closeAfterFlush_ = true;
       }
       nonce_.clear();  // a nonce answers one attempt
+      break;
+    }
+    case Op::Info:
+      out.str(core_.instanceId).str(core_.jobId);
       break;
     case Op::Set:
       table.set(key, std::move(req.values[0]), woken);

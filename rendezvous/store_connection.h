@@ -34,6 +34,8 @@ struct ServerCore {
   ServerLimits limits;
   std::optional<std::string> authToken;
   LogThrottle closeLog;  // "closing connection from ..." lines, which a flood repeats
+  std::string instanceId;  // random, per server: INFO tells a client which store it reached
+  std::string jobId;       // the run id of the agent hosting it; empty for ddprun-store
   // Completes the WAITs of woken connections (their ids are waiter ids).
   virtual void wake(const KeyTable::Woken& woken) = 0;
   virtual void forget(uint64_t connectionId) = 0;
@@ -78,6 +80,8 @@ class StoreConnection : public std::enable_shared_from_this<StoreConnection> {
   Deadline nextDeadline() const;
   void armTimer();
   void onTimer();
+  // The write-once key a request would change (KeyTable::writeOnce), or nullptr.
+  const char* writeOnceViolation(const protocol::Request& req) const;
   void replyWaitDone();
   void abandonWait();
   void flush();
@@ -118,6 +122,7 @@ class StoreConnection : public std::enable_shared_from_this<StoreConnection> {
   std::optional<Clock::time_point> partialSince_;  // a frame is partly received since
   uint64_t framesDone_ = 0, partialFrameNo_ = 0;   // which frame partialSince_ is about
   Clock::time_point lastFrameAt_;            // idle limit
+  std::string channel_;  // our socket address, as auth::channelName writes it
 };
 
 }  // namespace ddprun::rendezvous

@@ -13,6 +13,7 @@
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/store_connection.h"
 
 namespace ddprun::rendezvous {
@@ -26,6 +27,8 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
       : io_(io), options_(std::move(options)), acceptor_(io), retryTimer_(io) {
     limits = options_.limits;
     authToken = options_.authToken;
+    instanceId = auth::randomId();
+    jobId = options_.jobId;
   }
 
   void listen() {
@@ -169,6 +172,7 @@ StoreServer::~StoreServer() { impl_->stop(); }
 
 uint16_t StoreServer::port() const { return impl_->port_; }
 const std::string& StoreServer::host() const { return impl_->options_.host; }
+const std::string& StoreServer::instanceId() const { return impl_->instanceId; }
 void StoreServer::stop() { impl_->stop(); }
 StoreServerStats StoreServer::stats() const { return impl_->stats(); }
 

@@ -33,6 +33,8 @@ struct StoreServerOptions {
   std::string host = "0.0.0.0";           // address to bind; "::" for IPv6 + IPv4
   uint16_t port = 0;                      // 0 picks a free port; see StoreServer::port()
   std::optional<std::string> authToken;   // when set, clients must prove it (HMAC challenge)
+  // The run id of the agent hosting this store (INFO tells clients; empty for ddprun-store).
+  std::string jobId;
   ServerLimits limits{};
   int backlog = 65535;                    // capped by the kernel's somaxconn
 };
@@ -57,6 +59,9 @@ class StoreServer {
 
   uint16_t port() const;
   const std::string& host() const;
+  // Random per server, told to clients by INFO: an agent checks through the endpoint that it
+  // reached the store it hosts (no split brain).
+  const std::string& instanceId() const;
   // Closes the listening socket and every connection. Call on the io_context's thread.
   void stop();
   StoreServerStats stats() const;

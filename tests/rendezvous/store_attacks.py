@@ -192,7 +192,7 @@ def unauthenticated_oversized_frame():
         # The store still answers a handshake (what an unauthenticated client may do).
         c.sock.sendall(bytes([HELLO]))
         (n,) = struct.unpack("<Q", c.recv(8))
-        check(c.recv(n) == b"ddprun-store/1", "another client is served (HELLO answered)")
+        check(c.recv(n).startswith(b"ddprun-store/"), "another client is served (HELLO answered)")
     finally:
         store.stop()
         os.unlink(token_file)
