@@ -411,6 +411,7 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
       if (r.localRank != rc.localRank && r.failed()) report.others.push_back(r);
     }
     if (runDir_->temporary()) report.keptDirectory = runDir_->path();
+    Console::of(STDERR_FILENO).flush(kConsoleFlushBound);  // workers' lines before the report
     writeFully(STDERR_FILENO, formatFailureReport(report));
     errorRecord_ = workerErrorRecord(readErrorFile(rc.errorFile), rc);
     if (link_) link_->rootCause(rc, d.exitCode);

@@ -72,6 +72,16 @@ struct WorkerGroup::Timers {
   asio::steady_timer drain;  // stop waiting for output held open by escaped processes
 };
 
+// A console that does not keep up (a pipe nobody reads, a stopped terminal): the readers
+// that write to it wait, the loop goes on, and they resume once it is writable and drained.
+struct WorkerGroup::ConsoleWait {
+  ConsoleWait(asio::io_context& io, Console& c) : console(c), writable(io, ::dup(c.fd())) {}
+  Console& console;
+  asio::posix::stream_descriptor writable;  // a dup of the console's descriptor
+  std::vector<std::pair<size_t, bool>> readers;  // (slot, isStderr) paused
+  bool armed = false;
+};
+
 WorkerGroup::WorkerGroup(asio::io_context& io, Callbacks callbacks)
     : io_(io), callbacks_(std::move(callbacks)), timers_(std::make_unique<Timers>(io)) {}
 
@@ -144,8 +154,45 @@ void WorkerGroup::readOutput(size_t i, bool isStderr) {
       return;
     }
     sink.write(std::string_view((isStderr ? s.errBuf : s.outBuf).data(), n));
-    self->readOutput(i, isStderr);
+    if (sink.congested()) {
+      self->waitForConsole(i, isStderr);  // this pipe is not read until the console drains
+    } else {
+      self->readOutput(i, isStderr);
+    }
   });
+}
+
+void WorkerGroup::waitForConsole(size_t i, bool isStderr) {
+  Console& console = *(isStderr ? slots_[i]->errSink : slots_[i]->outSink).console();
+  ConsoleWait* w = nullptr;
+  for (auto& c : consoleWaits_) {
+    if (&c->console == &console) w = c.get();
+  }
+  if (w == nullptr) {
+    consoleWaits_.push_back(std::make_unique<ConsoleWait>(io_, console));
+    w = consoleWaits_.back().get();
+  }
+  w->readers.emplace_back(i, isStderr);
+  if (!w->armed) armConsoleWait(*w);
+}
+
+void WorkerGroup::armConsoleWait(ConsoleWait& w) {
+  w.armed = true;
+  w.writable.async_wait(asio::posix::stream_descriptor::wait_write,
+                        [self = shared_from_this(), &w](error_code ec) {
+                          w.armed = false;
+                          if (ec) return;  // cancelled: the group is finishing
+                          if (!w.console.pump()) {
+                            self->armConsoleWait(w);
+                            return;
+                          }
+                          auto readers = std::move(w.readers);
+                          w.readers.clear();
+                          for (auto [i, isStderr] : readers) {
+                            const Slot& s = *self->slots_[i];
+                            if (!(isStderr ? s.errDone : s.outDone)) self->readOutput(i, isStderr);
+                          }
+                        });
 }
 
 void WorkerGroup::onRecord(size_t i, const GuardRecord& r) {
@@ -271,6 +318,14 @@ void WorkerGroup::checkStopped() {
   }
   stoppedFired_ = true;
   timers_->drain.cancel();
+  for (auto& s : slots_) {
+    for (const StreamSink* sink : {&s->outSink, &s->errSink}) {
+      if (sink->fileLostBytes() == 0) continue;
+      DDPRUN_LOG(WARN, "launcher") << sink->fileLostBytes() << " bytes of worker output were lost: "
+                                   << "log file " << sink->filePath() << ": "
+                                   << std::strerror(sink->fileError());
+    }
+  }
   for (size_t i = 0; i < slots_.size(); ++i) results_[i].stderrTail = slots_[i]->errSink.tail();
   if (callbacks_.stopped) {
     asio::post(io_, [self = shared_from_this()] { self->callbacks_.stopped(); });
@@ -278,6 +333,11 @@ void WorkerGroup::checkStopped() {
 }
 
 void WorkerGroup::finishOutputs() {
+  for (auto& w : consoleWaits_) {
+    boost::system::error_code ec;
+    w->writable.cancel(ec);
+    w->readers.clear();
+  }
   for (auto& s : slots_) {
     if (!s->outDone) {
       s->outSink.finish();
@@ -320,6 +380,10 @@ void WorkerGroup::killAll() {
   }
   timers_->kill.cancel();
   timers_->drain.cancel();
+  for (auto& w : consoleWaits_) {
+    boost::system::error_code ec;
+    w->writable.cancel(ec);
+  }
 }
 
 size_t WorkerGroup::runningCount() const {

@@ -1,11 +1,19 @@
 // The real ddprun binary against workers that misbehave on purpose (issue 10): error files
-// that are FIFOs, huge, or full of terminal escapes, and processes that try to outlive the job.
+// that are FIFOs, huge, or full of terminal escapes, processes that try to outlive the job,
+// and output for a console that nobody reads.
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <regex>
 #include <string>
+#include <thread>
 
 #include "ddprun_process.h"
+#include "tests/support/skip.h"
+#include "rendezvous/tcp_store.h"
 
 using namespace ddprun::testing;
 
@@ -152,4 +160,92 @@ TEST_CASE("after --shutdown-timeout ddprun kills everything and says it stopped 
   CHECK_THAT(d.err(), Catch::Contains("sending SIGKILL"));
   CHECK_THAT(d.err(), !Catch::Contains("guard"));
   checkAllDead(pids);
+}
+
+TEST_CASE("a console nobody reads blocks neither signals nor the agent store",
+          "[launcher][cli][output][hostile]") {
+  // `ddprun ... | (sleep 60)`: ddprun's stdout is a pipe whose reader never reads.
+  TempDir dir;
+  const std::string fifo = dir / "console";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  REQUIRE(reader >= 0);
+  Process launcher(ProcessOptions{
+      .argv = {ddprunPath(), "--standalone", "--nproc-per-node=2", "--shutdown-timeout=2", "sh",
+               "-c", "while true; do echo chatty line from rank $RANK; done"},
+      .env = baseEnv(),
+      .exactEnv = true,
+      .stdoutPath = fifo,
+      .stderrPath = dir / "ddprun.err"});
+  // The pipe is full (64 KiB by default, less what a whole batch of lines does not fit):
+  // every further console write would block.
+  REQUIRE(waitUntil([&] {
+    int queued = 0;
+    return ::ioctl(reader, FIONREAD, &queued) == 0 && queued >= 48 * 1024;
+  }));
+  std::smatch m;
+  std::string err;
+  REQUIRE(waitUntil([&] {
+    err = readFile(dir / "ddprun.err");
+    return std::regex_search(err, m, std::regex(R"(agent store on 127\.0\.0\.1:(\d+))"));
+  }));
+  const int port = std::stoi(m[1]);
+  // More than a buffer's worth keeps coming: ddprun stops reading the workers' pipes instead
+  // of blocking; its loop still serves the store ...
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ddprun::rendezvous::TcpStore store(ddprun::rendezvous::TcpStoreOptions{
+      .host = "127.0.0.1", .port = static_cast<uint16_t>(port),
+      .timeout = std::chrono::seconds(10), .tokenFromEnvironment = false});
+  store.set("probe", "still answering");
+  CHECK(store.get("probe") == "still answering");
+  // ... and handles SIGTERM: the job stops (the workers die of it), ddprun exits.
+  launcher.signal(SIGTERM);
+  auto status = launcher.waitStatus(std::chrono::seconds(60));
+  REQUIRE(status.has_value());
+  CHECK(exitCodeOf(*status) == 143);
+  CHECK_THAT(readFile(dir / "ddprun.err"),
+             Catch::Contains("bytes of worker output for ddprun's stdout were lost"));
+  ::close(reader);
+}
+
+TEST_CASE("a log directory on a full filesystem: one warning per file, a count, the job goes on",
+          "[launcher][cli][output][hostile]") {
+  // A 64 KiB tmpfs in a mount namespace of ddprun's own (needs CAP_SYS_ADMIN: skipped without).
+  TempDir dir;
+  const std::string small = dir / "small";
+  std::filesystem::create_directory(small);
+  const std::string probe = "unshare -m sh -c 'mount -t tmpfs -o size=64k none " + small + "' 2>/dev/null";
+  if (std::system(probe.c_str()) != 0) {
+    skipTest("cannot mount a small tmpfs in a mount namespace here (unshare -m needs CAP_SYS_ADMIN)");
+    return;
+  }
+  Process job(ProcessOptions{
+      .argv = {"/usr/bin/unshare", "-m", "sh", "-c",
+               "mount -t tmpfs -o size=64k none " + small + " && exec " + ddprunPath() +
+                   " --standalone --nproc-per-node=2 --log-dir=" + small +
+                   " --redirects=3 sh -c 'i=0; while [ $i -lt 3000 ]; do echo line $i of rank "
+                   "$RANK; i=$((i+1)); done; echo finished > " + dir.path() + "/done.$RANK'"},
+      .env = baseEnv(),
+      .exactEnv = true,
+      .stdoutPath = dir / "out",
+      .stderrPath = dir / "err"});
+  CHECK(job.wait() == 0);
+  const std::string err = readFile(dir / "err");
+  // Each worker ran to its end despite the full disk.
+  CHECK(readFile(dir / "done.0") == "finished\n");
+  CHECK(readFile(dir / "done.1") == "finished\n");
+  for (int r = 0; r < 2; ++r) {
+    const std::string file = "attempt_0/" + std::to_string(r) + "/stdout.log";
+    INFO(file);
+    size_t warnings = 0;
+    for (const auto& line : lines(err)) {
+      if (line.find("cannot write log file") != std::string::npos &&
+          line.find(file) != std::string::npos) {
+        ++warnings;
+      }
+    }
+    CHECK(warnings == 1);
+    CHECK(std::regex_search(err, std::regex("[1-9][0-9]* bytes of worker output were lost: log file \\S*" +
+                                            file + ": No space left on device")));
+  }
 }

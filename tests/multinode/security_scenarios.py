@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 from harness import BIN, FAST_CONF, check, free_port, run
 
@@ -364,6 +363,85 @@ def state_write_once(t):
     check(a.wait(60) == 0 and b.wait(60) == 0, "the job finishes normally")
 
 
+def forged_state_mid_job(t):
+    """While a 2-agent job runs, an attacker without a token writes the next state version first
+    (garbage) and sets the running round's `over` marker to it: both agents read it, report it
+    in one line, stop their workers (which would run for 10 minutes) and fail instead of acting
+    on it; the store keeps serving."""
+    store = Store(t)
+    ep = "127.0.0.1:%d" % store.port
+    conf = FAST_CONF + ",is_host=false"
+    a = t.agent("a", "127.0.0.2", "2", "mid", ["--run", "600"], endpoint=ep, conf=conf)
+    b = t.agent("b", "127.0.0.3", "2", "mid", ["--run", "600"], endpoint=ep, conf=conf)
+    t.wait_for("both workers", lambda: len(t.starts()) == 2, 60)
+    attacker = Client(store.port)
+    latest = int(attacker.get("ddprun/rdzv/mid/latest"))
+    state = attacker.get("ddprun/rdzv/mid/state/%d" % latest)
+    rnd = int([ln for ln in state.splitlines() if ln.startswith("round ")][0].split()[1])
+    nxt = "ddprun/rdzv/mid/state/%d" % (latest + 1)
+    check(attacker.compare_set(nxt, "", "garbage") == "garbage", "the forged version is first")
+    attacker.set("ddprun/rdzv/mid/round/%d/over" % rnd, str(latest + 1))
+    for n in (a, b):
+        check(n.wait(120) != 0, "%s fails" % n.name)
+        check([ln for ln in n.stderr().splitlines() if "'state/%d' is corrupt or forged"
+               % (latest + 1) in ln], "%s reports it in one line: %s" % (n.name, n.stderr()[-400:]))
+    check(attacker.get("ddprun/rdzv/mid/state/%d" % latest) == state, "the real versions intact")
+
+
+def split_brain(t):
+    """Two nodes both believe they host the endpoint, a shared virtual address: in two network
+    namespaces joined by a veth pair, node a has the address 10.213.9.1; node b is told it is
+    the host (is_host=true) and can bind that address without having it (ip_nonlocal_bind), so
+    its store listens there while the endpoint routes to a's. b checks through the endpoint
+    which store it reached, finds a's instance id, and refuses to go on; a's store is untouched
+    and serves a third node, with which a's job finishes."""
+    if os.geteuid() != 0:
+        print("SKIP: needs root to create network namespaces (running as uid %d)" % os.geteuid())
+        return 77
+    tag = "%d" % (os.getpid() % 100000)
+    ns = ["ddprun-sb-%s-a" % tag, "ddprun-sb-%s-b" % tag]
+    vip, a_addr, b_addr = "10.213.9.1", "10.213.8.1", "10.213.8.2"
+    setup = [["ip", "netns", "add", ns[0]], ["ip", "netns", "add", ns[1]],
+             ["ip", "link", "add", "sba" + tag, "netns", ns[0], "type", "veth",
+              "peer", "name", "sbb" + tag, "netns", ns[1]]]
+    for i, (dev, addr) in enumerate((("sba" + tag, a_addr), ("sbb" + tag, b_addr))):
+        setup += [["ip", "-n", ns[i], "addr", "add", addr + "/24", "dev", dev],
+                  ["ip", "-n", ns[i], "link", "set", dev, "up"],
+                  ["ip", "-n", ns[i], "link", "set", "lo", "up"]]
+    setup += [["ip", "-n", ns[0], "addr", "add", vip + "/32", "dev", "lo"],
+              ["ip", "-n", ns[1], "route", "add", vip + "/32", "via", a_addr],
+              ["ip", "netns", "exec", ns[1], "sh", "-c",
+               "echo 1 > /proc/sys/net/ipv4/ip_nonlocal_bind"]]
+    try:
+        for cmd in setup:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                print("SKIP: `%s` failed: %s" % (" ".join(cmd), r.stderr.strip()))
+                return 77
+        in_a, in_b = ["ip", "netns", "exec", ns[0]], ["ip", "netns", "exec", ns[1]]
+        # a: no --local-addr, so it hosts because the endpoint is one of its own addresses.
+        a = t.agent("a", None, "2", "split", ["--run", "0.5"], endpoint=vip, prefix=in_a)
+        t.wait_for("a hosts the store", lambda: "hosting the rendezvous store" in a.stderr()
+                   or a.proc.poll() is not None, 30)
+        b = t.agent("b", b_addr, "2", "split", [], endpoint=vip,
+                    conf=FAST_CONF + ",is_host=true", prefix=in_b)
+        check(b.wait(90) != 0, "b refuses to go on")
+        check("hosting the rendezvous store" in b.stderr(), "b did host a store of its own")
+        check("split brain" in b.stderr() and "reaches another store" in b.stderr(),
+              "b says why: %s" % b.stderr()[-400:])
+        check(not t.starts(node="b"), "b started no worker")
+        c = t.agent("c", b_addr, "2", "split", ["--run", "0.5"], endpoint=vip, prefix=in_b)
+        check(a.wait(90) == 0 and c.wait(90) == 0, "a's job finishes with c (a %s, c %s)"
+              % (a.proc.returncode, c.proc.returncode))
+        starts = t.starts()
+        check(sorted(r["node"] for r in starts) == ["a", "c"] and
+              {int(r["WORLD_SIZE"]) for r in starts} == {2}, "one world of a and c: %s" % starts)
+    finally:
+        t.cleanup()
+        for n in ns:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
 def two_agents_one_host(t):
     """torchrun's multi-agent setup (issue 15.2): two launchers with identical arguments on one
     machine. The first hosts the store at localhost:PORT; the second finds the port taken by a
@@ -423,8 +501,8 @@ def two_jobs_one_endpoint(t):
 
 
 SCENARIOS = {f.__name__: f for f in (
-    relayed_proof, fake_server, bad_token_files, forged_state, state_write_once,
-    two_agents_one_host, two_jobs_one_endpoint)}
+    relayed_proof, fake_server, bad_token_files, forged_state, forged_state_mid_job,
+    state_write_once, split_brain, two_agents_one_host, two_jobs_one_endpoint)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))
