@@ -141,7 +141,10 @@ void TcpStore::handshake() {
     w.u32(nonce);
     if (ddprun) out += frame(Op::Hello, wire_);
     c.write(out);
-    if (c.u32() != nonce) throw StoreError("store at " + address_ + " answered PING wrongly");
+    if (c.u32() != nonce) {
+      throw StoreError("the server at " + address_ + " answered PING wrongly: it is not a " +
+                       (ddprun ? "ddprun-store" : "TCPStore"));
+    }
     if (!ddprun) return;
     const std::string identity = c.str(1024);
     const bool authRequired = c.u8() != 0;
