@@ -48,6 +48,31 @@ const char* levelName(Level l) {
 
 }  // namespace
 
+std::string escaped(std::string_view text, bool keepNewlines) {
+  std::string out;
+  out.reserve(text.size());
+  static const char kHex[] = "0123456789abcdef";
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+    } else if (keepNewlines && (c == '\n' || c == '\t')) {
+      out += ch;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
 Level level() { return static_cast<Level>(levelStore().load(std::memory_order_relaxed)); }
 void setLevel(Level l) { levelStore().store(static_cast<int>(l)); }
 void setIdentity(std::string identity) {
@@ -73,11 +98,19 @@ Line::Line(Level l, std::string_view component) {
     if (!identityStore().empty()) os_ << " " << identityStore();
   }
   os_ << "] ";
+  prefixSize_ = static_cast<size_t>(os_.tellp());
 }
 
 Line::~Line() {
-  os_ << '\n';
-  const std::string s = os_.str();
+  std::string s = os_.str();
+  const std::string_view body = std::string_view(s).substr(prefixSize_);
+  bool clean = true;
+  for (char ch : body) {
+    const auto c = static_cast<unsigned char>(ch);
+    clean = clean && c >= 0x20 && c != 0x7f;
+  }
+  if (!clean) s = s.substr(0, prefixSize_) + escaped(body);
+  s += '\n';
   // One write per line: atomic with respect to other writers of the same pipe (< PIPE_BUF)
   // and never interleaved inside a line for longer ones from this process.
   static std::mutex m;

@@ -21,7 +21,15 @@ void setIdentity(std::string identity);
 
 bool enabled(Level l);
 
-// Accumulates one line and emits it from its destructor.
+// `text` with every control character made visible (\n, \r, \t kept as those two-character
+// escapes, others as \xNN, DEL as \x7f), so that text a worker or a peer controls -- store
+// keys, error messages, file contents -- can neither forge lines nor send terminal escapes.
+// With keepNewlines, '\n' and '\t' pass through (multi-line report sections that are
+// indented line by line). Bytes >= 0x80 (UTF-8) pass through.
+std::string escaped(std::string_view text, bool keepNewlines = false);
+
+// Accumulates one line and emits it from its destructor. What follows the prefix is passed
+// through escaped(): a log line is always exactly one line.
 class Line {
  public:
   Line(Level l, std::string_view component);
@@ -36,6 +44,7 @@ class Line {
 
  private:
   std::ostringstream os_;
+  size_t prefixSize_ = 0;
 };
 
 // Turns a Line into void so both arms of DDPRUN_LOG's ?: have one type (& binds looser

@@ -38,7 +38,12 @@ std::string hostName() {
 class Agent::Impl {
  public:
   Impl(LaunchOptions options, Environment env, AgentLink* link)
-      : options_(std::move(options)), env_(std::move(env)), link_(link), signals_(io_) {}
+      : options_(std::move(options)), env_(std::move(env)), link_(link), signals_(io_) {
+    // --rdzv-conf token_file reaches the workers as DDPRUN_STORE_TOKEN_FILE, so that every
+    // client of the job's store (agents and workers) holds the same token.
+    for (const auto& [k, v] : options_.rdzvConf)
+      if (k == "token_file") env_["DDPRUN_STORE_TOKEN_FILE"] = v;
+  }
 
   int run();
   const std::string& errorRecord() const { return errorRecord_; }
@@ -444,6 +449,7 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
       if (r.localRank != rc.localRank && r.failed()) report.others.push_back(r);
     }
     if (runDir_->temporary()) report.keptDirectory = runDir_->path();
+    Console::of(STDERR_FILENO).flush(kConsoleFlushBound);  // workers' lines before the report
     writeFully(STDERR_FILENO, formatFailureReport(report));
     errorRecord_ = workerErrorRecord(readErrorFile(rc.errorFile), rc);
     if (link_) link_->rootCause(rc, d.exitCode);

@@ -1,11 +1,18 @@
 #include "launcher/failure_report.h"
 
+#include "base/log.h"
+#include "launcher/guarded_process.h"
 #include "launcher/option_values.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -18,8 +25,11 @@ std::string asText(const nlohmann::json& j) {
   return j.is_string() ? j.get<std::string>() : j.dump();
 }
 
+// Worker-controlled text, one line: control characters made visible.
+std::string esc(const std::string& text) { return log::escaped(text); }
+
 void indented(std::ostringstream& os, const std::string& text, const char* indent) {
-  std::istringstream in(text);
+  std::istringstream in(log::escaped(text, /*keepNewlines=*/true));
   std::string line;
   while (std::getline(in, line)) os << indent << line << "\n";
 }
@@ -29,12 +39,45 @@ void indented(std::ostringstream& os, const std::string& text, const char* inden
 ErrorFile readErrorFile(const std::string& path) {
   ErrorFile ef;
   if (path.empty()) return ef;
-  std::ifstream in(path);
-  if (!in) return ef;
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string content = buf.str();
+  // O_NONBLOCK: opening a FIFO nobody writes must not block (reads then return EAGAIN or 0).
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (!fd) {
+    if (errno != ENOENT) {
+      ef.present = true;
+      ef.unreadable = std::string("cannot open it: ") + std::strerror(errno);
+    }
+    return ef;
+  }
   ef.present = true;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    ef.unreadable = std::string("cannot stat it: ") + std::strerror(errno);
+    return ef;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISFIFO(st.st_mode)  ? "FIFO"
+                       : S_ISCHR(st.st_mode) ? "character device"
+                       : S_ISBLK(st.st_mode) ? "block device"
+                       : S_ISSOCK(st.st_mode) ? "socket"
+                       : S_ISDIR(st.st_mode)  ? "directory"
+                                              : "special file";
+    ef.unreadable = std::string("not a regular file (") + kind + "): not read";
+    return ef;
+  }
+  ef.size = static_cast<uint64_t>(st.st_size);
+  std::string content(kMaxErrorFileBytes + 1, '\0');
+  size_t have = 0;
+  while (have < content.size()) {
+    const ssize_t n = ::read(fd.get(), content.data() + have, content.size() - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += static_cast<size_t>(n);
+  }
+  if (have > kMaxErrorFileBytes) {
+    have = kMaxErrorFileBytes;
+    ef.cut = true;
+  }
+  content.resize(have);
   try {
     auto j = nlohmann::json::parse(content);
     const auto& m = j.at("message");
@@ -55,7 +98,10 @@ ErrorFile readErrorFile(const std::string& path) {
     }
   } catch (const nlohmann::json::exception&) {
     ef.raw = content.substr(0, kMaxRawErrorFile);
-    if (content.size() > kMaxRawErrorFile) ef.raw += "\n... (" + std::to_string(content.size()) + " bytes in all)";
+    if (content.size() > kMaxRawErrorFile || ef.cut) {
+      ef.raw += "\n... (" + std::to_string(std::max<uint64_t>(ef.size, content.size())) +
+                " bytes in all)";
+    }
   }
   return ef;
 }
@@ -78,7 +124,7 @@ std::string formatFailureReport(const FailureReport& r) {
   const WorkerResult& w = r.rootCause;
   std::ostringstream os;
   os << rule << "\n";
-  os << "ddprun: " << r.program << " FAILED (attempt " << r.restartCount;
+  os << "ddprun: " << esc(r.program) << " FAILED (attempt " << r.restartCount;
   if (r.round != static_cast<uint64_t>(r.restartCount)) os << ", round " << r.round;
   os << ", " << r.restartCount << " of " << r.maxRestarts << " restarts used)\n";
   os << "Root cause (first observed failure):\n";
@@ -89,7 +135,7 @@ std::string formatFailureReport(const FailureReport& r) {
   os << "  exit       : " << w.describe() << " -> ddprun exits with " << w.exitCode() << "\n";
   const ErrorFile ef = readErrorFile(w.errorFile);
   if (!ef.present) {
-    os << "  error file : " << (w.errorFile.empty() ? "<none>" : w.errorFile) << " (not written";
+    os << "  error file : " << (w.errorFile.empty() ? "<none>" : esc(w.errorFile)) << " (not written";
     if (w.ended && WIFSIGNALED(w.waitStatus)) {
       os << ": the worker was killed by " << signalName(WTERMSIG(w.waitStatus));
     } else if (r.pythonWorker) {
@@ -100,16 +146,22 @@ std::string formatFailureReport(const FailureReport& r) {
             "docs/worker_runtime.md";
     }
     os << ")\n";
+  } else if (!ef.unreadable.empty()) {
+    os << "  error file : " << esc(w.errorFile) << " (" << ef.unreadable << ")\n";
   } else {
-    os << "  error file : " << w.errorFile << "\n";
-    if (!ef.message.empty()) os << "  message    : " << ef.message << "\n";
-    if (!ef.exceptionType.empty()) os << "  type       : " << ef.exceptionType << "\n";
+    os << "  error file : " << esc(w.errorFile);
+    if (ef.cut) {
+      os << " (" << ef.size << " bytes: only the first " << kMaxErrorFileBytes << " were read)";
+    }
+    os << "\n";
+    if (!ef.message.empty()) os << "  message    : " << esc(ef.message) << "\n";
+    if (!ef.exceptionType.empty()) os << "  type       : " << esc(ef.exceptionType) << "\n";
     if (ef.retryable.has_value()) {
       os << "  retryable  : "
          << (*ef.retryable ? "yes" : "no (a restart cannot fix it: the job ended without one)")
          << "\n";
     }
-    if (!ef.timestamp.empty()) os << "  timestamp  : " << ef.timestamp << "\n";
+    if (!ef.timestamp.empty()) os << "  timestamp  : " << esc(ef.timestamp) << "\n";
     if (!ef.traceback.empty()) {
       os << "  traceback  :\n";
       indented(os, ef.traceback, "    ");
@@ -121,7 +173,7 @@ std::string formatFailureReport(const FailureReport& r) {
   }
   if (!w.stderrTail.empty()) {
     os << "  last " << w.stderrTail.size() << " lines of its stderr:\n";
-    for (const auto& line : w.stderrTail) os << "    " << line << "\n";
+    for (const auto& line : w.stderrTail) os << "    " << esc(line) << "\n";
   }
   if (!r.others.empty()) {
     os << "Other workers:\n";

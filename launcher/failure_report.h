@@ -14,8 +14,15 @@ namespace ddprun::launcher {
 // The error file as PyTorch's @record writes it:
 //   {"message": {"message": "...", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}
 // or anything else (then `raw` holds it, shortened).
+// The worker controls this file: it is read only when it is a regular file (opened
+// non-blocking, so a FIFO never blocks the launcher, and checked with fstat, so a link to
+// /dev/zero is refused) and only up to kMaxErrorFileBytes.
+inline constexpr size_t kMaxErrorFileBytes = 64 * 1024;
 struct ErrorFile {
   bool present = false;
+  std::string unreadable;  // why an existing file was not read ("not a regular file (FIFO)")
+  bool cut = false;        // longer than kMaxErrorFileBytes: only the start was read
+  uint64_t size = 0;       // its size as fstat saw it
   std::string message;
   std::string traceback;
   std::string timestamp;  // seconds since the epoch, as written

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 
 #include "base/errors.h"
 
@@ -78,6 +79,116 @@ void closeFrom(int first) {
 
 void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
 
+// ---- The guard's sweep: every descendant, wherever it went, is killed ----
+//
+// A descendant can leave the guard's process group (setsid, setpgid), and a double fork
+// re-parents it -- but the guard is a child subreaper, so orphans are re-parented to the
+// guard, never past it: every process the worker started, directly or not, stays a
+// descendant of the guard until it is reaped. The sweep reads the parent of every process
+// in /proc (raw syscalls, no allocation: the guard is a fork of a threaded process),
+// SIGKILLs every descendant, reaps what died, and starts over until the guard has no child
+// left. A process killed while forking leaves its new child to the guard, which finds it
+// in the next round.
+
+struct ProcEntry {
+  pid_t pid, ppid;
+  bool live;  // not a zombie
+};
+constexpr size_t kMaxProcs = 1 << 16;
+ProcEntry gProcs[kMaxProcs];  // only ever touched in the guard (its own copy of the page)
+
+bool parseDecimal(const char* s, pid_t& out) {
+  if (*s == '\0') return false;
+  long v = 0;
+  for (; *s != '\0'; ++s) {
+    if (*s < '0' || *s > '9' || v > (1L << 30)) return false;
+    v = v * 10 + (*s - '0');
+  }
+  out = static_cast<pid_t>(v);
+  return true;
+}
+
+// /proc/<pid>/stat is "pid (comm) S ppid ...": comm may hold anything, so parse after the
+// last ')'.
+bool readStat(pid_t pid, pid_t& ppid, bool& live) {
+  char path[48] = "/proc/";
+  char digits[16];
+  int n = 0;
+  for (pid_t v = pid; v > 0 && n < 15; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+  size_t at = 6;
+  while (n > 0) path[at++] = digits[--n];
+  for (const char* t = "/stat"; *t != '\0'; ++t) path[at++] = *t;
+  path[at] = '\0';
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  ssize_t len;
+  do {
+    len = ::read(fd, buf, sizeof buf - 1);
+  } while (len < 0 && errno == EINTR);
+  ::close(fd);
+  if (len <= 0) return false;
+  buf[len] = '\0';
+  char* close = nullptr;
+  for (char* c = buf; *c != '\0'; ++c) {
+    if (*c == ')') close = c;
+  }
+  if (close == nullptr || close[1] != ' ' || close[2] == '\0' || close[3] != ' ') return false;
+  live = close[2] != 'Z' && close[2] != 'X';
+  char* p = close + 4;
+  char* end = p;
+  while (*end >= '0' && *end <= '9') ++end;
+  *end = '\0';
+  return parseDecimal(p, ppid);
+}
+
+// SIGKILLs every descendant of the calling process; returns how many were still alive.
+size_t killDescendants() {
+  const pid_t self = ::getpid();
+  size_t count = 0;
+  const int dir = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return 0;
+  alignas(8) char buf[8192];
+  while (count < kMaxProcs) {
+    const long got = ::syscall(SYS_getdents64, dir, buf, sizeof buf);
+    if (got <= 0) break;
+    for (long off = 0; off < got && count < kMaxProcs;) {
+      // struct linux_dirent64 { u64 d_ino; s64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
+      unsigned short reclen;
+      std::memcpy(&reclen, buf + off + 16, sizeof reclen);
+      const char* name = buf + off + 19;
+      off += reclen;
+      ProcEntry e{};
+      if (!parseDecimal(name, e.pid) || e.pid == self) continue;
+      if (readStat(e.pid, e.ppid, e.live)) gProcs[count++] = e;
+    }
+  }
+  ::close(dir);
+  // Mark descendants: children of self, then children of marked ones, until nothing changes.
+  size_t alive = 0;
+  bool changed = true;
+  static bool marked[kMaxProcs];
+  for (size_t i = 0; i < count; ++i) marked[i] = gProcs[i].ppid == self;
+  while (changed) {
+    changed = false;
+    for (size_t i = 0; i < count; ++i) {
+      if (marked[i]) continue;
+      for (size_t j = 0; j < count; ++j) {
+        if (marked[j] && gProcs[j].pid == gProcs[i].ppid) {
+          marked[i] = changed = true;
+          break;
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (!marked[i] || !gProcs[i].live) continue;
+    ::kill(gProcs[i].pid, SIGKILL);
+    ++alive;
+  }
+  return alive;
+}
+
 [[noreturn]] void execWorker(const char* path, char* const* argv, char* const* envp,
                              int execErrorFd) {
   // Undo what the guard changed: default dispositions first, then the empty mask (which
@@ -128,6 +239,8 @@ void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
     ::_exit(126);
   }
   ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
+  // Orphaned descendants (double fork, setsid daemons) are re-parented to the guard.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 
   // 2. Descriptors: 0 stdin, 1/2 the worker's output pipes, 3 control, 4 status; nothing
   //    else survives (in particular no other worker's control pipe, which would keep it
@@ -184,16 +297,22 @@ void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
   ::close(execPipe[0]);
 
   // 4. Wait for the worker's exit (report it) and for the control pipe's EOF (kill all).
+  //    Every child is reaped, the worker and the orphans re-parented to the guard alike.
   bool workerRunning = worker > 0;
-  while (true) {
-    if (workerRunning) {
-      int status = 0;
-      pid_t r = ::waitpid(worker, &status, WNOHANG);
-      if (r == worker) {
+  auto reapAll = [&](int flags) {
+    int status = 0;
+    pid_t r;
+    while ((r = ::waitpid(-1, &status, flags)) > 0 || (r < 0 && errno == EINTR)) {
+      if (r == worker && workerRunning) {
         sendRecord(GuardRecord::Exited, status);
         workerRunning = false;
       }
+      flags |= WNOHANG;  // one blocking wait at most
     }
+    return r;  // 0: children left; -1 (ECHILD): none
+  };
+  while (true) {
+    reapAll(WNOHANG);
     struct pollfd p {kGuardControlFd, POLLIN, 0};
     int rc = ::ppoll(&p, 1, nullptr, &waitMask);  // SIGCHLD is deliverable only in here
     if (rc > 0) {
@@ -202,7 +321,18 @@ void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
     }
   }
-  ::kill(0, SIGKILL);  // the whole process group, the guard included
+  // 5. The sweep: the group at once, then every descendant until the guard has no child.
+  //    The worker's end (by SIGKILL, usually) is reported on the way.
+  while (true) {
+    const size_t alive = killDescendants();
+    const pid_t r = reapAll(alive > 0 ? 0 : WNOHANG);  // the killed ones die: wait for one
+    if (r < 0 && alive == 0) break;                     // no child, nothing alive below
+    if (r == 0 && alive == 0) {                         // a child is still being torn down
+      const struct timespec ms {0, 1000000};
+      ::nanosleep(&ms, nullptr);
+    }
+  }
+  ::kill(0, SIGKILL);  // whatever joined the group from outside, the guard included
   ::_exit(137);
 }
 

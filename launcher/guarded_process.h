@@ -10,9 +10,15 @@
 //
 // The guard holds the read end of a *control pipe* whose write end only the launcher has.
 // When that pipe reaches EOF -- the launcher closed it, or the launcher died, even by
-// SIGKILL -- the guard kills its whole process group with SIGKILL (itself last). The guard
-// also reaps the worker and reports it on a *status pipe* (records below), so the launcher
-// learns of a worker's exit the moment it happens, through an fd its event loop watches.
+// SIGKILL -- the guard kills every descendant with SIGKILL, then its process group (itself
+// last). The guard is a child subreaper (PR_SET_CHILD_SUBREAPER): a descendant that left
+// the group (setsid) and lost its parent (double fork) is re-parented to the guard, so
+// "every descendant" is everything the worker started; the guard sweeps /proc and kills
+// until it has no child left. The guard also reaps the worker (and the orphans) and
+// reports the worker on a *status pipe* (records below), so the launcher learns of a
+// worker's exit the moment it happens, through an fd its event loop watches. The launcher
+// stops a worker for good by closing its control pipe, not by killing the guard: a guard
+// killed from outside cannot sweep (its group still dies, escaped descendants may not).
 // The guard ignores SIGINT/SIGTERM/SIGHUP/SIGQUIT: signals forwarded to the group are for
 // the worker; the guard's only way out is the control pipe (or SIGKILL).
 //
@@ -67,7 +73,7 @@ struct SpawnRequest {
 
 struct GuardedProcess {
   pid_t guardPid = -1;      // also the process group id of the worker and its children
-  UniqueFd control;         // write end: close it to kill the whole group
+  UniqueFd control;         // write end: close it to kill the worker and all it started
   UniqueFd status;          // read end: GuardRecords
   UniqueFd stdoutRead;      // the worker's stdout
   UniqueFd stderrRead;      // the worker's stderr

@@ -14,6 +14,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "launcher/agent.h"
+#include "launcher/output.h"
 #include "launcher/launcher_error_file.h"
 #include "launcher/cluster/remote_agent.h"
 #include "launcher/cluster/slurm.h"
@@ -84,6 +85,9 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   std::string record;
   const int code = run(argc, argv, record);
+  for (const auto& lost : ddprun::launcher::Console::flushAll(ddprun::launcher::kConsoleFlushBound)) {
+    DDPRUN_LOG(WARN, "launcher") << lost;
+  }
   // torchrun's entry point is @record-decorated: on failure, the root cause goes to the
   // launcher's own TORCHELASTIC_ERROR_FILE (launcher_error_file.h). Read now: a remote agent gets
   // its environment over stdin inside run().

@@ -16,6 +16,7 @@
 #include "rendezvous/node_address.h"
 #include "rendezvous/rendezvous_config.h"
 #include "rendezvous/store_server.h"
+#include "rendezvous/tcp_store.h"
 
 namespace ddprun::launcher {
 
@@ -63,10 +64,20 @@ std::shared_ptr<rdzv::RendezvousBackend> etcdBackend(const LaunchOptions& o,
 }
 }  // namespace
 
-rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore) {
+namespace {
+rdzv::RendezvousConf rdzvConf(const LaunchOptions& o) {
   std::string confText;
   for (const auto& [k, v] : o.rdzvConf) confText += (confText.empty() ? "" : ",") + k + "=" + v;
-  const rdzv::RendezvousConf conf = rdzv::parseRdzvConf(confText);
+  return rdzv::parseRdzvConf(confText);
+}
+}  // namespace
+
+rdzv::ServerLimits hostedStoreLimits(const LaunchOptions& o) {
+  return rdzv::storeLimitsFrom(rdzvConf(o));
+}
+
+rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore) {
+  const rdzv::RendezvousConf conf = rdzvConf(o);
 
   if (o.rdzvBackend != "etcd-v3" && conf.hasEtcdKeys()) {
     throw ConfigError("--rdzv-conf key_prefix, lease_ttl, protocol, cacert, cert and key are "
@@ -122,6 +133,18 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
     if (o.schedulerNodeRank >= 0 && o.schedulerNodeRank < o.maxNodes)
       r.fixedRank = o.schedulerNodeRank;
   }
+  // The store's token: --rdzv-conf token_file, else DDPRUN_STORE_TOKEN_FILE; read (and its mode
+  // and length checked) now, so that a bad file is reported before anything starts.
+  if (conf.tokenFile && o.rdzvBackend == "etcd-v3") {
+    throw ConfigError("--rdzv-conf token_file is for the store of the c10d and static backends "
+                      "(etcd-v3 secures its cluster with protocol=https, cacert, cert and key)");
+  }
+  if (conf.tokenFile) {
+    r.store.authToken = rdzv::auth::readTokenFile(*conf.tokenFile);
+  } else if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f &&
+             o.rdzvBackend != "etcd-v3") {
+    r.store.authToken = rdzv::auth::readTokenFile(f);
+  }
   rdzv::applyRdzvConf(conf, r);
   if (o.rdzvBackend == "static") r.heartbeat.interval = rdzv::Millis(0);
   r.isHost = hostStore;
@@ -132,23 +155,34 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
   bool host = false;
   options_ = multiNodeOptions(o, host);
+  storeLimits_ = hostedStoreLimits(o);
   std::string endpoint =
       options_.backend ? options_.backend->describe()
                        : options_.store.host + ":" + std::to_string(options_.store.port);
-  std::optional<std::string> token;
+  const std::optional<std::string>& token = options_.store.authToken;
   if (host) {
-    if (const char* f = std::getenv("DDPRUN_STORE_TOKEN_FILE"); f && *f)
-      token = rdzv::auth::readTokenFile(f);
     try {
       rendezvousStore_ = std::make_unique<rdzv::StoreServer>(
           io_, rdzv::StoreServerOptions{.host = resolveAddress(options_.store.host),
                                         .port = options_.store.port,
-                                        .authToken = token});
+                                        .authToken = token,
+                                        .jobId = options_.runId,
+                                        .limits = storeLimits_});
     } catch (const NetworkError& e) {
-      // Never fall back to joining whatever listens there: it may be another job's store.
-      throw NetworkError("cannot host the rendezvous store at " + endpoint + " (this node is " +
-                         "the endpoint's host): " + e.what() +
-                         " -- is another job using this port? pick another one");
+      // Never fall back to joining whatever listens there: it may be another job's store. The
+      // one exception: a ddprun store that answers for this very job -- another agent of it on
+      // this machine, started with the same arguments (torchrun's multi-agent setup).
+      const std::string held = heldBy(e.what());
+      if (!held.empty()) {
+        throw NetworkError("cannot host the rendezvous store at " + endpoint + " (this node is " +
+                           "the endpoint's host): " + e.what() + " -- " + held +
+                           "; is another job using this port? pick another one");
+      }
+      host = false;
+      options_.isHost = false;
+      DDPRUN_LOG(INFO, "launcher") << "the rendezvous store at " << endpoint
+                                   << " is already hosted by another agent of job '"
+                                   << options_.runId << "' on this machine: joining it as a client";
     }
   }
   if (host && options_.store.port == 0) {
@@ -200,8 +234,46 @@ void MultiNodeRendezvous::threadMain() {
   }
 }
 
+// The endpoint's port is taken: empty when a ddprun store answering for this job holds it
+// (another agent of the job on this machine hosts it), else what holds it, for the error.
+std::string MultiNodeRendezvous::heldBy(const std::string& bindError) const {
+  if (options_.store.port == 0 || bindError.find("in use") == std::string::npos)
+    return "the port could not be bound";
+  try {
+    rdzv::TcpStoreOptions probe = options_.store;
+    probe.timeout = probe.connectTimeout = rdzv::Millis(5'000);
+    probe.tokenFromEnvironment = false;
+    rdzv::TcpStore store(probe);
+    const auto info = store.serverInfo();
+    if (info.job == options_.runId) return "";
+    return info.job.empty() ? "a standalone ddprun-store holds it"
+                            : "the ddprun store of job '" + info.job + "' holds it";
+  } catch (const std::exception& e) {
+    return std::string("something that is not this job's store holds it (") + e.what() + ")";
+  }
+}
+
+// No split brain: the store this node hosts must be the one the endpoint reaches. When another
+// node also believes it is the endpoint's host (a shared virtual address, localhost in a
+// container) the endpoint leads to its store, not ours, and two jobs would form under one id.
+void MultiNodeRendezvous::checkOwnStore() {
+  rdzv::TcpStoreOptions probe = options_.store;
+  probe.tokenFromEnvironment = false;
+  rdzv::TcpStore store(probe);
+  const auto info = store.serverInfo();
+  if (info.instance != rendezvousStore_->instanceId()) {
+    throw NetworkError("split brain: this node hosts the rendezvous store (instance " +
+                       rendezvousStore_->instanceId() + ") but " + options_.store.host + ":" +
+                       std::to_string(options_.store.port) + " reaches another store (instance " +
+                       info.instance + (info.job.empty() ? "" : ", job '" + info.job + "'") +
+                       "): another node also believes it hosts the endpoint; refusing to go on "
+                       "(set --rdzv-conf is_host=false on every node but one)");
+  }
+}
+
 rdzv::DynamicRendezvous& MultiNodeRendezvous::protocol() {
   if (!protocol_) {
+    if (rendezvousStore_) checkOwnStore();
     protocol_ = std::make_unique<rdzv::DynamicRendezvous>(
         options_, [this](const rdzv::RoundEvent& e) { onEvent(e); });
     live_ = protocol_.get();
@@ -293,7 +365,8 @@ void MultiNodeRendezvous::hostWorkerStore(const RoundInfo& info) {
   if (!agentStore_ || info.nodeRank != 0) return;
   workerStore_ = std::make_unique<rdzv::StoreServer>(
       io_, rdzv::StoreServerOptions{.host = resolveAddress(info.masterAddr),
-                                    .port = info.masterPort});
+                                    .port = info.masterPort,
+                                    .limits = storeLimits_});
 }
 
 void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& what,

@@ -14,7 +14,10 @@
 //   - c10d: the rendezvous store at the endpoint is hosted, on the agent's io_context, by the agent
 //     whose --local-addr (or, without it, this machine) is the endpoint's host, or that has
 //     rdzv-conf is_host=true; static: node 0 at --master-addr:--master-port. A host that cannot
-//     bind fails naming the endpoint: it never joins somebody else's store instead.
+//     bind fails naming the endpoint: it never joins somebody else's store instead -- unless a
+//     ddprun store answering for this job's id holds the port (another agent of the job on
+//     this machine), which it then joins as a client. A host checks, through the endpoint,
+//     that it reaches its own store (INFO's instance id): no split brain.
 //     The host waits (close_timeout) for every node to pass the exit barrier before it exits.
 //   - with the agent store (the default), node rank 0 of each round hosts a fresh store for
 //     that round's workers at MASTER_ADDR:MASTER_PORT, so keys of an earlier round (same
@@ -29,6 +32,7 @@
 
 #include "launcher/rendezvous_handler.h"
 #include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/store_limits.h"
 
 namespace ddprun::rendezvous {
 class StoreServer;
@@ -39,6 +43,8 @@ namespace ddprun::launcher {
 // Builds the protocol's options from the launcher's flags; throws ConfigError naming the flag.
 // `hostStore` is set to whether this agent hosts the rendezvous store.
 rendezvous::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore);
+// The limits of the stores this agent hosts: the defaults and --rdzv-conf store_* keys.
+rendezvous::ServerLimits hostedStoreLimits(const LaunchOptions& o);
 
 class MultiNodeRendezvous final : public RendezvousHandler {
  public:
@@ -63,6 +69,8 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   void threadMain();
   rendezvous::DynamicRendezvous& protocol();  // connects on first use (handler's thread)
   void onEvent(const rendezvous::RoundEvent& e);
+  std::string heldBy(const std::string& bindError) const;
+  void checkOwnStore();  // on the handler's thread, before the first round
   void hostWorkerStore(const RoundInfo& info);  // on the io_context
   // "job 'ID' finished: REASON" / "job 'ID' FAILED (exit code N): REASON".
   std::string summary(bool failed, int exitCode, const std::string& reason) const;
@@ -71,6 +79,7 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   bool agentStore_;
   std::string backend_;
   rendezvous::DynamicRendezvousOptions options_;
+  rendezvous::ServerLimits storeLimits_;  // of both stores hosted here
   std::unique_ptr<rendezvous::StoreServer> rendezvousStore_;  // when this node hosts it
   std::unique_ptr<rendezvous::StoreServer> workerStore_;      // node rank 0, agent store mode
   Listener listener_;

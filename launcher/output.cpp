@@ -2,12 +2,15 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 
 #include "base/errors.h"
+#include "base/log.h"
 
 namespace ddprun::launcher {
 
@@ -78,7 +81,105 @@ void writeFully(int fd, std::string_view data) {
   }
 }
 
+namespace {
+std::map<int, Console*>& consoles() {
+  // Built on first use and never destroyed: the exit path may still flush them.
+  static auto* all = new std::map<int, Console*>();
+  return *all;
+}
+}  // namespace
+
+Console& Console::of(int fd) {
+  Console*& c = consoles()[fd];
+  if (c == nullptr) c = new Console(fd);
+  return *c;
+}
+
+Console::Console(int fd) : fd_(fd) {
+  // Only ddprun's own stdout and stderr are reopened (other descriptors: unit tests).
+  const bool console = fd == STDOUT_FILENO || fd == STDERR_FILENO;
+  struct stat st {};
+  if (console && ::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) {
+    const std::string self = "/proc/self/fd/" + std::to_string(fd);
+    const int own = ::open(self.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (own >= 0) {
+      fd_ = own;
+      nonBlocking_ = true;
+    }
+  }
+}
+
+void Console::write(std::string_view bytes) {
+  if (broken_) {
+    lost_ += bytes.size();
+    return;
+  }
+  if (!nonBlocking_) {
+    writeFully(fd_, bytes);
+    return;
+  }
+  pending_.append(bytes);
+  pump();
+}
+
+bool Console::pump() {
+  while (sent_ < pending_.size() && !broken_) {
+    const ssize_t n = ::write(fd_, pending_.data() + sent_, pending_.size() - sent_);
+    if (n > 0) {
+      sent_ += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      break;
+    } else {
+      broken_ = true;  // EPIPE (nobody reads any more) or worse: drop, count, go on
+      lost_ += pending_.size() - sent_;
+      sent_ = pending_.size();
+    }
+  }
+  if (sent_ == pending_.size()) {
+    pending_.clear();
+    sent_ = 0;
+  } else if (sent_ > kLowWater) {
+    pending_.erase(0, sent_);
+    sent_ = 0;
+  }
+  return pending_.size() - sent_ <= kLowWater;
+}
+
+void Console::flush(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (nonBlocking_ && !broken_) {
+    pump();
+    if (pending_.size() == sent_) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    struct pollfd p {fd_, POLLOUT, 0};
+    ::poll(&p, 1, static_cast<int>(left.count()));
+  }
+  lost_ += pending_.size() - sent_;
+  pending_.clear();
+  sent_ = 0;
+}
+
+std::vector<std::string> Console::flushAll(std::chrono::milliseconds timeout) {
+  std::vector<std::string> lost;
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    if (consoles().count(fd) == 0) continue;  // never used: nothing to flush
+    Console& c = of(fd);
+    c.flush(timeout);
+    if (c.lostBytes() > 0) {
+      lost.push_back(std::to_string(c.lostBytes()) + " bytes of worker output for ddprun's " +
+                     (fd == STDOUT_FILENO ? "stdout" : "stderr") +
+                     " were lost (it did not take them, or was closed)");
+    }
+  }
+  return lost;
+}
+
 StreamSink::StreamSink(StreamTargets targets) : targets_(std::move(targets)) {
+  if (targets_.consoleFd >= 0) console_ = &Console::of(targets_.consoleFd);
   if (!targets_.filePath.empty()) {
     file_ = UniqueFd(::open(targets_.filePath.c_str(),
                             O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644));
@@ -89,8 +190,30 @@ StreamSink::StreamSink(StreamTargets targets) : targets_(std::move(targets)) {
   }
 }
 
+void StreamSink::writeFile(std::string_view bytes) {
+  if (fileError_ != 0) {
+    fileLost_ += bytes.size();
+    return;
+  }
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(file_.get(), bytes.data(), bytes.size());
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      fileError_ = n < 0 ? errno : ENOSPC;
+      fileLost_ += bytes.size();
+      DDPRUN_LOG(WARN, "launcher") << "cannot write log file " << targets_.filePath << ": "
+                                   << std::strerror(fileError_)
+                                   << "; what goes to it is lost from here on (counted at the end)";
+      return;
+    }
+  }
+}
+
 void StreamSink::write(std::string_view bytes) {
-  if (file_) writeFully(file_.get(), bytes);
+  if (file_) writeFile(bytes);
   if (targets_.consoleFd < 0 && targets_.tailLines == 0) return;
   scratch_.clear();
   lines_.feed(bytes, scratch_);
@@ -113,7 +236,7 @@ void StreamSink::emit(std::vector<std::string>& lines) {
       batch += l;
       batch += '\n';
     }
-    writeFully(targets_.consoleFd, batch);
+    console_->write(batch);
   }
   for (auto& l : lines) {
     if (targets_.tailLines == 0) break;

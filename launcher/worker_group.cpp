@@ -72,6 +72,16 @@ struct WorkerGroup::Timers {
   asio::steady_timer drain;  // stop waiting for output held open by escaped processes
 };
 
+// A console that does not keep up (a pipe nobody reads, a stopped terminal): the readers
+// that write to it wait, the loop goes on, and they resume once it is writable and drained.
+struct WorkerGroup::ConsoleWait {
+  ConsoleWait(asio::io_context& io, Console& c) : console(c), writable(io, ::dup(c.fd())) {}
+  Console& console;
+  asio::posix::stream_descriptor writable;  // a dup of the console's descriptor
+  std::vector<std::pair<size_t, bool>> readers;  // (slot, isStderr) paused
+  bool armed = false;
+};
+
 WorkerGroup::WorkerGroup(asio::io_context& io, Callbacks callbacks)
     : io_(io), callbacks_(std::move(callbacks)), timers_(std::make_unique<Timers>(io)) {}
 
@@ -144,8 +154,45 @@ void WorkerGroup::readOutput(size_t i, bool isStderr) {
       return;
     }
     sink.write(std::string_view((isStderr ? s.errBuf : s.outBuf).data(), n));
-    self->readOutput(i, isStderr);
+    if (sink.congested()) {
+      self->waitForConsole(i, isStderr);  // this pipe is not read until the console drains
+    } else {
+      self->readOutput(i, isStderr);
+    }
   });
+}
+
+void WorkerGroup::waitForConsole(size_t i, bool isStderr) {
+  Console& console = *(isStderr ? slots_[i]->errSink : slots_[i]->outSink).console();
+  ConsoleWait* w = nullptr;
+  for (auto& c : consoleWaits_) {
+    if (&c->console == &console) w = c.get();
+  }
+  if (w == nullptr) {
+    consoleWaits_.push_back(std::make_unique<ConsoleWait>(io_, console));
+    w = consoleWaits_.back().get();
+  }
+  w->readers.emplace_back(i, isStderr);
+  if (!w->armed) armConsoleWait(*w);
+}
+
+void WorkerGroup::armConsoleWait(ConsoleWait& w) {
+  w.armed = true;
+  w.writable.async_wait(asio::posix::stream_descriptor::wait_write,
+                        [self = shared_from_this(), &w](error_code ec) {
+                          w.armed = false;
+                          if (ec) return;  // cancelled: the group is finishing
+                          if (!w.console.pump()) {
+                            self->armConsoleWait(w);
+                            return;
+                          }
+                          auto readers = std::move(w.readers);
+                          w.readers.clear();
+                          for (auto [i, isStderr] : readers) {
+                            const Slot& s = *self->slots_[i];
+                            if (!(isStderr ? s.errDone : s.outDone)) self->readOutput(i, isStderr);
+                          }
+                        });
 }
 
 void WorkerGroup::onRecord(size_t i, const GuardRecord& r) {
@@ -198,6 +245,11 @@ void WorkerGroup::onGuardGone(size_t i) {
     WorkerResult& res = results_[i];
     if (res.execErrno != 0) {
       res.waitStatus = 127 << 8;
+    } else if (stopSignal_ == SIGKILL) {
+      // ddprun itself SIGKILLed the group (after --shutdown-timeout, or a second signal):
+      // the guard went with its worker, which is what was asked for, not a failure.
+      res.waitStatus = SIGKILL;  // as waitpid reports a death by SIGKILL
+      DDPRUN_LOG(DEBUG, "launcher") << "rank " << res.globalRank << " stopped by ddprun with SIGKILL";
     } else {
       res.guardLost = true;
       DDPRUN_LOG(ERROR, "launcher") << "the guard of rank " << res.globalRank << " (pid "
@@ -214,7 +266,9 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
     if (s->ended || s->reaped) continue;
     // A guard still setting up would drop the signal (it ignores it, and the worker does not
     // exist yet): it is sent when the Started record arrives. SIGKILL needs no such care.
-    if (s->started || sig == SIGKILL) {
+    if (sig == SIGKILL) {
+      s->control.reset();  // the guard kills the worker and every descendant, then reports
+    } else if (s->started) {
       ::kill(-s->guardPid, sig);
     } else {
       s->pendingSignal = sig;
@@ -229,7 +283,7 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
                                  << "sending SIGKILL";
     self->stopSignal_ = SIGKILL;
     for (auto& s : self->slots_) {
-      if (!s->ended && !s->reaped) ::kill(-s->guardPid, SIGKILL);
+      if (!s->ended && !s->reaped) s->control.reset();  // the guard's sweep (see stop())
     }
   });
 }
@@ -264,6 +318,14 @@ void WorkerGroup::checkStopped() {
   }
   stoppedFired_ = true;
   timers_->drain.cancel();
+  for (auto& s : slots_) {
+    for (const StreamSink* sink : {&s->outSink, &s->errSink}) {
+      if (sink->fileLostBytes() == 0) continue;
+      DDPRUN_LOG(WARN, "launcher") << sink->fileLostBytes() << " bytes of worker output were lost: "
+                                   << "log file " << sink->filePath() << ": "
+                                   << std::strerror(sink->fileError());
+    }
+  }
   for (size_t i = 0; i < slots_.size(); ++i) results_[i].stderrTail = slots_[i]->errSink.tail();
   if (callbacks_.stopped) {
     asio::post(io_, [self = shared_from_this()] { self->callbacks_.stopped(); });
@@ -271,6 +333,11 @@ void WorkerGroup::checkStopped() {
 }
 
 void WorkerGroup::finishOutputs() {
+  for (auto& w : consoleWaits_) {
+    boost::system::error_code ec;
+    w->writable.cancel(ec);
+    w->readers.clear();
+  }
   for (auto& s : slots_) {
     if (!s->outDone) {
       s->outSink.finish();
@@ -286,12 +353,26 @@ void WorkerGroup::finishOutputs() {
 }
 
 void WorkerGroup::killAll() {
+  // Closing the control pipes makes every guard sweep its descendants and exit. A guard
+  // that has not exited after kGuardSweepBound (stuck, or stopped) is SIGKILLed with its
+  // group.
+  constexpr auto kGuardSweepBound = std::chrono::seconds(5);
+  for (auto& s : slots_) {
+    if (!s->reaped) s->control.reset();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kGuardSweepBound;
   for (auto& s : slots_) {
     if (s->reaped) continue;
-    ::kill(-s->guardPid, SIGKILL);
-    s->control.reset();
     int st = 0;
-    while (::waitpid(s->guardPid, &st, 0) < 0 && errno == EINTR) {
+    pid_t r;
+    while ((r = ::waitpid(s->guardPid, &st, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      ::usleep(1000);
+    }
+    if (r == 0) {
+      ::kill(-s->guardPid, SIGKILL);
+      while (::waitpid(s->guardPid, &st, 0) < 0 && errno == EINTR) {
+      }
     }
     s->reaped = true;
     boost::system::error_code ec;
@@ -299,6 +380,10 @@ void WorkerGroup::killAll() {
   }
   timers_->kill.cancel();
   timers_->drain.cancel();
+  for (auto& w : consoleWaits_) {
+    boost::system::error_code ec;
+    w->writable.cancel(ec);
+  }
 }
 
 size_t WorkerGroup::runningCount() const {

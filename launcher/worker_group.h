@@ -11,6 +11,8 @@
 //   once every worker has exited, the group closes itself: the guards' control pipes are
 //   closed (so whatever the workers left behind in their process groups is killed), the
 //   guards are reaped, the output pipes drained; then Callbacks::stopped fires, once.
+// Output never blocks the loop: a worker's pipe whose console is congested (output.h,
+// Console) is not read until the console drains; the worker blocks on its full pipe.
 // The destructor kills and reaps whatever is still there, synchronously.
 #include <sys/types.h>
 
@@ -97,6 +99,9 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   void closeControls();
   void checkStopped();
   void finishOutputs();
+  struct ConsoleWait;
+  void waitForConsole(size_t i, bool isStderr);
+  void armConsoleWait(ConsoleWait& w);
 
   boost::asio::io_context& io_;
   Callbacks callbacks_;
@@ -104,6 +109,7 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   std::vector<WorkerResult> results_;
   struct Timers;
   std::unique_ptr<Timers> timers_;
+  std::vector<std::unique_ptr<ConsoleWait>> consoleWaits_;  // one per congested console
   bool controlsClosed_ = false;
   bool stoppedFired_ = false;
   bool drainArmed_ = false;

@@ -3,10 +3,13 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "base/errors.h"
@@ -21,10 +24,30 @@ std::string randomNonce() {
   return n;
 }
 
-std::string proof(std::string_view token, std::string_view nonce) {
+std::string randomId() {
+  unsigned char b[8];
+  DDPRUN_CHECK(RAND_bytes(b, sizeof b) == 1, "RAND_bytes failed");
+  std::string s;
+  for (unsigned char c : b) {
+    s += "0123456789abcdef"[c >> 4];
+    s += "0123456789abcdef"[c & 15];
+  }
+  return s;
+}
+
+std::string proof(std::string_view token, Direction dir, std::string_view serverNonce,
+                  std::string_view clientNonce, std::string_view channel) {
+  // Each part length-prefixed (u32), so that no two different inputs give the same message.
   std::string msg;
-  msg.reserve(kAuthContext.size() + nonce.size());
-  msg.append(kAuthContext).append(nonce);
+  auto part = [&](std::string_view p) {
+    const uint32_t n = static_cast<uint32_t>(p.size());
+    msg.append(reinterpret_cast<const char*>(&n), sizeof n).append(p);
+  };
+  part(kAuthContext);
+  part(dir == Direction::ClientToServer ? "client->server" : "server->client");
+  part(serverNonce);
+  part(clientNonce);
+  part(channel);
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   DDPRUN_CHECK(HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
@@ -32,6 +55,12 @@ std::string proof(std::string_view token, std::string_view nonce) {
                     &len) != nullptr,
                "HMAC-SHA256 failed");
   return std::string(reinterpret_cast<char*>(out), len);
+}
+
+std::string channelName(std::string ip, uint16_t port) {
+  constexpr std::string_view kMapped = "::ffff:";
+  if (ip.rfind(kMapped, 0) == 0 && ip.find('.') != std::string::npos) ip.erase(0, kMapped.size());
+  return ip + ":" + std::to_string(port);
 }
 
 bool constantTimeEquals(std::string_view a, std::string_view b) {
@@ -46,6 +75,16 @@ std::string readTokenFile(const std::string& path) {
   if (!in) {
     throw ConfigError("cannot read the store token file '" + path + "': " + std::strerror(errno));
   }
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw ConfigError("cannot read the store token file '" + path + "': " + std::strerror(errno));
+  }
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw ConfigError("the store token file '" + path + "' has mode " + mode +
+                      ": group or others may read it; run `chmod 600 " + path + "`");
+  }
   std::stringstream ss;
   ss << in.rdbuf();
   std::string t = ss.str();
@@ -53,6 +92,11 @@ std::string readTokenFile(const std::string& path) {
                         t.back() == '\t'))
     t.pop_back();
   if (t.empty()) throw ConfigError("the store token file '" + path + "' is empty");
+  if (t.size() < kMinTokenBytes) {
+    throw ConfigError("the store token in '" + path + "' has " + std::to_string(t.size()) +
+                      " bytes: a token needs at least " + std::to_string(kMinTokenBytes) +
+                      " (e.g. `head -c 32 /dev/urandom | base64 > " + path + "`)");
+  }
   return t;
 }
 

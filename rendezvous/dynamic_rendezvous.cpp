@@ -202,8 +202,12 @@ void DynamicRendezvous::emit(const RoundEvent& e) {
 
 void DynamicRendezvous::onBackgroundError(std::exception_ptr eptr) {
   std::string what;
+  bool corrupt = false;  // the store answered, with a corrupt or forged state (state_log.h)
   try {
     std::rethrow_exception(eptr);
+  } catch (const StoreError& ex) {
+    what = ex.what();
+    corrupt = true;
   } catch (const std::exception& ex) {
     what = ex.what();
   }
@@ -215,7 +219,9 @@ void DynamicRendezvous::onBackgroundError(std::exception_ptr eptr) {
   RoundEvent e;
   e.kind = RoundEvent::Kind::StoreLost;
   e.round = roundNo_;
-  e.message = "lost the rendezvous store at " + options_.backend->describe() + ": " + what;
+  e.message = corrupt ? "rendezvous '" + options_.runId + "' at " + options_.backend->describe() +
+                            ": " + what
+                      : "lost the rendezvous store at " + options_.backend->describe() + ": " + what;
   DDPRUN_LOG(ERROR, "rendezvous") << e.message;
   emit(e);
 }

@@ -89,9 +89,16 @@ struct JobLimits {
   int maxRestarts = 0;
 };
 
-// Text encoding, one record per line; decode throws StoreError naming `what` on bad input.
+// Text encoding, one record per line; decode throws StoreError naming `what` on bad input:
+// every field is checked (ids, addresses, nproc in 1..kMaxNproc, ranks >= -1, ports).
+inline constexpr int kMaxNproc = 1 << 16;
 std::string encodeState(const RoundState& s);
 RoundState decodeState(const std::string& text, const std::string& what);
+// Checks a decoded state against the job's limits: at most MAX members, no member twice, node
+// ranks below MAX, restarts within the budget, the world size within MAX x kMaxNproc (so it
+// cannot overflow), a closed round with members. Throws StoreError naming `what`: the state
+// is corrupt or forged (without a token, anyone who reaches the store can write one).
+void validateState(const RoundState& s, const JobLimits& lim, const std::string& what);
 
 namespace transition {
 

@@ -1,5 +1,8 @@
 // The text encoding of RoundState (round_state.h): encodeState / decodeState.
+#include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cstdint>
 #include <string_view>
 
 #include "rendezvous/round_state.h"
@@ -52,6 +55,21 @@ std::vector<std::string_view> words(std::string_view line) {
   return out;
 }
 
+// A node id: what DynamicRendezvous makes (address-pid-hex), printable, no white space.
+bool validId(std::string_view id) {
+  if (id.empty() || id.size() > 256) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+// An advertised address: a host name, an IPv4 address or an IPv6 one (scope id allowed).
+bool validAddress(std::string_view a) {
+  if (a.empty() || a.size() > 255) return false;
+  return std::all_of(a.begin(), a.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
+           c == ':' || c == '%' || c == '[' || c == ']';
+  });
+}
+
 template <typename T>
 bool number(std::string_view w, T& v) {
   auto r = std::from_chars(w.data(), w.data() + w.size(), v);
@@ -87,8 +105,8 @@ std::string encodeState(const RoundState& s) {
 
 RoundState decodeState(const std::string& text, const std::string& what) {
   auto bad = [&](const std::string& why) -> StoreError {
-    return StoreError("rendezvous state " + what + " is not valid (" + why +
-                      "): is another program using this rendezvous id?");
+    return StoreError("rendezvous state " + what + " is corrupt or forged (" + why +
+                      "): is another program writing to this rendezvous id?");
   };
   std::string_view rest(text);
   auto nextLine = [&](std::string_view& line) {
@@ -132,7 +150,8 @@ RoundState decodeState(const std::string& text, const std::string& what) {
     } else if (tag == "exit") {
       if (!field(s.exitCode)) throw bad("exit: '" + std::string(line) + "'");
     } else if (tag == "done" || tag == "lost") {
-      if (w.size() != 2) throw bad(std::string(tag) + " record '" + std::string(line) + "'");
+      if (w.size() != 2 || !validId(w[1]))
+        throw bad(std::string(tag) + " record '" + std::string(line) + "'");
       (tag == "done" ? s.done : s.lost).emplace_back(w[1]);
     } else if (tag == "member" || tag == "waiting") {
       NodeInfo n;
@@ -142,13 +161,17 @@ RoundState decodeState(const std::string& text, const std::string& what) {
           port > 65535) {
         throw bad("node record '" + std::string(line) + "'");
       }
+      if (n.nproc > kMaxNproc || n.fixedRank < -1 || n.prevRank < -1 || !validId(w[1]) ||
+          !validAddress(w[2])) {
+        throw bad("node record '" + std::string(line) + "'");
+      }
       n.id = std::string(w[1]);
       n.addr = std::string(w[2]);
       n.masterPort = static_cast<uint16_t>(port);
       (tag == "member" ? s.members : s.waiting).push_back(std::move(n));
     } else if (tag == "expected") {
       NodeInfo n;
-      if (w.size() != 3 || !number(w[2], n.prevRank)) {
+      if (w.size() != 3 || !number(w[2], n.prevRank) || n.prevRank < -1 || !validId(w[1])) {
         throw bad("expected record '" + std::string(line) + "'");
       }
       n.id = std::string(w[1]);
@@ -159,6 +182,41 @@ RoundState decodeState(const std::string& text, const std::string& what) {
   }
   if (!seenRound || !seenPhase) throw bad("round or phase missing");
   return s;
+}
+
+void validateState(const RoundState& s, const JobLimits& lim, const std::string& what) {
+  auto bad = [&](const std::string& why) {
+    throw StoreError("rendezvous state " + what + " is corrupt or forged (" + why +
+                     "): is another program writing to this rendezvous id?");
+  };
+  const int64_t members = static_cast<int64_t>(s.members.size());
+  if (members > lim.maxNodes) {
+    bad(std::to_string(members) + " members, more than MAX=" + std::to_string(lim.maxNodes));
+  }
+  if (s.phase != Phase::Joining && members == 0) bad(std::string(phaseName(s.phase)) + " with no member");
+  if (s.restarts > lim.maxRestarts) {
+    bad("restarts " + std::to_string(s.restarts) + " > max_restarts=" +
+        std::to_string(lim.maxRestarts));
+  }
+  // The world size, summed without overflow: at most MAX x the largest nproc a node may have.
+  int64_t world = 0;
+  std::vector<std::string_view> ids;
+  for (const auto& m : s.members) {
+    world += m.nproc;  // each in [1, kMaxNproc] (decodeState), at most MAX of them
+    if (m.fixedRank >= lim.maxNodes) {
+      bad("member " + m.id + " has node rank " + std::to_string(m.fixedRank) + " >= MAX=" +
+          std::to_string(lim.maxNodes));
+    }
+    ids.push_back(m.id);
+  }
+  if (world > static_cast<int64_t>(lim.maxNodes) * kMaxNproc || world > INT32_MAX) {
+    bad("world size " + std::to_string(world) + " out of range");
+  }
+  std::sort(ids.begin(), ids.end());
+  if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) bad("a member appears twice");
+  if (s.phase == Phase::Failed && (s.exitCode < -255 || s.exitCode > 255)) {
+    bad("exit code " + std::to_string(s.exitCode) + " out of range");
+  }
 }
 
 }  // namespace ddprun::rendezvous

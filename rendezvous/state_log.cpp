@@ -22,18 +22,35 @@ int64_t parseVersion(const std::string& value, const std::string& key) {
 Versioned StateLog::read(int64_t version) {
   if (version == 0) return {};
   const std::string key = stateKey(version);
-  return {version, decodeState(store_.get(key), "'" + key + "'")};
+  return {version, decode(store_.get(key), key)};
+}
+
+RoundState StateLog::decode(const std::string& text, const std::string& key) const {
+  RoundState s = decodeState(text, "'" + key + "'");
+  validateState(s, limits_, "'" + key + "'");
+  return s;
+}
+
+// A version named by a hint or a marker exists: agents write a version before any key that
+// names it. A name of a missing version is forged; reading it would wait for read_timeout.
+int64_t StateLog::existing(int64_t version, const std::string& namedBy) {
+  if (version > 0 && !store_.check({stateKey(version)})) {
+    throw StoreError("rendezvous key '" + namedBy + "' names version " + std::to_string(version) +
+                     ", which was never written: it is forged (is another program writing to "
+                     "this rendezvous id?)");
+  }
+  return version;
 }
 
 Versioned StateLog::latest() {
   // One round trip: creates the hint as "0" when no state was written yet.
   const int64_t hint = parseVersion(store_.compareSet(kLatestKey, "", "0"), kLatestKey);
-  return read(hint);
+  return read(existing(hint, kLatestKey));
 }
 
 Versioned StateLog::refresh(Versioned known) {
   const int64_t hint = parseVersion(store_.compareSet(kLatestKey, "", "0"), kLatestKey);
-  if (hint > known.version) known = read(hint);
+  if (hint > known.version) known = read(existing(hint, kLatestKey));
   while (store_.check({stateKey(known.version + 1)})) known = read(known.version + 1);
   return known;
 }
@@ -57,7 +74,7 @@ StateLog::Result StateLog::update(Versioned known, const Transition& fn) {
       publish(cur);
       return {cur, true};
     }
-    cur = {cur.version + 1, decodeState(got, "'" + key + "'")};
+    cur = {cur.version + 1, decode(got, key)};
   }
 }
 
@@ -78,7 +95,7 @@ std::optional<int64_t> StateLog::waitMarker(const std::string& key, Millis timeo
       return std::nullopt;
     }
   }
-  return parseVersion(store_.get(key), key);
+  return existing(parseVersion(store_.get(key), key), key);
 }
 
 std::optional<Versioned> StateLog::waitNewer(const Versioned& known, Millis timeout) {

@@ -9,6 +9,11 @@
 // round_state.h) and the hint `latest` = v+1. Waiters WAIT on one marker key (or on the next
 // version's key); nobody sleeps and polls.
 //
+// Every version read is decoded and validated against the job's limits, and a version named by
+// `latest` or a marker must exist: a corrupt or forged state throws StoreError in one line
+// naming the key, so the agent fails the round at once instead of waiting on it. The store
+// keeps written versions write-once (KeyTable::writeOnce): nobody deletes or rewrites one.
+//
 // A StateLog uses the one Store it is given; give each thread its own connection.
 #include <condition_variable>
 #include <functional>
@@ -58,6 +63,9 @@ class StateLog {
 
  private:
   void publish(const Versioned& v);
+  // decodeState + validateState: a corrupt or forged version throws StoreError naming `key`.
+  RoundState decode(const std::string& text, const std::string& key) const;
+  int64_t existing(int64_t version, const std::string& namedBy);
 
   Store& store_;
   JobLimits limits_;

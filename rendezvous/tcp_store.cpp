@@ -1,6 +1,9 @@
 #include "rendezvous/tcp_store.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -138,7 +141,10 @@ void TcpStore::handshake() {
     w.u32(nonce);
     if (ddprun) out += frame(Op::Hello, wire_);
     c.write(out);
-    if (c.u32() != nonce) throw StoreError("store at " + address_ + " answered PING wrongly");
+    if (c.u32() != nonce) {
+      throw StoreError("the server at " + address_ + " answered PING wrongly: it is not a " +
+                       (ddprun ? "ddprun-store" : "TCPStore"));
+    }
     if (!ddprun) return;
     const std::string identity = c.str(1024);
     const bool authRequired = c.u8() != 0;
@@ -156,22 +162,63 @@ void TcpStore::handshake() {
                       " does not use authentication but we have a token: it is not this "
                       "job's store");
     }
-    if (authRequired) {
-      std::string a = frame(Op::Auth, wire_);
-      FrameWriter(a).str(auth::proof(*options_.authToken, challenge));
-      c.write(a);
-      if (c.u8() != static_cast<uint8_t>(protocol::AuthReply::Ok)) {
-        throw AuthError("the store at " + address_ + " refused our authentication token");
-      }
-    }
+    if (authRequired) authenticate(c, challenge);
   } catch (const IoFailure& f) {
     conn_.reset();
+    // A store past its connection limit, or out of descriptors, accepts and closes at once.
+    const std::string hint =
+        f.timeout ? (ddprun ? ": is it a ddprun-store?" : "")
+                  : ": the store may be at its connection or descriptor limit (max_connections, "
+                    "ulimit -n; see its log)" + std::string(ddprun ? ", or it is not a ddprun-store" : "");
     throw StoreError("the server at " + address_ + " did not complete the " +
-                     (ddprun ? "ddprun" : "TCPStore") + " handshake (" + f.what +
-                     (ddprun ? "): is it a ddprun-store?" : ")"));
+                     (ddprun ? "ddprun" : "TCPStore") + " handshake (" + f.what + ")" + hint);
   } catch (...) {
     conn_.reset();
     throw;
+  }
+}
+
+// Mutual, channel-bound authentication (rendezvous/auth.h): we prove the token over both
+// nonces and the store's address as we reached it; the store must prove it back.
+void TcpStore::authenticate(Connection& c, const std::string& serverNonce) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  char ip[INET6_ADDRSTRLEN] = {};
+  uint16_t port = 0;
+  if (::getpeername(c.fd(), reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+    if (ss.ss_family == AF_INET) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+      ::inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+      port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+      ::inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+      port = ntohs(a->sin6_port);
+    }
+  }
+  const std::string channel = auth::channelName(ip, port);
+  const std::string clientNonce = auth::randomNonce();
+  const std::string& token = *options_.authToken;
+  std::string a = frame(Op::Auth, wire_);
+  FrameWriter(a).str(clientNonce).str(
+      auth::proof(token, auth::Direction::ClientToServer, serverNonce, clientNonce, channel));
+  c.write(a);
+  if (c.u8() != static_cast<uint8_t>(protocol::AuthReply::Ok)) {
+    throw AuthError("the store at " + address_ + " refused our authentication token (another "
+                    "token, or something between us: a relay, NAT or port forward -- proofs are "
+                    "bound to the store's address, here " + channel + ")");
+  }
+  std::string theirs;
+  try {
+    theirs = c.str(1024);
+  } catch (const IoFailure&) {
+    theirs.clear();  // it answered AUTH_OK and then nothing: as good as a wrong proof
+  }
+  const std::string expected =
+      auth::proof(token, auth::Direction::ServerToClient, serverNonce, clientNonce, channel);
+  if (!auth::constantTimeEquals(theirs, expected)) {
+    throw AuthError("the server at " + address_ + " accepted us without proving it knows the "
+                    "token: it is not this job's store (refused)");
   }
 }
 
@@ -408,6 +455,19 @@ void TcpStore::ping() {
     FrameWriter(f).u32(42);
     c.write(f);
     if (c.u32() != 42) throw IoFailure{false, "PING answered wrongly"};
+  });
+}
+
+TcpStore::ServerInfo TcpStore::serverInfo() {
+  if (options_.dialect != StoreDialect::Ddprun) {
+    throw StoreError("store at " + address_ + ": INFO needs a ddprun store");
+  }
+  return call("INFO", "", [&](Connection& c) {
+    c.write(frame(Op::Info, wire_));
+    ServerInfo info;
+    info.instance = c.str(1024);
+    info.job = c.str(64 * 1024);
+    return info;
   });
 }
 

@@ -63,6 +63,13 @@ class TcpStore final : public Store {
                 const std::vector<std::string>& values) override;
   void append(const std::string& key, const std::string& value) override;
 
+  // Which store this is (ddprun dialect only): a random id per server process, and the run id
+  // of the agent that hosts it (empty for ddprun-store, which serves any job).
+  struct ServerInfo {
+    std::string instance;
+    std::string job;
+  };
+  ServerInfo serverInfo();
   // Round trip with no effect (PING in the current dialects, GETNUMKEYS in legacy).
   void ping();
   // Makes a call blocked in another thread (typically a long WAIT, or a reconnect's backoff)
@@ -86,6 +93,7 @@ class TcpStore final : public Store {
   auto call(const char* op, const std::string& what, Fn&& fn);
   void connect();
   void handshake();
+  void authenticate(Connection& c, const std::string& serverNonce);
   void waitImpl(const std::vector<std::string>& keys, Millis timeout, const char* op);
 
   TcpStoreOptions options_;

@@ -254,6 +254,7 @@ def wrong_store(t):
     for path, token in ((right, "s3cret-of-this-job"), (wrong, "another-jobs-token")):
         with open(path, "w") as f:
             f.write(token + "\n")
+        os.chmod(path, 0o600)  # a token file others may read is refused
     port = free_port("127.0.0.1")
     store = subprocess.Popen([os.path.join(BIN, "ddprun-store"), "--host", "127.0.0.1",
                               "--port", str(port), "--auth-token-file", right],

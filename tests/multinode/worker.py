@@ -83,7 +83,7 @@ def main():
     env = {k: os.environ.get(k, "") for k in (
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
-        "TORCHELASTIC_USE_AGENT_STORE")}
+        "TORCHELASTIC_USE_AGENT_STORE", "DDPRUN_STORE_TOKEN_FILE")}
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     group, local = int(env["GROUP_RANK"]), int(env["LOCAL_RANK"])
 

@@ -86,7 +86,42 @@ TEST_CASE("a state key holding garbage is reported, not trusted", "[rdzv][log]")
   store->set("latest", "1");
   store->set("state/1", "not a state");
   StateLog log(*store, JobLimits{});
-  CHECK_THROWS_WITH(log.latest(), Catch::Contains("'state/1' is not valid"));
+  CHECK_THROWS_WITH(log.latest(), Catch::Contains("'state/1' is corrupt or forged"));
   store->set("latest", "x1");
   CHECK_THROWS_WITH(log.latest(), Catch::Contains("not a state version"));
+}
+
+TEST_CASE("a forged state is refused field by field, a forged hint at once", "[rdzv][log]") {
+  const JobLimits lim{.minNodes = 1, .maxNodes = 2, .maxRestarts = 1};
+  auto forged = [&](const std::string& records) {
+    auto store = std::make_shared<MemoryStore>();
+    store->set("latest", "1");
+    store->set("state/1", "ddprun-rendezvous-state 1\nround 1\nphase closed\nrestarts 0\nexit 0\n"
+                          "reason r\n" + records);
+    StateLog log(*store, lim);
+    try {
+      log.latest();
+    } catch (const StoreError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string ok = "member a 127.0.0.2 2 29500 -1 -1\n";
+  CHECK(forged(ok) == "accepted");
+  CHECK(forged(ok + "member b 127.0.0.3 2 29500 -1 -1\nmember c 127.0.0.4 2 29500 -1 -1\n")
+            .find("3 members, more than MAX=2") != std::string::npos);
+  CHECK(forged("member a 127.0.0.2 2147483647 29500 -1 -1\n").find("corrupt or forged") !=
+        std::string::npos);  // an nproc that would overflow the world size
+  CHECK(forged("member a 127.0.0.2;rm 2 29500 -1 -1\n").find("node record") != std::string::npos);
+  CHECK(forged("member a 127.0.0.2 2 29500 -7 -1\n").find("node record") != std::string::npos);
+  CHECK(forged("member a 127.0.0.2 2 29500 5 -1\n").find("node rank 5 >= MAX=2") !=
+        std::string::npos);
+  CHECK(forged(ok + ok).find("a member appears twice") != std::string::npos);
+  CHECK(forged("").find("closed with no member") != std::string::npos);
+
+  // A hint naming a version nobody wrote: reported at once instead of waiting for it.
+  auto store = std::make_shared<MemoryStore>();
+  store->set("latest", "7");
+  StateLog log(*store, lim);
+  CHECK_THROWS_WITH(log.latest(), Catch::Contains("names version 7, which was never written"));
 }

@@ -3,10 +3,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "base/errors.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/key_table.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
@@ -159,7 +161,7 @@ TEST_CASE("a client that vanishes mid-WAIT leaves no waiter", "[server]") {
 TEST_CASE("malformed, oversized and unknown frames close only their connection", "[server]") {
   ThreadedStoreServer server({.host = "127.0.0.1",
                               .port = 0,
-                              .limits = {.maxKeyBytes = 1024, .maxValueBytes = 1 << 20}});
+                              .limits = {.frame = {.maxKeyBytes = 1024, .maxValueBytes = 1 << 20}}});
   auto good = client(server.port());
   good.set("keep", "me");
 
@@ -256,8 +258,11 @@ TEST_CASE("authentication: accepted, refused, required", "[server][auth]") {
   SECTION("a wrong token is refused with a clear error") {
     CHECK_THROWS_MATCHES(
         TcpStore({.host = "127.0.0.1", .port = server.port(), .authToken = "guess"}), AuthError,
-        Catch::Matchers::Message("the store at 127.0.0.1:" + std::to_string(server.port()) +
-                                 " refused our authentication token"));
+        Catch::Matchers::Predicate<AuthError>([&](const AuthError& e) {
+          return std::string(e.what()).find("the store at 127.0.0.1:" +
+                                            std::to_string(server.port()) +
+                                            " refused our authentication token") == 0;
+        }));
   }
   SECTION("no token at all") {
     CHECK_THROWS_AS(TcpStore({.host = "127.0.0.1", .port = server.port()}), AuthError);
@@ -271,18 +276,107 @@ TEST_CASE("authentication: accepted, refused, required", "[server][auth]") {
     TcpStore s({.host = "127.0.0.1", .port = server.port(), .authToken = "s3cret"});
     CHECK_FALSE(s.check({"evil"}));
   }
-  SECTION("the token never crosses the wire") {
-    // The proof is an HMAC of a fresh nonce: two connections send different proofs, and
-    // neither contains the token. (Checked on the pure functions the client uses.)
-    CHECK(rendezvous::auth::proof("s3cret", "nonce-1") != rendezvous::auth::proof("s3cret", "nonce-2"));
-    CHECK(rendezvous::auth::proof("s3cret", "nonce-1").find("s3cret") == std::string::npos);
+  SECTION("proofs: fresh per nonce, bound to direction and channel, never the token") {
+    namespace a = rendezvous::auth;
+    using D = a::Direction;
+    const std::string ns(32, 'S'), nc(32, 'C'), ch = "127.0.0.1:29400";
+    const std::string p = a::proof("s3cret", D::ClientToServer, ns, nc, ch);
+    CHECK(p.size() == 32);
+    CHECK(p != a::proof("s3cret", D::ServerToClient, ns, nc, ch));  // not reflectable
+    CHECK(p != a::proof("s3cret", D::ClientToServer, std::string(32, 'T'), nc, ch));
+    CHECK(p != a::proof("s3cret", D::ClientToServer, ns, std::string(32, 'D'), ch));
+    CHECK(p != a::proof("s3cret", D::ClientToServer, ns, nc, "127.0.0.1:29401"));  // relayed
+    CHECK(p != a::proof("s3cre", D::ClientToServer, ns, nc, ch));
+    CHECK(p.find("s3cret") == std::string::npos);
+    CHECK(a::channelName("::ffff:127.0.0.1", 5) == "127.0.0.1:5");
+    CHECK(a::channelName("::1", 5) == "::1:5");
   }
 }
 
-TEST_CASE("a token for a store without authentication is refused", "[server][auth]") {
+TEST_CASE("a server that accepts without proving the token is refused", "[server][auth]") {
+  // A fake store: it asks for authentication, then answers AUTH_OK with a made-up proof (or
+  // with none, hanging up). It cannot compute the real one without the token.
+  for (const bool withProof : {true, false}) {
+    INFO("with a made-up proof: " << withProof);
+    const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(lfd, 4) == 0);
+    REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    std::thread fake([&] {
+      const int c = ::accept(lfd, nullptr, nullptr);
+      char buf[4096];
+      auto recvSome = [&] { return ::recv(c, buf, sizeof buf, 0); };
+      const ssize_t n = recvSome();  // VALIDATE, PING, HELLO
+      std::string reply;
+      uint32_t ping = 0;
+      if (n >= 10) std::memcpy(&ping, buf + 6, 4);
+      protocol::FrameWriter w(reply);
+      w.u32(ping).str(protocol::kServerIdentity).u8(1).str(std::string(32, 'n'));
+      ::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+      recvSome();  // AUTH
+      std::string ok;
+      protocol::FrameWriter(ok).u8(0);
+      if (withProof) protocol::FrameWriter(ok).str(std::string(32, 'p'));
+      ::send(c, ok.data(), ok.size(), MSG_NOSIGNAL);
+      ::close(c);
+    });
+    CHECK_THROWS_MATCHES(
+        TcpStore({.host = "127.0.0.1", .port = ntohs(a.sin_port),
+                  .connectTimeout = Millis(5'000), .authToken = "s3cret-of-the-job"}),
+        AuthError, Catch::Matchers::Predicate<AuthError>([](const AuthError& e) {
+          return std::string(e.what()).find("without proving it knows the token") !=
+                 std::string::npos;
+        }));
+    fake.join();
+    ::close(lfd);
+  }
+}
+
+TEST_CASE("written rendezvous state versions are write-once", "[server][writeonce]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
-  CHECK_THROWS_WITH(TcpStore({.host = "127.0.0.1", .port = server.port(), .authToken = "x"}),
-                    Catch::Contains("does not use authentication"));
+  const TcpStoreOptions o{.host = "127.0.0.1", .port = server.port(), .timeout = Millis(5'000)};
+  TcpStore s(o);
+  const std::string v1 = "ddprun/rdzv/job/state/1";
+  CHECK(rendezvous::KeyTable::writeOnce(v1));
+  CHECK_FALSE(rendezvous::KeyTable::writeOnce("ddprun/rdzv/job/state/latest"));
+  CHECK_FALSE(rendezvous::KeyTable::writeOnce("ddprun/rdzv/job/latest"));
+  CHECK_FALSE(rendezvous::KeyTable::writeOnce("state/1"));
+  CHECK(s.compareSet(v1, "", "first") == "first");  // written once, as agents do
+  CHECK(s.compareSet(v1, "first", "second") == "first");  // never rewritten
+  // Every other change is refused by closing the connection that asked (the next call on it
+  // fails); the version keeps its value.
+  const std::vector<std::function<void(TcpStore&)>> attacks = {
+      [&](TcpStore& a) { a.deleteKey(v1); },
+      [&](TcpStore& a) { a.add(v1, 1); },
+      [&](TcpStore& a) { a.set(v1, "overwritten"); },
+      [&](TcpStore& a) { a.append(v1, "more"); },
+      [&](TcpStore& a) { a.multiSet({"other", v1}, {"x", "y"}); },
+  };
+  for (size_t i = 0; i < attacks.size(); ++i) {
+    INFO("attack " << i);
+    TcpStore a(o);
+    bool closed = false;  // a call with a reply fails at once, one without on the next call
+    try {
+      attacks[i](a);
+    } catch (const ddprun::Error&) {
+      closed = true;
+    }
+    if (!closed) CHECK_THROWS_AS(a.ping(), ddprun::Error);
+    CHECK(s.get(v1) == "first");
+  }
+  CHECK_FALSE(s.check({"other"}));  // the refused MULTI_SET did nothing at all
+  // A version not written yet may be created by SET (agents use COMPARE_SET), and other keys
+  // of the job are unaffected.
+  s.set("ddprun/rdzv/job/state/2", "two");
+  CHECK(s.get("ddprun/rdzv/job/state/2") == "two");
+  s.set("ddprun/rdzv/job/latest", "1");
+  s.set("ddprun/rdzv/job/latest", "2");
+  CHECK(s.get("ddprun/rdzv/job/latest") == "2");
+  CHECK(s.deleteKey("ddprun/rdzv/job/latest"));
 }
 
 TEST_CASE("connect retries until the server appears, and gives up naming the address", "[server]") {
@@ -338,4 +432,30 @@ TEST_CASE("a held WAIT does not block later frames; a new WAIT replaces it", "[s
   CHECK(server.stats().waiters == 0);  // the abandoned WAIT on /never is gone
   client(server.port()).set("/never", "now");
   CHECK(raw.read(1, 200).empty());  // and it is never answered
+}
+
+TEST_CASE("INFO names the store and its job", "[server][info]") {
+  // What an agent uses to tell its own store from another (no split brain) and to recognise
+  // the store of its job on the endpoint's port (a second agent on the host joins it).
+  ThreadedStoreServer mine({.host = "127.0.0.1", .port = 0, .jobId = "job-a"});
+  ThreadedStoreServer other({.host = "127.0.0.1", .port = 0});
+  const auto a = TcpStore({.host = "127.0.0.1", .port = mine.port()}).serverInfo();
+  const auto a2 = TcpStore({.host = "127.0.0.1", .port = mine.port()}).serverInfo();
+  const auto b = TcpStore({.host = "127.0.0.1", .port = other.port()}).serverInfo();
+  CHECK(a.job == "job-a");
+  CHECK(b.job.empty());  // ddprun-store: any job
+  CHECK(a.instance.size() == 16);
+  CHECK(a.instance == a2.instance);  // one per server process...
+  CHECK(a.instance != b.instance);   // ...and random
+  // With a token INFO needs authentication, like every command but the handshake's.
+  ThreadedStoreServer secured(
+      {.host = "127.0.0.1", .port = 0, .authToken = "s3cret-s3cret-s3cret", .jobId = "job-b"});
+  CHECK(TcpStore({.host = "127.0.0.1", .port = secured.port(), .authToken = "s3cret-s3cret-s3cret"})
+            .serverInfo()
+            .job == "job-b");
+  RawSocket raw(secured.port());
+  std::string f = currentHandshake();
+  protocol::FrameWriter(f).u8(static_cast<uint8_t>(protocol::ExtensionCommand::Info));
+  raw.send(f);
+  CHECK(raw.closedByPeer());
 }

@@ -1,0 +1,74 @@
+"""Every ddprun-bench subcommand, run with tiny sizes: the tables in the README come from code
+that is tested. For each benchmark: exit 0, a CSV written where --csv says, every row of it
+naming both ddprun and its peer (or a ratio), and every measured number finite and positive.
+
+Speed is not checked here (that is what the benchmarks are for); only that they run and
+report. Usage: bench_smoke_test.py BENCHMARK   (store, launch, rendezvous, allreduce, train)
+"""
+import csv
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+BENCH = os.path.join(os.environ["DDPRUN_BIN"], "ddprun-bench")
+
+# Tiny sizes: each run takes seconds, not minutes.
+ARGS = {
+    "store": ["--ops", "200", "--barrier", "8"],
+    "launch": ["--runs", "2", "--torchrun-runs", "1", "--no-default-interval"],
+    "rendezvous": ["--sizes", "2", "--repeat", "1", "--only", "form"],
+    "allreduce": ["--ranks", "2", "--min-bytes", "4096", "--max-bytes", "16384",
+                  "--seconds", "0.05"],
+    "train": ["--model", "mlp", "--nproc", "2", "--steps", "20", "--repeat", "1"],
+}
+# Words that name ddprun's side and the peer's in each benchmark's CSV.
+PEERS = {
+    "store": ("ddprun", "torch"),
+    "launch": ("ddprun", "torchrun"),
+    "rendezvous": ("ddprun", "torchrun"),
+    "allreduce": ("ddprun", "gloo"),
+    "train": ("ddprun", "pytorch"),
+}
+
+
+def numbers(rows):
+    """Every cell that parses as a number."""
+    for row in rows:
+        for cell in row:
+            try:
+                yield float(cell.rstrip("x"))
+            except ValueError:
+                pass
+
+
+def main():
+    name = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, f"{name}.csv")
+        cmd = [BENCH, name, *ARGS[name], "--csv", out]
+        if name == "train":
+            cmd += ["--work-dir", os.path.join(tmp, "work")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
+        print(proc.stdout[-3000:])
+        print(proc.stderr[-3000:], file=sys.stderr)
+        assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}"
+        assert os.path.exists(out), f"ddprun-bench {name} wrote no {out}"
+        with open(out) as f:
+            text = f.read()
+        rows = [r for r in csv.reader(line for line in text.splitlines()
+                                      if line and not line.startswith("#"))]
+        assert len(rows) >= 2, f"{out} has no data rows:\n{text}"
+        ours, theirs = PEERS[name]
+        assert ours in text, f"{out} has no {ours} measurement:\n{text}"
+        assert theirs in text.lower(), f"{out} has no {theirs} measurement:\n{text}"
+        values = list(numbers(rows[1:]))
+        assert values, f"{out} holds no numbers:\n{text}"
+        bad = [v for v in values if not math.isfinite(v) or v < 0]
+        assert not bad, f"{out} holds non-finite or negative numbers {bad}:\n{text}"
+        print(f"ok: ddprun-bench {name}: {len(rows) - 1} rows, {len(values)} numbers")
+
+
+if __name__ == "__main__":
+    main()
