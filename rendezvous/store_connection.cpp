@@ -103,6 +103,7 @@ void StoreConnection::process() {
       if (!paused_) {
         DDPRUN_LOG(DEBUG, "store") << peer_ << " has " << unsentBytes()
                                    << " bytes of unread replies: not reading it until they drain";
+        if (core_.limits.frameTimeout.count() > 0) pausedSince_ = Clock::now();
       }
       paused_ = true;
       break;
@@ -154,7 +155,12 @@ StoreConnection::Deadline StoreConnection::nextDeadline() const {
   if (!authenticated_ && lim.handshakeTimeout.count() > 0) {
     return {DeadlineKind::Handshake, acceptedAt_ + lim.handshakeTimeout};
   }
-  if (paused_) return {};  // we are the ones not reading: no deadline counts
+  if (paused_) {
+    // We are the ones not reading, so no frame or idle deadline counts; but a peer that reads
+    // none of its replies for frame_timeout is as stuck as a slow sender.
+    if (lim.frameTimeout.count() == 0) return {};
+    return {DeadlineKind::Drain, pausedSince_ + lim.frameTimeout};
+  }
   if (partialSince_ && lim.frameTimeout.count() > 0) {
     return {DeadlineKind::Frame, *partialSince_ + lim.frameTimeout};
   }
@@ -198,6 +204,10 @@ void StoreConnection::onTimer() {
     case DeadlineKind::Frame:
       close("did not complete a frame within " + seconds(lim.frameTimeout) + " (frame_timeout; " +
             std::to_string(end_ - start_) + " bytes of it arrived)");
+      break;
+    case DeadlineKind::Drain:
+      close("read none of its " + std::to_string(unsentBytes()) + " bytes of pending replies for " +
+            seconds(lim.frameTimeout) + " (frame_timeout)");
       break;
     case DeadlineKind::Idle:
       close("sent no request for " + seconds(lim.idleTimeout) + " (idle_timeout)");
@@ -521,6 +531,7 @@ void StoreConnection::onWritten() {
     pump();
     return;
   }
+  if (paused_ && core_.limits.frameTimeout.count() > 0) pausedSince_ = Clock::now();  // it reads
   if (!pending_.empty()) {
     flush();
   } else if (closeAfterFlush_) {

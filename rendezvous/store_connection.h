@@ -71,8 +71,9 @@ class StoreConnection : public std::enable_shared_from_this<StoreConnection> {
   // False (after closing with a reason naming the limit) when `req` would pass a global cap.
   bool withinCaps(const protocol::Request& req);
   size_t unsentBytes() const { return pending_.size() + inflight_.size(); }
-  // The deadline that applies now (one at a time: handshake, else frame, else idle).
-  enum class DeadlineKind : uint8_t { None, Handshake, Frame, Idle };
+  // The deadline that applies now (one at a time: handshake, else replies unread while paused,
+  // else frame, else idle).
+  enum class DeadlineKind : uint8_t { None, Handshake, Frame, Drain, Idle };
   struct Deadline {
     DeadlineKind kind = DeadlineKind::None;
     Clock::time_point at{};
@@ -122,6 +123,7 @@ class StoreConnection : public std::enable_shared_from_this<StoreConnection> {
   std::optional<Clock::time_point> partialSince_;  // a frame is partly received since
   uint64_t framesDone_ = 0, partialFrameNo_ = 0;   // which frame partialSince_ is about
   Clock::time_point lastFrameAt_;            // idle limit
+  Clock::time_point pausedSince_;            // replies unread since (frame_timeout applies)
   std::string channel_;  // our socket address, as auth::channelName writes it
 };
 

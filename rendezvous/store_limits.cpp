@@ -49,14 +49,16 @@ const std::vector<std::string>& storeLimitNames() {
 
 void setStoreLimit(ServerLimits& l, const std::string& name, const std::string& value,
                    const std::string& what) {
-  auto size = [&](uint64_t min) {
+  auto size = [&](uint64_t min, const char* unit = " bytes") {
     auto n = parseSize(value);
     if (!n || *n < min) {
-      throw ConfigError(what + "='" + value + "' is not valid (allowed: a size >= " +
-                        std::to_string(min) + " in bytes, with an optional K, M or G suffix)");
+      throw ConfigError(what + "='" + value + "' is not valid (allowed: " +
+                        std::to_string(min) + unit + " or more, with an optional K, M or G "
+                        "suffix)");
     }
     return *n;
   };
+  auto count = [&] { return size(1, ""); };
   auto seconds = [&] {
     auto ms = parseSeconds(value);
     if (!ms) {
@@ -66,9 +68,9 @@ void setStoreLimit(ServerLimits& l, const std::string& name, const std::string& 
     }
     return *ms;
   };
-  if (name == "max_connections") l.maxConnections = size(1);
-  else if (name == "max_waiters") l.maxWaiters = size(1);
-  else if (name == "max_keys") l.maxKeys = size(1);
+  if (name == "max_connections") l.maxConnections = count();
+  else if (name == "max_waiters") l.maxWaiters = count();
+  else if (name == "max_keys") l.maxKeys = count();
   else if (name == "max_stored_bytes") l.maxStoredBytes = size(1);
   else if (name == "max_unsent_reply_bytes") l.maxUnsentReplyBytes = size(1);
   else if (name == "max_value_bytes") l.frame.maxValueBytes = size(1);

@@ -28,7 +28,8 @@ struct ServerLimits {
   // of at most kHandshakeFrameLimits are read before; more than kMaxHandshakeFrames closes.
   std::chrono::milliseconds handshakeTimeout{5'000};
   // A frame whose first byte arrived must be complete within this (slow senders); 0: none.
-  // Not counted while the connection is paused by its own unread replies.
+  // While the connection is paused by its own unread replies this counts instead how long the
+  // peer reads none of them.
   std::chrono::milliseconds frameTimeout{30'000};
   // A connection that completes no frame for this long is closed; 0 (default): never.
   // A connection holding a WAIT is never cut for being idle.

@@ -99,6 +99,29 @@ TEST_CASE("a client that pipelines GETs without reading is paused, and loses not
   CHECK(eventually(server, [](auto s) { return s.pausedConnections == 0; }));
 }
 
+TEST_CASE("a client that never reads its replies is cut after frame_timeout", "[limits]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0,
+                              .limits = {.maxUnsentReplyBytes = 1 << 16,
+                                         .frameTimeout = 500ms}});
+  {
+    auto c = client(server.port());
+    c.set("before", "intact");
+    c.set("big", std::string(1 << 20, 'b'));
+    REQUIRE(c.check({"before", "big"}));
+  }
+  RawSocket flood(server.port());
+  int small = 64 * 1024;
+  ::setsockopt(flood.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  std::string gets = handshake();
+  for (int i = 0; i < 100; ++i) FrameWriter(gets).u8(cmd(CurrentCommand::Get)).str("big");
+  flood.send(gets);
+  REQUIRE(eventually(server, [](auto st) { return st.pausedConnections == 1; }));
+  storedAndServed(server.port());
+  // Not reading for 0.5 s: closed, and what it held is released.
+  CHECK(eventually(server, [](auto st) { return st.connections == 0 && st.unsentReplyBytes == 0; }));
+  storedAndServed(server.port());
+}
+
 TEST_CASE("global caps refuse the request beyond them, naming the limit, and keep the rest",
           "[limits]") {
   SECTION("max_keys") {
