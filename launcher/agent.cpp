@@ -13,6 +13,7 @@
 #include "launcher/failure_report.h"
 #include "launcher/launcher_error_file.h"
 #include "launcher/option_values.h"
+#include "launcher/progress_watch.h"
 #include "launcher/rendezvous_handler.h"
 #include "launcher/run_directory.h"
 #include "launcher/worker_command.h"
@@ -20,10 +21,19 @@
 #include "launcher/worker_group.h"
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/progress_file.h"
 
 namespace ddprun::launcher {
 
 namespace asio = boost::asio;
+
+namespace {
+std::string hostName() {
+  char h[256] = {};
+  ::gethostname(h, sizeof h - 1);
+  return h;
+}
+}  // namespace
 
 class Agent::Impl {
  public:
@@ -83,6 +93,7 @@ class Agent::Impl {
   std::unique_ptr<RunDirectory> runDir_;
   WorkerCommand command_;
   std::shared_ptr<WorkerGroup> group_;
+  std::unique_ptr<ProgressWatch> progressWatch_;  // while the group runs (--stall-warning)
   RoundInfo round_;
   State state_ = State::Rendezvous;
   StopReason stopReason_ = StopReason::None;
@@ -199,9 +210,14 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
     l.localRank = lr;
     l.globalRank = rank;
     l.errorFile = dir + "/error.json";
+    if (options_.stallWarning != 0) {
+      l.progressFile = dir + "/progress";
+      progress::createProgressFile(l.progressFile);
+    }
     const Environment overlay = workerEnvOverlay(WorkerEnvInputs{
         .base = env_, .round = round, .localRank = lr, .localWorldSize = nproc,
-        .maxRestarts = options_.maxRestarts, .role = options_.role, .errorFile = l.errorFile});
+        .maxRestarts = options_.maxRestarts, .role = options_.role, .errorFile = l.errorFile,
+        .progressFile = l.progressFile});
     l.spawn = SpawnRequest{.executable = command_.executable,
                            .argv = argvForRank(command_, lr),
                            .env = mergeEnvironment(env_, overlay),
@@ -231,6 +247,10 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
 void Agent::Impl::startWorkers(const RoundInfo& round) {
   round_ = round;
   auto launches = makeLaunches(round);
+  std::vector<ProgressWatch::Worker> watched;
+  for (const auto& l : launches) {
+    if (!l.progressFile.empty()) watched.push_back({l.globalRank, l.localRank, l.progressFile});
+  }
   auto group = std::make_shared<WorkerGroup>(
       io_, WorkerGroup::Callbacks{
                .exited = [this](const WorkerResult& r) { guarded([&] { onWorkerExited(r); }); },
@@ -240,10 +260,29 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   group->start(std::move(launches));
   group_ = std::move(group);
   state_ = State::Running;
+  if (!watched.empty()) {
+    progressWatch_ = std::make_unique<ProgressWatch>(
+        io_, ProgressWatch::Options{
+                 .policy = {.thresholdSeconds = std::max(0.0, options_.stallWarning)},
+                 .nodeRank = round.nodeRank,
+                 .host = hostName(),
+                 .workers = std::move(watched),
+                 .pidOf = [g = std::weak_ptr<WorkerGroup>(group_)](int localRank) -> long {
+                   auto group = g.lock();
+                   if (!group) return -1;
+                   for (const auto& r : group->results()) {
+                     if (r.localRank == localRank) return r.ended ? 0 : r.pid;
+                   }
+                   return -1;
+                 }});
+  }
+  // The attempt is the workers' TORCHELASTIC_RESTART_COUNT (what a trainer prints); a
+  // membership change starts a new round of the same attempt.
   DDPRUN_LOG(INFO, "launcher") << "started " << options_.nprocPerNode << " worker(s) of "
-                               << round.worldSize << " (attempt " << round.round << ", "
-                               << round.restartCount << "/" << options_.maxRestarts
-                               << " restarts used; " << handler_->describe() << ")";
+                               << round.worldSize << " (attempt " << round.restartCount
+                               << ", round " << round.round << ": " << round.restartCount << "/"
+                               << options_.maxRestarts << " restarts used; "
+                               << handler_->describe() << ")";
 }
 
 void Agent::Impl::onWorkerExited(const WorkerResult& r) {
@@ -281,6 +320,7 @@ void Agent::Impl::onHandlerDecision(const JobDecision& d) {
     // They ended on their own while this agent was not looking (it was paused): let their exit
     // records, already waiting in the pipes, arrive instead of signalling them, so that how
     // they ended is known (localSuccess()).
+    progressWatch_.reset();
     stopReason_ = StopReason::Decision;
     state_ = State::Stopping;
     return;
@@ -298,6 +338,7 @@ bool Agent::Impl::workersAlreadyGone() const {
 }
 
 void Agent::Impl::stopGroup(StopReason reason, int sig) {
+  progressWatch_.reset();
   stopReason_ = reason;
   if (reason == StopReason::Signal) signal_ = sig;
   state_ = State::Stopping;
@@ -307,6 +348,7 @@ void Agent::Impl::stopGroup(StopReason reason, int sig) {
 void Agent::Impl::onGroupStopped() {
   if (state_ == State::Running) {
     // Every worker exited and none failed: the job is done once the other nodes agree.
+    progressWatch_.reset();
     state_ = State::Finishing;
     handler_->asyncFinish([this](std::exception_ptr e, JobDecision d) {
       guarded([&] {
@@ -397,13 +439,9 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
   }
   if (d.kind == JobDecision::Kind::Failed) {
     FailureReport report{.program = options_.program,
-                         .host = [] {
-                           char h[256] = {};
-                           ::gethostname(h, sizeof h - 1);
-                           return std::string(h);
-                         }(),
-                         .attempt = round_.round,
+                         .host = hostName(),
                          .restartCount = round_.restartCount,
+                         .round = round_.round,
                          .maxRestarts = options_.maxRestarts,
                          .rootCause = rc,
                          .pythonWorker = command_.python};
@@ -472,6 +510,7 @@ void Agent::Impl::leaveAndExit(int code) {
 }
 
 void Agent::Impl::finish(int code) {
+  progressWatch_.reset();
   exitCode_ = code;
   state_ = State::Done;
   // The error files and logs a failure report points to must outlive ddprun (torchrun keeps

@@ -124,8 +124,9 @@ std::string formatFailureReport(const FailureReport& r) {
   const WorkerResult& w = r.rootCause;
   std::ostringstream os;
   os << rule << "\n";
-  os << "ddprun: " << esc(r.program) << " FAILED (attempt " << r.attempt << ", "
-     << r.restartCount << " of " << r.maxRestarts << " restarts used)\n";
+  os << "ddprun: " << esc(r.program) << " FAILED (attempt " << r.restartCount;
+  if (r.round != static_cast<uint64_t>(r.restartCount)) os << ", round " << r.round;
+  os << ", " << r.restartCount << " of " << r.maxRestarts << " restarts used)\n";
   os << "Root cause (first observed failure):\n";
   os << "  time       : " << formatTime(w.endTime) << "\n";
   os << "  host       : " << r.host << "\n";

@@ -37,8 +37,10 @@ ErrorFile readErrorFile(const std::string& path);
 struct FailureReport {
   std::string program;
   std::string host;
-  uint64_t attempt = 0;
+  // The attempt is TORCHELASTIC_RESTART_COUNT, the number the workers see (restarts spent);
+  // the round counts every start of the worker group, membership changes included.
   int restartCount = 0;
+  uint64_t round = 0;
   int maxRestarts = 0;
   WorkerResult rootCause;
   std::vector<WorkerResult> others;  // failed or stopped workers besides the root cause

@@ -22,7 +22,9 @@ LocalRendezvous::LocalRendezvous(asio::io_context& io, LocalRendezvousOptions op
     : io_(io), options_(std::move(options)) {
   if (options_.agentStore) {
     store_ = std::make_unique<rendezvous::StoreServer>(
-        io_, rendezvous::StoreServerOptions{.host = options_.bindAddr, .port = options_.port});
+        io_, rendezvous::StoreServerOptions{.host = options_.bindAddr,
+                                            .port = options_.port,
+                                            .limits = options_.storeLimits});
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "launcher/rendezvous_handler.h"
+#include "rendezvous/store_limits.h"
 
 namespace ddprun::rendezvous {
 class StoreServer;
@@ -25,6 +26,7 @@ struct LocalRendezvousOptions {
   std::string masterAddr = "127.0.0.1";  // what workers are told (MASTER_ADDR)
   std::string bindAddr = "127.0.0.1";    // the IP the store (or a free port) is bound on
   uint16_t port = 0;                     // 0: a free port
+  rendezvous::ServerLimits storeLimits{};  // --rdzv-conf store_*
 };
 
 class LocalRendezvous final : public RendezvousHandler {

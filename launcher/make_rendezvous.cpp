@@ -21,7 +21,7 @@ std::unique_ptr<RendezvousHandler> makeRendezvousHandler(boost::asio::io_context
                       ": expected 0 for a single-node job (--nnodes=1)");
   }
   LocalRendezvousOptions local{.runId = o.rdzvId, .maxRestarts = o.maxRestarts,
-                               .agentStore = o.agentStore};
+                               .agentStore = o.agentStore, .storeLimits = hostedStoreLimits(o)};
   if (o.standalone) {
     // A free port on loopback: a second job on this machine can never collide with us.
     local.masterAddr = local.bindAddr = "127.0.0.1";

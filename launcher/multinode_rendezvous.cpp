@@ -64,10 +64,20 @@ std::shared_ptr<rdzv::RendezvousBackend> etcdBackend(const LaunchOptions& o,
 }
 }  // namespace
 
-rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore) {
+namespace {
+rdzv::RendezvousConf rdzvConf(const LaunchOptions& o) {
   std::string confText;
   for (const auto& [k, v] : o.rdzvConf) confText += (confText.empty() ? "" : ",") + k + "=" + v;
-  const rdzv::RendezvousConf conf = rdzv::parseRdzvConf(confText);
+  return rdzv::parseRdzvConf(confText);
+}
+}  // namespace
+
+rdzv::ServerLimits hostedStoreLimits(const LaunchOptions& o) {
+  return rdzv::storeLimitsFrom(rdzvConf(o));
+}
+
+rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore) {
+  const rdzv::RendezvousConf conf = rdzvConf(o);
 
   if (o.rdzvBackend != "etcd-v3" && conf.hasEtcdKeys()) {
     throw ConfigError("--rdzv-conf key_prefix, lease_ttl, protocol, cacert, cert and key are "
@@ -145,6 +155,7 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     : io_(io), agentStore_(o.agentStore), backend_(o.rdzvBackend) {
   bool host = false;
   options_ = multiNodeOptions(o, host);
+  storeLimits_ = hostedStoreLimits(o);
   std::string endpoint =
       options_.backend ? options_.backend->describe()
                        : options_.store.host + ":" + std::to_string(options_.store.port);
@@ -155,7 +166,8 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
           io_, rdzv::StoreServerOptions{.host = resolveAddress(options_.store.host),
                                         .port = options_.store.port,
                                         .authToken = token,
-                                        .jobId = options_.runId});
+                                        .jobId = options_.runId,
+                                        .limits = storeLimits_});
     } catch (const NetworkError& e) {
       // Never fall back to joining whatever listens there: it may be another job's store. The
       // one exception: a ddprun store that answers for this very job -- another agent of it on
@@ -353,7 +365,8 @@ void MultiNodeRendezvous::hostWorkerStore(const RoundInfo& info) {
   if (!agentStore_ || info.nodeRank != 0) return;
   workerStore_ = std::make_unique<rdzv::StoreServer>(
       io_, rdzv::StoreServerOptions{.host = resolveAddress(info.masterAddr),
-                                    .port = info.masterPort});
+                                    .port = info.masterPort,
+                                    .limits = storeLimits_});
 }
 
 void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& what,

@@ -32,6 +32,7 @@
 
 #include "launcher/rendezvous_handler.h"
 #include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/store_limits.h"
 
 namespace ddprun::rendezvous {
 class StoreServer;
@@ -42,6 +43,8 @@ namespace ddprun::launcher {
 // Builds the protocol's options from the launcher's flags; throws ConfigError naming the flag.
 // `hostStore` is set to whether this agent hosts the rendezvous store.
 rendezvous::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& hostStore);
+// The limits of the stores this agent hosts: the defaults and --rdzv-conf store_* keys.
+rendezvous::ServerLimits hostedStoreLimits(const LaunchOptions& o);
 
 class MultiNodeRendezvous final : public RendezvousHandler {
  public:
@@ -76,6 +79,7 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   bool agentStore_;
   std::string backend_;
   rendezvous::DynamicRendezvousOptions options_;
+  rendezvous::ServerLimits storeLimits_;  // of both stores hosted here
   std::unique_ptr<rendezvous::StoreServer> rendezvousStore_;  // when this node hosts it
   std::unique_ptr<rendezvous::StoreServer> workerStore_;      // node rank 0, agent store mode
   Listener listener_;

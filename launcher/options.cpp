@@ -59,6 +59,9 @@ constexpr Flag kFlags[] = {
     {"master-port", "", false, "29500", "port of node 0's store (static backend; 0 = free)"},
     {"local-addr", "", false, "", "address this node advertises"},
     {"shutdown-timeout", "", false, "30", "seconds between the stop signal and SIGKILL"},
+    {"stall-warning", "", false, "auto",
+     "warn when a worker makes no progress for this long: SECONDS, auto (10 x its step time, "
+     "at least 3 s) or 0 (off)"},
     {"signals-to-handle", "", false, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "signals forwarded to the workers"},
     {"pass-local-rank", "", true, "0",
@@ -239,6 +242,14 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
   o.localAddr = get("local-addr").value;
   const double grace = parse("shutdown-timeout", [](auto& v) { return parseSeconds(v); });
   o.shutdownTimeout = std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+  o.stallWarning = parse("stall-warning", [](auto& v) {
+    if (v == "auto") return -1.0;
+    try {
+      return parseSeconds(v);
+    } catch (const BadValue&) {
+      throw BadValue("expected auto, 0 (off) or a number of seconds (e.g. 30 or 0.5)");
+    }
+  });
   o.signalsToHandle = parse("signals-to-handle", [](auto& v) { return parseSignalList(v); });
   o.passLocalRank = flag("pass-local-rank");
   o.agentStore = !flag("no-agent-store");

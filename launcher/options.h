@@ -74,6 +74,9 @@ struct LaunchOptions {
   double monitorInterval = 0.1;          // accepted; unused (supervision is event-driven)
   std::chrono::milliseconds shutdownTimeout{30'000};
   std::vector<int> signalsToHandle;      // filled by the parser (SIGTERM, SIGINT, SIGHUP, SIGQUIT)
+  // --stall-warning: a worker without progress for this many seconds gets a warning line
+  // (progress_watch.h). -1: auto (a multiple of its step time, with a floor); 0: off.
+  double stallWarning = -1;
 
   // ---- Output ----
   std::string logDir;                    // empty: a temporary directory

@@ -34,6 +34,7 @@ Environment workerEnvOverlay(const WorkerEnvInputs& in) {
       {"NCCL_ASYNC_ERROR_HANDLING", keepOr("NCCL_ASYNC_ERROR_HANDLING", "1")},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", keepOr("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
   };
+  if (!in.progressFile.empty()) env["DDPRUN_PROGRESS_FILE"] = in.progressFile;
   if (auto it = in.base.find("OMP_NUM_THREADS"); it != in.base.end()) {
     env["OMP_NUM_THREADS"] = it->second;
   } else if (setsOmpNumThreads(in.base, in.localWorldSize)) {

@@ -24,6 +24,7 @@ struct WorkerEnvInputs {
   int maxRestarts = 0;
   std::string role = "default";
   std::string errorFile;     // TORCHELASTIC_ERROR_FILE
+  std::string progressFile;  // DDPRUN_PROGRESS_FILE (empty: not set)
 };
 
 // Only the variables ddprun sets (or overrides) for this worker.

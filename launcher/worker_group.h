@@ -39,6 +39,7 @@ struct WorkerLaunch {
   StreamTargets stdoutTargets;
   StreamTargets stderrTargets;
   std::string errorFile;  // TORCHELASTIC_ERROR_FILE of this worker
+  std::string progressFile;  // DDPRUN_PROGRESS_FILE of this worker (empty: not watched)
 };
 
 // How one worker ended.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <string_view>
+#include <unordered_set>
 
 #include "base/errors.h"
 
@@ -10,37 +12,41 @@ namespace ddprun::rendezvous {
 void KeyTable::keyArrived(const std::string& key, Woken& woken, bool onlyOne) {
   auto it = waitersByKey_.find(key);
   if (it == waitersByKey_.end()) return;
-  auto& ids = it->second;
+  WaitList& list = it->second;
   if (onlyOne) {
     // A queue item serves one waiter: the first for which it is the last missing key.
     // The others stay registered, untouched, until the next push.
-    for (auto id = ids.begin(); id != ids.end(); ++id) {
-      auto w = waiters_.find(*id);
-      DDPRUN_CHECK(w != waiters_.end(), "waiter " << *id << " on '" << key << "' is unknown");
+    for (auto node = list.begin(); node != list.end(); ++node) {
+      auto w = waiters_.find(node->id);
+      DDPRUN_CHECK(w != waiters_.end(), "waiter " << node->id << " on '" << key << "' is unknown");
       if (w->second.missing != 1) continue;
-      woken.push_back(*id);
+      woken.push_back(node->id);
       waiters_.erase(w);
-      ids.erase(id);
-      if (ids.empty()) waitersByKey_.erase(it);
+      list.erase(node);
+      if (list.empty()) waitersByKey_.erase(it);
       return;
     }
     return;
   }
-  for (WaiterId id : ids) {
-    auto w = waiters_.find(id);
-    DDPRUN_CHECK(w != waiters_.end(), "waiter " << id << " on '" << key << "' is unknown");
+  for (const Registration& r : list) {
+    auto w = waiters_.find(r.id);
+    DDPRUN_CHECK(w != waiters_.end(), "waiter " << r.id << " on '" << key << "' is unknown");
     DDPRUN_CHECK(w->second.missing > 0);
     if (--w->second.missing == 0) {
-      woken.push_back(id);
+      woken.push_back(r.id);
       // Complete: all its other keys arrived earlier, so it is registered nowhere else.
       waiters_.erase(w);
+    } else {
+      w->second.entries[r.index].list = nullptr;  // this list goes away below
     }
   }
   waitersByKey_.erase(it);
 }
 
 void KeyTable::set(const std::string& key, std::string value, Woken& woken) {
-  map_[key] = std::move(value);
+  auto [it, inserted] = map_.try_emplace(key);
+  adjustBytes(value.size() + (inserted ? key.size() : 0), it->second.size());
+  it->second = std::move(value);
   keyArrived(key, woken);
 }
 
@@ -67,9 +73,12 @@ std::optional<int64_t> KeyTable::add(const std::string& key, int64_t delta, Woke
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, next);
   (void)ec;
+  const size_t len = static_cast<size_t>(end - buf);
   if (it != map_.end()) {
+    adjustBytes(len, it->second.size());
     it->second.assign(buf, end);
   } else {
+    adjustBytes(key.size() + len, 0);
     map_.emplace(key, std::string(buf, end));
   }
   keyArrived(key, woken);
@@ -81,6 +90,7 @@ std::string KeyTable::compareSet(const std::string& key, const std::string& expe
   auto it = map_.find(key);
   if (it == map_.end()) {
     if (expected.empty()) {
+      adjustBytes(key.size() + desired.size(), 0);
       map_.emplace(key, desired);
       keyArrived(key, woken);
       return desired;
@@ -89,7 +99,10 @@ std::string KeyTable::compareSet(const std::string& key, const std::string& expe
     // returns the expectation and stores nothing.
     return expected;
   }
-  if (it->second == expected && !writeOnce(key)) it->second = std::move(desired);
+  if (it->second == expected && !writeOnce(key)) {
+    adjustBytes(desired.size(), it->second.size());
+    it->second = std::move(desired);
+  }
   return it->second;
 }
 
@@ -108,11 +121,18 @@ bool KeyTable::writeOnce(std::string_view key) {
 
 void KeyTable::append(const std::string& key, const std::string& value, Woken& woken) {
   auto [it, inserted] = map_.try_emplace(key);
+  adjustBytes(value.size() + (inserted ? key.size() : 0), 0);
   it->second.append(value);
   if (inserted) keyArrived(key, woken);
 }
 
-bool KeyTable::erase(const std::string& key) { return map_.erase(key) > 0; }
+bool KeyTable::erase(const std::string& key) {
+  auto it = map_.find(key);
+  if (it == map_.end()) return false;
+  adjustBytes(0, key.size() + it->second.size());
+  map_.erase(it);
+  return true;
+}
 
 bool KeyTable::exists(const std::string& key) const {
   if (map_.count(key)) return true;
@@ -127,15 +147,17 @@ bool KeyTable::check(const std::vector<std::string>& keys) const {
 bool KeyTable::wait(WaiterId id, const std::vector<std::string>& keys) {
   DDPRUN_CHECK(waiters_.count(id) == 0, "waiter " << id << " is already waiting");
   Waiter w;
+  std::unordered_set<std::string_view> seen;  // a key listed twice is awaited once
+  if (keys.size() > 1) seen.reserve(keys.size());
   for (const auto& k : keys) {
     if (exists(k)) continue;
-    // A key listed twice is awaited once.
-    if (std::find(w.keys.begin(), w.keys.end(), k) != w.keys.end()) continue;
-    w.keys.push_back(k);
+    if (keys.size() > 1 && !seen.insert(k).second) continue;
+    auto [entry, inserted] = waitersByKey_.try_emplace(k);
+    entry->second.push_back({id, w.entries.size()});
+    w.entries.push_back({&*entry, std::prev(entry->second.end())});
   }
-  if (w.keys.empty()) return true;
-  w.missing = w.keys.size();
-  for (const auto& k : w.keys) waitersByKey_[k].push_back(id);
+  if (w.entries.empty()) return true;
+  w.missing = w.entries.size();
   waiters_.emplace(id, std::move(w));
   return false;
 }
@@ -143,20 +165,19 @@ bool KeyTable::wait(WaiterId id, const std::vector<std::string>& keys) {
 bool KeyTable::cancel(WaiterId id) {
   auto it = waiters_.find(id);
   if (it == waiters_.end()) return false;
-  for (const auto& k : it->second.keys) {
-    auto byKey = waitersByKey_.find(k);
-    if (byKey == waitersByKey_.end()) continue;
-    auto& ids = byKey->second;
-    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-    if (ids.empty()) waitersByKey_.erase(byKey);
+  for (const auto& e : it->second.entries) {
+    if (!e.list) continue;  // that key arrived: its list is gone
+    e.list->second.erase(e.node);
+    if (e.list->second.empty()) waitersByKey_.erase(waitersByKey_.find(e.list->first));
   }
   waiters_.erase(it);
   return true;
 }
 
 void KeyTable::queuePush(const std::string& key, std::string value, Woken& woken) {
-  auto& q = queues_[key];
-  q.push_back(std::move(value));
+  auto [it, inserted] = queues_.try_emplace(key);
+  adjustBytes(value.size() + (inserted ? key.size() : 0), 0);
+  it->second.push_back(std::move(value));
   keyArrived(key, woken, /*onlyOne=*/true);
 }
 
@@ -166,7 +187,11 @@ std::pair<int64_t, std::optional<std::string>> KeyTable::queuePop(const std::str
   const auto len = static_cast<int64_t>(it->second.size());
   std::string v = std::move(it->second.front());
   it->second.pop_front();
-  if (it->second.empty()) queues_.erase(it);
+  adjustBytes(0, v.size());
+  if (it->second.empty()) {
+    adjustBytes(0, key.size());
+    queues_.erase(it);
+  }
   return {len, std::move(v)};
 }
 

@@ -6,8 +6,11 @@
 // that create a key report which waiters became complete, and the caller decides how to wake
 // them. A waiter is complete when every key it waited for exists; cancel() forgets it.
 // The server calls this from its single I/O thread; MemoryStore guards it with a mutex.
+// Every operation costs O(the bytes it touches): a waiter registers, completes and cancels in
+// O(its keys), however many other waiters share them.
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +35,9 @@ class KeyTable {
   void append(const std::string& key, const std::string& value, Woken& woken);
   bool erase(const std::string& key);
   int64_t size() const { return static_cast<int64_t>(map_.size()); }
+  // What the server's caps count: keys plus queues, and the bytes of keys, values and items.
+  uint64_t keyCount() const { return map_.size() + queues_.size(); }
+  uint64_t bytes() const { return bytes_; }
   // A key exists when it is in the map or names a non-empty queue (as in torch's libuv server).
   bool exists(const std::string& key) const;
   bool check(const std::vector<std::string>& keys) const;
@@ -64,14 +70,30 @@ class KeyTable {
   // Marks `key` as present for its waiters; with `onlyOne`, completes at most one.
   void keyArrived(const std::string& key, Woken& woken, bool onlyOne = false);
 
+  // A waiter's registration on one key: a node of that key's list (in arrival order, which
+  // queues need), pointing back at the waiter's entry for it.
+  struct Registration {
+    WaiterId id;
+    size_t index;  // into Waiter::entries
+  };
+  using WaitList = std::list<Registration>;
+  using KeyWaiters = std::unordered_map<std::string, WaitList>;
   struct Waiter {
     size_t missing = 0;
-    std::vector<std::string> keys;  // keys it is registered on
+    // Where it is registered; `list` is null once that key arrived (the list is gone).
+    struct Entry {
+      KeyWaiters::value_type* list;
+      WaitList::iterator node;
+    };
+    std::vector<Entry> entries;
   };
+  void adjustBytes(uint64_t add, uint64_t remove) { bytes_ = bytes_ + add - remove; }
+
   std::unordered_map<std::string, std::string> map_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
-  std::unordered_map<std::string, std::vector<WaiterId>> waitersByKey_;
+  KeyWaiters waitersByKey_;  // element addresses are stable (node-based), entries point at them
   std::unordered_map<WaiterId, Waiter> waiters_;
+  uint64_t bytes_ = 0;
 };
 
 }  // namespace ddprun::rendezvous

@@ -156,167 +156,160 @@ std::optional<Dialect> detectDialect(std::string_view firstBytes) {
 
 namespace {
 
-// Parses the arguments of one frame. Returns Complete/NeedMore/Invalid; on NeedMore sets
-// `needAtLeast` when a length field already tells how much is missing.
-class ArgParser {
- public:
-  ArgParser(std::string_view bytes, const Limits& limits, ParseResult& result)
-      : in_(bytes), r_(bytes), limits_(limits), result_(result) {}
-
-  bool skipCommandByte() {
-    uint8_t b;
-    return r_.u8(b);
-  }
-  bool key(std::string& out) { return field(out, limits_.maxKeyBytes, "key"); }
-  bool value(std::string& out) { return field(out, limits_.maxValueBytes, "value"); }
-  bool i64(int64_t& v) { return need(r_.i64(v), 8); }
-  bool u32(uint32_t& v) { return need(r_.u32(v), 4); }
-  bool count(uint64_t& n) {
-    if (!need(r_.u64(n), 8)) return false;
-    if (n > limits_.maxKeysPerRequest) {
-      invalid("key count " + std::to_string(n) + " exceeds the limit of " +
-              std::to_string(limits_.maxKeysPerRequest));
-      return false;
-    }
-    return true;
-  }
-  size_t offset() const { return r_.offset(); }
-  bool failed() const { return result_.status == ParseStatus::Invalid; }
-
- private:
-  bool need(bool ok, size_t n) {
-    if (!ok) result_.needAtLeast = r_.offset() + n;
-    return ok;
-  }
-  bool field(std::string& out, uint64_t max, const char* what) {
-    bool tooLong = false;
-    uint64_t len = 0;
-    const size_t start = r_.offset();
-    if (r_.str(out, max, tooLong, len)) return true;
-    if (tooLong) {
-      invalid(std::string(what) + " length " + std::to_string(len) + " exceeds the limit of " +
-              std::to_string(max) + " bytes");
-    } else if (in_.size() - start >= 8) {
-      result_.needAtLeast = start + 8 + static_cast<size_t>(len);
-    } else {
-      result_.needAtLeast = start + 8;
-    }
-    return false;
-  }
-  void invalid(std::string why) {
-    result_.status = ParseStatus::Invalid;
-    result_.error = std::move(why);
-  }
-
-  std::string_view in_;
-  FrameReader r_;
-  const Limits& limits_;
-  ParseResult& result_;
+// The arguments of each operation, as a sequence of fields: a fixed head, and for the list
+// operations (head ending in Count) that many items of `item` fields each.
+enum class Field : uint8_t { U32, I64, Key, Value, Count };
+struct Shape {
+  Field head[3];
+  uint8_t headLen;
+  Field item[2];
+  uint8_t itemLen;
 };
+
+const Shape& shapeOf(Op op) {
+  using F = Field;
+  static const Shape none{{}, 0, {}, 0}, u32{{F::U32}, 1, {}, 0}, key{{F::Key}, 1, {}, 0},
+      keyValue{{F::Key, F::Value}, 2, {}, 0}, keyTwoValues{{F::Key, F::Value, F::Value}, 3, {}, 0},
+      keyI64{{F::Key, F::I64}, 2, {}, 0}, twoValues{{F::Value, F::Value}, 2, {}, 0},
+      keyList{{F::Count}, 1, {F::Key}, 1}, pairList{{F::Count}, 1, {F::Key, F::Value}, 2};
+  switch (op) {
+    case Op::Validate: case Op::Ping: return u32;
+    case Op::Set: case Op::Append: case Op::QueuePush: return keyValue;
+    case Op::CompareSet: return keyTwoValues;
+    case Op::Get: case Op::WatchKey: case Op::DeleteKey: case Op::QueuePop: case Op::QueueLen:
+    case Op::WaitGet: return key;
+    case Op::Add: return keyI64;
+    case Op::Check: case Op::Wait: case Op::MultiGet: return keyList;
+    case Op::MultiSet: return pairList;
+    case Op::GetNumKeys: case Op::CancelWait: case Op::Hello: case Op::Info: return none;
+    case Op::Auth: return twoValues;  // client nonce, proof
+  }
+  return none;
+}
+
+std::string bytesText(uint64_t n) { return std::to_string(n) + " bytes"; }
 
 }  // namespace
 
-ParseResult parseRequest(std::string_view bytes, Dialect dialect, const Limits& limits,
-                         Request& out) {
+ParseResult RequestParser::parse(std::string_view bytes, Dialect dialect, const Limits& limits,
+                                 Request& out) {
   ParseResult result;
-  if (bytes.empty()) {
-    result.needAtLeast = 1;
-    return result;
-  }
-  const uint8_t byte = static_cast<uint8_t>(bytes[0]);
-  const std::optional<Op> op = decodeCommand(byte, dialect);
-  if (!op) {
+  auto invalid = [&](std::string why) {
+    started_ = false;
     result.status = ParseStatus::Invalid;
-    result.error = "unknown command byte " + std::to_string(byte) + " in the " +
-                   dialectName(dialect) + " dialect";
+    result.error = std::move(why);
     return result;
-  }
-
-  ArgParser p(bytes, limits, result);
-  p.skipCommandByte();
-  Request req;
-  req.op = *op;
-  bool ok = true;
-  auto oneKey = [&] { req.keys.resize(1); return p.key(req.keys[0]); };
-  auto keyList = [&] {
-    uint64_t n = 0;
-    if (!p.count(n)) return false;
-    req.keys.resize(static_cast<size_t>(n));
-    for (auto& k : req.keys)
-      if (!p.key(k)) return false;
-    return true;
   };
-
-  switch (*op) {
-    case Op::Validate:
-    case Op::Ping: {
-      uint32_t v = 0;
-      ok = p.u32(v);
-      req.integer = v;
-      break;
+  // NeedMore until the buffer holds `end` bytes of the frame; a frame that would pass the
+  // frame limit is refused as soon as a length field says so.
+  auto needMore = [&](uint64_t end) {
+    if (end > limits.maxFrameBytes) {
+      return invalid(std::string("frame of at least ") + bytesText(end) +
+                     " exceeds the limit of " + bytesText(limits.maxFrameBytes));
     }
-    case Op::Set:
-    case Op::Append:
-    case Op::QueuePush:
-      req.values.resize(1);
-      ok = oneKey() && p.value(req.values[0]);
-      break;
-    case Op::CompareSet:
-      req.values.resize(2);
-      ok = oneKey() && p.value(req.values[0]) && p.value(req.values[1]);
-      break;
-    case Op::Get:
-    case Op::WatchKey:
-    case Op::DeleteKey:
-    case Op::QueuePop:
-    case Op::QueueLen:
-    case Op::WaitGet:
-      ok = oneKey();
-      break;
-    case Op::Add:
-      ok = oneKey() && p.i64(req.integer);
-      break;
-    case Op::Check:
-    case Op::Wait:
-    case Op::MultiGet:
-      ok = keyList();
-      break;
-    case Op::MultiSet: {
-      uint64_t n = 0;
-      ok = p.count(n);
-      if (ok) {
-        req.keys.resize(static_cast<size_t>(n));
-        req.values.resize(static_cast<size_t>(n));
-        for (size_t i = 0; ok && i < n; ++i) ok = p.key(req.keys[i]) && p.value(req.values[i]);
-      }
-      break;
-    }
-    case Op::GetNumKeys:
-    case Op::CancelWait:
-    case Op::Hello:
-    case Op::Info:
-      break;
-    case Op::Auth:
-      req.values.resize(2);
-      ok = p.value(req.values[0]) && p.value(req.values[1]);
-      break;
-  }
-
-  if (p.failed()) return result;
-  if (!ok) {
     result.status = ParseStatus::NeedMore;
-    if (result.needAtLeast <= bytes.size()) result.needAtLeast = bytes.size() + 1;
+    result.needAtLeast = static_cast<size_t>(end);
     return result;
+  };
+  if (!started_) {
+    if (bytes.empty()) return needMore(1);
+    const uint8_t byte = static_cast<uint8_t>(bytes[0]);
+    const std::optional<Op> op = decodeCommand(byte, dialect);
+    if (!op) {
+      return invalid("unknown command byte " + std::to_string(byte) + " in the " +
+                     dialectName(dialect) + " dialect");
+    }
+    started_ = true;
+    req_.op = *op;
+    req_.keys.clear();
+    req_.values.clear();
+    req_.integer = 0;
+    pos_ = 1;
+    step_ = itemStep_ = 0;
+    items_ = 0;
   }
-  if (req.op == Op::Validate && static_cast<uint32_t>(req.integer) != kValidateMagic) {
-    result.status = ParseStatus::Invalid;
-    result.error = "VALIDATE with wrong magic " + std::to_string(req.integer);
-    return result;
+
+  const Shape& shape = shapeOf(req_.op);
+  for (;;) {
+    Field f;
+    if (step_ < shape.headLen) {
+      f = shape.head[step_];
+    } else if (items_ > 0) {
+      f = shape.item[itemStep_];
+    } else {
+      break;  // every field decoded
+    }
+    const size_t have = bytes.size() - pos_;  // pos_ <= bytes.size(): the caller only grows them
+    const char* at = bytes.data() + pos_;
+    switch (f) {
+      case Field::U32: {
+        if (have < 4) return needMore(pos_ + 4);
+        uint32_t v;
+        std::memcpy(&v, at, 4);
+        req_.integer = v;
+        pos_ += 4;
+        break;
+      }
+      case Field::I64:
+        if (have < 8) return needMore(pos_ + 8);
+        std::memcpy(&req_.integer, at, 8);
+        pos_ += 8;
+        break;
+      case Field::Count: {
+        if (have < 8) return needMore(pos_ + 8);
+        uint64_t n;
+        std::memcpy(&n, at, 8);
+        if (n > limits.maxKeysPerRequest) {
+          return invalid("key count " + std::to_string(n) + " exceeds the limit of " +
+                         std::to_string(limits.maxKeysPerRequest));
+        }
+        items_ = n;
+        pos_ += 8;
+        break;
+      }
+      case Field::Key:
+      case Field::Value: {
+        if (have < 8) return needMore(pos_ + 8);
+        uint64_t len;
+        std::memcpy(&len, at, 8);
+        const bool isKey = f == Field::Key;
+        const uint64_t max = isKey ? limits.maxKeyBytes : limits.maxValueBytes;
+        if (len > max) {
+          return invalid(std::string(isKey ? "key" : "value") + " length " +
+                         std::to_string(len) + " exceeds the limit of " + bytesText(max));
+        }
+        if (have - 8 < len) return needMore(pos_ + 8 + len);
+        (isKey ? req_.keys : req_.values).emplace_back(at + 8, static_cast<size_t>(len));
+        pos_ += 8 + static_cast<size_t>(len);
+        break;
+      }
+    }
+    if (step_ < shape.headLen) {
+      ++step_;
+    } else if (++itemStep_ == shape.itemLen) {
+      itemStep_ = 0;
+      --items_;
+    }
+  }
+
+  started_ = false;
+  if (pos_ > limits.maxFrameBytes) {
+    return invalid("frame of " + bytesText(pos_) + " exceeds the limit of " +
+                   bytesText(limits.maxFrameBytes));
+  }
+  if (req_.op == Op::Validate && static_cast<uint32_t>(req_.integer) != kValidateMagic) {
+    return invalid("VALIDATE with wrong magic " + std::to_string(req_.integer));
   }
   result.status = ParseStatus::Complete;
-  result.consumed = p.offset();
-  out = std::move(req);
+  result.consumed = pos_;
+  std::swap(out, req_);  // req_ keeps `out`'s old allocations for the next frame
   return result;
+}
+
+ParseResult parseRequest(std::string_view bytes, Dialect dialect, const Limits& limits,
+                         Request& out) {
+  RequestParser parser;
+  return parser.parse(bytes, dialect, limits, out);
 }
 
 }  // namespace ddprun::rendezvous::protocol

@@ -84,11 +84,15 @@ std::optional<Op> decodeCommand(uint8_t byte, Dialect dialect);
 // The byte that carries `op` in `dialect`; nullopt when the dialect lacks it.
 std::optional<uint8_t> encodeCommand(Op op, Dialect dialect);
 
-// The limits the server enforces; a frame beyond them closes its connection.
+// The limits of one frame; a frame beyond them closes its connection. The server's other limits
+// (memory, connections, deadlines) are in rendezvous/store_limits.h.
 struct Limits {
   uint64_t maxKeyBytes = 64 * 1024;
   uint64_t maxValueBytes = 64 * 1024 * 1024;
   uint64_t maxKeysPerRequest = 128 * 1024;
+  // The whole frame, command byte included: bounds what one frame makes the server buffer
+  // (a MULTI_SET of many values, a COMPARE_SET of two big ones). Room for one maximal value.
+  uint64_t maxFrameBytes = 65 * 1024 * 1024;
 };
 
 // One decoded request. Which fields are used depends on op:
@@ -112,7 +116,30 @@ struct ParseResult {
   std::string error;      // when Invalid: why, naming the field and value
 };
 
-// Decodes the first frame of `bytes`. Pure; `out` is overwritten when Complete.
+// Decodes the frames of one connection, one at a time. Pure: no sockets, no clocks.
+// Call parse() with the buffered bytes of the frame being decoded (they start at the frame's
+// first byte), again with more of them each time it answers NeedMore: it resumes at the first
+// field it has not decoded yet, so a frame costs O(its bytes) however it arrives (a frame of
+// 100k keys that arrives in 10k pieces is not re-read from its start 10k times). After
+// Complete or Invalid the next call starts a new frame. `bytes` may extend past the frame.
+class RequestParser {
+ public:
+  ParseResult parse(std::string_view bytes, Dialect dialect, const Limits& limits, Request& out);
+  // Forgets a partly decoded frame.
+  void reset() { started_ = false; }
+  // Whether a frame has been started and not completed.
+  bool inFrame() const { return started_; }
+
+ private:
+  bool started_ = false;
+  size_t pos_ = 0;        // bytes of the frame decoded so far
+  uint8_t step_ = 0;      // next field of the operation's fixed head
+  uint8_t itemStep_ = 0;  // next field of the current list item
+  uint64_t items_ = 0;    // list items still to decode (CHECK, WAIT, MULTI_GET, MULTI_SET)
+  Request req_;           // the frame being decoded; swapped into `out` when Complete
+};
+
+// Decodes the first frame of `bytes` from scratch. Pure; `out` is overwritten when Complete.
 ParseResult parseRequest(std::string_view bytes, Dialect dialect, const Limits& limits,
                          Request& out);
 

@@ -150,15 +150,30 @@ RendezvousConf parseRdzvConf(const std::string& value) {
       if (v == "1" || v == "true" || v == "True" || v == "yes") conf.isHost = true;
       else if (v == "0" || v == "false" || v == "False" || v == "no") conf.isHost = false;
       else throw ConfigError("--rdzv-conf is_host='" + v + "' is not valid (allowed: true or false)");
+    } else if (key.rfind("store_", 0) == 0) {
+      ServerLimits check;  // refuses a bad name or value now, naming the key
+      setStoreLimit(check, key.substr(6), v, "--rdzv-conf " + key);
+      conf.storeLimits.emplace_back(key.substr(6), v);
     } else {
       throw ConfigError("--rdzv-conf key '" + key +
                         "' is unknown (allowed: join_timeout, last_call_timeout, close_timeout, "
                         "exit_barrier_timeout, heartbeat, keep_alive_interval, missed_heartbeats, "
-                        "keep_alive_max_attempt, read_timeout, timeout, is_host, token_file; etcd-v3: "
-                        "key_prefix, lease_ttl, protocol, cacert, cert, key)");
+                        "keep_alive_max_attempt, read_timeout, timeout, is_host, token_file; "
+                        "etcd-v3: key_prefix, lease_ttl, protocol, cacert, cert, key; the hosted "
+                        "store: store_max_connections, store_max_waiters, store_max_keys, "
+                        "store_max_stored_bytes, store_max_value_bytes, store_max_frame_bytes, "
+                        "store_max_unsent_reply_bytes, store_handshake_timeout, "
+                        "store_frame_timeout, store_idle_timeout)");
     }
   }
   return conf;
+}
+
+ServerLimits storeLimitsFrom(const RendezvousConf& conf) {
+  ServerLimits limits;
+  for (const auto& [name, value] : conf.storeLimits)
+    setStoreLimit(limits, name, value, "--rdzv-conf store_" + name);
+  return limits;
 }
 
 void applyRdzvConf(const RendezvousConf& conf, DynamicRendezvousOptions& o) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/store_limits.h"
 
 namespace ddprun::rendezvous {
 
@@ -30,7 +31,9 @@ std::vector<Endpoint> parseEndpoints(const std::string& value, uint16_t defaultP
 // heartbeat_interval), missed_heartbeats (or keep_alive_max_attempt), read_timeout, timeout
 // (static backend: its join timeout), is_host, token_file (the store's token, for every agent
 // and worker: like DDPRUN_STORE_TOKEN_FILE); for etcd-v3: key_prefix, lease_ttl (seconds),
-// protocol (http or https), cacert, cert, key (files, for https).
+// protocol (http or https), cacert, cert, key (files, for https); for the stores ddprun hosts
+// (the rendezvous store and the agent store): store_<limit> for every limit of
+// storeLimitNames(), e.g. store_max_connections=1024, store_idle_timeout=600.
 struct RendezvousConf {
   std::optional<Millis> joinTimeout, lastCallTimeout, closeTimeout, exitBarrierTimeout;
   std::optional<Millis> heartbeatInterval, readTimeout, staticTimeout;
@@ -38,10 +41,14 @@ struct RendezvousConf {
   std::optional<bool> isHost;
   std::optional<std::string> keyPrefix, protocol, cacert, cert, key, tokenFile;
   std::optional<Millis> leaseTtl;
+  std::vector<std::pair<std::string, std::string>> storeLimits;  // (limit name, value), checked
   // Whether a key that only the etcd-v3 backend reads is set (to refuse it elsewhere).
   bool hasEtcdKeys() const { return keyPrefix || protocol || cacert || cert || key || leaseTtl; }
 };
 RendezvousConf parseRdzvConf(const std::string& value);
+
+// The limits of a store ddprun hosts: the defaults, with what `conf` sets.
+ServerLimits storeLimitsFrom(const RendezvousConf& conf);
 
 // Copies what `conf` sets into `options` (read_timeout becomes the store's per-call timeout).
 void applyRdzvConf(const RendezvousConf& conf, DynamicRendezvousOptions& options);

@@ -1,6 +1,9 @@
 #include "rendezvous/store_server.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -43,6 +46,9 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
     if (!ec) acceptor_.listen(options_.backlog, ec);
     if (ec) throw NetworkError("store: cannot listen on " + where + ": " + ec.message());
     port_ = acceptor_.local_endpoint().port();
+    // Non-blocking, so that refuseOne() can accept without ever blocking the loop.
+    acceptor_.native_non_blocking(true, ec);
+    spareFd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
   void accept() {
@@ -50,12 +56,18 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
                                                        tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !self->acceptor_.is_open()) return;
       if (ec) {
-        // Out of descriptors or a transient error: log, back off a little, keep serving.
-        DDPRUN_LOG(WARN, "store") << "accept failed: " << ec.message();
-        self->retryTimer_.expires_after(std::chrono::milliseconds(10));
-        self->retryTimer_.async_wait([self](boost::system::error_code e) {
-          if (!e) self->accept();
-        });
+        self->acceptFailed(ec);
+        return;
+      }
+      if (self->connections_.size() >= self->limits.maxConnections) {
+        boost::system::error_code e;
+        auto ep = socket.remote_endpoint(e);
+        self->logRefusal("refusing connection from " + (e ? "unknown peer" : endpointText(ep)) +
+                         ": " + std::to_string(self->connections_.size()) +
+                         " connections are open, the limit is " +
+                         std::to_string(self->limits.maxConnections) + " (max_connections)");
+        socket.close(e);
+        self->accept();
         return;
       }
       const uint64_t id = ++self->nextId_;
@@ -64,6 +76,46 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
       conn->start();
       self->accept();
     });
+  }
+
+  // Out of descriptors (EMFILE/ENFILE), or a transient error. Out of descriptors, the pending
+  // connection would sit in the backlog until the client times out; instead it is accepted on
+  // the spare descriptor and closed at once, so the client sees the refusal now.
+  void acceptFailed(const boost::system::error_code& ec) {
+    const bool exhausted = ec == asio::error::no_descriptors || ec.value() == ENFILE;
+    int fd = -1;
+    if (exhausted && spareFd_ >= 0) {
+      ::close(spareFd_);
+      fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) ::close(fd);
+      spareFd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    if (fd >= 0) {
+      logRefusal("out of file descriptors with " + std::to_string(connections_.size()) +
+                 " connections open: a new connection was closed at once (raise `ulimit -n`, "
+                 "or lower max_connections to refuse earlier)");
+      accept();
+      return;
+    }
+    logRefusal("accept failed: " + ec.message());
+    // Nothing accepted: wait a little before trying again, so the loop does not spin.
+    retryTimer_.expires_after(std::chrono::milliseconds(100));
+    retryTimer_.async_wait([self = shared_from_this()](boost::system::error_code e) {
+      if (!e) self->accept();
+    });
+  }
+
+  void logRefusal(const std::string& line) {
+    uint64_t suppressed = 0;
+    if (!refusalLog_.allow(suppressed)) return;
+    DDPRUN_LOG(WARN, "store") << line
+                              << (suppressed ? " (" + std::to_string(suppressed) +
+                                                   " such lines suppressed before this one)"
+                                             : std::string());
+  }
+
+  static std::string endpointText(const tcp::endpoint& ep) {
+    return ep.address().to_string() + ":" + std::to_string(ep.port());
   }
 
   void wake(const KeyTable::Woken& woken) override {
@@ -78,6 +130,8 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
   void stop() {
     boost::system::error_code ec;
     acceptor_.close(ec);
+    if (spareFd_ >= 0) ::close(spareFd_);
+    spareFd_ = -1;
     retryTimer_.cancel();
     auto all = std::move(connections_);
     connections_.clear();
@@ -89,6 +143,11 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
     s.connections = connections_.size();
     s.waiters = table.waiterCount();
     s.keys = table.size();
+    s.storedBytes = table.bytes();
+    for (const auto& [id, c] : connections_) {
+      s.unsentReplyBytes += c->unsentReplyBytes();
+      if (c->paused()) ++s.pausedConnections;
+    }
     return s;
   }
 
@@ -98,6 +157,8 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
   asio::steady_timer retryTimer_;
   uint16_t port_ = 0;
   uint64_t nextId_ = 0;
+  int spareFd_ = -1;        // kept free to accept-and-close when out of descriptors
+  LogThrottle refusalLog_;  // accept failures and refused connections
   std::unordered_map<uint64_t, std::shared_ptr<StoreConnection>> connections_;
 };
 

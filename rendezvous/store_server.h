@@ -4,9 +4,13 @@
 // It speaks both TCPStore dialects, chosen per connection from its first bytes, plus ddprun's
 // extensions (HELLO, AUTH, WAIT_GET); see rendezvous/protocol.h and docs/protocol.md.
 // It runs on the io_context it is given, never blocks it, and never throws from a handler:
-// a connection that sends a malformed, oversized or unknown frame is closed with one log line
-// naming the peer and the reason, and nothing else is touched. A WAIT is held on the server
-// until its keys exist; a client that disconnects mid-WAIT leaves no waiter behind.
+// a connection that sends a malformed, oversized or unknown frame, or a request beyond one of
+// the limits (rendezvous/store_limits.h), is closed with one log line naming the peer and the
+// reason, and nothing else is touched. A WAIT is held on the server until its keys exist; a
+// client that disconnects mid-WAIT leaves no waiter behind. Past maxConnections, or out of
+// file descriptors, a new connection is accepted and closed at once (a spare descriptor is
+// kept for that), so the client learns it instead of hanging in the backlog; those log lines
+// are rate-limited.
 //
 //   boost::asio::io_context io;
 //   StoreServer server(io, {.host = "127.0.0.1", .port = 0});
@@ -17,7 +21,7 @@
 #include <optional>
 #include <string>
 
-#include "rendezvous/protocol.h"
+#include "rendezvous/store_limits.h"
 
 namespace boost::asio {
 class io_context;
@@ -31,7 +35,7 @@ struct StoreServerOptions {
   std::optional<std::string> authToken;   // when set, clients must prove it (HMAC challenge)
   // The run id of the agent hosting this store (INFO tells clients; empty for ddprun-store).
   std::string jobId;
-  protocol::Limits limits{};
+  ServerLimits limits{};
   int backlog = 65535;                    // capped by the kernel's somaxconn
 };
 
@@ -39,6 +43,9 @@ struct StoreServerStats {
   size_t connections = 0;  // open now
   size_t waiters = 0;      // connections held in a WAIT
   int64_t keys = 0;
+  uint64_t storedBytes = 0;        // keys + values + queued items
+  uint64_t unsentReplyBytes = 0;   // replies not yet written, over all connections
+  size_t pausedConnections = 0;    // not read until their replies drain (backpressure)
 };
 
 class StoreServer {

@@ -141,7 +141,10 @@ void TcpStore::handshake() {
     w.u32(nonce);
     if (ddprun) out += frame(Op::Hello, wire_);
     c.write(out);
-    if (c.u32() != nonce) throw StoreError("store at " + address_ + " answered PING wrongly");
+    if (c.u32() != nonce) {
+      throw StoreError("the server at " + address_ + " answered PING wrongly: it is not a " +
+                       (ddprun ? "ddprun-store" : "TCPStore"));
+    }
     if (!ddprun) return;
     const std::string identity = c.str(1024);
     const bool authRequired = c.u8() != 0;
@@ -162,9 +165,13 @@ void TcpStore::handshake() {
     if (authRequired) authenticate(c, challenge);
   } catch (const IoFailure& f) {
     conn_.reset();
+    // A store past its connection limit, or out of descriptors, accepts and closes at once.
+    const std::string hint =
+        f.timeout ? (ddprun ? ": is it a ddprun-store?" : "")
+                  : ": the store may be at its connection or descriptor limit (max_connections, "
+                    "ulimit -n; see its log)" + std::string(ddprun ? ", or it is not a ddprun-store" : "");
     throw StoreError("the server at " + address_ + " did not complete the " +
-                     (ddprun ? "ddprun" : "TCPStore") + " handshake (" + f.what +
-                     (ddprun ? "): is it a ddprun-store?" : ")"));
+                     (ddprun ? "ddprun" : "TCPStore") + " handshake (" + f.what + ")" + hint);
   } catch (...) {
     conn_.reset();
     throw;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "worker_runtime/progress.h"
+
 namespace ddprun::trainers {
 namespace {
 constexpr int64_t kEvalChunk = 2000;  // test examples per forward pass
@@ -22,6 +24,7 @@ EvalResult evaluate(Classifier& model, const MnistSplit& test, torch::Device dev
     lossSum += F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum))
                    .item<double>();
     correct += logits.argmax(1).eq(y).sum().item<double>();
+    runtime::reportProgress();  // evaluating is progress too (the agent's stall warning)
   }
   auto sums = torch::tensor({lossSum, correct, static_cast<double>(mine.size(0))},
                             torch::TensorOptions().dtype(torch::kFloat64).device(comm.device()));

@@ -9,6 +9,7 @@
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/progress_file.h"
 #ifdef DDPRUN_HAVE_CUDA_KERNELS
 #include "worker_runtime/cuda/bucket_kernels.h"
 #endif
@@ -218,8 +219,17 @@ void DistributedDataParallel::Reducer::finalize() {
     DDPRUN_CHECK(nextLaunch_ == buckets_.size());
     for (auto& b : buckets_) works.push_back(b.work);
   }
+  auto& progress = progress::ProgressWriter::instance();
   try {
-    for (auto& w : works) w->wait();
+    // Blocked on the peers from here: the agent's progress watch tells this from a stall.
+    progress.enterWait();
+    try {
+      for (auto& w : works) w->wait();
+    } catch (...) {
+      progress.leaveWait();
+      throw;
+    }
+    progress.leaveWait();
     torch::NoGradGuard noGrad;
     for (auto& b : buckets_) {
       for (size_t slot = 0; slot < b.params.size(); ++slot) {
@@ -254,6 +264,7 @@ void DistributedDataParallel::Reducer::finalize() {
     resetPass();
     throw;
   }
+  progress.step();  // one synchronised backward: one step of progress
   std::lock_guard<std::mutex> lock(mu_);
   ++synced_;
   resetPass();

@@ -8,5 +8,6 @@
 #include "worker_runtime/error_file.h"
 #include "worker_runtime/gloo_communicator.h"
 #include "worker_runtime/nccl_communicator.h"
+#include "worker_runtime/progress.h"
 #include "worker_runtime/runtime.h"
 #include "worker_runtime/sampler.h"

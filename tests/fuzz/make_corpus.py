@@ -86,6 +86,34 @@ def main():
     }
     for name, text in states.items():
         write("state_codec", name, text.encode())
+    # store_session: byte 0 = token bit | (piece size - 1) << 1, then one connection's stream.
+    def session(token, piece):
+        return bytes([(1 if token else 0) | ((piece - 1) << 1)])
+    validate = bytes([CUR["VALIDATE"]]) + u32(0x3C85F7CE)
+    cur = frames(CUR)
+    sessions = {
+        "current_all": session(False, 7) + validate + b"".join(
+            v for k, v in cur.items() if k not in ("validate_ping", "hello2")),
+        "legacy_all": session(False, 64) + b"".join(
+            v for k, v in frames(LEG).items() if k != "hello2"),
+        "wait_then_set": session(False, 3) + validate + bytes([CUR["WAIT"]]) + u64(2) + s("a") +
+                         s("b") + bytes([CUR["SET"]]) + s("a") + s("1") +
+                         bytes([CUR["MULTI_SET"]]) + u64(1) + s("b") + s("2") +
+                         bytes([CUR["GET"]]) + s("a"),
+        "no_read_flood": session(False, 128) + validate + bytes([CUR["SET"]]) + s("big") +
+                         s(b"v" * 3000) + (bytes([CUR["GET"]]) + s("big")) * 20,
+        "caps": session(False, 128) + validate + b"".join(
+            bytes([CUR["SET"]]) + s("k%d" % i) + s(b"x" * 600) for i in range(40)),
+        "token_handshake": session(True, 5) + validate + bytes([CUR["PING"]]) + u32(7) +
+                           bytes([EXT["HELLO"]]) + bytes([EXT["AUTH"]]) + s(b"\x02" * 32),
+        "token_set_first": session(True, 1) + validate + bytes([CUR["SET"]]) + s("k") +
+                           u64(1 << 30),
+        "queues": session(False, 2) + validate + bytes([CUR["WAIT"]]) + u64(1) + s("q") +
+                  bytes([CUR["QUEUE_PUSH"]]) + s("q") + s("one") + bytes([CUR["QUEUE_POP"]]) +
+                  s("q") + bytes([CUR["QUEUE_LEN"]]) + s("q") + bytes([CUR["CANCEL_WAIT"]]),
+    }
+    for name, data in sessions.items():
+        write("store_session", name, data)
 
 
 if __name__ == "__main__":

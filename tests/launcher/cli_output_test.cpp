@@ -51,7 +51,8 @@ TEST_CASE("each worker gets the launcher's environment plus torchrun's variables
           "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
           "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
           "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
-          "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"};
+          "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+          "DDPRUN_PROGRESS_FILE"};  // --stall-warning's (progress_watch.h)
       if (nproc > 1) expected.insert("OMP_NUM_THREADS");
       CHECK(added == expected);
       for (const auto& [k, v] : baseEnv()) CHECK(env[k] == v);

@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WRAPPER = os.path.join(HERE, "..", "..", "bench", "torchrun_wrapper.py")
 DDPRUN = os.path.join(os.environ["DDPRUN_BIN"], "ddprun")
 BASE = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "FOO": "bar"}
-DDPRUN_ONLY = {"TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+# ddprun adds these: the newer NCCL variable, and the progress file of --stall-warning.
+DDPRUN_ONLY = {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "DDPRUN_PROGRESS_FILE"}
 
 
 def free_port():

@@ -78,6 +78,9 @@ def join_mid_run(t):
     check(all(after[n] == before[n] for n in ("a", "b")), "a and b keep their ranks: %s -> %s"
           % (before, after))
     check(after["c"] == 2, "the newcomer takes rank 2, though its address sorts first")
+    # The launcher counts attempts as the workers do (TORCHELASTIC_RESTART_COUNT): the larger
+    # world is a new round of attempt 0.
+    check("of 3 (attempt 0, round " in a.stderr(), "a logs attempt 0 for the world of 3")
 
 
 def kill_agent(t):

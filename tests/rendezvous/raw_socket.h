@@ -57,6 +57,7 @@ class RawSocket {
     return ::recv(fd_, &c, 1, MSG_PEEK) <= 0;
   }
   void closeNow() { ::close(fd_); fd_ = -1; }
+  int fd() const { return fd_; }
 
  private:
   int fd_ = -1;

@@ -85,3 +85,24 @@ TEST_CASE("rdzv-endpoint lists: every member of an etcd cluster", "[rdzv][config
   CHECK_THROWS_WITH(parseEndpoints("h1,,h2", 2379), Catch::Contains("empty host"));
   CHECK_THROWS_AS(parseEndpoints("", 2379), ddprun::ConfigError);
 }
+
+TEST_CASE("rdzv-conf store_* keys set the hosted store's limits", "[rdzv][config]") {
+  const auto conf = parseRdzvConf(
+      "store_max_connections=100,store_max_stored_bytes=64M,store_frame_timeout=2.5,"
+      "store_idle_timeout=0,join_timeout=5");
+  const ServerLimits l = storeLimitsFrom(conf);
+  CHECK(l.maxConnections == 100);
+  CHECK(l.maxStoredBytes == 64ull << 20);
+  CHECK(l.frameTimeout == std::chrono::milliseconds(2500));
+  CHECK(l.idleTimeout == std::chrono::milliseconds(0));
+  CHECK(l.maxWaiters == ServerLimits{}.maxWaiters);  // the others keep their defaults
+  CHECK_THROWS_WITH(parseRdzvConf("store_max_keys=many"),
+                    Catch::Contains("--rdzv-conf store_max_keys='many' is not valid") &&
+                        Catch::Contains("K, M or G suffix"));
+  CHECK_THROWS_WITH(parseRdzvConf("store_max_connections=0"), Catch::Contains("1 or more"));
+  CHECK_THROWS_WITH(parseRdzvConf("store_frame_timeout=-1"),
+                    Catch::Contains("store_frame_timeout='-1' is not valid"));
+  CHECK_THROWS_WITH(parseRdzvConf("store_max_everything=1"),
+                    Catch::Contains("store_max_everything is not a store limit") &&
+                        Catch::Contains("max_connections"));
+}

@@ -161,7 +161,7 @@ TEST_CASE("a client that vanishes mid-WAIT leaves no waiter", "[server]") {
 TEST_CASE("malformed, oversized and unknown frames close only their connection", "[server]") {
   ThreadedStoreServer server({.host = "127.0.0.1",
                               .port = 0,
-                              .limits = {.maxKeyBytes = 1024, .maxValueBytes = 1 << 20}});
+                              .limits = {.frame = {.maxKeyBytes = 1024, .maxValueBytes = 1 << 20}}});
   auto good = client(server.port());
   good.set("keep", "me");
 

@@ -1,0 +1,154 @@
+// The progress watch (--stall-warning): the pure tracker, and the real ddprun watching real
+// workers that report progress through the real progress file, one of them stopped from outside
+// with SIGSTOP or sleeping.
+#include <csignal>
+#include <regex>
+#include <thread>
+
+#include "ddprun_process.h"
+#include "launcher/progress_watch.h"
+
+using namespace ddprun::testing;
+using namespace ddprun::launcher;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kWorker = std::string(DDPRUN_BIN_DIR) + "/progress_worker";
+
+SteadyTime at(double seconds) {
+  return SteadyTime(std::chrono::duration_cast<SteadyTime::duration>(
+      std::chrono::duration<double>(seconds)));
+}
+
+int countOf(const std::string& text, const std::regex& re) {
+  return static_cast<int>(std::distance(std::sregex_iterator(text.begin(), text.end(), re),
+                                        std::sregex_iterator()));
+}
+
+}  // namespace
+
+TEST_CASE("the tracker warns once past the threshold, then with backoff, then on resume",
+          "[launcher][progress]") {
+  StallTracker t(StallPolicy{.thresholdSeconds = 1.0});
+  CHECK_FALSE(t.observe(at(0), {.steps = 0}));
+  CHECK_FALSE(t.observe(at(30), {.steps = 0}));  // not stepping yet: start-up is not watched
+  CHECK_FALSE(t.observe(at(31), {.steps = 1}));
+  CHECK_FALSE(t.observe(at(31.9), {.steps = 1}));
+  auto e = t.observe(at(32.1), {.steps = 1, .waiting = 1});
+  REQUIRE(e);
+  CHECK(e->kind == StallTracker::Event::Kind::Stalled);
+  CHECK(e->seconds == Approx(1.1));
+  CHECK(e->waiting);
+  CHECK_FALSE(t.observe(at(32.5), {.steps = 1}));  // one line, not one per sample
+  CHECK_FALSE(t.observe(at(32.9), {.steps = 1}));
+  e = t.observe(at(33.1), {.steps = 1});  // 2 x the threshold
+  REQUIRE(e);
+  CHECK(e->seconds == Approx(2.1));
+  CHECK_FALSE(t.observe(at(34.5), {.steps = 1}));
+  REQUIRE(t.observe(at(35.2), {.steps = 1}));  // 4 x
+  CHECK_FALSE(t.observe(at(38.9), {.steps = 1}));
+  e = t.observe(at(39.0), {.steps = 2});
+  REQUIRE(e);
+  CHECK(e->kind == StallTracker::Event::Kind::Resumed);
+  CHECK(e->seconds == Approx(8.0));
+  CHECK_FALSE(t.observe(at(39.4), {.steps = 3}));
+  CHECK_FALSE(t.observe(at(40.3), {.steps = 3}));
+  REQUIRE(t.observe(at(40.5), {.steps = 3}));  // a new stall: the first line again at 1 s
+}
+
+TEST_CASE("auto: a multiple of the recent step time, never below the floor",
+          "[launcher][progress]") {
+  StallTracker t(StallPolicy{});  // auto
+  double now = 0;
+  uint64_t steps = 1;
+  t.observe(at(now), {.steps = steps});
+  for (int i = 0; i < 20; ++i) {  // 0.5 s per step
+    now += 0.5;
+    CHECK_FALSE(t.observe(at(now), {.steps = ++steps}));
+  }
+  CHECK(t.stepSeconds() == Approx(0.5));
+  CHECK(t.threshold() == Approx(5.0));
+  CHECK_FALSE(t.observe(at(now + 4.9), {.steps = steps}));
+  auto e = t.observe(at(now + 5.1), {.steps = steps});
+  REQUIRE(e);
+  CHECK(e->thresholdSeconds == Approx(5.0));
+  CHECK(e->stepSeconds == Approx(0.5));
+
+  StallTracker fast(StallPolicy{});
+  now = 0;
+  steps = 1;
+  fast.observe(at(now), {.steps = steps});
+  for (int i = 0; i < 10; ++i) {  // 100 steps of 10 ms between samples
+    now += 1.0;
+    steps += 100;
+    fast.observe(at(now), {.steps = steps});
+  }
+  CHECK(fast.stepSeconds() == Approx(0.01));
+  CHECK(fast.threshold() == Approx(StallPolicy::kAutoFloor));
+  const std::string line = describeStall(*fast.observe(at(now + 3.5), {.steps = steps}), 5, 1, 2,
+                                         "host-b", 4242);
+  CHECK(line == "rank 5 on node 2 (host-b, local rank 1, pid 4242) has made no progress for "
+                "3.5 s (step 1001; its recent steps took 0.01 s; warning after 3.0 s)");
+}
+
+TEST_CASE("a worker stopped from outside is named, once per backoff step; the others are not",
+          "[launcher][progress][slow]") {
+  // Default threshold (auto: 10 x ~20 ms steps, at least 3 s). Rank 1 is SIGSTOPped for 7 s:
+  // warnings at 3 s and 6 s, then one line when it moves again.
+  Ddprun d({"--standalone", "--nproc-per-node=2", kWorker, "400", "20"});
+  std::smatch m;
+  const std::regex pidLine(R"(rank 1 pid (\d+) progress reported)");
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::string out;
+  while (!std::regex_search(out = d.out(), m, pidLine)) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(20ms);
+  }
+  const pid_t pid = std::stoi(m[1]);
+  std::this_thread::sleep_for(1s);  // it steps for a while: the watch knows its step time
+  REQUIRE(::kill(pid, SIGSTOP) == 0);
+  std::this_thread::sleep_for(7s);
+  REQUIRE(::kill(pid, SIGCONT) == 0);
+  CHECK(d.wait() == 0);
+  const std::string err = d.err();
+  INFO(err);
+  const std::regex stalled("rank 1 on node 0 \\([^,]+, local rank 1, pid " + std::to_string(pid) +
+                           "\\) has made no progress for ([0-9.]+) s");
+  CHECK(countOf(err, stalled) == 2);
+  REQUIRE(std::regex_search(err, m, stalled));
+  CHECK(std::stod(m[1]) >= 3.0);
+  CHECK_THAT(err, Catch::Contains("warning after 3.0 s"));
+  CHECK_THAT(err, Catch::Contains("rank 1 on node 0"));
+  CHECK_THAT(err, Catch::Contains("progresses again after"));
+  CHECK_THAT(err, !Catch::Contains("rank 0 on node 0"));
+}
+
+TEST_CASE("--stall-warning sets the threshold; a worker that progresses gets no line",
+          "[launcher][progress][slow]") {
+  // Rank 0 sleeps 2.6 s before its step 10; 1 s threshold: lines at 1 s and 2 s.
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "--stall-warning=1", kWorker, "40",
+                      "10", "0", "10", "2.6"});
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK(countOf(r.err, std::regex("rank 0 on node 0 .* has made no progress for")) >= 2);
+  CHECK_THAT(r.err, Catch::Contains("warning after 1.0 s"));
+  CHECK_THAT(r.err, !Catch::Contains("rank 1 on node 0"));
+
+  // Both progressing: nothing; with 0 the workers get no progress file at all.
+  r = runDdprun({"--standalone", "--nproc-per-node=2", kWorker, "100", "10"});
+  CHECK(r.code == 0);
+  CHECK_THAT(r.err, !Catch::Contains("no progress"));
+  CHECK_THAT(r.out, Catch::Contains("rank 0 pid"));
+  CHECK_THAT(r.out, !Catch::Contains("not reported"));
+  r = runDdprun({"--standalone", "--nproc-per-node=2", "--stall-warning=0", kWorker, "5", "1"});
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("rank 1 pid"));
+  CHECK_THAT(r.out, Catch::Contains("not reported"));
+
+  r = runDdprun({"--standalone", "--stall-warning=soon", kWorker, "1", "1"});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("--stall-warning"));
+  CHECK_THAT(r.err, Catch::Contains("soon"));
+  CHECK_THAT(r.err, Catch::Contains("expected auto, 0 (off) or a number of seconds"));
+}

@@ -1,0 +1,9 @@
+#include "worker_runtime/progress.h"
+
+#include "base/progress_file.h"
+
+namespace ddprun::runtime {
+
+void reportProgress() { progress::ProgressWriter::instance().step(); }
+
+}  // namespace ddprun::runtime
