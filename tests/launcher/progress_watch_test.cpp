@@ -28,7 +28,7 @@ int countOf(const std::string& text, const std::regex& re) {
 
 }  // namespace
 
-TEST_CASE("the tracker warns once past the threshold, then with backoff, then on resume",
+TEST_CASE("the tracker warns once past the threshold then with backoff then on resume",
           "[launcher][progress]") {
   StallTracker t(StallPolicy{.thresholdSeconds = 1.0});
   CHECK_FALSE(t.observe(at(0), {.steps = 0}));
@@ -57,7 +57,7 @@ TEST_CASE("the tracker warns once past the threshold, then with backoff, then on
   REQUIRE(t.observe(at(40.5), {.steps = 3}));  // a new stall: the first line again at 1 s
 }
 
-TEST_CASE("auto: a multiple of the recent step time, never below the floor",
+TEST_CASE("auto: a multiple of the recent step time and never below the floor",
           "[launcher][progress]") {
   StallTracker t(StallPolicy{});  // auto
   double now = 0;
@@ -92,7 +92,7 @@ TEST_CASE("auto: a multiple of the recent step time, never below the floor",
                 "3.5 s (step 1001; its recent steps took 0.01 s; warning after 3.0 s)");
 }
 
-TEST_CASE("a worker stopped from outside is named, once per backoff step; the others are not",
+TEST_CASE("a worker stopped from outside is named once per backoff step and the others are not",
           "[launcher][progress][slow]") {
   // Default threshold (auto: 10 x ~20 ms steps, at least 3 s). Rank 1 is SIGSTOPped for 7 s:
   // warnings at 3 s and 6 s, then one line when it moves again.
@@ -124,7 +124,7 @@ TEST_CASE("a worker stopped from outside is named, once per backoff step; the ot
   CHECK_THAT(err, !Catch::Contains("rank 0 on node 0"));
 }
 
-TEST_CASE("--stall-warning sets the threshold; a worker that progresses gets no line",
+TEST_CASE("the stall-warning flag sets the threshold and a worker that progresses gets no line",
           "[launcher][progress][slow]") {
   // Rank 0 sleeps 2.6 s before its step 10; 1 s threshold: lines at 1 s and 2 s.
   auto r = runDdprun({"--standalone", "--nproc-per-node=2", "--stall-warning=1", kWorker, "40",
