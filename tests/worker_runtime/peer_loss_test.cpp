@@ -126,7 +126,7 @@ TEST_CASE("a peer frozen mid-allreduce: the others time out, never hang", "[peer
 // The same over shared memory (worker_runtime/shm): no connection closes, so the survivors learn
 // of a death from the peer's pid (checked while they wait), of a freeze from the deadline; and
 // whatever happened, nothing is left in /dev/shm.
-TEST_CASE("shm: a peer SIGKILLed mid-allreduce: the others throw at once, nothing is left",
+TEST_CASE("shm: a peer SIGKILLed mid-allreduce: the others throw at once and nothing is left",
           "[peerloss][shm]") {
   for (int P : {2, 3, 4}) {
     TempDir dir;
@@ -153,7 +153,7 @@ TEST_CASE("shm: a peer SIGKILLed mid-allreduce: the others throw at once, nothin
   }
 }
 
-TEST_CASE("shm: a peer frozen mid-allreduce: the others time out, never hang, nothing is left",
+TEST_CASE("shm: a peer frozen mid-allreduce: the others time out and nothing is left",
           "[peerloss][shm]") {
   TempDir dir;
   const int P = 3;

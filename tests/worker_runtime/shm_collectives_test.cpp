@@ -84,7 +84,7 @@ std::vector<std::shared_ptr<Communicator>> makeGroup(int P, shm::ShmOptions base
 
 }  // namespace
 
-TEST_CASE("shm allreduce equals the reference, bit for bit on every rank, for every dtype, op, "
+TEST_CASE("shm allreduce equals the reference bit for bit on every rank for every dtype op "
           "size and chunking", "[shm]") {
   const std::string prefix = uniquePrefix();
   for (int P : {2, 3, 4}) {
@@ -122,7 +122,7 @@ TEST_CASE("shm allreduce equals the reference, bit for bit on every rank, for ev
   CHECK(leftovers(prefix) == 0);
 }
 
-TEST_CASE("shm broadcast from every root, allgather and barrier; async allreduces in order",
+TEST_CASE("shm broadcast from every root and allgather and barrier and async allreduces in order",
           "[shm]") {
   for (int P : {2, 3, 4}) {
     auto comms = makeGroup(P, {.slotBytes = 4096});
@@ -164,8 +164,8 @@ TEST_CASE("shm broadcast from every root, allgather and barrier; async allreduce
   }
 }
 
-TEST_CASE("shm: a rank that never comes times out the others; a failed rank fails them at once; "
-          "a broken communicator refuses", "[shm]") {
+TEST_CASE("shm: a rank that never comes times out the others and a failed rank fails them at "
+          "once and a broken communicator refuses", "[shm]") {
   auto comms = makeGroup(3, {.timeout = std::chrono::milliseconds(500)});
   std::vector<std::string> errors(3);
   // Rank 2 never calls: ranks 0 and 1 time out (rank 2 is alive: only the deadline ends it).
