@@ -11,6 +11,25 @@
 
 namespace ddprun::runtime::shm {
 
+namespace {
+
+// The P input pointers of one reduction: on the stack up to 64 ranks (no allocation on the hot
+// path), on the heap beyond.
+class InputList {
+ public:
+  explicit InputList(int n) {
+    if (n > kInline) heap_.resize(static_cast<size_t>(n));
+  }
+  const void** data() { return heap_.empty() ? inline_ : heap_.data(); }
+
+ private:
+  static constexpr int kInline = 64;
+  const void* inline_[kInline];
+  std::vector<const void*> heap_;
+};
+
+}  // namespace
+
 Collectives::Collectives(Segment& segment, CollectiveOptions options)
     : segment_(segment),
       options_(options),
@@ -40,13 +59,8 @@ void Collectives::allreduceDirect(char* data, size_t count, c10::ScalarType type
   const size_t n = count * c10::elementSize(type);
   std::memcpy(segment_.slot(parity, rank()), data, n);
   phase(deadline);
-  const void* in[64];
-  std::vector<const void*> many;
-  const void** inputs = in;
-  if (P > 64) {
-    many.resize(P);
-    inputs = many.data();
-  }
+  InputList list(P);
+  const void** inputs = list.data();
   for (int j = 0; j < P; ++j) inputs[j] = segment_.slot(parity, j);
   const ReduceOp kernel = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   reduceMany(data, inputs, P, count, type, kernel);
@@ -70,13 +84,8 @@ void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarTy
   std::memcpy(mine + hi(r) * es, data + hi(r) * es, (count - hi(r)) * es);
   phase(deadline);
   if (const size_t len = hi(r) - lo(r); len > 0) {
-    const void* in[64];
-    std::vector<const void*> many;
-    const void** inputs = in;
-    if (P > 64) {
-      many.resize(P);
-      inputs = many.data();
-    }
+    InputList list(P);
+    const void** inputs = list.data();
     for (int j = 0; j < P; ++j) {
       inputs[j] = (j == r ? data : segment_.slot(parity, j)) + lo(r) * es;
     }
