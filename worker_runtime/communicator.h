@@ -13,8 +13,12 @@
 //     communicator is broken and every later call throws at once; the expected reaction is to exit
 //     non-zero so that the launcher restarts the group.
 //   - *Async variants return at once with a Work; collectives still run in submission order (one
-//     communication thread for Gloo, one CUDA stream for NCCL). Work::wait() rethrows the error of
-//     that collective. The tensor must stay alive and untouched until wait() returns.
+//     communication thread for Gloo and shm, one CUDA stream for NCCL). Work::wait() rethrows the
+//     error of that collective. The tensor must stay alive and untouched until wait() returns.
+//   - The blocking allreduce() / broadcast() of the CPU backends (gloo, shm) run on the calling
+//     thread, after every collective queued before them has finished: no hand-off to the
+//     communication thread, whose wake-up can cost more than a small message (threadCounts()
+//     shows where collectives ran). NCCL's are the async variant plus wait().
 //   - One Communicator is used from one thread at a time (the communication thread is internal).
 //
 // Created by ddprun::init() (see runtime.h), or directly with makeGlooCommunicator() /
@@ -35,6 +39,14 @@ inline constexpr Millis kDefaultCollectiveTimeout{30 * 60 * 1000};
 enum class ReduceOp : uint8_t { Sum, Avg, Min, Max };
 
 std::string_view toString(ReduceOp op);
+
+// Where a communicator's collectives ran: on the thread that called (or waited for) them, or
+// handed off to its communication thread. For tests and benchmarks; backends without such a
+// thread (NCCL) report zeros.
+struct ThreadCounts {
+  uint64_t onCaller = 0;
+  uint64_t handedOff = 0;
+};
 
 // One collective in flight.
 class Work {
@@ -68,10 +80,20 @@ class Communicator {
   // Returns once every rank has entered the barrier.
   virtual void barrier() = 0;
 
+  // Blocking: as the async variant followed by wait(), but see the contract above for the thread.
   void allreduce(torch::Tensor tensor, ReduceOp op = ReduceOp::Sum) {
+    allreduceBlocking(std::move(tensor), op);
+  }
+  void broadcast(torch::Tensor tensor, int root = 0) { broadcastBlocking(std::move(tensor), root); }
+
+  virtual ThreadCounts threadCounts() const { return {}; }
+
+ protected:
+  // What allreduce() / broadcast() run; by default the async variant, then wait().
+  virtual void allreduceBlocking(torch::Tensor tensor, ReduceOp op) {
     allreduceAsync(std::move(tensor), op)->wait();
   }
-  void broadcast(torch::Tensor tensor, int root = 0) {
+  virtual void broadcastBlocking(torch::Tensor tensor, int root) {
     broadcastAsync(std::move(tensor), root)->wait();
   }
 };

@@ -124,13 +124,11 @@ class GlooCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Work> broadcastAsync(torch::Tensor tensor, int root) override {
-    checkCollectiveTensor(tensor, *this, "broadcast");
-    if (root < 0 || root >= size()) {
-      throw ConfigError("gloo broadcast: root " + std::to_string(root) + " is not a rank (0.." +
-                        std::to_string(size() - 1) + ")");
-    }
+    checkBroadcast(tensor, root);
     return queue_.submit([this, tensor, root] { broadcastNow(tensor, root); });
   }
+
+  ThreadCounts threadCounts() const override { return queue_.counts(); }
 
   torch::Tensor allgather(const torch::Tensor& input) override {
     checkCollectiveTensor(input, *this, "allgather");
@@ -167,7 +165,27 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+ protected:
+  // On the caller's thread, after every collective queued before (work_queue.h).
+  void allreduceBlocking(torch::Tensor tensor, ReduceOp op) override {
+    checkAllreduce(tensor, op);
+    queue_.runInline([&] { allreduceNow(tensor, op); });
+  }
+
+  void broadcastBlocking(torch::Tensor tensor, int root) override {
+    checkBroadcast(tensor, root);
+    queue_.runInline([&] { broadcastNow(tensor, root); });
+  }
+
  private:
+  void checkBroadcast(const torch::Tensor& t, int root) {
+    checkCollectiveTensor(t, *this, "broadcast");
+    if (root < 0 || root >= size()) {
+      throw ConfigError("gloo broadcast: root " + std::to_string(root) + " is not a rank (0.." +
+                        std::to_string(size() - 1) + ")");
+    }
+  }
+
   void checkAllreduce(const torch::Tensor& t, ReduceOp op) {
     checkCollectiveTensor(t, *this, "allreduce");
     if (op == ReduceOp::Avg && !c10::isFloatingType(t.scalar_type())) {

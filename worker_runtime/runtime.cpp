@@ -13,6 +13,7 @@
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
 #include "worker_runtime/gloo_communicator.h"
+#include "worker_runtime/hierarchical_communicator.h"
 #include "worker_runtime/nccl_communicator.h"
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
@@ -212,15 +213,34 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                                         .timeout = timeout});
   } else if (const shm::TransportChoice t = shm::chooseTransport(
                  transportFrom(options), env.worldSize, env.localWorldSize, env.groupWorldSize,
-                 [&] { return shm::allRanksOnOneHost(*store, env.rank, env.worldSize); });
+                 [&] {
+                   return shm::nodesOnOneHost(*store, {.rank = env.rank,
+                                                       .size = env.worldSize,
+                                                       .node = env.groupRank,
+                                                       .localRank = env.localRank,
+                                                       .localSize = env.localWorldSize});
+                 });
              t.transport == shm::Transport::Shm) {
     if (env.rank == 0) DDPRUN_LOG(INFO, "runtime") << "transport shm (" << t.reason << ")";
     const auto prefix = options.env("DDPRUN_SHM_PREFIX");  // tests look for leftovers with it
-    comm = shm::makeShmCommunicator(
-        store, {.rank = env.rank,
-                .size = env.worldSize,
-                .timeout = timeout,
-                .namePrefix = prefix && !prefix->empty() ? *prefix : std::string("ddprun")});
+    const std::string shmPrefix = prefix && !prefix->empty() ? *prefix : std::string("ddprun");
+    if (t.acrossNodes) {
+      comm = makeHierarchicalCommunicator(
+          store, {.rank = env.rank,
+                  .size = env.worldSize,
+                  .node = env.groupRank,
+                  .nodes = env.groupWorldSize,
+                  .localRank = env.localRank,
+                  .localSize = env.localWorldSize,
+                  .timeout = timeout,
+                  .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : "",
+                  .shmPrefix = shmPrefix});
+    } else {
+      comm = shm::makeShmCommunicator(store, {.rank = env.rank,
+                                              .size = env.worldSize,
+                                              .timeout = timeout,
+                                              .namePrefix = shmPrefix});
+    }
   } else {
     if (env.rank == 0 && env.worldSize > 1) {
       DDPRUN_LOG(INFO, "runtime") << "transport tcp (" << t.reason << ")";

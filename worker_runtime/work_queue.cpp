@@ -16,9 +16,11 @@ struct WorkQueue::State {
   std::deque<Item> queue;
   bool busy = false;  // a job is running (on the thread or on a caller's)
   bool stop = false;
+  ThreadCounts counts;
 
-  // With `mu` held and busy false: takes the front job and runs it without the lock.
-  void runFront(std::unique_lock<std::mutex>& lock);
+  // With `mu` held and busy false: takes the front job and runs it without the lock. `onCaller`:
+  // this is not the queue's thread.
+  void runFront(std::unique_lock<std::mutex>& lock, bool onCaller);
 };
 
 namespace {
@@ -32,7 +34,7 @@ class QueuedWork final : public Work {
       std::unique_lock<std::mutex> lock(q->mu);
       while (!done_) {
         if (!q->busy && !q->queue.empty()) {
-          q->runFront(lock);  // ours or one before it: run it here rather than wait for a hop
+          q->runFront(lock, true);  // ours or one before it: run it here rather than wait for a hop
         } else {
           q->cv.wait(lock);
         }
@@ -62,10 +64,11 @@ class QueuedWork final : public Work {
 
 }  // namespace
 
-void WorkQueue::State::runFront(std::unique_lock<std::mutex>& lock) {
+void WorkQueue::State::runFront(std::unique_lock<std::mutex>& lock, bool onCaller) {
   Item item = std::move(queue.front());
   queue.pop_front();
   busy = true;
+  ++(onCaller ? counts.onCaller : counts.handedOff);
   lock.unlock();
   std::exception_ptr error;
   try {
@@ -85,7 +88,7 @@ WorkQueue::WorkQueue() : state_(std::make_shared<State>()) {
     for (;;) {
       s->cv.wait(lock, [&] { return (!s->queue.empty() && !s->busy) || (s->stop && s->queue.empty()); });
       if (s->queue.empty()) return;  // stop, and nothing left
-      s->runFront(lock);
+      s->runFront(lock, false);
     }
   });
 }
@@ -114,7 +117,7 @@ namespace {
 void helpDrain(WorkQueue::State& s, std::unique_lock<std::mutex>& lock) {
   while (!s.queue.empty() || s.busy) {
     if (!s.busy) {
-      s.runFront(lock);
+      s.runFront(lock, true);
     } else {
       s.cv.wait(lock);
     }
@@ -126,6 +129,7 @@ void WorkQueue::runInline(const std::function<void()>& job) {
   std::unique_lock<std::mutex> lock(state_->mu);
   helpDrain(*state_, lock);
   state_->busy = true;
+  ++state_->counts.onCaller;
   lock.unlock();
   struct Release {
     State& s;
@@ -138,6 +142,11 @@ void WorkQueue::runInline(const std::function<void()>& job) {
     }
   } release{*state_};
   job();
+}
+
+ThreadCounts WorkQueue::counts() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->counts;
 }
 
 void WorkQueue::drain() {

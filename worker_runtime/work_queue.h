@@ -7,7 +7,8 @@
 // during backward). A thread hop costs a wake-up, though, which on a loaded machine can take
 // milliseconds, so nobody waits for one needlessly:
 //   - runInline() runs a blocking collective on the caller's thread once everything submitted
-//     before it has finished;
+//     before it has finished (jobs not started yet run there too, in order; one the thread is
+//     running is waited for): the blocking collective itself is never handed off;
 //   - Work::wait() on a job that has not started yet runs the queued jobs up to and including it
 //     on the waiting thread (in order), instead of sleeping until the communication thread does.
 // A job's exception is stored in its Work and rethrown by wait(), never thrown on the
@@ -37,6 +38,8 @@ class WorkQueue {
   void runInline(const std::function<void()>& job);
   // Blocks until every job submitted so far has run.
   void drain();
+  // How many jobs (and runInline calls) ran on a caller's thread, and how many on the queue's.
+  ThreadCounts counts() const;
 
   struct State;  // shared with the Works, which may outlive the queue
 

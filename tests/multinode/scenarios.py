@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from harness import BIN, FAST_CONF, SKIP, check, free_port, run, skip_unless_ci
+from harness import BIN, FAST_CONF, SKIP, Node, check, free_port, run, skip_unless_ci
 
 
 def pid_alive(pid):
@@ -403,11 +403,40 @@ def netns_two_nodes(t):
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
 
 
+def shm_hierarchical(t):
+    """Two nodes of two ranks (agents on 127.0.0.2 and 127.0.0.3, one machine): under
+    DDPRUN_TRANSPORT=auto each node's ranks share memory and the leaders talk TCP (the
+    hierarchical allreduce; a node is a GROUP_RANK, so two agents on one host are two nodes).
+    runtime_mp_worker collectives-small checks every op and dtype on sizes 1, odd and 3 MiB
+    against the exact reference on every rank (so all ranks hold the same bits), and broadcast
+    and allgather; no segment is left in /dev/shm."""
+    worker = os.path.join(BIN, "runtime_mp_worker")
+    check(os.access(worker, os.X_OK), "%s is built" % worker)
+    prefix = "ddprun-hier-%d" % os.getpid()
+    env = {"DDPRUN_TRANSPORT": "auto", "DDPRUN_SHM_PREFIX": prefix}
+    nodes = []
+    for name, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3")):
+        args = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                "--rdzv-endpoint=%s" % t.endpoint(), "--rdzv-id=hier", "--local-addr=%s" % addr,
+                "--rdzv-conf=%s" % FAST_CONF, worker, "collectives-small"]
+        nodes.append(Node(t, name, args, env=env))
+    for n in nodes:
+        check(n.wait(120) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
+    out = "".join(n.stdout() + n.stderr() for n in nodes)
+    for r in range(4):
+        check("rank %d/4 collectives-small OK" % r in out, "rank %d printed its OK line" % r)
+    check("MISMATCH" not in out, "no mismatch")
+    check("backend shm+tcp" in out, "rank 0's communicator is the hierarchical one (shm+tcp)")
+    check("hierarchical" in out, "rank 0 logged the hierarchical transport choice")
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
+    check(not left, "nothing left in /dev/shm (found %s)" % left)
+
+
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
-    netns_two_nodes)}
+    netns_two_nodes, shm_hierarchical)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))

@@ -4,6 +4,7 @@
 
 #include "base/errors.h"
 #include "rendezvous/memory_store.h"
+#include "tests/worker_runtime/caller_thread.h"
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/gloo_communicator.h"
 
@@ -138,6 +139,16 @@ TEST_CASE("async allreduces complete in submission order", "[collectives][gloo]"
     for (auto& w : works) w->wait();
   });
   for (int i = 0; i < 20; ++i) CHECK(torch::all(ts[0][i] == float(2 * i + 1)).item<bool>());
+}
+
+TEST_CASE("blocking collectives run on the caller's thread after the async ones queued before "
+          "them", "[collectives][gloo]") {
+  for (int P : {2, 3}) {
+    INFO("P=" << P);
+    const auto errors = test::checkCallerThread(makeGroup(P));
+    for (const auto& e : errors) FAIL_CHECK(e);
+    CHECK(errors.empty());
+  }
 }
 
 TEST_CASE("broadcast, allgather and barrier match the reference", "[collectives][gloo]") {

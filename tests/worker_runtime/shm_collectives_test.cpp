@@ -14,10 +14,12 @@
 #include "base/errors.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/prefix_store.h"
+#include "tests/worker_runtime/caller_thread.h"
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/shm/segment.h"
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
+#include "worker_runtime/hierarchical_communicator.h"
 
 using namespace ddprun::runtime;
 using ddprun::rendezvous::MemoryStore;
@@ -164,6 +166,16 @@ TEST_CASE("shm broadcast from every root and allgather and barrier and async all
   }
 }
 
+TEST_CASE("shm blocking collectives run on the caller's thread after the async ones queued "
+          "before them", "[shm]") {
+  for (int P : {2, 3}) {
+    INFO("P=" << P);
+    const auto errors = test::checkCallerThread(makeGroup(P, {}));
+    for (const auto& e : errors) FAIL_CHECK(e);
+    CHECK(errors.empty());
+  }
+}
+
 TEST_CASE("shm: a rank that never comes times out the others and a failed rank fails them at "
           "once and a broken communicator refuses", "[shm]") {
   auto comms = makeGroup(3, {.timeout = std::chrono::milliseconds(500)});
@@ -222,17 +234,55 @@ TEST_CASE("transport choice: DDPRUN_TRANSPORT parsing and the auto rule", "[shm]
   int asked = 0;
   auto yes = [&] { ++asked; return true; };
   auto no = [&] { ++asked; return false; };
-  CHECK(shm::chooseTransport(shm::Transport::Auto, 4, 4, 1, yes).transport == shm::Transport::Shm);
-  CHECK(shm::chooseTransport(shm::Transport::Auto, 4, 4, 1, no).transport == shm::Transport::Tcp);
-  CHECK(shm::chooseTransport(shm::Transport::Auto, 4, 2, 2, yes).transport == shm::Transport::Tcp);
-  CHECK(shm::chooseTransport(shm::Transport::Auto, 1, 1, 1, yes).transport == shm::Transport::Tcp);
-  CHECK(shm::chooseTransport(shm::Transport::Tcp, 4, 4, 1, yes).transport == shm::Transport::Tcp);
-  CHECK(shm::chooseTransport(shm::Transport::Shm, 4, 4, 1, yes).transport == shm::Transport::Shm);
-  CHECK_THROWS_WITH(shm::chooseTransport(shm::Transport::Shm, 4, 2, 2, yes),
-                    Catch::Contains("spans 2 nodes") && Catch::Contains("DDPRUN_TRANSPORT=tcp"));
-  CHECK_THROWS_WITH(shm::chooseTransport(shm::Transport::Shm, 4, 4, 1, no),
+  using shm::Transport;
+  CHECK(shm::chooseTransport(Transport::Auto, 4, 4, 1, yes).transport == Transport::Shm);
+  CHECK(shm::chooseTransport(Transport::Auto, 4, 4, 1, no).transport == Transport::Tcp);
+  // Two nodes of two: hierarchical, when each node's ranks are on one host.
+  const shm::TransportChoice across = shm::chooseTransport(Transport::Auto, 4, 2, 2, yes);
+  CHECK(across.transport == Transport::Shm);
+  CHECK(across.acrossNodes);
+  CHECK_THAT(across.reason, Catch::Contains("2 nodes of 2 ranks") && Catch::Contains("hierarchical"));
+  CHECK(shm::chooseTransport(Transport::Auto, 4, 2, 2, no).transport == Transport::Tcp);
+  // Not asked: one rank per node, a placement that is not equal nodes, a single rank, tcp.
+  CHECK(shm::chooseTransport(Transport::Auto, 4, 1, 4, yes).transport == Transport::Tcp);
+  CHECK(shm::chooseTransport(Transport::Auto, 4, 2, 1, yes).transport == Transport::Tcp);
+  CHECK(shm::chooseTransport(Transport::Auto, 1, 1, 1, yes).transport == Transport::Tcp);
+  CHECK(shm::chooseTransport(Transport::Tcp, 4, 4, 1, yes).transport == Transport::Tcp);
+  // Forced.
+  const shm::TransportChoice one = shm::chooseTransport(Transport::Shm, 4, 4, 1, yes);
+  CHECK((one.transport == Transport::Shm && !one.acrossNodes));
+  CHECK(shm::chooseTransport(Transport::Shm, 4, 2, 2, yes).acrossNodes);
+  CHECK_THROWS_WITH(shm::chooseTransport(Transport::Shm, 4, 2, 2, no),
+                    Catch::Contains("ranks of a node (GROUP_RANK) run on different hosts"));
+  CHECK_THROWS_WITH(shm::chooseTransport(Transport::Shm, 4, 3, 2, yes),
+                    Catch::Contains("not one of equal nodes") &&
+                        Catch::Contains("LOCAL_WORLD_SIZE=3, GROUP_WORLD_SIZE=2, WORLD_SIZE=4"));
+  CHECK_THROWS_WITH(shm::chooseTransport(Transport::Shm, 4, 4, 1, no),
                     Catch::Contains("different hosts"));
-  CHECK(asked == 4);  // the store is asked only when the placement allows shm
+  CHECK(asked == 8);  // the store is asked only when the placement allows shm
+}
+
+TEST_CASE("node check through the store: ranks of each node on one host with local ranks "
+          "0..L-1 and nodes 0..N-1", "[shm][hierarchical]") {
+  // {node, local rank} of ranks 0..3, each with local size 2.
+  auto ask = [](std::vector<std::pair<int, int>> placement) {
+    auto store = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+    const int P = static_cast<int>(placement.size());
+    std::vector<int> answers(P);
+    runRanks(P, [&](int r) {
+      answers[r] = shm::nodesOnOneHost(*store, {.rank = r,
+                                                .size = P,
+                                                .node = placement[r].first,
+                                                .localRank = placement[r].second,
+                                                .localSize = 2});
+    });
+    for (int a : answers) CHECK(a == answers[0]);  // everyone gets the same answer
+    return answers[0] == 1;
+  };
+  CHECK(ask({{0, 0}, {0, 1}, {1, 0}, {1, 1}}));
+  CHECK(ask({{1, 1}, {0, 0}, {1, 0}, {0, 1}}));  // any rank order
+  CHECK_FALSE(ask({{0, 0}, {0, 0}, {1, 0}, {1, 1}}));  // local rank 0 twice, 1 missing
+  CHECK_FALSE(ask({{0, 0}, {0, 1}, {2, 0}, {2, 1}}));  // nodes 0 and 2
 }
 
 TEST_CASE("shm segment: a rank that never maps it times out the creator and nothing is left",
@@ -246,5 +296,85 @@ TEST_CASE("shm segment: a rank that never maps it times out the creator and noth
   CHECK_THROWS_AS(create(), ddprun::TimeoutError);
   // The name was published, then removed with the failure.
   CHECK_THAT(store.get("name"), Catch::StartsWith("/" + prefix + "-"));
+  CHECK(leftovers(prefix) == 0);
+}
+
+namespace {
+
+std::vector<std::shared_ptr<Communicator>> makeHierarchical(int nodes, int local,
+                                                            const std::string& prefix) {
+  auto store = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+  const int P = nodes * local;
+  std::vector<std::shared_ptr<Communicator>> comms(P);
+  runRanks(P, [&](int r) {
+    comms[r] = makeHierarchicalCommunicator(store, {.rank = r,
+                                                    .size = P,
+                                                    .node = r / local,
+                                                    .nodes = nodes,
+                                                    .localRank = r % local,
+                                                    .localSize = local,
+                                                    .timeout = std::chrono::seconds(20),
+                                                    .hostname = "127.0.0.1",
+                                                    .shmPrefix = prefix});
+  });
+  return comms;
+}
+
+}  // namespace
+
+TEST_CASE("hierarchical allreduce over nodes of ranks as threads equals the reference bit for "
+          "bit on every rank", "[shm][hierarchical]") {
+  const std::string prefix = uniquePrefix();
+  for (auto [nodes, local] : {std::pair{2, 2}, std::pair{3, 2}}) {
+    const int P = nodes * local;
+    auto comms = makeHierarchical(nodes, local, prefix);
+    CHECK(comms[0]->backend() == "shm+tcp");
+    CHECK(leftovers(prefix) == 0);
+    for (auto dtype : kDtypes) {
+      for (int64_t n : {0, 1, 7, 65537, 300001}) {
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
+          if (op == ReduceOp::Avg && !c10::isFloatingType(dtype)) continue;
+          if (n > 7 && op != ReduceOp::Sum && dtype != torch::kFloat32) continue;  // time budget
+          const torch::Tensor expected = reference(P, n, dtype, op);
+          std::vector<torch::Tensor> out(P);
+          runRanks(P, [&](int r) {
+            out[r] = inputFor(r, n, dtype);
+            if (n % 2) {
+              comms[r]->allreduce(out[r], op);
+            } else {
+              comms[r]->allreduceAsync(out[r], op)->wait();
+            }
+          });
+          INFO("nodes=" << nodes << " local=" << local << " dtype=" << dtype << " n=" << n
+                        << " op=" << toString(op));
+          for (int r = 0; r < P; ++r) {
+            CHECK(torch::equal(out[r], out[0]));  // the same bits everywhere
+            if (op == ReduceOp::Avg) {  // torch may divide differently in the last bit
+              CHECK(torch::allclose(out[r].to(torch::kFloat64), expected.to(torch::kFloat64),
+                                    1e-2, 1e-2));
+            } else {
+              CHECK(torch::equal(out[r], expected));
+            }
+          }
+        }
+      }
+    }
+    for (int root = 0; root < P; ++root) {
+      std::vector<torch::Tensor> out(P), all(P);
+      runRanks(P, [&](int r) {
+        out[r] = inputFor(r, 1001, torch::kFloat64);
+        comms[r]->broadcast(out[r], root);
+        all[r] = comms[r]->allgather(inputFor(r, 3, torch::kInt32));
+        comms[r]->barrier();
+      });
+      for (int r = 0; r < P; ++r) {
+        CHECK(torch::equal(out[r], inputFor(root, 1001, torch::kFloat64)));
+        for (int q = 0; q < P; ++q) CHECK(torch::equal(all[r][q], inputFor(q, 3, torch::kInt32)));
+      }
+    }
+    const auto errors = test::checkCallerThread(comms);
+    for (const auto& e : errors) FAIL_CHECK(e);
+    CHECK(errors.empty());
+  }
   CHECK(leftovers(prefix) == 0);
 }

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "base/errors.h"
@@ -64,6 +66,8 @@ class ShmCommunicator final : public Communicator {
     return queue_.submit([this, tensor, root] { broadcastNow(tensor, root); });
   }
 
+  ThreadCounts threadCounts() const override { return queue_.counts(); }
+
   torch::Tensor allgather(const torch::Tensor& input) override {
     checkCollectiveTensor(input, *this, "allgather");
     std::vector<int64_t> shape{size()};
@@ -81,6 +85,18 @@ class ShmCommunicator final : public Communicator {
     queue_.runInline([&] {
       guarded("barrier", 0, [&](Clock::time_point deadline) { collectives_->barrier(deadline); });
     });
+  }
+
+ protected:
+  // On the caller's thread, after every collective queued before (work_queue.h).
+  void allreduceBlocking(torch::Tensor tensor, ReduceOp op) override {
+    checkAllreduce(tensor, op);
+    queue_.runInline([&] { allreduceNow(tensor, op); });
+  }
+
+  void broadcastBlocking(torch::Tensor tensor, int root) override {
+    checkBroadcast(tensor, root);
+    queue_.runInline([&] { broadcastNow(tensor, root); });
   }
 
  private:
@@ -171,13 +187,37 @@ std::shared_ptr<Communicator> makeShmCommunicator(std::shared_ptr<rendezvous::St
   return std::make_shared<ShmCommunicator>(std::move(store), std::move(options));
 }
 
-bool allRanksOnOneHost(rendezvous::Store& store, int rank, int size) {
-  const std::string mine = hostIdentity();
-  store.set("shm/host/" + std::to_string(rank), mine);
+bool nodesOnOneHost(rendezvous::Store& store, const NodeMember& me) {
+  store.set("shm/host/" + std::to_string(me.rank),
+            std::to_string(me.node) + " " + std::to_string(me.localRank) + " " +
+                std::to_string(me.localSize) + " " + hostIdentity());
   std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back("shm/host/" + std::to_string(r));
+  for (int r = 0; r < me.size; ++r) keys.push_back("shm/host/" + std::to_string(r));
+  struct Node {
+    std::string host;
+    int localSize = 0;
+    std::vector<bool> seen;
+  };
+  std::map<int, Node> nodes;
   for (const auto& v : store.multiGet(keys)) {
-    if (v != mine) return false;
+    std::istringstream in(v);
+    int node = -1, localRank = -1, localSize = 0;
+    std::string host;
+    in >> node >> localRank >> localSize;
+    std::getline(in >> std::ws, host);
+    if (!in && !in.eof()) return false;
+    if (localSize < 1 || localRank < 0 || localRank >= localSize) return false;
+    Node& n = nodes[node];
+    if (n.localSize == 0) n = {host, localSize, std::vector<bool>(localSize)};
+    if (n.host != host || n.localSize != localSize || n.seen[localRank]) return false;
+    n.seen[localRank] = true;
+  }
+  int expected = 0;
+  for (const auto& [id, n] : nodes) {
+    if (id != expected++) return false;  // nodes 0..N-1
+    for (bool s : n.seen) {
+      if (!s) return false;
+    }
   }
   return true;
 }

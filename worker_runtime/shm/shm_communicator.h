@@ -2,11 +2,11 @@
 // The shared-memory communicator: every rank of the job on one node, collectives through one
 // Segment (segment.h) with the algorithms of collectives.h, on the calling thread.
 //
-// Contract: communicator.h's, with backend() == "shm". allgather() and barrier() run on the
-// caller's thread; allreduce and broadcast queue on a communication thread (work_queue.h) so that
-// DDP's buckets overlap backward, and the blocking allreduce()/broadcast() (= async + wait) run
-// the job on the caller's thread when the communication thread has not picked it up yet, which is
-// the common case: no hand-off, so small messages cost a few cache-line transfers. A peer
+// Contract: communicator.h's, with backend() == "shm". Every blocking collective (allreduce,
+// broadcast, allgather, barrier) runs on the caller's thread once the async ones queued before it
+// have finished (work_queue.h): no hand-off, so a small message costs a few cache-line transfers.
+// allreduceAsync / broadcastAsync queue on a communication thread so that DDP's buckets overlap
+// backward; Work::wait() runs a job the thread has not picked up yet on the waiter's. A peer
 // that dies or freezes mid-collective makes every rank's call throw BackendError / TimeoutError
 // within timeout (PhaseSync checks its pid while waiting); the rank that fails first marks itself
 // aborted so the others fail at once. The segment's name is gone from /dev/shm once all ranks
@@ -40,8 +40,18 @@ struct ShmOptions {
 std::shared_ptr<Communicator> makeShmCommunicator(std::shared_ptr<rendezvous::Store> store,
                                                   ShmOptions options);
 
-// True when every rank runs on this host (same boot id and host name), as each rank told the
-// store under "shm/host/". Every rank must call it; all get the same answer.
-bool allRanksOnOneHost(rendezvous::Store& store, int rank, int size);
+// Where a rank runs, as the launcher says: GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE.
+struct NodeMember {
+  int rank = 0;
+  int size = 1;  // WORLD_SIZE
+  int node = 0;
+  int localRank = 0;
+  int localSize = 1;
+};
+
+// True when the ranks of every node run on one host (same boot id and host name), hold the local
+// ranks 0..localSize-1 once each, and the nodes are 0..N-1, as each rank told the store under
+// "shm/host/". Every rank must call it; all get the same answer.
+bool nodesOnOneHost(rendezvous::Store& store, const NodeMember& me);
 
 }  // namespace ddprun::runtime::shm
