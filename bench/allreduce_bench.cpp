@@ -1,12 +1,18 @@
-// ddprun-bench allreduce: ddprun's Gloo communicator against raw Gloo, same run, same processes.
-//   - allreduce of float32, 4 KiB .. 256 MiB, for 2 and 4 ranks: ddprun::runtime's allreduce (its
+// ddprun-bench allreduce: ddprun's communicators against raw Gloo and OpenMPI, in one run.
+//   - allreduce of float32 in place, 4 KiB .. 256 MiB, for 2 and 4 ranks: ddprun's shared-memory
+//     transport (worker_runtime/shm) and its TCP mesh (the Gloo communicator's allreduce, its
 //     per-size choice of algorithm) vs Gloo's classic AllreduceRingChunked and
 //     AllreduceHalvingDoubling, each built once per size on its own buffer (Gloo's best case: no
-//     set-up in the timed loop). The three are interleaved iteration by iteration, in rotating
-//     order, so that load on a shared machine hits them alike; the median of rank 0's times is
-//     the latency, and bus bandwidth = bytes * 2 (P-1) / P / latency (nccl-tests' definition).
-//   - DDP step overhead: forward + backward + SGD step of an MLP wrapped in DDP vs the same model
-//     stepping locally (no communication), interleaved, same per-rank batch.
+//     set-up in the timed loop). The four are interleaved iteration by iteration, in rotating
+//     order, so that load on a shared machine hits them alike; every timed call starts after a
+//     barrier; the median of rank 0's times is the latency, and bus bandwidth = bytes * 2 (P-1) /
+//     P / latency (nccl-tests' definition).
+//   - OpenMPI, when mpicc and mpirun are found: bench/mpi_allreduce.c, built here, times
+//     MPI_Allreduce the same way (barrier, median on rank 0) right after ddprun's ranks, for the
+//     same sizes; without them the table says the anchor was skipped.
+//   - DDP step overhead: forward + backward + SGD step of an MLP wrapped in DDP (on shm and on
+//     TCP) vs the same model stepping locally (no communication), interleaved, same batch.
+// The machine's load average is printed before and after each rank count.
 // The ranks are processes of this binary (started with posix_spawn, environment as ddprun gives
 // it, the agent store hosted here). Prints a table with ratios; writes bench/results/allreduce.csv.
 #include <spawn.h>
@@ -15,11 +21,15 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
+#include <thread>
 
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
@@ -32,6 +42,7 @@
 #include "rendezvous/threaded_store_server.h"
 #include "worker_runtime/ddprun.h"
 #include "worker_runtime/gloo_store_adapter.h"
+#include "worker_runtime/shm/shm_communicator.h"
 
 extern char** environ;
 
@@ -90,6 +101,8 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
   go.size = P;
   go.hostname = "127.0.0.1";
   auto comm = makeGlooCommunicator(rt.store(), go);
+  auto shmComm = shm::makeShmCommunicator(
+      rt.store(), {.rank = rt.rank(), .size = P, .timeout = std::chrono::minutes(5)});
   std::shared_ptr<Communicator> alt;
   if (!o.alt.empty()) {
     GlooOptions ao = go;
@@ -108,8 +121,10 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     gloo::AllreduceHalvingDoubling<float> hd(raw, {hdBuf.data()}, static_cast<int>(n));
     gloo::AllreduceRingChunked<float> rc(raw, {rcBuf.data()}, static_cast<int>(n));
     torch::Tensor altBuf = torch::ones({static_cast<int64_t>(n)});
+    torch::Tensor shmBuf = torch::ones({static_cast<int64_t>(n)});
     std::vector<std::function<void()>> impls{[&] { comm->allreduce(ours); },
-                                             [&] { hd.run(); }, [&] { rc.run(); }};
+                                             [&] { hd.run(); }, [&] { rc.run(); },
+                                             [&] { shmComm->allreduce(shmBuf); }};
     if (alt) impls.push_back([&] { alt->allreduce(altBuf); });
     // Iterations: from a probe of the slowest implementation, within the time budget; the same
     // count on every rank (rank 0 decides).
@@ -123,14 +138,16 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     for (int64_t i = 0; i < iters.item<int64_t>(); ++i) {
       for (size_t k = 0; k < impls.size(); ++k) {
         const size_t which = (i + k) % impls.size();
+        shmComm->barrier();
         times[which].push_back(timeUs(impls[which]));
       }
     }
     rows.push_back({"allreduce", bytes,
                     {{"ddprun", median(times[0])},
                      {"gloo_halving_doubling", median(times[1])},
-                     {"gloo_ring_chunked", median(times[2])}}});
-    if (alt) rows.back().us.push_back({"ddprun_alt", median(times[3])});
+                     {"gloo_ring_chunked", median(times[2])},
+                     {"ddprun_shm", median(times[3])}}});
+    if (alt) rows.back().us.push_back({"ddprun_alt", median(times[4])});
   }
   return rows;
 }
@@ -152,11 +169,16 @@ struct Mlp : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 
-Row ddpRow(Runtime& rt, const std::string& name, int hidden, int layers) {
+// DDP over the TCP mesh (`tcp`) and over shared memory (`shm`) vs a local step, interleaved.
+Row ddpRow(Runtime& rt, const std::string& name, int hidden, int layers,
+           const std::shared_ptr<Communicator>& tcp, const std::shared_ptr<Communicator>& shmComm) {
   auto distributed = std::make_shared<Mlp>(784, hidden, layers, 10);
+  auto viaShm = std::make_shared<Mlp>(784, hidden, layers, 10);
   auto local = std::make_shared<Mlp>(784, hidden, layers, 10);
-  DistributedDataParallel ddp(distributed, rt.comm());
+  DistributedDataParallel ddp(distributed, tcp);
+  DistributedDataParallel ddpShm(viaShm, shmComm);
   torch::optim::SGD optD(distributed->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::SGD optS(viaShm->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::optim::SGD optL(local->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto x = torch::randn({64, 784});
   auto y = torch::randint(0, 10, {64});
@@ -169,9 +191,10 @@ Row ddpRow(Runtime& rt, const std::string& name, int hidden, int layers) {
   for (auto& p : distributed->parameters()) bytes += p.nbytes();
   for (int i = 0; i < 3; ++i) {
     step(*distributed, optD);
+    step(*viaShm, optS);
     step(*local, optL);
   }
-  std::vector<double> d, l;
+  std::vector<double> d, s, l;
   for (int i = 0; i < 40; ++i) {
     // The local step waits at a barrier first, like the DDP step's allreduces, so that both start
     // with the ranks in step.
@@ -179,16 +202,26 @@ Row ddpRow(Runtime& rt, const std::string& name, int hidden, int layers) {
     l.push_back(timeUs([&] { step(*local, optL); }));
     rt.comm()->barrier();
     d.push_back(timeUs([&] { step(*distributed, optD); }));
+    rt.comm()->barrier();
+    s.push_back(timeUs([&] { step(*viaShm, optS); }));
   }
-  return {"ddp:" + name, bytes, {{"ddp_step", median(d)}, {"local_step", median(l)}}};
+  return {"ddp:" + name, bytes,
+          {{"ddp_step", median(d)}, {"ddp_step_shm", median(s)}, {"local_step", median(l)}}};
 }
 
 int worker(const Options& o) {
   auto rt = ddprun::init();
   std::vector<Row> rows = allreduceRows(*rt, o);
   if (o.ddp) {
-    rows.push_back(ddpRow(*rt, "784-512-10", 512, 1));
-    rows.push_back(ddpRow(*rt, "784-2048x3-10", 2048, 3));
+    GlooOptions go = o.tuning;
+    go.rank = rt->rank();
+    go.size = rt->worldSize();
+    go.hostname = "127.0.0.1";
+    auto tcp = makeGlooCommunicator(rt->store(), go);
+    auto viaShm = shm::makeShmCommunicator(
+        rt->store(), {.rank = rt->rank(), .size = rt->worldSize(), .timeout = std::chrono::minutes(5)});
+    rows.push_back(ddpRow(*rt, "784-512-10", 512, 1, tcp, viaShm));
+    rows.push_back(ddpRow(*rt, "784-2048x3-10", 2048, 3, tcp, viaShm));
   }
   if (rt->rank() == 0) {  // one line per row for the parent: what bytes impl=us ...
     for (auto& r : rows) {
@@ -253,6 +286,78 @@ std::vector<std::string> runRanks(int P, const std::vector<std::string>& args) {
   return lines;
 }
 
+std::string loadAverage() {
+  double l[3] = {0, 0, 0};
+  if (::getloadavg(l, 3) < 0) return "?";
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2) << l[0] << " " << l[1] << " " << l[2];
+  return os.str();
+}
+
+// Runs `command` through the shell; its standard output, and its exit status in `status`.
+std::string capture(const std::string& command, int& status) {
+  std::string text;
+  FILE* f = ::popen(command.c_str(), "r");
+  if (!f) {
+    status = -1;
+    return text;
+  }
+  char buf[4096];
+  for (size_t k; (k = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, k);
+  status = ::pclose(f);
+  return text;
+}
+
+// The OpenMPI anchor: bench/mpi_allreduce.c built with mpicc (once per run), run with mpirun as
+// the baseline was (--oversubscribe, default binding). Returns bytes -> median us; empty
+// with `why` set when mpicc/mpirun are missing or the program fails.
+struct MpiAnchor {
+  std::string program;  // built binary, or empty
+  std::string why;      // why there is none
+};
+
+MpiAnchor buildMpi() {
+  int status = 0;
+  capture("command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1", status);
+  if (status != 0) {
+    return {"", "mpicc/mpirun not found (Debian openmpi-bin + libopenmpi-dev; scripts/setup "
+                "installs them)"};
+  }
+  char dir[] = "/tmp/ddprun-bench-mpi-XXXXXX";
+  if (!::mkdtemp(dir)) return {"", "cannot create a temporary directory"};
+  const std::string program = std::string(dir) + "/mpi_allreduce";
+  const std::string log = capture("mpicc -O2 -o " + program + " " +
+                                      ddprun::bench::scriptPath("mpi_allreduce.c") + " 2>&1",
+                                  status);
+  if (status != 0) return {"", "mpicc failed: " + log};
+  return {program, ""};
+}
+
+std::map<size_t, double> runMpi(const MpiAnchor& mpi, int P, const Options& o, std::string& why) {
+  std::map<size_t, double> us;
+  if (mpi.program.empty()) {
+    why = mpi.why;
+    return us;
+  }
+  int status = 0;
+  const std::string out =
+      capture("mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(P) + " " +
+                  mpi.program + " " + std::to_string(o.minBytes) + " " +
+                  std::to_string(o.maxBytes) + " " + std::to_string(o.seconds) + " 2>&1",
+              status);
+  std::istringstream in(out);
+  for (std::string tag; in >> tag;) {
+    size_t bytes;
+    double t;
+    if (tag == "MPI" && in >> bytes >> t) us[bytes] = t;
+  }
+  if (status != 0 || us.empty()) {
+    why = "mpirun failed (status " + std::to_string(status) + "): " + out.substr(0, 400);
+    us.clear();
+  }
+  return us;
+}
+
 std::string human(size_t bytes) {
   if (bytes >= (1u << 20)) return std::to_string(bytes >> 20) + " MiB";
   return std::to_string(bytes >> 10) + " KiB";
@@ -261,7 +366,7 @@ std::string human(size_t bytes) {
 int benchAllreduce(int argc, char** argv) {
   Options o;
   bool isWorker = false;
-  CLI::App app{"ddprun's allreduce vs raw Gloo (ring-chunked, halving-doubling); DDP step overhead"};
+  CLI::App app{"ddprun's allreduce (shm, TCP mesh) vs raw Gloo and OpenMPI; DDP step overhead"};
   app.add_option("--ranks", o.ranks, "rank counts to run [2 4]")->delimiter(',');
   app.add_option("--min-bytes", o.minBytes, "smallest message [4096]");
   app.add_option("--max-bytes", o.maxBytes, "largest message [268435456]");
@@ -285,12 +390,21 @@ int benchAllreduce(int argc, char** argv) {
   if (!o.ddp) args.push_back("--no-ddp");
   std::ofstream csv(o.csv);
   csv << "ranks,what,bytes,impl,median_us,busbw_GBps,ratio\n";
+  const MpiAnchor mpi = buildMpi();
   for (int P : o.ranks) {
-    std::cout << "\n== " << P << " ranks ==\n";
-    std::cout << std::left << std::setw(10) << "size" << std::right << std::setw(12) << "ddprun us"
-              << std::setw(12) << "HD us" << std::setw(12) << "ring us" << std::setw(12)
-              << "ddprun GB/s" << std::setw(12) << "best Gloo" << std::setw(10) << "ratio\n";
-    for (const auto& line : runRanks(P, args)) {
+    std::cout << "\n== " << P << " ranks == (load average before: " << loadAverage() << ", "
+              << std::thread::hardware_concurrency() << " CPUs)\n";
+    const auto lines = runRanks(P, args);
+    std::string mpiWhy;
+    const auto mpiUs = runMpi(mpi, P, o, mpiWhy);
+    std::cout << "load average after: " << loadAverage() << "\n";
+    if (!mpiWhy.empty()) std::cout << "OpenMPI anchor skipped: " << mpiWhy << "\n";
+    std::cout << std::left << std::setw(9) << "size" << std::right << std::setw(10) << "shm us"
+              << std::setw(10) << "tcp us" << std::setw(10) << "Gloo us" << std::setw(10)
+              << "MPI us" << std::setw(10) << "shm GB/s" << std::setw(10) << "MPI/shm"
+              << std::setw(10) << "tcp/shm" << std::setw(10) << "Gloo/shm" << std::setw(10)
+              << "Gloo/tcp" << "\n";
+    for (const auto& line : lines) {
       std::istringstream in(line);
       std::string what;
       size_t bytes;
@@ -301,35 +415,53 @@ int benchAllreduce(int argc, char** argv) {
         const double factor = 2.0 * (P - 1) / P;
         auto bw = [&](double t) { return bytes * factor / (t * 1e3); };  // GB/s
         const double best = std::min(us["gloo_halving_doubling"], us["gloo_ring_chunked"]);
-        const double ratio = best / us["ddprun"];  // > 1: ddprun faster
-        std::cout << std::left << std::setw(10) << human(bytes) << std::right << std::fixed
-                  << std::setprecision(0) << std::setw(12) << us["ddprun"] << std::setw(12)
-                  << us["gloo_halving_doubling"] << std::setw(12) << us["gloo_ring_chunked"]
-                  << std::setprecision(2) << std::setw(12) << bw(us["ddprun"]) << std::setw(12)
-                  << bw(best) << std::setw(9) << ratio << "x";
-        if (us.count("ddprun_alt")) std::cout << "   alt " << std::setprecision(0) << us["ddprun_alt"] << " us";
+        const double ratio = best / us["ddprun"];  // > 1: ddprun's TCP mesh faster than Gloo
+        const double shmUs = us["ddprun_shm"];
+        if (mpiUs.count(bytes)) us["openmpi"] = mpiUs.at(bytes);
+        auto cell = [&](double t, int precision) {
+          std::ostringstream os;
+          os << std::fixed << std::setprecision(precision) << t;
+          return os.str();
+        };
+        const std::string mpiCell = us.count("openmpi") ? cell(us["openmpi"], 1) : "-";
+        const std::string mpiRatio = us.count("openmpi") ? cell(us["openmpi"] / shmUs, 2) + "x" : "-";
+        std::cout << std::left << std::setw(9) << human(bytes) << std::right << std::setw(10)
+                  << cell(shmUs, 1) << std::setw(10) << cell(us["ddprun"], 1) << std::setw(10)
+                  << cell(best, 1) << std::setw(10) << mpiCell << std::setw(10)
+                  << cell(bw(shmUs), 2) << std::setw(10) << mpiRatio << std::setw(10)
+                  << cell(us["ddprun"] / shmUs, 2) + "x" << std::setw(10)
+                  << cell(best / shmUs, 2) + "x" << std::setw(10) << cell(ratio, 2) + "x";
+        if (us.count("ddprun_alt")) std::cout << "   alt " << cell(us["ddprun_alt"], 0) << " us";
         std::cout << "\n";
         for (auto& [impl, t] : us) {
+          // ratio column: the best raw Gloo time / this implementation's (> 1: faster than Gloo)
           csv << P << ",allreduce," << bytes << "," << impl << "," << t << "," << bw(t) << ","
-              << (impl == "ddprun" ? ratio : best / t) << "\n";
+              << best / t << "\n";
         }
       } else {
         const double ratio = us["ddp_step"] / us["local_step"];
-        std::cout << what.substr(4) << " (" << human(bytes) << " of parameters): DDP step "
-                  << std::setprecision(0) << us["ddp_step"] << " us, local step " << us["local_step"]
-                  << " us, overhead " << std::setprecision(2) << ratio << "x\n";
+        const double shmRatio = us["ddp_step_shm"] / us["local_step"];
+        std::cout << std::fixed << what.substr(4) << " (" << human(bytes)
+                  << " of parameters): local step " << std::setprecision(0) << us["local_step"]
+                  << " us; DDP step on shm " << us["ddp_step_shm"] << " us (overhead "
+                  << std::setprecision(2) << shmRatio << "x), on tcp " << std::setprecision(0)
+                  << us["ddp_step"] << " us (overhead " << std::setprecision(2) << ratio << "x)\n";
         csv << P << "," << what << "," << bytes << ",ddp_step," << us["ddp_step"] << ",," << ratio
             << "\n"
+            << P << "," << what << "," << bytes << ",ddp_step_shm," << us["ddp_step_shm"] << ",,"
+            << shmRatio << "\n"
             << P << "," << what << "," << bytes << ",local_step," << us["local_step"] << ",,1\n";
       }
     }
   }
-  std::cout << "\nratio = best raw Gloo time / ddprun time (>= 1: ddprun at least as fast); "
-               "overhead = DDP step / local step\nwritten to "
+  std::cout << "\nX/shm = X's time / ddprun shm's time (>= 1: shm at least as fast); tcp = "
+               "ddprun's TCP mesh, Gloo = best of raw Gloo ring-chunked and halving-doubling, "
+               "MPI = OpenMPI MPI_Allreduce; overhead = DDP step / local step\nwritten to "
             << o.csv << "\n";
   return 0;
 }
 
 }  // namespace
 
-DDPRUN_BENCH("allreduce", "ddprun's allreduce vs raw Gloo; DDP step vs local step", benchAllreduce)
+DDPRUN_BENCH("allreduce", "ddprun's allreduce (shm, tcp) vs raw Gloo and OpenMPI; DDP step vs local",
+             benchAllreduce)

@@ -12,7 +12,7 @@ set(DDPRUN_PKG ${CMAKE_BINARY_DIR}/package)
 
 install(TARGETS ddprun ddprun-store ddprun-bench RUNTIME DESTINATION bin COMPONENT programs)
 # ddprun-bench's scripts, where an installed ddprun-bench looks for them (bench/paths.h).
-install(FILES bench/torchrun_wrapper.py bench/ddp_mnist.py DESTINATION share/ddprun
+install(FILES bench/torchrun_wrapper.py bench/ddp_mnist.py bench/mpi_allreduce.c DESTINATION share/ddprun
   COMPONENT programs)
 
 # Man pages from --help (help2man), and the bash completion from ddprun's flag table.

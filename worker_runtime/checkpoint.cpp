@@ -5,11 +5,16 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <csignal>
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
+#include <string_view>
 
 #include "base/log.h"
 #include "worker_runtime/communicator.h"
@@ -58,6 +63,56 @@ std::string fileName(int64_t step) {
   char name[64];
   std::snprintf(name, sizeof(name), "ckpt-%012lld.ddpck", static_cast<long long>(step));
   return name;
+}
+
+// Temporary names: "<final name>.tmp-<host>-<pid>-<16 hex digits>". Host and pid tell whose
+// it is (several hosts may share the directory), the random part makes it unguessable: it is
+// created with O_EXCL | O_NOFOLLOW, so a file or symlink planted under that name fails the
+// save instead of being followed and truncated.
+constexpr std::string_view kTempMarker = ".ddpck.tmp-";
+// A temporary file untouched for this long belongs to a writer that is gone (a writer
+// touches it with every write), whoever it was.
+constexpr auto kStaleTemporary = std::chrono::hours(1);
+
+std::string hostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "unknown-host";
+  return host;
+}
+
+std::string randomHex() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// True when `name` is a temporary file of a writer that is certainly gone: one on this host
+// whose pid no longer exists, or any that has not been written to for kStaleTemporary.
+bool staleTemporary(const fs::directory_entry& entry, const std::string& name,
+                    const std::string& host) {
+  const auto at = name.find(kTempMarker);
+  if (at == std::string::npos) return false;
+  std::error_code ec;
+  const auto mtime = entry.last_write_time(ec);
+  if (!ec && fs::file_time_type::clock::now() - mtime > kStaleTemporary) return true;
+  // "<host>-<pid>-<random>", or "<pid>" as older versions wrote it (on this host, then).
+  const std::string owner = name.substr(at + kTempMarker.size());
+  std::string ownerHost = host, pidText = owner;
+  const auto last = owner.rfind('-');
+  if (last != std::string::npos) {
+    const auto prev = owner.rfind('-', last - 1);
+    if (last == 0 || prev == std::string::npos) return false;
+    ownerHost = owner.substr(0, prev);
+    pidText = owner.substr(prev + 1, last - prev - 1);
+  }
+  if (ownerHost != host || pidText.empty() || pidText.size() > 9) return false;
+  for (char c : pidText) {
+    if (c < '0' || c > '9') return false;
+  }
+  const pid_t pid = static_cast<pid_t>(std::stol(pidText));
+  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 [[noreturn]] void ioFail(const std::string& what, const fs::path& file, int err) {
@@ -216,19 +271,19 @@ fs::path CheckpointManager::save(const torch::nn::Module& model,
 
   const fs::path dir = options_.directory;
   const fs::path final = dir / fileName(state.step);
-  const fs::path tmp = dir / (fileName(state.step) + ".tmp-" + std::to_string(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const std::string host = hostName();
+  const fs::path tmp = dir / (fileName(state.step) + ".tmp-" + host + "-" +
+                              std::to_string(::getpid()) + "-" + randomHex());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) ioFail("cannot create the temporary file " + tmp.filename().string(), final, errno);
   try {
     writeAll(fd, bytes, final);
     if (::fsync(fd) != 0) ioFail("fsync failed", final, errno);
-    if (::close(fd) != 0) {
-      const int err = errno;
-      ::unlink(tmp.c_str());
-      ioFail("close failed", final, err);
-    }
+    const int closed = ::close(fd);
+    fd = -1;  // closed even when close() fails: never close it twice
+    if (closed != 0) ioFail("close failed", final, errno);
   } catch (...) {
-    ::close(fd);
+    if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
     throw;
   }
@@ -239,17 +294,19 @@ fs::path CheckpointManager::save(const torch::nn::Module& model,
   }
   fsyncDir(dir);
 
-  // Retention, and temporary files left by a crash during an earlier save.
+  // Retention, and temporary files left by a crash during an earlier save -- only those
+  // of writers that are gone: another process may be saving into this directory right now.
   const auto all = list();
   for (size_t i = static_cast<size_t>(options_.keep); i < all.size(); ++i) {
     std::error_code ec;
     fs::remove(all[i], ec);
   }
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.find(".ddpck.tmp-") != std::string::npos && entry.path() != tmp) {
-      std::error_code ec;
-      fs::remove(entry.path(), ec);
+    if (staleTemporary(entry, name, host)) {
+      std::error_code rec;
+      fs::remove(entry.path(), rec);
     }
   }
   return final;
@@ -262,7 +319,17 @@ std::vector<fs::path> CheckpointManager::list() const {
   for (const auto& entry : fs::directory_iterator(options_.directory, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, kName)) found.emplace_back(std::stoll(m[1]), entry.path());
+    if (!std::regex_match(name, m, kName)) continue;
+    // A name this version never writes (a step beyond int64, e.g. 21 digits) is not ours.
+    int64_t step = 0;
+    const std::string digits = m[1];
+    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (err != std::errc() || end != digits.data() + digits.size()) {
+      DDPRUN_LOG(WARN, "checkpoint") << "ignoring " << entry.path().string()
+                                     << ": not a step number ddprun writes";
+      continue;
+    }
+    found.emplace_back(step, entry.path());
   }
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
   std::vector<fs::path> out;

@@ -11,6 +11,14 @@
 // file, removes its temporary file and leaves every earlier checkpoint untouched. After a
 // successful save, checkpoints beyond the newest `keep` are deleted.
 //
+// Several writers may share the directory (two jobs, or hosts on a shared filesystem): each
+// temporary name carries host, pid and a random part and is created with O_EXCL | O_NOFOLLOW
+// (a planted file or symlink is never followed nor truncated); a save removes only
+// temporaries of writers that are gone (a pid of this host that no longer exists, or a file
+// untouched for an hour), never one being written. Every save lands whole or throws; the
+// newest complete checkpoint wins. Names that look like checkpoints but carry a step this
+// version never writes (beyond int64) are ignored with a warning.
+//
 // File format (version 1): a fixed header (magic "DDPRUNCK", version, lengths and CRC-32s), a JSON
 // document with the metadata (step, epoch, the sampler's global position and dataset size, the
 // world size that wrote it, the program's `extra` JSON), then the torch::serialize archive (model under "model", optimizer

@@ -7,12 +7,47 @@
 
 namespace ddprun::runtime {
 
+std::string describeHeader(int rank, const CollectiveHeader& h) {
+  static const char* kOps[] = {"sum", "avg", "min", "max"};
+  static const char* kAlgorithms[] = {"?", "direct", "ring", "halving-doubling"};
+  std::string dtype = "dtype " + std::to_string(h.dtype);
+  if (h.dtype < static_cast<uint8_t>(c10::ScalarType::NumOptions)) {
+    dtype = c10::toString(static_cast<c10::ScalarType>(h.dtype));
+  }
+  return "rank " + std::to_string(rank) + ": allreduce #" + std::to_string(h.seq) + " of " +
+         std::to_string(h.count) + " elements of " + dtype + " (" +
+         (h.op < 4 ? kOps[h.op] : "op ?") + ", " + (h.algorithm < 4 ? kAlgorithms[h.algorithm] : "?") +
+         ")";
+}
+
+void MeshAllreduce::announce(const ReduceBuffer& buf, ReduceOp op, uint8_t algorithm) {
+  const int P = mesh_->size();
+  const int r = mesh_->rank();
+  mine_ = CollectiveHeader{.seq = seq_++,
+                           .dtype = static_cast<uint8_t>(buf.type),
+                           .op = static_cast<uint8_t>(op),
+                           .algorithm = algorithm,
+                           .count = buf.count};
+  theirs_.resize(P);
+  for (int i = 1; i < P; ++i) {
+    const int q = (r + i) % P;
+    mesh_->postSend(q, &mine_, sizeof mine_);
+    mesh_->postRecv(q, &theirs_[q], sizeof theirs_[q], [this, q, r] {
+      if (theirs_[q] == mine_) return;
+      throw BackendError("allreduce mismatch between ranks: " + describeHeader(r, mine_) +
+                         "; " + describeHeader(q, theirs_[q]) +
+                         " (every rank must reduce the same number of elements of the same dtype)");
+    });
+  }
+}
+
 void MeshAllreduce::direct(const ReduceBuffer& buf, ReduceOp op,
                            TcpMesh::Clock::time_point deadline) {
   const int P = mesh_->size();
   const int r = mesh_->rank();
   const size_t bytes = buf.count * c10::elementSize(buf.type);
   if (scratch_.size() < bytes * (P - 1)) scratch_.resize(bytes * (P - 1));
+  announce(buf, op, 1);
   auto scratchOf = [&](int q) { return scratch_.data() + bytes * ((q - r - 1 + P) % P); };
   // Peers in the order r+1, r+2, ... so that not every rank talks to rank 0 first.
   for (int i = 1; i < P; ++i) mesh_->postRecv((r + i) % P, scratchOf((r + i) % P), bytes);
@@ -38,6 +73,7 @@ void MeshAllreduce::ring(const ReduceBuffer& buf, ReduceOp op, TcpMesh::Clock::t
   const int right = (r + 1) % P;
   const int left = (r + P - 1) % P;
   const int steps = 2 * (P - 1);
+  announce(buf, op, 2);
   auto mod = [P](long v) { return static_cast<int>(((v % P) + P) % P); };
   auto chunkBegin = [&](int c) { return buf.count * c / P; };
   auto chunkLen = [&](int c) { return chunkBegin(c + 1) - chunkBegin(c); };
@@ -99,6 +135,7 @@ void MeshAllreduce::halvingDoubling(const ReduceBuffer& buf, ReduceOp op,
   const int P = mesh_->size();
   const int r = mesh_->rank();
   DDPRUN_CHECK((P & (P - 1)) == 0, "halving-doubling needs a power-of-two size, not " << P);
+  announce(buf, op, 3);
   const size_t es = c10::elementSize(buf.type);
   const size_t segElems = std::max<size_t>(1, tuning.segmentBytes / es);
   const size_t window = static_cast<size_t>(std::max(1, tuning.window));

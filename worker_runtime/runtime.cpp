@@ -1,5 +1,9 @@
 #include "worker_runtime/runtime.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
 #include <cerrno>
 #include <cstdlib>
 
@@ -10,6 +14,8 @@
 #include "rendezvous/threaded_store_server.h"
 #include "worker_runtime/gloo_communicator.h"
 #include "worker_runtime/nccl_communicator.h"
+#include "worker_runtime/shm/shm_communicator.h"
+#include "worker_runtime/shm/transport.h"
 
 namespace ddprun::runtime {
 namespace {
@@ -32,6 +38,12 @@ Millis timeoutFrom(const InitOptions& o) {
   return Millis(static_cast<int64_t>(s * 1000));
 }
 
+// DDPRUN_TRANSPORT (shm/transport.h), auto when unset.
+shm::Transport transportFrom(const InitOptions& o) {
+  const auto v = o.env("DDPRUN_TRANSPORT");
+  return v && !v->empty() ? shm::parseTransport(*v, "DDPRUN_TRANSPORT") : shm::Transport::Auto;
+}
+
 Backend backendFrom(const InitOptions& o) {
   if (o.backend) return *o.backend;
   const auto v = o.env("DDPRUN_BACKEND");
@@ -47,6 +59,32 @@ std::string unbracket(const std::string& host) {
     return host.substr(1, host.size() - 2);
   }
   return host;
+}
+
+// Where rank 0 hosts the job's store (--no-agent-store): MASTER_ADDR itself, not every
+// interface, when it is an IP address or a name of this host's loopback; a name that resolves
+// elsewhere may be reached through any interface, so then all of them (as torch's TCPStore).
+std::string storeBindAddress(const std::string& masterAddr) {
+  const std::string host = unbracket(masterAddr);
+  in6_addr probe{};
+  if (::inet_pton(AF_INET, host.c_str(), &probe) == 1 || ::inet_pton(AF_INET6, host.c_str(), &probe) == 1) {
+    return host;
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string bind = "0.0.0.0";
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0) {
+    char text[INET6_ADDRSTRLEN] = {};
+    if (res->ai_family == AF_INET) {
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, text, sizeof text);
+    } else if (res->ai_family == AF_INET6) {
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr, text, sizeof text);
+    }
+    if (isLoopback(text)) bind = text;
+    ::freeaddrinfo(res);
+  }
+  return bind;
 }
 
 std::shared_ptr<rendezvous::Store> connect(const WorkerEnv& env, Millis timeout,
@@ -146,7 +184,8 @@ std::unique_ptr<Runtime> init(InitOptions options) {
     if (env.rank == 0) {
       try {
         hosted = std::make_shared<rendezvous::ThreadedStoreServer>(
-            rendezvous::StoreServerOptions{.host = "0.0.0.0", .port = env.masterPort});
+            rendezvous::StoreServerOptions{.host = storeBindAddress(env.masterAddr),
+                                           .port = env.masterPort});
       } catch (const NetworkError& e) {
         throw NetworkError(std::string(e.what()) +
                            " (rank 0 hosts the job's store at MASTER_PORT=" +
@@ -171,7 +210,21 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                                         .size = env.worldSize,
                                         .device = env.localRank % gpus,
                                         .timeout = timeout});
+  } else if (const shm::TransportChoice t = shm::chooseTransport(
+                 transportFrom(options), env.worldSize, env.localWorldSize, env.groupWorldSize,
+                 [&] { return shm::allRanksOnOneHost(*store, env.rank, env.worldSize); });
+             t.transport == shm::Transport::Shm) {
+    if (env.rank == 0) DDPRUN_LOG(INFO, "runtime") << "transport shm (" << t.reason << ")";
+    const auto prefix = options.env("DDPRUN_SHM_PREFIX");  // tests look for leftovers with it
+    comm = shm::makeShmCommunicator(
+        store, {.rank = env.rank,
+                .size = env.worldSize,
+                .timeout = timeout,
+                .namePrefix = prefix && !prefix->empty() ? *prefix : std::string("ddprun")});
   } else {
+    if (env.rank == 0 && env.worldSize > 1) {
+      DDPRUN_LOG(INFO, "runtime") << "transport tcp (" << t.reason << ")";
+    }
     comm = makeGlooCommunicator(store, {.rank = env.rank,
                                         .size = env.worldSize,
                                         .timeout = timeout,

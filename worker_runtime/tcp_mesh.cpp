@@ -9,12 +9,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <random>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "base/errors.h"
+#include "base/log.h"
 
 namespace ddprun::runtime {
 namespace {
@@ -56,6 +61,119 @@ void exchange(int fd, void* buf, size_t n, bool write, Clock::time_point deadlin
   }
 }
 
+// The hello a connecting rank sends: magic, its rank, and the id the accepting rank published
+// for this attempt (proof that it read this attempt's store keys).
+using MeshId = std::array<uint8_t, 16>;
+struct Hello {
+  uint32_t magic;
+  uint32_t rank;
+  MeshId id;
+};
+static_assert(sizeof(Hello) == 24);
+
+// Connections accepted during set-up whose hello is incomplete; more are not held.
+constexpr size_t kMaxPendingHellos = 64;
+struct Pending {
+  int fd = -1;
+  std::string peer;  // "127.0.0.1:40112", for logs
+  char bytes[sizeof(Hello)] = {};
+  size_t have = 0;
+};
+
+MeshId randomMeshId() {
+  MeshId id{};
+  std::random_device rd;  // /dev/urandom
+  for (size_t i = 0; i < id.size(); i += 4) {
+    const uint32_t v = rd();
+    std::memcpy(id.data() + i, &v, 4);
+  }
+  return id;
+}
+
+std::string toHex(const MeshId& id) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : id) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+bool fromHex(const std::string& text, MeshId& id) {
+  if (text.size() != 2 * id.size()) return false;
+  auto nibble = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  for (size_t i = 0; i < id.size(); ++i) {
+    const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    id[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return true;
+}
+
+// Constant time: a stranger learns nothing from how fast it is refused.
+bool sameId(const MeshId& a, const MeshId& b) {
+  uint8_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+std::string describePeer(const sockaddr_storage& from) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (from.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&from);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
+    port = ntohs(a->sin_port);
+  } else if (from.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&from);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
+    port = ntohs(a->sin6_port);
+  }
+  return std::string(text) + ":" + std::to_string(port);
+}
+
+// A connected, non-blocking socket to host:port, or NetworkError/TimeoutError. The connect
+// itself is non-blocking and bounded by the deadline (a black-holed address cannot hold it);
+// refusals are retried until then (the peer listens before it publishes, so they are rare).
+int connectBefore(const std::string& host, const std::string& port, Clock::time_point deadline,
+                  const std::string& who) {
+  addrinfo h{};
+  h.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &h, &res); rc != 0) {
+    throw NetworkError("mesh: cannot resolve " + who + " at " + host + ": " + gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> owned(res, ::freeaddrinfo);
+  int lastErr = ETIMEDOUT;
+  while (true) {
+    const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) throw NetworkError(std::string("mesh: socket failed: ") + std::strerror(errno));
+    int err = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      pollfd pfd{fd, POLLOUT, 0};
+      int n;
+      while ((n = ::poll(&pfd, 1, remainingMs(deadline))) < 0 && errno == EINTR) {
+      }
+      socklen_t len = sizeof err;
+      if (n == 0) {
+        err = ETIMEDOUT;
+      } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+        err = errno;
+      }
+    }
+    if (err == 0) return fd;
+    ::close(fd);
+    lastErr = err;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  throw NetworkError("mesh: cannot connect to " + who + " at " + host + ":" + port + ": " +
+                     std::strerror(lastErr));
+}
+
 }  // namespace
 
 TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, int size,
@@ -75,7 +193,7 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
   int one = 1;
   ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (listener < 0 || ::bind(listener, local->ai_addr, local->ai_addrlen) != 0 ||
-      ::listen(listener, size) != 0) {
+      ::listen(listener, size + kMaxPendingHellos) != 0) {
     const std::string err = std::strerror(errno);
     ::freeaddrinfo(local);
     if (listener >= 0) ::close(listener);
@@ -88,70 +206,109 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
   const uint16_t port = ntohs(bound.ss_family == AF_INET6
                                   ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                   : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  store.set(prefix + "/" + std::to_string(rank), host + " " + std::to_string(port));
+  // This attempt's id of this rank: whoever connects must present it (read from the store).
+  const MeshId myId = randomMeshId();
+  store.set(prefix + "/" + std::to_string(rank),
+            host + " " + std::to_string(port) + " " + toHex(myId));
   setNonBlocking(listener);
+  std::vector<Pending> pending;  // accepted connections whose hello is not complete
+  auto closePending = [&] {
+    for (auto& c : pending) ::close(c.fd);
+    pending.clear();
+  };
   try {
-    // Connect to every lower rank; announce who we are.
+    // Connect to every lower rank; announce who we are and present its id.
     for (int q = 0; q < rank; ++q) {
       const std::string who = "rank " + std::to_string(q);
       std::istringstream addr(store.get(prefix + "/" + std::to_string(q)));
-      std::string qhost, qport;
-      addr >> qhost >> qport;
-      addrinfo h{};
-      h.ai_socktype = SOCK_STREAM;
-      addrinfo* res = nullptr;
-      if (int rc = ::getaddrinfo(qhost.c_str(), qport.c_str(), &h, &res); rc != 0) {
-        throw NetworkError("mesh: cannot resolve " + who + " at " + qhost + ": " + gai_strerror(rc));
+      std::string qhost, qport, qid;
+      addr >> qhost >> qport >> qid;
+      MeshId id{};
+      if (!fromHex(qid, id)) {
+        throw NetworkError("mesh: " + who + " published no valid id under " + prefix + "/" +
+                           std::to_string(q) + " (a ddprun of another version?)");
       }
-      int fd = -1;
-      while (fd < 0) {  // the peer listens before publishing, so refusals are not expected
-        fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (::connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-          const int err = errno;
-          ::close(fd);
-          fd = -1;
-          if (Clock::now() > deadline) {
-            ::freeaddrinfo(res);
-            throw NetworkError("mesh: cannot connect to " + who + " at " + qhost + ":" + qport +
-                               ": " + std::strerror(err));
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      }
-      ::freeaddrinfo(res);
-      setNonBlocking(fd);
-      tune(fd);
-      peers_[q].fd = fd;
-      uint32_t hello[2] = {kHello, static_cast<uint32_t>(rank)};
-      exchange(fd, hello, sizeof(hello), true, deadline, who);
+      peers_[q].fd = connectBefore(qhost, qport, deadline, who);
+      tune(peers_[q].fd);
+      Hello hello{kHello, static_cast<uint32_t>(rank), id};
+      exchange(peers_[q].fd, &hello, sizeof(hello), true, deadline, who);
     }
-    // Accept every higher rank.
+    // Accept every higher rank. Several connections are read at once, so a stranger that
+    // stays silent holds nothing up; one whose hello is wrong is logged and dropped.
     for (int accepted = 0; accepted < size - 1 - rank;) {
-      pollfd pfd{listener, POLLIN, 0};
-      if (::poll(&pfd, 1, remainingMs(deadline)) == 0) {
+      std::vector<pollfd> fds{{listener, POLLIN, 0}};
+      for (const auto& c : pending) fds.push_back({c.fd, POLLIN, 0});
+      const int ms = remainingMs(deadline);
+      if (ms == 0 || ::poll(fds.data(), fds.size(), ms) == 0) {
         throw TimeoutError("mesh: rank " + std::to_string(rank) + " waited in vain for " +
                            std::to_string(size - 1 - rank - accepted) + " higher rank(s) to connect");
       }
-      const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;
-      tune(fd);
-      uint32_t hello[2] = {0, 0};
-      exchange(fd, hello, sizeof(hello), false, deadline, "a connecting rank");
-      const int q = static_cast<int>(hello[1]);
-      if (hello[0] != kHello || q <= rank || q >= size || peers_[q].fd >= 0) {
-        ::close(fd);  // not one of ours: ignore it
-        continue;
+      for (size_t i = fds.size(); i-- > 1;) {  // backwards: erasing keeps lower indices valid
+        if (fds[i].revents == 0) continue;
+        Pending& c = pending[i - 1];
+        const ssize_t k = ::recv(c.fd, c.bytes + c.have, sizeof(Hello) - c.have, 0);
+        if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        std::string why;
+        if (k <= 0) {
+          why = k == 0 ? "closed before its hello" : std::string("failed: ") + std::strerror(errno);
+        } else if ((c.have += static_cast<size_t>(k)) < sizeof(Hello)) {
+          continue;
+        } else {
+          Hello h;
+          std::memcpy(&h, c.bytes, sizeof h);
+          const int q = static_cast<int>(h.rank);
+          if (h.magic != kHello) {
+            why = "sent no mesh hello";
+          } else if (q <= rank || q >= size) {
+            why = "claimed rank " + std::to_string(h.rank) + ", not a higher rank of " +
+                  std::to_string(size);
+          } else if (!sameId(h.id, myId)) {
+            why = "claimed rank " + std::to_string(q) + " without this attempt's id";
+          } else if (peers_[q].fd >= 0) {
+            why = "claimed rank " + std::to_string(q) + ", which is connected already";
+          } else {
+            peers_[q].fd = c.fd;
+            ++accepted;
+            pending.erase(pending.begin() + static_cast<long>(i - 1));
+            continue;
+          }
+        }
+        DDPRUN_LOG(WARN, "mesh") << "rank " << rank << " dropped a connection from " << c.peer
+                                 << " that " << why;
+        ::close(c.fd);
+        pending.erase(pending.begin() + static_cast<long>(i - 1));
       }
-      peers_[q].fd = fd;
-      ++accepted;
+      if (fds[0].revents != 0) {
+        sockaddr_storage from{};
+        socklen_t fromLen = sizeof from;
+        const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&from), &fromLen,
+                                 SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) continue;
+        tune(fd);
+        if (pending.size() >= kMaxPendingHellos) {  // bounded: the oldest stranger goes
+          DDPRUN_LOG(WARN, "mesh") << "rank " << rank << " dropped a connection from "
+                                   << pending.front().peer << " that sent no hello ("
+                                   << kMaxPendingHellos << " connections waiting)";
+          ::close(pending.front().fd);
+          pending.erase(pending.begin());
+        }
+        pending.push_back(Pending{.fd = fd, .peer = describePeer(from)});
+      }
     }
   } catch (...) {
+    closePending();
     ::close(listener);
     for (auto& p : peers_) {
       if (p.fd >= 0) ::close(p.fd);
+      p.fd = -1;
     }
     throw;
   }
+  for (const auto& c : pending) {
+    DDPRUN_LOG(WARN, "mesh") << "rank " << rank << " dropped a connection from " << c.peer
+                             << " that sent no hello before set-up ended";
+  }
+  closePending();
   ::close(listener);
 }
 
@@ -181,7 +338,7 @@ void TcpMesh::fail(int peer, const std::string& what) {
                      " (did that rank exit?)");
 }
 
-bool TcpMesh::pump(int q) {
+bool TcpMesh::pumpSends(int q) {
   Peer& p = peers_[q];
   bool moved = false;
   while (!p.sends.empty()) {
@@ -199,6 +356,12 @@ bool TcpMesh::pump(int q) {
       --pending_;
     }
   }
+  return moved;
+}
+
+bool TcpMesh::pumpRecvs(int q) {
+  Peer& p = peers_[q];
+  bool moved = false;
   while (!p.recvs.empty()) {
     Recv& r = p.recvs.front();
     const ssize_t k = ::recv(p.fd, r.p, r.left, MSG_DONTWAIT);
@@ -224,9 +387,15 @@ void TcpMesh::progress(Clock::time_point deadline) {
   std::vector<pollfd> fds;
   std::vector<int> owners;
   while (pending_ > 0) {
+    // Every peer's sends before any receive: a receive callback may throw (a collective's
+    // header that does not match), and what this rank queued for the others -- its own
+    // header first of all -- must have left by then, so that they can tell too.
     bool moved = false;
     for (int q = 0; q < size_; ++q) {
-      if (q != rank_) moved |= pump(q);
+      if (q != rank_) moved |= pumpSends(q);
+    }
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) moved |= pumpRecvs(q);
     }
     if (pending_ == 0) return;
     if (moved) continue;  // try again before sleeping in poll

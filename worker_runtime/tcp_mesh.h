@@ -6,12 +6,18 @@
 // thread that, whenever the caller's thread holds a connection's lock (while writing), spins on
 // a try-lock; on a 2-core machine with several ranks that costs milliseconds per message. Here
 // the collective's own thread does everything with non-blocking sockets and poll(): no other
-// thread, no lock, no per-message notification (both ends know the message order, so the wire
-// carries payload only).
+// thread, no lock, no per-message notification (both ends know the message order; the
+// collectives frame each operation with a small header, mesh_allreduce.h).
 //
 // Set-up goes through the store, as Gloo's does: each rank listens on a free port, publishes
-// "host port" under <prefix>/<rank>, and connects to every lower rank (announcing its rank); the
-// lower rank accepts. All of it is bounded by the timeout.
+// "host port id" under <prefix>/<rank> (id: 16 random bytes, new for every mesh, so for every
+// attempt), and connects to every lower rank, announcing its rank and presenting that rank's
+// id; the lower rank accepts. A connection whose hello is wrong (another magic, a rank that is
+// not a higher one or is taken, not the id) is logged and dropped, and set-up goes on; hellos
+// are read from all pending connections at once (at most 64), so a stranger that connects and
+// stays silent holds nothing up. Connects are non-blocking. All of it is bounded by the
+// timeout. Without a job token the id is as secret as the workers' store is (see
+// docs/security.md); it keeps out whatever cannot read this attempt's keys.
 //
 // Use: post sends and receives (per peer, each direction strictly in posting order), then
 // progress(deadline) until everything posted is done. A receive's callback may post more. A
@@ -61,7 +67,9 @@ class TcpMesh {
     std::deque<Send> sends;
     std::deque<Recv> recvs;
   };
-  bool pump(int peer);  // non-blocking reads and writes; true when anything moved
+  // Non-blocking writes / reads for one peer; true when anything moved.
+  bool pumpSends(int peer);
+  bool pumpRecvs(int peer);
   [[noreturn]] void fail(int peer, const std::string& what);
 
   int rank_;

@@ -30,7 +30,7 @@ TEST_CASE("4 agents with different nproc form one round", "[rdzv][dynamic]") {
   }
 }
 
-TEST_CASE("MIN:MAX: the last call closes with MIN; an arrival starts a new round, ranks kept",
+TEST_CASE("MIN:MAX: the last call closes with MIN, an arrival starts a new round, ranks kept",
           "[rdzv][dynamic]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 3};

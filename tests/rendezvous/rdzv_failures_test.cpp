@@ -12,7 +12,7 @@ using namespace rdzvtest;
 using ddprun::AuthError;
 using ddprun::StoreError;
 
-TEST_CASE("a node whose heartbeats stop is evicted; survivors re-form", "[rdzv][failures]") {
+TEST_CASE("a node whose heartbeats stop is evicted, survivors re-form", "[rdzv][failures]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 3};
   auto a = makeAgent(agentOptions(server.port(), "hb", 2, lim));
@@ -150,7 +150,7 @@ TEST_CASE("an endpoint that is not a ddprun store, or has another token, is refu
   CHECK_NOTHROW(makeAgent(w));
 }
 
-TEST_CASE("interrupt() cancels a waiting join; the agent can still leave", "[rdzv][failures]") {
+TEST_CASE("interrupt() cancels a waiting join, the agent can still leave", "[rdzv][failures]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 2, .maxNodes = 2};
   auto a = makeAgent(agentOptions(server.port(), "cancel", 2, lim));

@@ -54,7 +54,7 @@ TEST_CASE("the last-call deadline closes a round with at least MIN members", "[r
   CHECK(closed->members.size() == 2);
 }
 
-TEST_CASE("an arrival in a running job opens a new round; ranks are kept", "[rdzv][state]") {
+TEST_CASE("an arrival in a running job opens a new round, ranks are kept", "[rdzv][state]") {
   JobLimits lim{.minNodes = 1, .maxNodes = 3};
   RoundState s = joinAll({}, {node("10.0.0.5"), node("10.0.0.7")}, lim);
   s = *transition::closeAtDeadline(s, 0, lim);
@@ -246,7 +246,7 @@ TEST_CASE("fixed node ranks (static backend) are honoured and checked", "[rdzv][
   CHECK(addrsByRank(s) == std::vector<std::string>{"z", "m", "a"});
 }
 
-TEST_CASE("states survive encoding; bad blobs are rejected with the key named", "[rdzv][state]") {
+TEST_CASE("states survive encoding, bad blobs are rejected with the key named", "[rdzv][state]") {
   JobLimits lim{.minNodes = 1, .maxNodes = 4};
   RoundState s = joinAll({}, {node("h1", 4), node("h2", 2)}, lim);
   s = *transition::closeAtDeadline(s, 0, lim);

@@ -35,7 +35,7 @@ std::string handshake() {
 uint8_t cmd(CurrentCommand c) { return static_cast<uint8_t>(c); }
 
 template <typename Pred>
-bool eventually(ThreadedStoreServer& s, Pred pred, int tries = 300) {
+bool eventually(ThreadedStoreServer& s, Pred pred, int tries = 3000) {  // 30 s: only a hang fails
   for (int i = 0; i < tries; ++i) {
     if (pred(s.stats())) return true;
     std::this_thread::sleep_for(10ms);

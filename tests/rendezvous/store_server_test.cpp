@@ -413,7 +413,7 @@ TEST_CASE("a server that is not a ddprun store is recognised", "[server]") {
   CHECK(legacy.multiGet({"x"}) == std::vector<std::string>{"12"});
 }
 
-TEST_CASE("a held WAIT does not block later frames; a new WAIT replaces it", "[server]") {
+TEST_CASE("a held WAIT does not block later frames, a new WAIT replaces it", "[server]") {
   // torch 1.13 clients have no CANCEL_WAIT: after a client-side timeout they just go on.
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   RawSocket raw(server.port());

@@ -4,6 +4,8 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -117,10 +119,99 @@ TEST_CASE("no checkpoint means a fresh start, leftovers of a crashed save are ig
   CheckpointManager ckpt({.directory = dir.path()});
   Net net;
   CHECK_FALSE(ckpt.loadLatest(net, nullptr));
-  std::ofstream(dir / "ckpt-000000000050.ddpck.tmp-123") << "half a file";
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  // A writer of this host whose pid does not exist (beyond any pid_max) is gone; one that
+  // runs (this process) or of another host is saving right now and is left alone.
+  const std::string dead = std::string("ckpt-000000000050.ddpck.tmp-") + host + "-999999999-0123456789abcdef";
+  const std::string live = std::string("ckpt-000000000051.ddpck.tmp-") + host + "-" +
+                           std::to_string(::getpid()) + "-0123456789abcdef";
+  const std::string other = "ckpt-000000000052.ddpck.tmp-other-host-1-0123456789abcdef";
+  for (const auto& name : {dead, live, other}) std::ofstream(dir / name) << "half a file";
   CHECK_FALSE(ckpt.loadLatest(net, nullptr));
   ckpt.save(net, nullptr, {.step = 1});
-  CHECK_FALSE(fs::exists(dir / "ckpt-000000000050.ddpck.tmp-123"));  // cleaned up
+  CHECK_FALSE(fs::exists(dir / dead));  // cleaned up
+  CHECK(fs::exists(dir / live));
+  CHECK(fs::exists(dir / other));
+  // Untouched for more than an hour: gone, whoever wrote it.
+  fs::last_write_time(dir / other, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  ckpt.save(net, nullptr, {.step = 2});
+  CHECK_FALSE(fs::exists(dir / other));
+  CHECK(fs::exists(dir / live));
+}
+
+TEST_CASE("a symlink planted under a temporary name is not followed", "[checkpoint]") {
+  TempDir dir;
+  const fs::path victim = dir / "victim";
+  std::ofstream(victim) << "precious";
+  fs::create_directory(dir / "ckpt");
+  // The name an older version used (pid only) and a guess with this host's name.
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  for (const std::string& name :
+       {"ckpt-000000000005.ddpck.tmp-" + std::to_string(::getpid()),
+        "ckpt-000000000005.ddpck.tmp-" + std::string(host) + "-" + std::to_string(::getpid())}) {
+    fs::create_symlink(victim, fs::path(dir / "ckpt") / name);
+  }
+  CheckpointManager ckpt({.directory = dir / "ckpt"});
+  Net net;
+  ckpt.save(net, nullptr, {.step = 5});
+  std::ifstream in(victim);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(content == "precious");
+  Net loaded;
+  CHECK(ckpt.loadLatest(loaded, nullptr)->step == 5);
+}
+
+TEST_CASE("a stray name that looks like a checkpoint does not stop a resume", "[checkpoint]") {
+  TempDir dir;
+  CheckpointManager ckpt({.directory = dir.path()});
+  Net net;
+  ckpt.save(net, nullptr, {.step = 7});
+  std::ofstream(dir / "ckpt-123456789012345678901.ddpck") << "not ours";  // 21 digits
+  Net loaded;
+  auto st = ckpt.loadLatest(loaded, nullptr);
+  REQUIRE(st);
+  CHECK(st->step == 7);
+  CHECK(ckpt.list().size() == 1);
+}
+
+TEST_CASE("two processes saving into one directory: every save lands, the newest wins",
+          "[checkpoint]") {
+  TempDir dir;
+  constexpr int kSaves = 40;
+  auto saveLoop = [&](int parity) {
+    CheckpointManager ckpt({.directory = dir.path(), .keep = 2});
+    Net net;
+    int failures = 0;
+    for (int i = 0; i < kSaves; ++i) {
+      try {
+        ckpt.save(net, nullptr, {.step = 2 * i + parity});
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "writer %d, save %d: %s\n", parity, i, e.what());
+        ++failures;
+      }
+    }
+    return failures;
+  };
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(saveLoop(1) == 0 ? 0 : 1);
+  const int parentFailures = saveLoop(0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(parentFailures == 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CheckpointManager ckpt({.directory = dir.path()});
+  Net loaded;
+  auto st = ckpt.loadLatest(loaded, nullptr);
+  REQUIRE(st);
+  CHECK(st->step >= 2 * (kSaves - 1));  // the last save of either writer
+  for (auto& e : fs::directory_iterator(dir.path())) {
+    INFO(e.path());
+    CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
+  }
 }
 
 TEST_CASE("a failed write is an error that keeps the previous checkpoint", "[checkpoint]") {

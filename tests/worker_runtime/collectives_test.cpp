@@ -179,6 +179,52 @@ TEST_CASE("bad tensors are refused with a message naming the problem", "[collect
   CHECK_THROWS_AS(c.allreduce(torch::Tensor()), ddprun::ConfigError);
 }
 
+TEST_CASE("ranks that disagree on an allreduce's size or dtype all fail naming both shapes",
+          "[collectives][gloo]") {
+  struct Case {
+    const char* name;
+    int64_t n0, n1;
+    torch::Dtype t0, t1;
+    std::string shape0, shape1;
+  };
+  // Small (direct), large (ring), one of each (different algorithms), and dtypes.
+  const std::vector<Case> cases = {
+      {"sizes, direct", 10, 12, torch::kFloat32, torch::kFloat32, "10 elements of Float",
+       "12 elements of Float"},
+      {"sizes, halving-doubling", 1 << 20, (1 << 20) + 1, torch::kFloat32, torch::kFloat32,
+       "1048576 elements of Float (sum, halving-doubling)",
+       "1048577 elements of Float (sum, halving-doubling)"},
+      {"sizes, ring", 9 << 20, (9 << 20) + 1, torch::kFloat32, torch::kFloat32,
+       "9437184 elements of Float (sum, ring)", "9437185 elements of Float (sum, ring)"},
+      {"sizes, different algorithms", 10, 1 << 20, torch::kFloat32, torch::kFloat32,
+       "10 elements of Float (sum, direct)", "1048576 elements of Float (sum, halving-doubling)"},
+      {"dtypes", 10, 10, torch::kFloat32, torch::kFloat64, "10 elements of Float",
+       "10 elements of Double"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    auto comms = makeGroup(2);
+    std::vector<std::string> errors(2);
+    runRanks(2, [&](int r) {
+      // One matching allreduce first: the sequence numbers agree, the mesh works.
+      auto ok = torch::ones({5});
+      comms[r]->allreduce(ok);
+      auto t = torch::ones({r == 0 ? c.n0 : c.n1}, r == 0 ? c.t0 : c.t1);
+      try {
+        comms[r]->allreduce(t);
+      } catch (const ddprun::BackendError& e) {
+        errors[r] = e.what();
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << errors[r]);
+      CHECK_THAT(errors[r], Catch::Contains("allreduce mismatch between ranks") &&
+                                Catch::Contains("rank 0: allreduce #1 of " + c.shape0) &&
+                                Catch::Contains("rank 1: allreduce #1 of " + c.shape1));
+    }
+  }
+}
+
 TEST_CASE("a group of one needs no peers", "[collectives][gloo]") {
   auto comms = makeGroup(1);
   auto t = torch::arange(10, torch::kFloat32);

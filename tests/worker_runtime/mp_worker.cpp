@@ -2,7 +2,8 @@
 // torchrun, or a test's own spawner). It checks its own results and exits 0 when all is right,
 // 1 (with the first mismatch on stderr) when not.
 //   collectives  every collective vs a reference computed locally (every rank can compute every
-//                rank's input): sizes 0, 1, odd, 64 MiB; every dtype; sum, avg, min, max
+//                rank's input): sizes 0, 1, odd, 262147 (1 MiB + 3 float32), 64 MiB; every dtype; sum,
+//                avg, min, max
 //   ddp          DDP gradients vs the single-process gradient of the concatenated batch; after 10
 //                steps the weights equal rank 0's bit for bit
 //   nccl-id      NCCL unique-id exchange through the job's store; all ranks compare their bytes
@@ -62,7 +63,9 @@ void collectives(Runtime& rt) {
   auto input = [&](int r, int64_t n, torch::Dtype t) { return base(n, t).add_(r); };
   for (auto dtype : kDtypes) {
     const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
-    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{12347}, (int64_t{64} << 20) / es}) {
+    // 262147: more than one shm chunk (1 MiB slots), odd, not divisible by the rank count.
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{12347}, int64_t{262147},
+                      (int64_t{64} << 20) / es}) {
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
         if (op == ReduceOp::Avg && !c10::isFloatingType(dtype)) continue;
         // 64 MiB: every dtype with sum, every op with float32 (the test's time budget).
@@ -73,7 +76,7 @@ void collectives(Runtime& rt) {
                "allreduce " + std::string(toString(op)) + " " + c10::toString(dtype) +
                    " n=" + std::to_string(n));
       }
-      if (n > 12347) continue;
+      if (n > 262147) continue;
       for (int root = 0; root < P; ++root) {
         torch::Tensor b = input(rt.rank(), n, dtype);
         comm.broadcast(b, root);

@@ -8,7 +8,9 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -21,10 +23,13 @@ using ddprun::testing::TempDir;
 
 namespace {
 
-// P ranks of runtime_mp_worker MODE meeting in the store at storePort, output in dir/rankR.out.
+// P ranks of runtime_mp_worker MODE meeting in the store at storePort, output in dir/rankR.out,
+// over DDPRUN_TRANSPORT `transport` (shm segments named with `shmPrefix`).
 std::vector<std::unique_ptr<Process>> spawnRanks(int P, const std::string& mode,
                                                  uint16_t storePort, const std::string& timeoutSec,
-                                                 const TempDir& dir) {
+                                                 const TempDir& dir,
+                                                 const std::string& transport = "tcp",
+                                                 const std::string& shmPrefix = "ddprun") {
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < P; ++r) {
     ranks.push_back(std::make_unique<Process>(ddprun::testing::ProcessOptions{
@@ -32,7 +37,8 @@ std::vector<std::unique_ptr<Process>> spawnRanks(int P, const std::string& mode,
         .env = {{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(P)},
                 {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(storePort)},
                 {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"DDPRUN_TIMEOUT", timeoutSec},
-                {"OMP_NUM_THREADS", "1"}},
+                {"OMP_NUM_THREADS", "1"}, {"DDPRUN_TRANSPORT", transport},
+                {"DDPRUN_SHM_PREFIX", shmPrefix}},
         .stdoutPath = dir / ("rank" + std::to_string(r) + ".out")}));
   }
   return ranks;
@@ -51,6 +57,17 @@ bool reap(std::vector<std::unique_ptr<Process>>& ranks, const std::vector<int>& 
       },
       timeout);
 }
+
+// Names in /dev/shm starting with `prefix`.
+int leftovers(const std::string& prefix) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
+  }
+  return n;
+}
+
+std::string uniquePrefix() { return "ddprun-peerloss-" + std::to_string(::getpid()); }
 
 double caughtAfter(const std::string& out) {
   const auto at = out.find("CAUGHT ");
@@ -104,4 +121,54 @@ TEST_CASE("a peer frozen mid-allreduce: the others time out, never hang", "[peer
   }
   CHECK_THAT(ranks[0]->output() + ranks[1]->output(), Catch::Contains("timed out"));
   CHECK(ddprun::testing::processRunning(ranks[2]->pid()));  // stopped, not dead
+}
+
+// The same over shared memory (worker_runtime/shm): no connection closes, so the survivors learn
+// of a death from the peer's pid (checked while they wait), of a freeze from the deadline; and
+// whatever happened, nothing is left in /dev/shm.
+TEST_CASE("shm: a peer SIGKILLed mid-allreduce: the others throw at once and nothing is left",
+          "[peerloss][shm]") {
+  for (int P : {2, 3, 4}) {
+    TempDir dir;
+    const std::string prefix = uniquePrefix() + "-kill" + std::to_string(P);
+    ddprun::rendezvous::ThreadedStoreServer store({.host = "127.0.0.1", .port = 0});
+    auto ranks = spawnRanks(P, "die", store.port(), "3600", dir, "shm", prefix);
+    std::vector<int> all(P);
+    for (int r = 0; r < P; ++r) all[r] = r;
+    REQUIRE(reap(ranks, all, std::chrono::seconds(120)));
+    INFO("P=" << P);
+    const int victim = *ranks[P - 1]->poll();
+    CHECK(WIFSIGNALED(victim));
+    CHECK(WTERMSIG(victim) == SIGKILL);
+    for (int r = 0; r < P - 1; ++r) {
+      const std::string out = ranks[r]->output();
+      INFO("rank " << r << " said: " << out);
+      CHECK(ranks[r]->wait() == 3);
+      CHECK(caughtAfter(out) >= 0);
+      CHECK_THAT(out, Catch::Contains("shm allreduce") &&
+                          (Catch::Contains("died") || Catch::Contains("aborted")));
+      CHECK_THAT(out, !Catch::Contains("timed out"));
+    }
+    CHECK(leftovers(prefix) == 0);
+  }
+}
+
+TEST_CASE("shm: a peer frozen mid-allreduce: the others time out and nothing is left",
+          "[peerloss][shm]") {
+  TempDir dir;
+  const int P = 3;
+  const std::string prefix = uniquePrefix() + "-stop";
+  ddprun::rendezvous::ThreadedStoreServer store({.host = "127.0.0.1", .port = 0});
+  auto ranks = spawnRanks(P, "freeze", store.port(), "4", dir, "shm", prefix);
+  REQUIRE(reap(ranks, {0, 1}, std::chrono::seconds(120)));
+  for (int r = 0; r < P - 1; ++r) {
+    const std::string out = ranks[r]->output();
+    INFO("rank " << r << " said: " << out);
+    CHECK(ranks[r]->wait() == 3);
+    CHECK(caughtAfter(out) > 0.5);  // only the 4 s deadline could end the wait
+    CHECK_THAT(out, Catch::Contains("timed out") || Catch::Contains("aborted"));
+  }
+  CHECK_THAT(ranks[0]->output() + ranks[1]->output(), Catch::Contains("timed out"));
+  CHECK(ddprun::testing::processRunning(ranks[2]->pid()));  // stopped, not dead
+  CHECK(leftovers(prefix) == 0);
 }

@@ -133,7 +133,7 @@ TEST_CASE("slurm: scontrol's node lines", "[cluster][slurm]") {
   CHECK(m == std::map<std::string, std::string>{{"n1", "127.0.0.2"}, {"n2", "127.0.0.3"}});
 }
 
-TEST_CASE("slurm: defaults fill LaunchOptions; explicit flags win", "[cluster][slurm]") {
+TEST_CASE("slurm: defaults fill LaunchOptions, explicit flags win", "[cluster][slurm]") {
   auto out = parseUnder(step(), {"--nproc-per-node=2", "train.py"});
   REQUIRE(out.options);
   const LaunchOptions& o = *out.options;

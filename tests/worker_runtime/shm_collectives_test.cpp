@@ -1,0 +1,250 @@
+// The shared-memory communicator (worker_runtime/shm) with 2, 3 and 4 ranks as threads of this
+// process on one MemoryStore: every collective against a single-process reference, with tiny
+// slots so that every size goes through many chunks and slices of uneven length; the segment's
+// name leaves /dev/shm once mapped; a rank that never comes makes the others time out, and one
+// that fails makes the others fail at once. The multi-process cases (real ranks under ddprun, a
+// rank SIGKILLed or SIGSTOPped) are in CMakeLists.txt and peer_loss_test.cpp.
+#include "tests/support/catch_torch.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "base/errors.h"
+#include "rendezvous/memory_store.h"
+#include "rendezvous/prefix_store.h"
+#include "tests/worker_runtime/rank_threads.h"
+#include "worker_runtime/shm/segment.h"
+#include "worker_runtime/shm/shm_communicator.h"
+#include "worker_runtime/shm/transport.h"
+
+using namespace ddprun::runtime;
+using ddprun::rendezvous::MemoryStore;
+using test::runRanks;
+
+namespace {
+
+const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kFloat16,
+                                           torch::kBFloat16, torch::kInt32,  torch::kInt64,
+                                           torch::kInt8,     torch::kUInt8};
+
+torch::Tensor inputFor(int rank, int64_t n, torch::Dtype dtype) {
+  auto gen = at::detail::createCPUGenerator(1234 + rank);
+  auto t = torch::randint(0, 7, {n}, gen, torch::kInt64);
+  if (dtype != torch::kUInt8) t = t - 3;
+  if (c10::isFloatingType(dtype)) t = t.to(torch::kFloat64) / 4;  // exact in every float type
+  return t.to(dtype);
+}
+
+// Reduced in rank order in the input dtype (float16 / bfloat16 through float, as the kernels do).
+torch::Tensor reference(int P, int64_t n, torch::Dtype dtype, ReduceOp op) {
+  const bool low = dtype == torch::kFloat16 || dtype == torch::kBFloat16;
+  auto as = [&](torch::Tensor t) { return low ? t.to(torch::kFloat32) : t; };
+  torch::Tensor acc = inputFor(0, n, dtype);
+  for (int r = 1; r < P; ++r) {
+    auto x = inputFor(r, n, dtype);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: acc = (as(acc) + as(x)).to(dtype); break;
+      case ReduceOp::Min: acc = torch::minimum(acc, x); break;
+      case ReduceOp::Max: acc = torch::maximum(acc, x); break;
+    }
+  }
+  if (op == ReduceOp::Avg) acc = (as(acc) / P).to(dtype);
+  return acc;
+}
+
+std::string uniquePrefix() {
+  return "ddprun-test-" + std::to_string(::getpid()) + "-" +
+         std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+// Names in /dev/shm that start with `prefix`.
+int leftovers(const std::string& prefix) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
+  }
+  return n;
+}
+
+std::vector<std::shared_ptr<Communicator>> makeGroup(int P, shm::ShmOptions base) {
+  auto store = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+  std::vector<std::shared_ptr<Communicator>> comms(P);
+  runRanks(P, [&](int r) {
+    shm::ShmOptions o = base;
+    o.rank = r;
+    o.size = P;
+    if (o.timeout == kDefaultCollectiveTimeout) o.timeout = std::chrono::seconds(20);
+    comms[r] = shm::makeShmCommunicator(store, o);
+  });
+  return comms;
+}
+
+}  // namespace
+
+TEST_CASE("shm allreduce equals the reference bit for bit on every rank for every dtype op "
+          "size and chunking", "[shm]") {
+  const std::string prefix = uniquePrefix();
+  for (int P : {2, 3, 4}) {
+    // 4 KiB slots: every size above goes through many chunks; 1 MiB: the default.
+    for (size_t slot : {size_t{4096}, size_t{1} << 20}) {
+      auto comms = makeGroup(P, {.slotBytes = slot, .directMaxBytes = 1024, .namePrefix = prefix});
+      CHECK(leftovers(prefix) == 0);  // unlinked once every rank mapped it
+      for (auto dtype : kDtypes) {
+        for (int64_t n : {0, 1, 2, 7, 1001, 65537, 300001}) {
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
+            if (op == ReduceOp::Avg && !c10::isFloatingType(dtype)) continue;
+            if (n > 1001 && slot == 4096 && op != ReduceOp::Sum) continue;  // time budget
+            const torch::Tensor expected = reference(P, n, dtype, op);
+            std::vector<torch::Tensor> out(P);
+            runRanks(P, [&](int r) {
+              out[r] = inputFor(r, n, dtype);
+              comms[r]->allreduce(out[r], op);
+            });
+            INFO("P=" << P << " slot=" << slot << " dtype=" << dtype << " n=" << n
+                      << " op=" << toString(op));
+            for (int r = 0; r < P; ++r) {
+              CHECK(torch::equal(out[r], out[0]));  // the same bits everywhere
+              if (op == ReduceOp::Avg) {  // torch may divide differently in the last bit
+                CHECK(torch::allclose(out[r].to(torch::kFloat64), expected.to(torch::kFloat64),
+                                      1e-2, 1e-2));
+              } else {
+                CHECK(torch::equal(out[r], expected));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(leftovers(prefix) == 0);
+}
+
+TEST_CASE("shm broadcast from every root and allgather and barrier and async allreduces in order",
+          "[shm]") {
+  for (int P : {2, 3, 4}) {
+    auto comms = makeGroup(P, {.slotBytes = 4096});
+    for (int64_t n : {0, 1, 1001, 3 * 1024 + 5, 100003}) {
+      for (int root = 0; root < P; ++root) {
+        std::vector<torch::Tensor> out(P);
+        runRanks(P, [&](int r) {
+          out[r] = inputFor(r, n, torch::kFloat64);
+          comms[r]->broadcast(out[r], root);
+        });
+        INFO("P=" << P << " n=" << n << " root=" << root);
+        for (int r = 0; r < P; ++r) CHECK(torch::equal(out[r], inputFor(root, n, torch::kFloat64)));
+      }
+      std::vector<torch::Tensor> all(P);
+      runRanks(P, [&](int r) {
+        all[r] = comms[r]->allgather(inputFor(r, n, torch::kInt8).reshape({-1, 1}));
+        comms[r]->barrier();
+      });
+      for (int r = 0; r < P; ++r) {
+        REQUIRE(all[r].sizes() == torch::IntArrayRef({P, n, 1}));
+        for (int j = 0; j < P; ++j) CHECK(torch::equal(all[r][j].reshape(-1), inputFor(j, n, torch::kInt8)));
+      }
+    }
+    // Several async allreduces in flight, waited in reverse: each has its own result.
+    std::vector<std::vector<torch::Tensor>> ts(P);
+    runRanks(P, [&](int r) {
+      std::vector<std::shared_ptr<Work>> works;
+      for (int k = 0; k < 5; ++k) {
+        ts[r].push_back(inputFor(r, 5000 + k, torch::kFloat32));
+        works.push_back(comms[r]->allreduceAsync(ts[r].back(), ReduceOp::Max));
+      }
+      for (int k = 4; k >= 0; --k) works[k]->wait();
+    });
+    for (int r = 0; r < P; ++r) {
+      for (int k = 0; k < 5; ++k) {
+        CHECK(torch::equal(ts[r][k], reference(P, 5000 + k, torch::kFloat32, ReduceOp::Max)));
+      }
+    }
+  }
+}
+
+TEST_CASE("shm: a rank that never comes times out the others and a failed rank fails them at "
+          "once and a broken communicator refuses", "[shm]") {
+  auto comms = makeGroup(3, {.timeout = std::chrono::milliseconds(500)});
+  std::vector<std::string> errors(3);
+  // Rank 2 never calls: ranks 0 and 1 time out (rank 2 is alive: only the deadline ends it).
+  runRanks(2, [&](int r) {
+    auto t = torch::ones({100000});
+    try {
+      comms[r]->allreduce(t);
+    } catch (const ddprun::TimeoutError& e) {
+      errors[r] = std::string("timeout: ") + e.what();
+    } catch (const std::exception& e) {
+      errors[r] = std::string("other: ") + e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(errors[r]);
+    CHECK_THAT(errors[r], Catch::StartsWith("timeout: ") && Catch::Contains("shm allreduce") &&
+                              Catch::Contains("local rank 2"));
+  }
+  // Now rank 2 comes: ranks 0 and 1 gave up (aborted), so it fails at once, not after 500 ms of
+  // waiting for phases that will never come... and names why.
+  auto t = torch::ones({100000});
+  CHECK_THROWS_AS(comms[2]->allreduce(t), ddprun::BackendError);
+  CHECK_THROWS_WITH(comms[0]->allreduce(t), Catch::Contains("refused") && Catch::Contains("broken"));
+  CHECK_THROWS_WITH(comms[0]->barrier(), Catch::Contains("refused"));
+}
+
+TEST_CASE("shm: bad options and tensors are refused with a clear message", "[shm]") {
+  auto store = std::make_shared<MemoryStore>(std::chrono::seconds(5));
+  auto make = [&](shm::ShmOptions o) { return shm::makeShmCommunicator(store, o); };
+  shm::ShmOptions outside{.rank = 2, .size = 2};
+  CHECK_THROWS_WITH(make(outside), Catch::Contains("rank 2 is outside 0..1"));
+  shm::ShmOptions tiny{.rank = 0, .size = 1, .slotBytes = 100};
+  CHECK_THROWS_WITH(make(tiny), Catch::Contains("too small"));
+  shm::ShmOptions slash{.rank = 0, .size = 1, .namePrefix = "a/b"};
+  CHECK_THROWS_WITH(make(slash), Catch::Contains("'a/b' is not valid"));
+  auto comm = make(shm::ShmOptions{.rank = 0, .size = 1});
+  CHECK(comm->backend() == "shm");
+  CHECK_THROWS_WITH(comm->allreduce(torch::ones({3}, torch::kInt32), ReduceOp::Avg),
+                    Catch::Contains("avg needs a floating dtype"));
+  CHECK_THROWS_WITH(comm->allreduce(torch::ones({3}, torch::kBool)),
+                    Catch::Contains("dtype Bool is not supported"));
+  CHECK_THROWS_WITH(comm->broadcast(torch::ones({3}), 1), Catch::Contains("root 1 is not a rank"));
+  auto t = torch::arange(10, torch::kFloat32);
+  comm->allreduce(t, ReduceOp::Avg);  // one rank: unchanged
+  CHECK(torch::equal(t, torch::arange(10, torch::kFloat32)));
+}
+
+TEST_CASE("transport choice: DDPRUN_TRANSPORT parsing and the auto rule", "[shm][backend]") {
+  CHECK(shm::parseTransport("SHM") == shm::Transport::Shm);
+  CHECK(shm::parseTransport("tcp") == shm::Transport::Tcp);
+  CHECK(shm::parseTransport("auto") == shm::Transport::Auto);
+  CHECK_THROWS_WITH(shm::parseTransport("rdma"), Catch::Contains("DDPRUN_TRANSPORT='rdma'") &&
+                                                Catch::Contains("auto, shm or tcp"));
+  int asked = 0;
+  auto yes = [&] { ++asked; return true; };
+  auto no = [&] { ++asked; return false; };
+  CHECK(shm::chooseTransport(shm::Transport::Auto, 4, 4, 1, yes).transport == shm::Transport::Shm);
+  CHECK(shm::chooseTransport(shm::Transport::Auto, 4, 4, 1, no).transport == shm::Transport::Tcp);
+  CHECK(shm::chooseTransport(shm::Transport::Auto, 4, 2, 2, yes).transport == shm::Transport::Tcp);
+  CHECK(shm::chooseTransport(shm::Transport::Auto, 1, 1, 1, yes).transport == shm::Transport::Tcp);
+  CHECK(shm::chooseTransport(shm::Transport::Tcp, 4, 4, 1, yes).transport == shm::Transport::Tcp);
+  CHECK(shm::chooseTransport(shm::Transport::Shm, 4, 4, 1, yes).transport == shm::Transport::Shm);
+  CHECK_THROWS_WITH(shm::chooseTransport(shm::Transport::Shm, 4, 2, 2, yes),
+                    Catch::Contains("spans 2 nodes") && Catch::Contains("DDPRUN_TRANSPORT=tcp"));
+  CHECK_THROWS_WITH(shm::chooseTransport(shm::Transport::Shm, 4, 4, 1, no),
+                    Catch::Contains("different hosts"));
+  CHECK(asked == 4);  // the store is asked only when the placement allows shm
+}
+
+TEST_CASE("shm segment: a rank that never maps it times out the creator and nothing is left",
+          "[shm]") {
+  const std::string prefix = uniquePrefix();
+  MemoryStore store(std::chrono::seconds(5));
+  const shm::SegmentOptions options{.rank = 0, .size = 2, .slotBytes = 4096,
+                                    .namePrefix = prefix,
+                                    .timeout = std::chrono::milliseconds(300)};
+  auto create = [&] { shm::Segment segment(store, options); };
+  CHECK_THROWS_AS(create(), ddprun::TimeoutError);
+  // The name was published, then removed with the failure.
+  CHECK_THAT(store.get("name"), Catch::StartsWith("/" + prefix + "-"));
+  CHECK(leftovers(prefix) == 0);
+}

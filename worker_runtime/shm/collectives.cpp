@@ -1,0 +1,143 @@
+#include "worker_runtime/shm/collectives.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <c10/util/typeid.h>
+
+#include "base/errors.h"
+#include "worker_runtime/reduce.h"
+
+namespace ddprun::runtime::shm {
+
+namespace {
+
+// The P input pointers of one reduction: on the stack up to 64 ranks (no allocation on the hot
+// path), on the heap beyond.
+class InputList {
+ public:
+  explicit InputList(int n) {
+    if (n > kInline) heap_.resize(static_cast<size_t>(n));
+  }
+  const void** data() { return heap_.empty() ? inline_ : heap_.data(); }
+
+ private:
+  static constexpr int kInline = 64;
+  const void* inline_[kInline];
+  std::vector<const void*> heap_;
+};
+
+}  // namespace
+
+Collectives::Collectives(Segment& segment, CollectiveOptions options)
+    : segment_(segment),
+      options_(options),
+      sync_(segment.control(), segment.rank(), segment.size(), options.sync) {}
+
+void Collectives::allreduce(void* data, size_t count, c10::ScalarType type, ReduceOp op,
+                            Clock::time_point deadline) {
+  if (count == 0 || size() == 1) return;
+  sync_.checkPeers();
+  const size_t es = c10::elementSize(type);
+  const size_t chunkCount = segment_.slotBytes() / es;
+  auto* bytes = static_cast<char*>(data);
+  for (size_t done = 0; done < count; done += chunkCount) {
+    const size_t m = std::min(chunkCount, count - done);
+    if (m * es <= options_.directMaxBytes) {
+      allreduceDirect(bytes + done * es, m, type, op, deadline);
+    } else {
+      allreduceScatterGather(bytes + done * es, m, type, op, deadline);
+    }
+  }
+}
+
+void Collectives::allreduceDirect(char* data, size_t count, c10::ScalarType type, ReduceOp op,
+                                  Clock::time_point deadline) {
+  const int P = size();
+  const int parity = nextParity();
+  const size_t n = count * c10::elementSize(type);
+  std::memcpy(segment_.slot(parity, rank()), data, n);
+  phase(deadline);
+  InputList list(P);
+  const void** inputs = list.data();
+  for (int j = 0; j < P; ++j) inputs[j] = segment_.slot(parity, j);
+  const ReduceOp kernel = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  reduceMany(data, inputs, P, count, type, kernel);
+  if (op == ReduceOp::Avg) divideBy(data, count, type, P);
+}
+
+void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarType type,
+                                         ReduceOp op, Clock::time_point deadline) {
+  const int P = size();
+  const int r = rank();
+  const int parity = nextParity();
+  const size_t es = c10::elementSize(type);
+  // Slices of whole cache lines (the last ones may be short or empty).
+  const size_t line = std::max<size_t>(1, 64 / es);
+  const size_t slice = ((count + P - 1) / P + line - 1) / line * line;
+  auto lo = [&](int j) { return std::min(count, slice * j); };
+  auto hi = [&](int j) { return std::min(count, slice * (j + 1)); };
+  char* mine = segment_.slot(parity, r);
+  // The parts the others own; our own slice is read in place.
+  std::memcpy(mine, data, lo(r) * es);
+  std::memcpy(mine + hi(r) * es, data + hi(r) * es, (count - hi(r)) * es);
+  phase(deadline);
+  if (const size_t len = hi(r) - lo(r); len > 0) {
+    InputList list(P);
+    const void** inputs = list.data();
+    for (int j = 0; j < P; ++j) {
+      inputs[j] = (j == r ? data : segment_.slot(parity, j)) + lo(r) * es;
+    }
+    char* out = data + lo(r) * es;
+    reduceMany(out, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op);
+    if (op == ReduceOp::Avg) divideBy(out, len, type, P);
+    std::memcpy(mine + lo(r) * es, out, len * es);
+  }
+  phase(deadline);
+  for (int j = 0; j < P; ++j) {
+    if (j == r) continue;
+    std::memcpy(data + lo(j) * es, segment_.slot(parity, j) + lo(j) * es, (hi(j) - lo(j)) * es);
+  }
+}
+
+void Collectives::broadcast(void* data, size_t bytes, int root, Clock::time_point deadline) {
+  if (bytes == 0 || size() == 1) return;
+  sync_.checkPeers();
+  const size_t chunk = segment_.slotBytes();
+  auto* p = static_cast<char*>(data);
+  for (size_t done = 0; done < bytes; done += chunk) {
+    const size_t n = std::min(chunk, bytes - done);
+    const int parity = nextParity();
+    if (rank() == root) std::memcpy(segment_.slot(parity, root), p + done, n);
+    phase(deadline);
+    if (rank() != root) std::memcpy(p + done, segment_.slot(parity, root), n);
+  }
+}
+
+void Collectives::allgather(const void* in, size_t bytes, void* out, Clock::time_point deadline) {
+  auto* o = static_cast<char*>(out);
+  const auto* i = static_cast<const char*>(in);
+  if (bytes == 0) return;
+  std::memcpy(o + rank() * bytes, i, bytes);
+  if (size() == 1) return;
+  sync_.checkPeers();
+  const size_t chunk = segment_.slotBytes();
+  for (size_t done = 0; done < bytes; done += chunk) {
+    const size_t n = std::min(chunk, bytes - done);
+    const int parity = nextParity();
+    std::memcpy(segment_.slot(parity, rank()), i + done, n);
+    phase(deadline);
+    for (int j = 0; j < size(); ++j) {
+      if (j != rank()) std::memcpy(o + j * bytes + done, segment_.slot(parity, j), n);
+    }
+  }
+}
+
+void Collectives::barrier(Clock::time_point deadline) {
+  if (size() == 1) return;
+  sync_.checkPeers();
+  phase(deadline);
+}
+
+}  // namespace ddprun::runtime::shm

@@ -1,0 +1,62 @@
+#pragma once
+// The collectives of one node's ranks on a Segment, run on the calling thread. Large messages go
+// through in chunks of the slot size; each chunk uses the slots of one parity, alternating, so a
+// rank refills its slot only after every peer has posted a later phase (and so has finished
+// reading the chunk before).
+//   allreduce, small (chunk bytes <= directMaxBytes): every rank copies its chunk into its slot,
+//     one phase, then every rank reduces all P slots in rank order: one synchronisation.
+//   allreduce, large: reduce-scatter then all-gather. Rank r copies the parts the others own into
+//     its slot; phase; r reduces its own slice of the chunk from every slot (its own input read in
+//     place) in rank order, writes it to its buffer and its slot; phase; r copies the others'
+//     reduced slices. Each element is computed once, by its owner: the same bits everywhere.
+//   broadcast: the root copies a chunk into its slot; phase; the others copy it out.
+//   allgather: every rank copies its chunk into its slot; phase; every rank copies all slots out.
+//   barrier: one phase.
+// ReduceOp::Avg divides once the sum is complete (on the owner, before it is shared). Errors:
+// TimeoutError / BackendError from PhaseSync; after one, the caller must abort() (sync.h).
+#include <cstddef>
+
+#include <c10/core/ScalarType.h>
+
+#include "worker_runtime/communicator.h"
+#include "worker_runtime/shm/segment.h"
+#include "worker_runtime/shm/sync.h"
+
+namespace ddprun::runtime::shm {
+
+struct CollectiveOptions {
+  size_t directMaxBytes = 16u << 10;
+  SyncOptions sync;
+};
+
+class Collectives {
+ public:
+  Collectives(Segment& segment, CollectiveOptions options);
+
+  int rank() const { return segment_.rank(); }
+  int size() const { return segment_.size(); }
+
+  void allreduce(void* data, size_t count, c10::ScalarType type, ReduceOp op,
+                 Clock::time_point deadline);
+  void broadcast(void* data, size_t bytes, int root, Clock::time_point deadline);
+  // `out` holds size() * bytes: rank j's input at out + j * bytes.
+  void allgather(const void* in, size_t bytes, void* out, Clock::time_point deadline);
+  void barrier(Clock::time_point deadline);
+  void abort() { sync_.abort(); }
+
+ private:
+  // Posts the next phase and waits for every peer to post it.
+  void phase(Clock::time_point deadline) { sync_.waitAll(sync_.post(), deadline); }
+  int nextParity() { return static_cast<int>(chunks_++ & 1); }
+  void allreduceDirect(char* data, size_t count, c10::ScalarType type, ReduceOp op,
+                       Clock::time_point deadline);
+  void allreduceScatterGather(char* data, size_t count, c10::ScalarType type, ReduceOp op,
+                              Clock::time_point deadline);
+
+  Segment& segment_;
+  CollectiveOptions options_;
+  PhaseSync sync_;
+  uint64_t chunks_ = 0;  // chunks moved so far: the parity of the next one
+};
+
+}  // namespace ddprun::runtime::shm

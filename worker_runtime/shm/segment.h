@@ -1,0 +1,77 @@
+#pragma once
+// Segment: the shared memory the ranks of one node meet in, one per communicator and attempt.
+//
+// Lifetime (the point is that no path leaves anything behind in /dev/shm):
+//   - local rank 0 creates it with shm_open under a random, unguessable name (128 bits from
+//     getrandom, O_CREAT|O_EXCL, mode 0600), reserves its pages (posix_fallocate: a full /dev/shm
+//     is an error here rather than a SIGBUS later), maps it and publishes the name in the store;
+//   - every other rank reads the name, opens and maps it, and announces that in the store;
+//   - once every rank has mapped it, every rank unlinks the name (the first one succeeds): from
+//     then on the memory lives only in the mappings and goes away with the last process, whatever
+//     way it exits. Every failure path before that unlinks too. The one window where a crash can
+//     leave a name behind is every rank dying between create and the last map.
+//
+// Layout: a header, one RankControl per rank (each in its own pair of cache lines), then two sets
+// ("parities") of one slot per rank, slotBytes each. Collectives alternate the two sets chunk by
+// chunk, which is what lets a rank refill its slot without a third synchronisation (sync.h).
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rendezvous/store.h"
+
+namespace ddprun::runtime::shm {
+
+// Per rank, written by that rank (step, aborted) or by its waiters (sleepers).
+struct alignas(128) RankControl {
+  std::atomic<uint32_t> step;      // phases this rank has posted: the futex word its peers wait on
+  std::atomic<uint32_t> sleepers;  // peers sleeping (futex) on step: post() wakes them when > 0
+  std::atomic<uint32_t> aborted;   // 1: this rank gave up on a collective; peers fail at once
+  std::atomic<int32_t> pid;        // for liveness checks (kill(pid, 0), zombie state)
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+struct SegmentOptions {
+  int rank = 0;   // local rank; 0 creates the segment
+  int size = 1;   // local world size
+  size_t slotBytes = 1u << 20;
+  // The name is "/<namePrefix>-<32 random hex digits>". Tests give a prefix of their own to find
+  // anything left behind; [A-Za-z0-9_.-], at most 64 characters.
+  std::string namePrefix = "ddprun";
+  std::chrono::milliseconds timeout{300'000};  // bound of the set-up (store waits)
+};
+
+class Segment {
+ public:
+  // Creates (rank 0) or maps (others) the segment through `store`, whose keys must be private to
+  // this communicator (the caller passes a scoped store). Throws BackendError (shm_open, mmap or
+  // space failures, naming the call and errno) or TimeoutError (a rank never mapped it).
+  Segment(rendezvous::Store& store, const SegmentOptions& options);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t slotBytes() const { return slotBytes_; }
+  RankControl* control() const { return control_; }
+  char* slot(int parity, int rank) const {
+    return data_ + (static_cast<size_t>(parity) * size_ + rank) * slotBytes_;
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  int rank_;
+  int size_;
+  size_t slotBytes_;
+  std::string name_;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  RankControl* control_ = nullptr;
+  char* data_ = nullptr;
+};
+
+}  // namespace ddprun::runtime::shm

@@ -1,0 +1,185 @@
+#include "worker_runtime/shm/shm_communicator.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "base/errors.h"
+#include "rendezvous/prefix_store.h"
+#include "worker_runtime/shm/collectives.h"
+#include "worker_runtime/work_queue.h"
+
+namespace ddprun::runtime::shm {
+namespace {
+
+std::string hostIdentity() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  std::getline(f, boot);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return boot + "/" + host;
+}
+
+int defaultSpin(int size) {
+  const unsigned cpus = std::thread::hardware_concurrency();
+  return cpus == 0 || static_cast<unsigned>(size) <= cpus ? 50 : 2;
+}
+
+class ShmCommunicator final : public Communicator {
+ public:
+  ShmCommunicator(std::shared_ptr<rendezvous::Store> store, ShmOptions options)
+      : options_(std::move(options)) {
+    const int64_t n = store->add("shm/count/" + std::to_string(options_.rank), 1);
+    rendezvous::PrefixStore scoped("shm/" + std::to_string(n), std::move(store));
+    segment_ = std::make_unique<Segment>(scoped, SegmentOptions{.rank = options_.rank,
+                                                                .size = options_.size,
+                                                                .slotBytes = options_.slotBytes,
+                                                                .namePrefix = options_.namePrefix,
+                                                                .timeout = options_.timeout});
+    const int spin = options_.spinMicros >= 0 ? options_.spinMicros : defaultSpin(options_.size);
+    collectives_ = std::make_unique<Collectives>(
+        *segment_, CollectiveOptions{.directMaxBytes = options_.directMaxBytes,
+                                     .sync = {.spinMicros = spin,
+                                              .pollMillis = options_.pollMillis}});
+  }
+
+  ~ShmCommunicator() override { queue_.drain(); }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  std::string_view backend() const override { return "shm"; }
+  torch::Device device() const override { return torch::kCPU; }
+  Millis timeout() const override { return options_.timeout; }
+
+  std::shared_ptr<Work> allreduceAsync(torch::Tensor tensor, ReduceOp op) override {
+    checkAllreduce(tensor, op);
+    return queue_.submit([this, tensor, op] { allreduceNow(tensor, op); });
+  }
+
+  std::shared_ptr<Work> broadcastAsync(torch::Tensor tensor, int root) override {
+    checkBroadcast(tensor, root);
+    return queue_.submit([this, tensor, root] { broadcastNow(tensor, root); });
+  }
+
+  torch::Tensor allgather(const torch::Tensor& input) override {
+    checkCollectiveTensor(input, *this, "allgather");
+    std::vector<int64_t> shape{size()};
+    shape.insert(shape.end(), input.sizes().begin(), input.sizes().end());
+    torch::Tensor out = torch::empty(shape, input.options());
+    queue_.runInline([&] {
+      guarded("allgather", input.nbytes(), [&](Clock::time_point deadline) {
+        collectives_->allgather(input.data_ptr(), input.nbytes(), out.data_ptr(), deadline);
+      });
+    });
+    return out;
+  }
+
+  void barrier() override {
+    queue_.runInline([&] {
+      guarded("barrier", 0, [&](Clock::time_point deadline) { collectives_->barrier(deadline); });
+    });
+  }
+
+ private:
+  void checkAllreduce(const torch::Tensor& t, ReduceOp op) {
+    checkCollectiveTensor(t, *this, "allreduce");
+    if (op == ReduceOp::Avg && !c10::isFloatingType(t.scalar_type())) {
+      throw ConfigError("shm allreduce: op avg needs a floating dtype, not " +
+                        std::string(c10::toString(t.scalar_type())) + " (use sum and divide)");
+    }
+  }
+
+  void checkBroadcast(const torch::Tensor& t, int root) {
+    checkCollectiveTensor(t, *this, "broadcast");
+    if (root < 0 || root >= size()) {
+      throw ConfigError("shm broadcast: root " + std::to_string(root) + " is not a rank (0.." +
+                        std::to_string(size() - 1) + ")");
+    }
+  }
+
+  void allreduceNow(const torch::Tensor& t, ReduceOp op) {
+    guarded("allreduce", t.nbytes(), [&](Clock::time_point deadline) {
+      collectives_->allreduce(t.data_ptr(), static_cast<size_t>(t.numel()), t.scalar_type(), op,
+                              deadline);
+    });
+  }
+
+  void broadcastNow(const torch::Tensor& t, int root) {
+    guarded("broadcast", t.nbytes(), [&](Clock::time_point deadline) {
+      collectives_->broadcast(t.data_ptr(), t.nbytes(), root, deadline);
+    });
+  }
+
+  // Runs one collective: refuses at once when an earlier one failed; on failure marks this rank
+  // aborted in the segment (peers fail at once) and names the collective, its size and the rank.
+  template <typename Fn>
+  void guarded(const char* what, size_t bytes, Fn&& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.empty()) {
+        throw BackendError(std::string("shm ") + what + " refused: the communicator is broken "
+                           "since an earlier error (" + broken_ + ")");
+      }
+    }
+    const std::string where = std::string("shm ") + what + " of " + std::to_string(bytes) +
+                              " bytes on rank " + std::to_string(rank()) + "/" +
+                              std::to_string(size());
+    try {
+      fn(Clock::now() + options_.timeout);
+    } catch (const TimeoutError& e) {
+      fail(e.what());
+      throw TimeoutError(where + " timed out after " + std::to_string(timeout().count()) +
+                         " ms: " + e.what());
+    } catch (const BackendError& e) {
+      fail(e.what());
+      throw BackendError(where + " failed: " + e.what());
+    } catch (...) {
+      fail("unexpected error");
+      throw;
+    }
+  }
+
+  void fail(const std::string& why) {
+    collectives_->abort();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.empty()) broken_ = why;
+  }
+
+  ShmOptions options_;
+  std::unique_ptr<Segment> segment_;
+  std::unique_ptr<Collectives> collectives_;
+  std::mutex mu_;
+  std::string broken_;
+  WorkQueue queue_;  // last member: its thread stops before the rest is destroyed
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> makeShmCommunicator(std::shared_ptr<rendezvous::Store> store,
+                                                  ShmOptions options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    throw ConfigError("shm: rank " + std::to_string(options.rank) + " is outside 0.." +
+                      std::to_string(options.size - 1));
+  }
+  if (options.slotBytes < 4096) {
+    throw ConfigError("shm: slot size " + std::to_string(options.slotBytes) +
+                      " bytes is too small (at least 4096)");
+  }
+  return std::make_shared<ShmCommunicator>(std::move(store), std::move(options));
+}
+
+bool allRanksOnOneHost(rendezvous::Store& store, int rank, int size) {
+  const std::string mine = hostIdentity();
+  store.set("shm/host/" + std::to_string(rank), mine);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back("shm/host/" + std::to_string(r));
+  for (const auto& v : store.multiGet(keys)) {
+    if (v != mine) return false;
+  }
+  return true;
+}
+
+}  // namespace ddprun::runtime::shm
