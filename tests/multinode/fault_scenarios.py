@@ -49,8 +49,26 @@ def marked(mark):
     return pids
 
 
-def worker_pid(mark, node_addr):
-    """The mnist_mlp worker started by the agent of `node_addr` (by its environment)."""
+def state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0]
+    except OSError:
+        return None
+
+
+def stop(pid):
+    """SIGSTOP, returning once the process is stopped (delivery is asynchronous)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.time() + 10
+    while state(pid) not in ("T", "t", None, "Z") and time.time() < deadline:
+        time.sleep(0.005)
+
+
+def worker_pid(mark, node_addr=None, rank=None):
+    """The mnist_mlp worker started by the agent of `node_addr`, or the one of global `rank`
+    (by its environment)."""
+    want = ("DDPRUN_FAULT_NODE=%s" % node_addr) if rank is None else ("RANK=%d" % rank)
     for pid in marked(mark):
         try:
             with open("/proc/%d/comm" % pid) as f:
@@ -58,7 +76,7 @@ def worker_pid(mark, node_addr):
                     continue
             with open("/proc/%d/environ" % pid, "rb") as f:
                 env = f.read().split(b"\0")
-            if ("DDPRUN_FAULT_NODE=%s" % node_addr).encode() in env:
+            if want.encode() in env:
                 return pid
         except OSError:
             pass
@@ -84,9 +102,9 @@ class Job:
                 "--rdzv-endpoint=127.0.0.2:%d" % self.port, "--rdzv-id=%s" % self.mark,
                 "--local-addr=%s" % addr, "--rdzv-conf=%s" % FAST_CONF, "--max-restarts=3",
                 "--stall-warning=1"] + list(extra) + [
-                MLP, "--train-limit", "4096", "--test-limit", "1000", "--epochs", "2",
+                MLP, "--train-limit", "4096", "--test-limit", "0", "--epochs", "3",
                 "--batch-size", "16", "--seed", "5", "--lr", "0.05",
-                "--log-interval", "1000", "--checkpoint-dir", self.ckpt,
+                "--log-interval", "1000", "--lr-scaling", "linear", "--checkpoint-dir", self.ckpt,
                 "--checkpoint-interval", "10"]
         n = harness.Node(self.t, "%s-%s" % (self.name, label), args,
                          env={"DDPRUN_FAULT_MARK": self.mark, "DDPRUN_FAULT_NODE": addr,
@@ -99,10 +117,14 @@ class Job:
         self.b = self.agent("b", "127.0.0.3")
         return self
 
-    def newest(self):
-        steps = [int(m.group(1)) for p in glob.glob(os.path.join(self.ckpt, "ckpt-*.ddpck"))
+    def checkpoints(self):
+        """(step, path) of every complete checkpoint name, oldest first."""
+        found = [(int(m.group(1)), p) for p in glob.glob(os.path.join(self.ckpt, "ckpt-*.ddpck"))
                  for m in [re.search(r"ckpt-(\d+)\.ddpck$", p)] if m]
-        return max(steps, default=-1)
+        return sorted(found)
+
+    def newest(self):
+        return max((step for step, _ in self.checkpoints()), default=-1)
 
     def wait_checkpoint(self, step, timeout=120):
         self.t.wait_for("%s: checkpoint of step %d" % (self.name, step),
@@ -137,7 +159,7 @@ class Job:
 
 
 def stop_for(pid, seconds):
-    os.kill(pid, signal.SIGSTOP)
+    stop(pid)
     time.sleep(seconds)
     os.kill(pid, signal.SIGCONT)
 
@@ -149,6 +171,7 @@ def worker_kill(t, ref, at):
     j.wait_checkpoint(at)
     os.kill(worker_pid(j.mark, "127.0.0.3"), signal.SIGKILL)
     j.expect([0, 0], ref)
+    check("failed: signal 9 (SIGKILL)" in j.b.stderr(), "worker_kill: b reports its killed worker")
 
 
 def agent_kill_rejoin(t, ref, at):
@@ -175,6 +198,7 @@ def agent_sigstop(t, ref, at):
     j.wait_checkpoint(at)
     stop_for(j.b.proc.pid, 3.0)  # a evicts b after 0.9 s and goes on alone
     j.expect([0, 0], ref)
+    check("was evicted: no heartbeat" in j.a.stderr(), "agent_sigstop: a evicted the stopped b")
 
 
 def worker_sigstop(t, ref, at):
@@ -193,9 +217,9 @@ def truncated_checkpoint(t, ref, at):
     j = Job(t, "truncated_checkpoint").start()
     j.wait_world2()
     j.wait_checkpoint(at)
-    writer = worker_pid(j.mark, "127.0.0.2")  # rank 0 writes the checkpoints
-    os.kill(writer, signal.SIGSTOP)  # so that the torn file stays the newest
-    newest = os.path.join(j.ckpt, "ckpt-%d.ddpck" % j.newest())
+    writer = worker_pid(j.mark, rank=0)  # rank 0 writes the checkpoints
+    stop(writer)  # so that the torn file stays the newest
+    newest = j.checkpoints()[-1][1]
     os.truncate(newest, os.path.getsize(newest) // 2)  # torn, as by a crash without rename
     os.kill(writer, signal.SIGKILL)
     j.expect([0, 0], ref)
@@ -231,6 +255,9 @@ def fault_series(t):
     print("clean: accuracy %.4f in %.1f s" % (ref, time.time() - t0), flush=True)
     faults = FAULTS[:]
     rng.shuffle(faults)
+    only = os.environ.get("DDPRUN_FAULTS")  # a comma-separated subset, to reproduce one
+    if only:
+        faults = [f for f in faults if f.__name__ in only.split(",")]
     for fault in faults:
         at = rng.choice([10, 20, 30, 40, 50, 60, 70, 80])  # of 256 steps at world 2
         t1 = time.time()
