@@ -134,6 +134,15 @@ class MultiNodeTest:
             time.sleep(0.02)
         raise Failure("timed out after %.0f s waiting for %s" % (timeout, what))
 
+    def wait_for_value(self, pred, timeout):
+        """Polls pred() until it is falsy or `timeout` passes; returns its last value."""
+        deadline = time.time() + timeout
+        value = pred()
+        while value and time.time() < deadline:
+            time.sleep(0.05)
+            value = pred()
+        return value
+
     def cleanup(self):
         for n in self.nodes:
             if n.proc.poll() is None:

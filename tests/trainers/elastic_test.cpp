@@ -193,6 +193,10 @@ TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-ident
   }
   INFO(output);
   CHECK_THAT(output, Contains("signal 9 (SIGKILL)"));
+  // One attempt number: the launcher's (TORCHELASTIC_RESTART_COUNT) is the trainer's.
+  CHECK_THAT(output, Contains("started 2 worker(s) of 2 (attempt 1, round 1: 1/1 restarts used"));
+  CHECK_THAT(output, Contains("mnist_mlp: world size 2, attempt 1, BLAS"));
+  CHECK_THAT(output, Contains(", attempt 1)"));  // "resumed from checkpoint at step N (..."
   CHECK(resumedStep(output) >= killedAfter);
   CHECK(resumedStep(output) < 256);
   CHECK_THAT(output, Contains("done: 256 steps"));
@@ -391,6 +395,10 @@ TEST_CASE("2 -> 1 -> 2 workers with a fixed per-rank batch: samples, steps and r
   REQUIRE(last.code == 0);
   CHECK(resumedStep(last.output) == second);
   CHECK_THAT(last.output, Contains("world size 1 -> 2: global batch 16 -> 32"));
+  // Epochs as configured: 2 epochs, whatever the resumes did to the steps.
+  CHECK_THAT(last.output, Contains("epoch 2/2"));
+  CHECK_THAT(last.output, Contains("epoch 2  step"));  // the last evaluation
+  CHECK_THAT(last.output, !Contains("epoch 3"));
 
   // The total this start announces is what it does.
   std::smatch m;
