@@ -8,8 +8,8 @@ wrapper until the test has attacked rank 0's store, which rank 0 hosts in the me
     is refused;
   - PyTorch's own TCPStore client (no token) is refused: its add() fails, and the job's keys
     are untouched (the job still forms and checks every result);
-then, once rank 1 is released, every new listening socket of rank 0 (Gloo's, the allreduce
-mesh's) gets an intruder that claims rank 1 with a hello of the token's kind, a made-up id and
+then, once rank 1 is released, every listening socket rank 0 opens after Gloo's (the allreduce
+mesh's, when the test is fast enough to see it) gets an intruder that claims rank 1 with a hello of the token's kind, a made-up id and
 nonce, and a wrong proof, and a stranger that connects and stays silent. The job must form and
 every rank print its OK line. Usage: token_job_test.py (DDPRUN_BIN: the build's bin/)."""
 import os
@@ -150,9 +150,13 @@ def main():
             fail("an unauthenticated PyTorch client wrote to the workers' store:\n" + out)
         print("OK: PyTorch's TCPStore client without the token was refused: " +
               (out.strip().splitlines() or ["?"])[-1][:200], flush=True)
-        # Release rank 1 and attack every listener rank 0 opens while the job forms.
+        # Rank 0 is in Gloo's set-up by now, listening for rank 1 (Gloo's pairs take the first
+        # connection they accept: not attacked here, see docs/security.md). Release rank 1 and
+        # attack every listener rank 0 opens after that: the allreduce mesh's.
+        wait_for(lambda: len(listening_ports(pid0)) >= 2, "rank 0's Gloo listener")
+        time.sleep(0.5)
+        seen = set(listening_ports(pid0))
         open(f"{d}/go", "w").close()
-        seen = {port}
         attacked = 0
         while job.poll() is None:
             for p in listening_ports(pid0):
@@ -160,7 +164,9 @@ def main():
                     seen.add(p)
                     attacked += attack(p, held)
             time.sleep(0.001)
-        print(f"attacked {attacked} listener(s) of rank 0 while the job formed", flush=True)
+        # The mesh's listener lives only while rank 1 connects: whether it was caught is luck,
+        # so it is reported, not required (the mesh tests attack it deterministically).
+        print(f"attacked {attacked} listener(s) rank 0 opened after Gloo's set-up", flush=True)
     finally:
         if job.poll() is None:
             job.kill()
@@ -177,8 +183,8 @@ def main():
             fail(f"rank {r} did not print its OK line")
     if "MISMATCH" in text:
         fail("a collective's result was wrong")
-    if "refused" not in text and "wrong authentication proof" not in text and "AUTH" not in text:
-        print("note: no store log line about the refused client", flush=True)
+    if "dropped a connection" in text:
+        print("note: the intruders reached the allreduce mesh while it formed", flush=True)
     print("OK: the job formed and every collective was right", flush=True)
 
 
