@@ -29,6 +29,8 @@
 
 #include <torch/torch.h>
 
+#include "worker_runtime/work.h"
+
 namespace ddprun::runtime {
 
 using Millis = std::chrono::milliseconds;
@@ -39,24 +41,6 @@ inline constexpr Millis kDefaultCollectiveTimeout{30 * 60 * 1000};
 enum class ReduceOp : uint8_t { Sum, Avg, Min, Max };
 
 std::string_view toString(ReduceOp op);
-
-// Where a communicator's collectives ran: on the thread that called (or waited for) them, or
-// handed off to its communication thread. For tests and benchmarks; backends without such a
-// thread (NCCL) report zeros.
-struct ThreadCounts {
-  uint64_t onCaller = 0;
-  uint64_t handedOff = 0;
-};
-
-// One collective in flight.
-class Work {
- public:
-  virtual ~Work() = default;
-  // Blocks until the collective finished; rethrows its error (BackendError, TimeoutError...).
-  virtual void wait() = 0;
-  // True once finished, successfully or not. Never blocks.
-  virtual bool completed() = 0;
-};
 
 class Communicator {
  public:

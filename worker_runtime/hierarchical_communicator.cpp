@@ -27,7 +27,8 @@ class HierarchicalCommunicator final : public Communicator {
     world_ = makeGlooCommunicator(scoped("world"), {.rank = options_.rank,
                                                     .size = options_.size,
                                                     .timeout = options_.timeout,
-                                                    .hostname = options_.hostname});
+                                                    .hostname = options_.hostname,
+                                                    .meshSecret = options_.meshSecret});
     if (options_.localSize > 1) {
       local_ = shm::makeShmCommunicator(scoped("node/" + std::to_string(options_.node)),
                                         {.rank = options_.localRank,
@@ -39,7 +40,8 @@ class HierarchicalCommunicator final : public Communicator {
       leaders_ = makeGlooCommunicator(scoped("leaders"), {.rank = options_.node,
                                                           .size = options_.nodes,
                                                           .timeout = options_.timeout,
-                                                          .hostname = options_.hostname});
+                                                          .hostname = options_.hostname,
+                                                    .meshSecret = options_.meshSecret});
     }
   }
 

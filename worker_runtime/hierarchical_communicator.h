@@ -37,6 +37,7 @@ struct HierarchicalOptions {
   int localSize = 1;
   Millis timeout = kDefaultCollectiveTimeout;
   std::string hostname;                 // where the TCP meshes listen (GlooOptions::hostname)
+  std::string meshSecret;               // of both TCP meshes (GlooOptions::meshSecret)
   std::string shmPrefix = "ddprun";     // of the segments' names in /dev/shm (ShmOptions)
 };
 
