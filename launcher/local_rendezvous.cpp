@@ -3,15 +3,15 @@
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
 
 #include "base/errors.h"
+#include "base/resolve.h"
+#include "base/unique_fd.h"
 #include "rendezvous/store_server.h"
 
 namespace ddprun::launcher {
@@ -107,46 +107,26 @@ uint16_t pickFreePort(const std::string& ip) {
   } else {
     throw ConfigError("'" + ip + "' is not an IP address");
   }
-  const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw NetworkError(std::string("socket: ") + std::strerror(errno));
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
-    port = ntohs(ss.ss_family == AF_INET ? v4->sin_port : v6->sin6_port);
+  const UniqueFd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw NetworkError(std::string("socket: ") + std::strerror(errno));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    throw NetworkError("cannot find a free port on " + ip + ": " + std::strerror(errno));
   }
-  const int err = errno;
-  ::close(fd);
-  if (port == 0) {
-    throw NetworkError("cannot find a free port on " + ip + ": " + std::strerror(err));
-  }
-  return port;
+  return ntohs(ss.ss_family == AF_INET ? v4->sin_port : v6->sin6_port);
 }
 
 std::string resolveAddress(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    throw ConfigError("cannot resolve host '" + host + "': " + ::gai_strerror(rc));
+  std::vector<SocketAddress> all;
+  try {
+    all = resolveTcp(host);
+  } catch (const NetworkError& e) {  // the host comes from the user's flags
+    throw ConfigError(e.what());
   }
-  std::string best;
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    char buf[INET6_ADDRSTRLEN] = {};
-    const void* addr = a->ai_family == AF_INET
-                           ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
-                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
-    if (::inet_ntop(a->ai_family, addr, buf, sizeof buf) == nullptr) continue;
-    if (a->ai_family == AF_INET) {
-      best = buf;
-      break;
-    }
-    if (best.empty()) best = buf;
+  for (const auto& a : all) {
+    if (a.family() == AF_INET) return a.ip();
   }
-  ::freeaddrinfo(res);
-  if (best.empty()) throw ConfigError("cannot resolve host '" + host + "'");
-  return best;
+  return all.front().ip();
 }
 
 }  // namespace ddprun::launcher

@@ -6,19 +6,22 @@
 #include <functional>
 #include <optional>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "base/errors.h"
 #include "launcher/options.h"
 
 namespace ddprun::launcher {
 
-class BadValue : public std::runtime_error {
+// What was wrong with a value, without the flag and the value (the caller adds them). An Error,
+// but not a ConfigError: its message alone is no complete answer to the user, so no handler of
+// ConfigError may take it for one; every caller of a parser catches it (options.cpp).
+class BadValue : public Error {
  public:
-  explicit BadValue(const std::string& allowed) : std::runtime_error(allowed) {}
+  explicit BadValue(const std::string& allowed) : Error(allowed) {}
 };
 
 // A decimal integer in [min, max].

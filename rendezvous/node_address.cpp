@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "base/resolve.h"
+#include "base/unique_fd.h"
 
 namespace ddprun::rendezvous {
 
@@ -27,90 +29,61 @@ std::string numeric(const sockaddr* sa, socklen_t len) {
   return host;
 }
 
-// The numeric addresses `host` resolves to (empty when it does not resolve).
-std::vector<sockaddr_storage> resolveAll(const std::string& host, std::vector<socklen_t>& lens) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* list = nullptr;
-  std::vector<sockaddr_storage> out;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &list) != 0) return out;
-  for (addrinfo* a = list; a; a = a->ai_next) {
-    sockaddr_storage ss{};
-    std::memcpy(&ss, a->ai_addr, a->ai_addrlen);
-    out.push_back(ss);
-    lens.push_back(a->ai_addrlen);
+// The addresses `host` resolves to, each with `port` (empty when it does not resolve).
+std::vector<SocketAddress> resolveAll(const std::string& host, uint16_t port = 0) {
+  try {
+    return resolveTcp(host, port);
+  } catch (const NetworkError&) {
+    return {};
   }
-  ::freeaddrinfo(list);
-  return out;
 }
 
 }  // namespace
 
 std::string addressToward(const std::string& host, uint16_t port) {
-  std::vector<socklen_t> lens;
-  auto addrs = resolveAll(host, lens);
-  for (size_t i = 0; i < addrs.size(); ++i) {
-    auto* sa = reinterpret_cast<sockaddr*>(&addrs[i]);
-    if (sa->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(sa)->sin_port = htons(port);
-    if (sa->sa_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(sa)->sin6_port = htons(port);
-    int fd = ::socket(sa->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
+  for (const auto& to : resolveAll(host, port)) {
+    const UniqueFd fd(::socket(to.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd) continue;
     sockaddr_storage local{};
     socklen_t len = sizeof local;
-    std::string out;
-    if (::connect(fd, sa, lens[i]) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      out = numeric(reinterpret_cast<sockaddr*>(&local), len);
+    if (::connect(fd.get(), to.get(), to.length) == 0 &&
+        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      std::string out = numeric(reinterpret_cast<sockaddr*>(&local), len);
+      if (!out.empty()) return out;
     }
-    ::close(fd);
-    if (!out.empty()) return out;
   }
   return hostName();
 }
 
 uint16_t pickFreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw NetworkError(std::string("cannot create a socket: ") + std::strerror(errno));
+  const UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw NetworkError(std::string("cannot create a socket: ") + std::strerror(errno));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
   a.sin_port = 0;
   socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw NetworkError(std::string("cannot find a free port: ") + std::strerror(err));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    throw NetworkError(std::string("cannot find a free port: ") + std::strerror(errno));
   }
-  ::close(fd);
   return ntohs(a.sin_port);
 }
 
 bool endpointIsThisNode(const std::string& endpointHost, const std::string& localAddr) {
-  std::vector<socklen_t> lens;
-  auto endpoint = resolveAll(endpointHost, lens);
+  const auto endpoint = resolveAll(endpointHost);
   if (!localAddr.empty()) {
     if (endpointHost == localAddr) return true;
-    std::vector<socklen_t> localLens;
-    auto local = resolveAll(localAddr, localLens);
-    for (size_t i = 0; i < endpoint.size(); ++i)
-      for (size_t j = 0; j < local.size(); ++j)
-        if (numeric(reinterpret_cast<sockaddr*>(&endpoint[i]), lens[i]) ==
-            numeric(reinterpret_cast<sockaddr*>(&local[j]), localLens[j]))
-          return true;
+    const auto local = resolveAll(localAddr);
+    for (const auto& e : endpoint)
+      for (const auto& l : local)
+        if (numeric(e.get(), e.length) == numeric(l.get(), l.length)) return true;
     return false;
   }
   if (endpointHost == "localhost" || endpointHost == hostName()) return true;
-  for (size_t i = 0; i < endpoint.size(); ++i) {
-    auto* sa = reinterpret_cast<sockaddr*>(&endpoint[i]);
-    int fd = ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    if (sa->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(sa)->sin_port = 0;
-    if (sa->sa_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(sa)->sin6_port = 0;
-    const bool local = ::bind(fd, sa, lens[i]) == 0;
-    ::close(fd);
-    if (local) return true;
+  for (const auto& e : endpoint) {  // port 0: binding it succeeds where the address is ours
+    const UniqueFd fd(::socket(e.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (fd && ::bind(fd.get(), e.get(), e.length) == 0) return true;
   }
   return false;
 }

@@ -1,8 +1,7 @@
 #pragma once
 // Internal to TcpStore: the socket of one store connection, with its receive buffer and
-// deadlines, and the helpers that open it. Everything here reports failures as IoFailure,
+// deadlines, and the helper that opens it. Everything here reports failures as IoFailure,
 // which TcpStore::call() turns into a typed error naming the store, the operation and the key.
-#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,14 +12,19 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
+#include "base/resolve.h"
 #include "rendezvous/tcp_store.h"
 
 namespace ddprun::rendezvous {
 
-// An I/O failure inside a call; `call` turns it into a typed error with the context.
-struct IoFailure {
-  bool timeout;
-  std::string what;
+// An I/O failure inside a call; `call` turns it into a typed error with the context (which
+// this message lacks), so it never leaves TcpStore: every path that can throw it catches it.
+// An Error, not a NetworkError, so that no handler of network errors takes it for one.
+class IoFailure : public Error {
+ public:
+  IoFailure(bool timedOut, const std::string& what) : Error(what), timeout(timedOut) {}
+  bool timeout;  // the deadline passed (else the connection failed)
 };
 
 // One socket with a receive buffer. Every read and write honours an absolute deadline
@@ -144,12 +148,8 @@ class TcpStore::Connection {
   std::chrono::microseconds rcvTimeout_{0}, sndTimeout_{0};
 };
 
-
-// Resolves host:port; returns the addresses to try (pointing into *list, which the caller frees
-// with freeaddrinfo), or throws NetworkError.
-std::vector<addrinfo> resolve(const std::string& host, uint16_t port, addrinfo** list);
 // One non-blocking connect attempt bounded by `timeout`; returns a blocking, TCP_NODELAY fd, or
 // -1 with errno set.
-int tryConnect(const addrinfo& a, std::chrono::milliseconds timeout);
+int tryConnect(const SocketAddress& a, std::chrono::milliseconds timeout);
 
 }  // namespace ddprun::rendezvous

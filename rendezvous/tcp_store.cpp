@@ -1,7 +1,6 @@
 #include "rendezvous/tcp_store.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -87,14 +86,11 @@ void TcpStore::connect() {
   int attempts = 0;
   for (;;) {
     ++attempts;
-    addrinfo* list = nullptr;
     try {
-      auto addrs = resolve(options_.host, options_.port, &list);
-      for (const auto& a : addrs) {
+      for (const auto& a : resolveTcp(options_.host, options_.port)) {
         auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
         int fd = tryConnect(a, std::max(Millis(1), std::min(left, Millis(5000))));
         if (fd >= 0) {
-          ::freeaddrinfo(list);
           conn_ = std::make_unique<Connection>(fd);
           handshake();
           connectedOnce_ = true;
@@ -102,9 +98,7 @@ void TcpStore::connect() {
         }
         lastError = std::strerror(errno);
       }
-      ::freeaddrinfo(list);
     } catch (const NetworkError& e) {  // resolution failure: may be transient, retry
-      if (list) ::freeaddrinfo(list);
       lastError = e.what();
     }
     const auto now = Clock::now();
@@ -171,7 +165,7 @@ void TcpStore::handshake() {
                   : ": the store may be at its connection or descriptor limit (max_connections, "
                     "ulimit -n; see its log)" + std::string(ddprun ? ", or it is not a ddprun-store" : "");
     throw StoreError("the server at " + address_ + " did not complete the " +
-                     (ddprun ? "ddprun" : "TCPStore") + " handshake (" + f.what + ")" + hint);
+                     (ddprun ? "ddprun" : "TCPStore") + " handshake (" + f.what() + ")" + hint);
   } catch (...) {
     conn_.reset();
     throw;
@@ -263,7 +257,7 @@ auto TcpStore::call(const char* op, const std::string& what, Fn&& fn) {
     return fn(*conn_);
   } catch (const IoFailure& f) {
     conn_.reset();
-    const std::string msg = "store at " + address_ + ": " + op + " " + what + ": " + f.what;
+    const std::string msg = "store at " + address_ + ": " + op + " " + what + ": " + f.what();
     if (f.timeout) {
       throw TimeoutError(msg + " (timeout " + std::to_string(timeout().count()) + " ms)");
     }

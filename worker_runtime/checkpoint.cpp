@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "base/timeline.h"
+#include "base/unique_fd.h"
 #include "worker_runtime/communicator.h"
 
 namespace ddprun::runtime {
@@ -133,12 +134,9 @@ void writeAll(int fd, const std::string& data, const fs::path& file) {
 }
 
 void fsyncDir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) ioFail("cannot open the directory to fsync it", dir, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) ioFail("fsync of the directory failed", dir, err);
+  const UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) ioFail("cannot open the directory to fsync it", dir, errno);
+  if (::fsync(fd.get()) != 0) ioFail("fsync of the directory failed", dir, errno);
 }
 
 nlohmann::json toJson(const TrainingState& s, bool hasOptimizer) {
@@ -277,16 +275,14 @@ fs::path CheckpointManager::save(const torch::nn::Module& model,
   const std::string host = hostName();
   const fs::path tmp = dir / (fileName(state.step) + ".tmp-" + host + "-" +
                               std::to_string(::getpid()) + "-" + randomHex());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) ioFail("cannot create the temporary file " + tmp.filename().string(), final, errno);
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (!fd) ioFail("cannot create the temporary file " + tmp.filename().string(), final, errno);
   try {
-    writeAll(fd, bytes, final);
-    if (::fsync(fd) != 0) ioFail("fsync failed", final, errno);
-    const int closed = ::close(fd);
-    fd = -1;  // closed even when close() fails: never close it twice
-    if (closed != 0) ioFail("close failed", final, errno);
+    writeAll(fd.get(), bytes, final);
+    if (::fsync(fd.get()) != 0) ioFail("fsync failed", final, errno);
+    if (fd.close() != 0) ioFail("close failed", final, errno);  // closed either way, once
   } catch (...) {
-    if (fd >= 0) ::close(fd);
+    fd.reset();
     ::unlink(tmp.c_str());
     throw;
   }

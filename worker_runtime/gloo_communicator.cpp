@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/resolve.h"
 #include "rendezvous/prefix_store.h"
 #include "worker_runtime/gloo_store_adapter.h"
 #include "worker_runtime/mesh_allreduce.h"
@@ -57,15 +57,13 @@ std::string chooseHost(const GlooOptions& o) {
   }
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) == 0) {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (::getaddrinfo(host, nullptr, &hints, &res) == 0) {
-      ::freeaddrinfo(res);
+    try {
+      resolveTcp(host);
       return host;
+    } catch (const NetworkError&) {
+      DDPRUN_LOG(WARN, "gloo") << "host name " << host << " does not resolve; using 127.0.0.1 "
+                               << "(set GLOO_SOCKET_IFNAME for jobs across machines)";
     }
-    DDPRUN_LOG(WARN, "gloo") << "host name " << host << " does not resolve; using 127.0.0.1 "
-                             << "(set GLOO_SOCKET_IFNAME for jobs across machines)";
   }
   return "127.0.0.1";
 }

@@ -1,7 +1,6 @@
 #include "worker_runtime/runtime.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 
 #include <cerrno>
@@ -9,6 +8,7 @@
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/resolve.h"
 #include "base/timeline.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/tcp_store.h"
@@ -72,21 +72,13 @@ std::string storeBindAddress(const std::string& masterAddr) {
   if (::inet_pton(AF_INET, host.c_str(), &probe) == 1 || ::inet_pton(AF_INET6, host.c_str(), &probe) == 1) {
     return host;
   }
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  std::string bind = "0.0.0.0";
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0) {
-    char text[INET6_ADDRSTRLEN] = {};
-    if (res->ai_family == AF_INET) {
-      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, text, sizeof text);
-    } else if (res->ai_family == AF_INET6) {
-      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr, text, sizeof text);
-    }
-    if (isLoopback(text)) bind = text;
-    ::freeaddrinfo(res);
+  try {
+    const std::string first = resolveTcp(host).front().ip();
+    if (isLoopback(first)) return first;
+  } catch (const NetworkError&) {
+    // Does not resolve here: every interface, and the clients' connect names the problem.
   }
-  return bind;
+  return "0.0.0.0";
 }
 
 std::shared_ptr<rendezvous::Store> connect(const WorkerEnv& env, Millis timeout,

@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -10,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -20,6 +20,8 @@
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/resolve.h"
+#include "base/unique_fd.h"
 
 namespace ddprun::runtime {
 namespace {
@@ -113,6 +115,13 @@ bool fromHex(const std::string& text, MeshId& id) {
   return true;
 }
 
+// A port as a rank publishes it: decimal, 1..65535.
+bool parsePort(const std::string& text, uint16_t& port) {
+  const char* end = text.data() + text.size();
+  const auto [last, ec] = std::from_chars(text.data(), end, port);
+  return ec == std::errc() && last == end && port != 0;
+}
+
 // Constant time: a stranger learns nothing from how fast it is refused.
 bool sameId(const MeshId& a, const MeshId& b) {
   uint8_t diff = 0;
@@ -138,40 +147,38 @@ std::string describePeer(const sockaddr_storage& from) {
 // A connected, non-blocking socket to host:port, or NetworkError/TimeoutError. The connect
 // itself is non-blocking and bounded by the deadline (a black-holed address cannot hold it);
 // refusals are retried until then (the peer listens before it publishes, so they are rare).
-int connectBefore(const std::string& host, const std::string& port, Clock::time_point deadline,
+int connectBefore(const std::string& host, uint16_t port, Clock::time_point deadline,
                   const std::string& who) {
-  addrinfo h{};
-  h.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &h, &res); rc != 0) {
-    throw NetworkError("mesh: cannot resolve " + who + " at " + host + ": " + gai_strerror(rc));
+  SocketAddress to;
+  try {
+    to = resolveTcp(host, port).front();
+  } catch (const NetworkError& e) {
+    throw NetworkError("mesh: " + who + ": " + e.what());
   }
-  std::unique_ptr<addrinfo, void (*)(addrinfo*)> owned(res, ::freeaddrinfo);
   int lastErr = ETIMEDOUT;
   while (true) {
-    const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) throw NetworkError(std::string("mesh: socket failed: ") + std::strerror(errno));
-    int err = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 ? 0 : errno;
+    UniqueFd fd(::socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) throw NetworkError(std::string("mesh: socket failed: ") + std::strerror(errno));
+    int err = ::connect(fd.get(), to.get(), to.length) == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
-      pollfd pfd{fd, POLLOUT, 0};
+      pollfd pfd{fd.get(), POLLOUT, 0};
       int n;
       while ((n = ::poll(&pfd, 1, remainingMs(deadline))) < 0 && errno == EINTR) {
       }
       socklen_t len = sizeof err;
       if (n == 0) {
         err = ETIMEDOUT;
-      } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+      } else if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
         err = errno;
       }
     }
-    if (err == 0) return fd;
-    ::close(fd);
+    if (err == 0) return fd.release();
     lastErr = err;
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  throw NetworkError("mesh: cannot connect to " + who + " at " + host + ":" + port + ": " +
-                     std::strerror(lastErr));
+  throw NetworkError("mesh: cannot connect to " + who + " at " + host + ":" +
+                     std::to_string(port) + ": " + std::strerror(lastErr));
 }
 
 }  // namespace
@@ -181,28 +188,23 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
     : rank_(rank), size_(size), peers_(size) {
   const auto deadline = Clock::now() + timeout;
   // Listen on a free port of `host`.
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* local = nullptr;
-  if (int rc = ::getaddrinfo(host.c_str(), "0", &hints, &local); rc != 0) {
-    throw ConfigError("mesh: cannot resolve this rank's address '" + host + "': " + gai_strerror(rc));
+  SocketAddress local;
+  try {
+    local = resolveTcp(host, 0, {.passive = true}).front();
+  } catch (const NetworkError& e) {  // this rank's own address: its configuration
+    throw ConfigError("mesh: this rank's address: " + std::string(e.what()));
   }
-  const int listener = ::socket(local->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const UniqueFd listener(::socket(local.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listener) throw NetworkError(std::string("mesh: socket failed: ") + std::strerror(errno));
   int one = 1;
-  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (listener < 0 || ::bind(listener, local->ai_addr, local->ai_addrlen) != 0 ||
-      ::listen(listener, size + kMaxPendingHellos) != 0) {
-    const std::string err = std::strerror(errno);
-    ::freeaddrinfo(local);
-    if (listener >= 0) ::close(listener);
-    throw NetworkError("mesh: cannot listen on " + host + ": " + err);
+  ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(listener.get(), local.get(), local.length) != 0 ||
+      ::listen(listener.get(), size + kMaxPendingHellos) != 0) {
+    throw NetworkError("mesh: cannot listen on " + host + ": " + std::strerror(errno));
   }
-  ::freeaddrinfo(local);
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&bound), &len);
+  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound), &len);
   const uint16_t port = ntohs(bound.ss_family == AF_INET6
                                   ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                   : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
@@ -210,7 +212,7 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
   const MeshId myId = randomMeshId();
   store.set(prefix + "/" + std::to_string(rank),
             host + " " + std::to_string(port) + " " + toHex(myId));
-  setNonBlocking(listener);
+  setNonBlocking(listener.get());
   std::vector<Pending> pending;  // accepted connections whose hello is not complete
   auto closePending = [&] {
     for (auto& c : pending) ::close(c.fd);
@@ -221,12 +223,13 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
     for (int q = 0; q < rank; ++q) {
       const std::string who = "rank " + std::to_string(q);
       std::istringstream addr(store.get(prefix + "/" + std::to_string(q)));
-      std::string qhost, qport, qid;
-      addr >> qhost >> qport >> qid;
+      std::string qhost, qportText, qid;
+      addr >> qhost >> qportText >> qid;
       MeshId id{};
-      if (!fromHex(qid, id)) {
-        throw NetworkError("mesh: " + who + " published no valid id under " + prefix + "/" +
-                           std::to_string(q) + " (a ddprun of another version?)");
+      uint16_t qport = 0;
+      if (!fromHex(qid, id) || !parsePort(qportText, qport)) {
+        throw NetworkError("mesh: " + who + " published no valid port and id under " + prefix +
+                           "/" + std::to_string(q) + " (a ddprun of another version?)");
       }
       peers_[q].fd = connectBefore(qhost, qport, deadline, who);
       tune(peers_[q].fd);
@@ -236,7 +239,7 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
     // Accept every higher rank. Several connections are read at once, so a stranger that
     // stays silent holds nothing up; one whose hello is wrong is logged and dropped.
     for (int accepted = 0; accepted < size - 1 - rank;) {
-      std::vector<pollfd> fds{{listener, POLLIN, 0}};
+      std::vector<pollfd> fds{{listener.get(), POLLIN, 0}};
       for (const auto& c : pending) fds.push_back({c.fd, POLLIN, 0});
       const int ms = remainingMs(deadline);
       if (ms == 0 || ::poll(fds.data(), fds.size(), ms) == 0) {
@@ -281,7 +284,7 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
       if (fds[0].revents != 0) {
         sockaddr_storage from{};
         socklen_t fromLen = sizeof from;
-        const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&from), &fromLen,
+        const int fd = ::accept4(listener.get(), reinterpret_cast<sockaddr*>(&from), &fromLen,
                                  SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) continue;
         tune(fd);
@@ -297,7 +300,6 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
     }
   } catch (...) {
     closePending();
-    ::close(listener);
     for (auto& p : peers_) {
       if (p.fd >= 0) ::close(p.fd);
       p.fd = -1;
@@ -309,7 +311,6 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
                              << " that sent no hello before set-up ended";
   }
   closePending();
-  ::close(listener);
 }
 
 TcpMesh::~TcpMesh() {

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/errors.h"
 #include "rendezvous/memory_store.h"
 #include "worker_runtime/tcp_mesh.h"
 
@@ -81,4 +82,29 @@ TEST_CASE("mesh set-up drops an intruder claiming rank 1 and outlasts silent str
   t0.join();
   CHECK(gotA == a);
   CHECK(gotB == b);
+}
+
+TEST_CASE("mesh set-up names a published address it cannot use and its own that does not resolve",
+          "[mesh]") {
+  auto store = std::make_shared<MemoryStore>(20s);
+  const std::string id(32, 'a');  // a well-formed id: only the address is wrong
+  auto rank1 = [&] { TcpMesh(*store, "mesh", 1, 2, "127.0.0.1", 20s); };
+  SECTION("a port that is no port") {
+    for (const char* port : {"70000", "-1", "0", "29500x"}) {
+      INFO("port " << port);
+      store->set("mesh/0", std::string("127.0.0.1 ") + port + " " + id);
+      CHECK_THROWS_AS(rank1(), ddprun::NetworkError);
+      CHECK_THROWS_WITH(rank1(), Catch::Contains("rank 0 published no valid port and id under mesh/0"));
+    }
+  }
+  SECTION("a host that does not resolve") {
+    store->set("mesh/0", "no-such-host.invalid 29500 " + id);
+    CHECK_THROWS_AS(rank1(), ddprun::NetworkError);
+    CHECK_THROWS_WITH(rank1(), Catch::Contains("mesh: rank 0: cannot resolve 'no-such-host.invalid'"));
+  }
+  SECTION("this rank's own address") {
+    CHECK_THROWS_AS(TcpMesh(*store, "mesh", 0, 1, "no-such-host.invalid", 20s), ddprun::ConfigError);
+    CHECK_THROWS_WITH(TcpMesh(*store, "mesh", 0, 1, "no-such-host.invalid", 20s),
+                      Catch::Contains("this rank's address: cannot resolve 'no-such-host.invalid'"));
+  }
 }
