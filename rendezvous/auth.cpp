@@ -35,26 +35,26 @@ std::string randomId() {
   return s;
 }
 
-std::string proof(std::string_view token, Direction dir, std::string_view serverNonce,
-                  std::string_view clientNonce, std::string_view channel) {
-  // Each part length-prefixed (u32), so that no two different inputs give the same message.
+std::string hmac(std::string_view key, std::initializer_list<std::string_view> parts) {
   std::string msg;
-  auto part = [&](std::string_view p) {
+  for (std::string_view p : parts) {
     const uint32_t n = static_cast<uint32_t>(p.size());
     msg.append(reinterpret_cast<const char*>(&n), sizeof n).append(p);
-  };
-  part(kAuthContext);
-  part(dir == Direction::ClientToServer ? "client->server" : "server->client");
-  part(serverNonce);
-  part(clientNonce);
-  part(channel);
+  }
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  DDPRUN_CHECK(HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+  DDPRUN_CHECK(HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
                     reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out,
                     &len) != nullptr,
                "HMAC-SHA256 failed");
   return std::string(reinterpret_cast<char*>(out), len);
+}
+
+std::string proof(std::string_view token, Direction dir, std::string_view serverNonce,
+                  std::string_view clientNonce, std::string_view channel) {
+  return hmac(token, {kAuthContext,
+                      dir == Direction::ClientToServer ? "client->server" : "server->client",
+                      serverNonce, clientNonce, channel});
 }
 
 std::string channelName(std::string ip, uint16_t port) {

@@ -15,6 +15,7 @@
 // listens on: a NAT or port forward in between fails authentication, by design.
 // Until a connection has proven the token it may only send VALIDATE, PING, HELLO and AUTH.
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -30,6 +31,10 @@ enum class Direction : uint8_t { ClientToServer = 1, ServerToClient = 2 };
 std::string randomNonce();
 // 16 lower-case hex digits from a cryptographic random source (a store's instance id).
 std::string randomId();
+// HMAC-SHA256 under `key` over `parts`, each length-prefixed (u32), so that no two different
+// lists give the same message: 32 raw bytes. The building block of proof() and of the workers'
+// mesh handshake (worker_runtime/tcp_mesh.h).
+std::string hmac(std::string_view key, std::initializer_list<std::string_view> parts);
 // HMAC-SHA256 over the context, `dir`, both nonces and `channel`: 32 raw bytes.
 std::string proof(std::string_view token, Direction dir, std::string_view serverNonce,
                   std::string_view clientNonce, std::string_view channel);

@@ -25,6 +25,8 @@
 
 #include <torch/torch.h>
 
+#include "worker_runtime/work.h"
+
 namespace ddprun::runtime {
 
 using Millis = std::chrono::milliseconds;
@@ -35,16 +37,6 @@ inline constexpr Millis kDefaultCollectiveTimeout{30 * 60 * 1000};
 enum class ReduceOp : uint8_t { Sum, Avg, Min, Max };
 
 std::string_view toString(ReduceOp op);
-
-// One collective in flight.
-class Work {
- public:
-  virtual ~Work() = default;
-  // Blocks until the collective finished; rethrows its error (BackendError, TimeoutError...).
-  virtual void wait() = 0;
-  // True once finished, successfully or not. Never blocks.
-  virtual bool completed() = 0;
-};
 
 class Communicator {
  public:

@@ -104,7 +104,8 @@ class GlooCommunicator final : public Communicator {
     context_ = context;
     if (options_.size > 1) {
       allreduce_ = std::make_unique<MeshAllreduce>(std::make_unique<TcpMesh>(
-          *scoped, "mesh", options_.rank, options_.size, host, options_.timeout));
+          *scoped, "mesh", options_.rank, options_.size, host, options_.timeout,
+          options_.meshSecret));
     }
   }
 
@@ -177,7 +178,9 @@ class GlooCommunicator final : public Communicator {
   void allreduceNow(const torch::Tensor& t, ReduceOp op) {
     guarded("allreduce", t.nbytes(), [&] {
       const size_t n = static_cast<size_t>(t.numel());
-      if (n == 0 || size() == 1) return;
+      // An empty tensor still goes through the mesh: its header tells a rank that reduces N
+      // elements at once (both fail naming both shapes) instead of leaving it to time out.
+      if (size() == 1) return;
       const ReduceBuffer buf{t.data_ptr(), n, t.scalar_type()};
       const auto deadline = Clock::now() + options_.timeout;
       const ReduceOp kernelOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;

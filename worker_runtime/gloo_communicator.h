@@ -27,6 +27,9 @@ struct GlooOptions {
   // Address (name or IP) other ranks use to reach this one. Empty: GLOO_SOCKET_IFNAME's IPv4
   // address when that variable is set, else this host's name when it resolves, else 127.0.0.1.
   std::string hostname;
+  // The allreduce mesh's secret (meshSecret() of the job's token, per attempt): with one, its
+  // set-up is a mutual HMAC challenge-response (tcp_mesh.h). Empty: no token.
+  std::string meshSecret;
   AllreduceAlgorithm allreduce = AllreduceAlgorithm::Auto;
   // Under Auto, a message of B bytes uses "direct" while B * (size - 1) <= directMaxBytes, else
   // the ring, whose pipeline segments are ringSegmentBytes.

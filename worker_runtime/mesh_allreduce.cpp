@@ -53,6 +53,7 @@ void MeshAllreduce::direct(const ReduceBuffer& buf, ReduceOp op,
   for (int i = 1; i < P; ++i) mesh_->postRecv((r + i) % P, scratchOf((r + i) % P), bytes);
   for (int i = 1; i < P; ++i) mesh_->postSend((r + i) % P, buf.ptr, bytes);
   mesh_->progress(deadline);  // all sends done too: buf may be overwritten now
+  if (bytes == 0) return;      // only the headers travelled (an empty tensor's data may be null)
   std::vector<const void*> inputs(P);
   for (int q = 0; q < P; ++q) inputs[q] = q == r ? buf.ptr : scratchOf(q);
   reduceMany(buf.ptr, inputs.data(), P, buf.count, buf.type, op);

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/resolve.h"
 #include "base/timeline.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
@@ -17,6 +18,7 @@
 #include "worker_runtime/nccl_communicator.h"
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
+#include "worker_runtime/tcp_mesh.h"
 #include "worker_runtime/traced_communicator.h"
 
 namespace ddprun::runtime {
@@ -81,14 +83,26 @@ std::string storeBindAddress(const std::string& masterAddr) {
   return "0.0.0.0";
 }
 
+// `token`: for rank 0's store (--no-agent-store) when the job has one; the agent's store is
+// never authenticated (PyTorch's clients could not).
 std::shared_ptr<rendezvous::Store> connect(const WorkerEnv& env, Millis timeout,
-                                           StoreDialect dialect) {
+                                           StoreDialect dialect,
+                                           std::optional<std::string> token = std::nullopt) {
   return std::make_shared<TcpStore>(TcpStoreOptions{.host = unbracket(env.masterAddr),
                                                     .port = env.masterPort,
                                                     .timeout = timeout,
                                                     .dialect = dialect,
-                                                    // the workers' store is never authenticated
+                                                    .authToken = std::move(token),
                                                     .tokenFromEnvironment = false});
+}
+
+// The job's token, when DDPRUN_STORE_TOKEN_FILE names one (ddprun sets it from --rdzv-conf
+// token_file): it authenticates rank 0's store and the allreduce mesh. A file that cannot be
+// used (loose mode, too short) throws ConfigError naming it.
+std::optional<std::string> jobToken(const InitOptions& o) {
+  const auto f = o.env("DDPRUN_STORE_TOKEN_FILE");
+  if (!f || f->empty()) return std::nullopt;
+  return rendezvous::auth::readTokenFile(*f);
 }
 
 // The agent's store is a ddprun-store under ddprun and a torch TCPStore under torchrun.
@@ -176,6 +190,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   const Millis timeout = timeoutFrom(options);
   const Backend requested = backendFrom(options);
 
+  const std::optional<std::string> token = jobToken(options);
   std::shared_ptr<void> hosted;
   std::shared_ptr<rendezvous::Store> base;
   if (env.useAgentStore) {
@@ -185,14 +200,15 @@ std::unique_ptr<Runtime> init(InitOptions options) {
       try {
         hosted = std::make_shared<rendezvous::ThreadedStoreServer>(
             rendezvous::StoreServerOptions{.host = storeBindAddress(env.masterAddr),
-                                           .port = env.masterPort});
+                                           .port = env.masterPort,
+                                           .authToken = token});
       } catch (const NetworkError& e) {
         throw NetworkError(std::string(e.what()) +
                            " (rank 0 hosts the job's store at MASTER_PORT=" +
                            std::to_string(env.masterPort) + ": is that port in use?)");
       }
     }
-    base = connect(env, timeout, StoreDialect::Ddprun);
+    base = connect(env, timeout, StoreDialect::Ddprun, token);
   }
   auto store = std::make_shared<rendezvous::PrefixStore>(
       "/worker/attempt_" + std::to_string(env.restartCount), base);
@@ -233,7 +249,10 @@ std::unique_ptr<Runtime> init(InitOptions options) {
     comm = makeGlooCommunicator(store, {.rank = env.rank,
                                         .size = env.worldSize,
                                         .timeout = timeout,
-                                        .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : ""});
+                                        .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : "",
+                                        .meshSecret = token ? meshSecret(*token, env.runId,
+                                                                         env.restartCount)
+                                                            : std::string()});
   }
   ddprun::timeline::span("communicator setup", "runtime", storeConnected,
                          ddprun::timeline::nowUs() - storeConnected,

@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -22,12 +23,12 @@
 #include "base/log.h"
 #include "base/resolve.h"
 #include "base/unique_fd.h"
+#include "rendezvous/auth.h"
 
 namespace ddprun::runtime {
 namespace {
 
 using Clock = TcpMesh::Clock;
-constexpr uint32_t kHello = 0xDD9A11ED;
 
 int remainingMs(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -63,24 +64,87 @@ void exchange(int fd, void* buf, size_t n, bool write, Clock::time_point deadlin
   }
 }
 
-// The hello a connecting rank sends: magic, its rank, and the id the accepting rank published
-// for this attempt (proof that it read this attempt's store keys).
+// The wire protocol of set-up (declared once here; docs/protocol.md "Allreduce mesh").
+// A connecting rank q sends a Hello: magic (kHello without a job token, kHelloAuth with one),
+// its rank, the id the accepting rank p published for this mesh, and a fresh nonce (zeros
+// without a token). Without a token p accepts a hello that is right. With one, p answers a
+// right hello with a Challenge -- its own fresh nonce and its proof -- and q, once that proof
+// checks, sends its own proof; p accepts q only then. Proofs are HMACs under the mesh secret
+// (meshSecret()) over the direction, the mesh's store prefix, both ranks and both nonces, so
+// each is fresh, bound to this pair of ranks, and cannot be reflected as the other side's.
 using MeshId = std::array<uint8_t, 16>;
+using Nonce = std::array<uint8_t, rendezvous::auth::kNonceBytes>;
+using Proof = std::array<uint8_t, 32>;  // HMAC-SHA256
+constexpr uint32_t kHello = 0xDD9A11ED;
+constexpr uint32_t kHelloAuth = 0xDD9A11EE;
 struct Hello {
   uint32_t magic;
   uint32_t rank;
   MeshId id;
+  Nonce nonce;
 };
-static_assert(sizeof(Hello) == 24);
+static_assert(sizeof(Hello) == 56);
+struct Challenge {
+  Nonce nonce;
+  Proof proof;
+};
+static_assert(sizeof(Challenge) == 64);
 
-// Connections accepted during set-up whose hello is incomplete; more are not held.
+// Connections accepted during set-up not yet accepted as a rank; more are not held.
 constexpr size_t kMaxPendingHellos = 64;
 struct Pending {
   int fd = -1;
   std::string peer;  // "127.0.0.1:40112", for logs
   char bytes[sizeof(Hello)] = {};
   size_t have = 0;
+  size_t want = sizeof(Hello);  // then sizeof(Proof) once challenged
+  Hello hello{};                // once complete
+  Nonce myNonce{};              // sent in the challenge
 };
+
+std::string_view view(const auto& a) {
+  return {reinterpret_cast<const char*>(a.data()), a.size()};
+}
+
+Nonce randomNonce() {
+  Nonce n{};
+  const std::string r = rendezvous::auth::randomNonce();
+  std::memcpy(n.data(), r.data(), n.size());
+  return n;
+}
+
+// The proof of `from` to `to` on the mesh under `prefix` (see above). Pure.
+Proof meshProof(const std::string& secret, bool byAccepter, const std::string& prefix, int from,
+                int to, const Nonce& connectorNonce, const Nonce& accepterNonce) {
+  const std::string f = std::to_string(from), t = std::to_string(to);
+  const std::string mac = rendezvous::auth::hmac(
+      secret, {"ddprun-mesh-v1", byAccepter ? "accepter->connector" : "connector->accepter",
+               prefix, f, t, view(connectorNonce), view(accepterNonce)});
+  Proof p{};
+  std::memcpy(p.data(), mac.data(), p.size());
+  return p;
+}
+
+// Why a complete hello is not acceptable on the mesh of `rank` of `size` (empty: it is).
+// Pure; `taken(q)` says whether rank q is connected already.
+std::string checkHello(const Hello& h, int rank, int size, const MeshId& myId, bool withToken,
+                       const std::function<bool(int)>& taken) {
+  const int q = static_cast<int>(h.rank);
+  if (h.magic != kHello && h.magic != kHelloAuth) return "sent no mesh hello";
+  if (h.magic == kHello && withToken) return "sent a hello without this job's token";
+  if (h.magic == kHelloAuth && !withToken) {
+    return "sent a hello for a job with a token (this rank has none: DDPRUN_STORE_TOKEN_FILE)";
+  }
+  if (h.rank <= static_cast<uint32_t>(rank) || h.rank >= static_cast<uint32_t>(size)) {
+    return "claimed rank " + std::to_string(h.rank) + ", not a higher rank of " +
+           std::to_string(size);
+  }
+  if (!rendezvous::auth::constantTimeEquals(view(h.id), view(myId))) {
+    return "claimed rank " + std::to_string(q) + " without this attempt's id";
+  }
+  if (taken(q)) return "claimed rank " + std::to_string(q) + ", which is connected already";
+  return {};
+}
 
 MeshId randomMeshId() {
   MeshId id{};
@@ -120,13 +184,6 @@ bool parsePort(const std::string& text, uint16_t& port) {
   const char* end = text.data() + text.size();
   const auto [last, ec] = std::from_chars(text.data(), end, port);
   return ec == std::errc() && last == end && port != 0;
-}
-
-// Constant time: a stranger learns nothing from how fast it is refused.
-bool sameId(const MeshId& a, const MeshId& b) {
-  uint8_t diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
 }
 
 std::string describePeer(const sockaddr_storage& from) {
@@ -183,8 +240,14 @@ int connectBefore(const std::string& host, uint16_t port, Clock::time_point dead
 
 }  // namespace
 
+std::string meshSecret(std::string_view token, std::string_view runId, int attempt) {
+  if (token.empty()) return {};
+  return rendezvous::auth::hmac(token, {"ddprun-mesh-secret-v1", runId, std::to_string(attempt)});
+}
+
 TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, int size,
-                 const std::string& host, std::chrono::milliseconds timeout)
+                 const std::string& host, std::chrono::milliseconds timeout,
+                 const std::string& secret)
     : rank_(rank), size_(size), peers_(size) {
   const auto deadline = Clock::now() + timeout;
   // Listen on a free port of `host`.
@@ -233,8 +296,22 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
       }
       peers_[q].fd = connectBefore(qhost, qport, deadline, who);
       tune(peers_[q].fd);
-      Hello hello{kHello, static_cast<uint32_t>(rank), id};
+      const bool withToken = !secret.empty();
+      Hello hello{withToken ? kHelloAuth : kHello, static_cast<uint32_t>(rank), id, {}};
+      if (withToken) hello.nonce = randomNonce();
       exchange(peers_[q].fd, &hello, sizeof(hello), true, deadline, who);
+      if (withToken) {  // q must prove the secret before we prove it (over both nonces)
+        Challenge c{};
+        exchange(peers_[q].fd, &c, sizeof c, false, deadline, who);
+        const Proof expected = meshProof(secret, true, prefix, q, rank, hello.nonce, c.nonce);
+        if (!rendezvous::auth::constantTimeEquals(view(c.proof), view(expected))) {
+          throw AuthError("mesh: " + who + " at " + qhost + ":" + std::to_string(qport) +
+                          " did not prove this job's token (another token, or not " + who +
+                          " of this job on that port)");
+        }
+        Proof mine = meshProof(secret, false, prefix, rank, q, hello.nonce, c.nonce);
+        exchange(peers_[q].fd, mine.data(), mine.size(), true, deadline, who);
+      }
     }
     // Accept every higher rank. Several connections are read at once, so a stranger that
     // stays silent holds nothing up; one whose hello is wrong is logged and dropped.
@@ -249,24 +326,44 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
       for (size_t i = fds.size(); i-- > 1;) {  // backwards: erasing keeps lower indices valid
         if (fds[i].revents == 0) continue;
         Pending& c = pending[i - 1];
-        const ssize_t k = ::recv(c.fd, c.bytes + c.have, sizeof(Hello) - c.have, 0);
+        const ssize_t k = ::recv(c.fd, c.bytes + c.have, c.want - c.have, 0);
         if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         std::string why;
         if (k <= 0) {
-          why = k == 0 ? "closed before its hello" : std::string("failed: ") + std::strerror(errno);
-        } else if ((c.have += static_cast<size_t>(k)) < sizeof(Hello)) {
+          const char* stage = c.want == sizeof(Hello) ? "its hello" : "its proof";
+          why = k == 0 ? std::string("closed before ") + stage
+                       : std::string("failed: ") + std::strerror(errno);
+        } else if ((c.have += static_cast<size_t>(k)) < c.want) {
           continue;
-        } else {
-          Hello h;
-          std::memcpy(&h, c.bytes, sizeof h);
-          const int q = static_cast<int>(h.rank);
-          if (h.magic != kHello) {
-            why = "sent no mesh hello";
-          } else if (q <= rank || q >= size) {
-            why = "claimed rank " + std::to_string(h.rank) + ", not a higher rank of " +
-                  std::to_string(size);
-          } else if (!sameId(h.id, myId)) {
-            why = "claimed rank " + std::to_string(q) + " without this attempt's id";
+        } else if (c.want == sizeof(Hello)) {  // a complete hello
+          std::memcpy(&c.hello, c.bytes, sizeof c.hello);
+          why = checkHello(c.hello, rank, size, myId, !secret.empty(),
+                           [&](int q) { return peers_[q].fd >= 0; });
+          if (why.empty() && secret.empty()) {
+            peers_[c.hello.rank].fd = c.fd;
+            ++accepted;
+            pending.erase(pending.begin() + static_cast<long>(i - 1));
+            continue;
+          }
+          if (why.empty()) {  // challenge it: our nonce and proof, then wait for its proof
+            c.myNonce = randomNonce();
+            const Challenge ch{c.myNonce,
+                               meshProof(secret, true, prefix, rank, static_cast<int>(c.hello.rank),
+                                         c.hello.nonce, c.myNonce)};
+            // 64 bytes into a fresh connection's empty send buffer: all or nothing.
+            if (::send(c.fd, &ch, sizeof ch, MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof ch) {
+              c.have = 0;
+              c.want = sizeof(Proof);
+              continue;
+            }
+            why = "could not be sent a challenge";
+          }
+        } else {  // the connecting rank's proof
+          const int q = static_cast<int>(c.hello.rank);
+          const Proof expected = meshProof(secret, false, prefix, q, rank, c.hello.nonce, c.myNonce);
+          if (!rendezvous::auth::constantTimeEquals(std::string_view(c.bytes, sizeof(Proof)),
+                                                    view(expected))) {
+            why = "claimed rank " + std::to_string(q) + " without proving this job's token";
           } else if (peers_[q].fd >= 0) {
             why = "claimed rank " + std::to_string(q) + ", which is connected already";
           } else {
@@ -308,7 +405,7 @@ TcpMesh::TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, 
   }
   for (const auto& c : pending) {
     DDPRUN_LOG(WARN, "mesh") << "rank " << rank << " dropped a connection from " << c.peer
-                             << " that sent no hello before set-up ended";
+                             << " that did not complete its hello before set-up ended";
   }
   closePending();
 }

@@ -16,8 +16,16 @@
 // not a higher one or is taken, not the id) is logged and dropped, and set-up goes on; hellos
 // are read from all pending connections at once (at most 64), so a stranger that connects and
 // stays silent holds nothing up. Connects are non-blocking. All of it is bounded by the
-// timeout. Without a job token the id is as secret as the workers' store is (see
-// docs/security.md); it keeps out whatever cannot read this attempt's keys.
+// timeout.
+//
+// With a job token (DDPRUN_STORE_TOKEN_FILE) the ranks share a per-job, per-attempt secret
+// (meshSecret()) and the hello becomes a mutual challenge-response: both sides send a fresh
+// nonce and each proves the secret with an HMAC over both nonces, both ranks and the mesh's
+// prefix (tcp_mesh.cpp declares the frames; docs/protocol.md). A peer that cannot prove it is
+// dropped by the accepting rank; an accepting rank that cannot is refused by the connecting one
+// (AuthError). Without a token the id is as secret as the workers' store is (see
+// docs/security.md); it keeps out whatever cannot read this attempt's keys. Set-up only: the
+// collectives that follow add nothing per message.
 //
 // Use: post sends and receives (per peer, each direction strictly in posting order), then
 // progress(deadline) until everything posted is done. A receive's callback may post more. A
@@ -27,19 +35,26 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rendezvous/store.h"
 
 namespace ddprun::runtime {
 
+// The mesh secret of one attempt of one job: HMAC-SHA256(token, "ddprun-mesh-secret-v1", run
+// id, attempt); empty for an empty token. A proof made in one attempt is worthless in another.
+std::string meshSecret(std::string_view token, std::string_view runId, int attempt);
+
 class TcpMesh {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // `host`: the address other ranks use to reach this one (also where it listens).
+  // `host`: the address other ranks use to reach this one (also where it listens). `secret`:
+  // meshSecret() of the job's token, the same on every rank; empty without a token.
   TcpMesh(rendezvous::Store& store, const std::string& prefix, int rank, int size,
-          const std::string& host, std::chrono::milliseconds timeout);
+          const std::string& host, std::chrono::milliseconds timeout,
+          const std::string& secret = {});
   ~TcpMesh();
   TcpMesh(const TcpMesh&) = delete;
   TcpMesh& operator=(const TcpMesh&) = delete;

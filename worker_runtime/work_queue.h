@@ -20,7 +20,7 @@
 #include <mutex>
 #include <thread>
 
-#include "worker_runtime/communicator.h"
+#include "worker_runtime/work.h"
 
 namespace ddprun::runtime {
 

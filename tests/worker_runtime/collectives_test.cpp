@@ -200,6 +200,11 @@ TEST_CASE("ranks that disagree on an allreduce's size or dtype all fail naming b
        "10 elements of Float (sum, direct)", "1048576 elements of Float (sum, halving-doubling)"},
       {"dtypes", 10, 10, torch::kFloat32, torch::kFloat64, "10 elements of Float",
        "10 elements of Double"},
+      // An empty tensor is framed too: the other rank fails at once instead of timing out.
+      {"an empty tensor against a small one", 0, 10, torch::kFloat32, torch::kFloat32,
+       "0 elements of Float (sum, direct)", "10 elements of Float (sum, direct)"},
+      {"an empty tensor against a large one", 0, 1 << 20, torch::kFloat32, torch::kFloat32,
+       "0 elements of Float (sum, direct)", "1048576 elements of Float (sum, halving-doubling)"},
   };
   for (const auto& c : cases) {
     INFO(c.name);
@@ -222,6 +227,26 @@ TEST_CASE("ranks that disagree on an allreduce's size or dtype all fail naming b
                                 Catch::Contains("rank 0: allreduce #1 of " + c.shape0) &&
                                 Catch::Contains("rank 1: allreduce #1 of " + c.shape1));
     }
+  }
+}
+
+TEST_CASE("empty allreduces on every rank complete and keep the ranks in step",
+          "[collectives][gloo]") {
+  for (auto algorithm : {AllreduceAlgorithm::Auto, AllreduceAlgorithm::Ring,
+                         AllreduceAlgorithm::HalvingDoubling}) {
+    INFO("algorithm " << static_cast<int>(algorithm));
+    auto comms = makeGroup(2, {.allreduce = algorithm});
+    std::vector<float> after(2);
+    runRanks(2, [&](int r) {
+      auto empty = torch::ones({0});
+      comms[r]->allreduce(empty);
+      comms[r]->allreduce(empty);
+      auto t = torch::full({3}, static_cast<float>(r + 1));
+      comms[r]->allreduce(t);  // sequence numbers still agree: #2 on both ranks
+      after[r] = t[2].item<float>();
+    });
+    CHECK(after[0] == 3.0f);
+    CHECK(after[1] == 3.0f);
   }
 }
 
