@@ -1,6 +1,6 @@
 # The Debian package: `scripts/package` (or `cpack -G DEB` in the build directory) builds
 # ddprun_<version>_amd64.deb with
-#   /usr/bin/ddprun, ddprun-store, ddprun-bench
+#   /usr/bin/ddprun, ddprun-store, ddprun-bench, ddprun-trace
 #   /usr/lib/libddprun_*.a, /usr/include/ddprun/, /usr/lib/cmake/ddprun/  (find_package(ddprun))
 #   /usr/share/man/man1/ddprun.1.gz, ddprun-store.1.gz, ddprun-bench.1.gz  (help2man)
 #   /usr/share/bash-completion/completions/ddprun        (ddprun's flags, from --help)
@@ -10,7 +10,7 @@
 # find_package()s ddprun needs. tests/package/ checks it from an unpacked copy and with lintian.
 set(DDPRUN_PKG ${CMAKE_BINARY_DIR}/package)
 
-install(TARGETS ddprun ddprun-store ddprun-bench RUNTIME DESTINATION bin COMPONENT programs)
+install(TARGETS ddprun ddprun-store ddprun-bench ddprun-trace RUNTIME DESTINATION bin COMPONENT programs)
 # ddprun-bench's scripts, where an installed ddprun-bench looks for them (bench/paths.h).
 install(FILES bench/torchrun_wrapper.py bench/ddp_mnist.py bench/mpi_allreduce.c DESTINATION share/ddprun
   COMPONENT programs)
@@ -20,13 +20,16 @@ find_program(HELP2MAN help2man)
 find_program(GZIP gzip)
 if(HELP2MAN AND GZIP)
   set(man_pages)
-  foreach(prog ddprun ddprun-store ddprun-bench)
+  foreach(prog ddprun ddprun-store ddprun-bench ddprun-trace)
     if(prog STREQUAL "ddprun")
       set(name "launch and supervise distributed training workers (a torchrun drop-in)")
       set(version_opt)
     elseif(prog STREQUAL "ddprun-bench")
       set(name "benchmarks of ddprun against torchrun, c10d and Gloo")
       set(version_opt)
+    elseif(prog STREQUAL "ddprun-trace")
+      set(name "summarise a ddprun job timeline: compute, communication, restarts, the straggler")
+      set(version_opt --version-string=${PROJECT_VERSION})
     else()
       set(name "a TCPStore-compatible key-value store for ddprun and PyTorch")
       set(version_opt --version-string=${PROJECT_VERSION})

@@ -8,6 +8,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <csignal>
+#include <filesystem>
 #include <optional>
 
 #include "launcher/failure_report.h"
@@ -18,14 +19,18 @@
 #include "launcher/run_directory.h"
 #include "launcher/worker_command.h"
 #include "launcher/worker_env.h"
+#include "launcher/timeline/merge.h"
 #include "launcher/worker_group.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/progress_file.h"
+#include "base/timeline.h"
 
 namespace ddprun::launcher {
 
 namespace asio = boost::asio;
+// base/timeline.h: this process's track of the job's timeline (launcher/timeline/ merges them).
+namespace events = ddprun::timeline;
 
 namespace {
 std::string hostName() {
@@ -74,6 +79,10 @@ class Agent::Impl {
   bool workersAlreadyGone() const;
   void finish(int code);
   void fail(std::exception_ptr e);
+  // --timeline: this agent's track and the workers' part directory; mergeTimeline() writes the
+  // trace (at the end, and after each group so a job that dies leaves one). Never throws.
+  void openTimeline();
+  void mergeTimeline();
   // Runs fn on the I/O thread; an exception is kept (and rethrown by run()), never thrown.
   template <typename Fn>
   void guarded(Fn&& fn) {
@@ -97,6 +106,9 @@ class Agent::Impl {
   RoundInfo round_;
   State state_ = State::Rendezvous;
   StopReason stopReason_ = StopReason::None;
+  std::string timelineParts_;      // --timeline: where every process writes its part file
+  int64_t timelineSince_ = 0;      // parts of processes started before this are older runs'
+  int64_t rendezvousStartUs_ = 0;  // for the "rendezvous" span
   int signal_ = 0;
   std::optional<WorkerResult> rootCause_;
   JobDecision pending_;  // StopReason::Decision: what to do once the group has stopped
@@ -114,6 +126,7 @@ int Agent::Impl::run() {
     filesWanted = filesWanted || options_.redirects.forRank(lr) || options_.tee.forRank(lr);
   }
   if (filesWanted) runDir_->keep();
+  openTimeline();
   if (setsOmpNumThreads(env_, options_.nprocPerNode)) {
     DDPRUN_LOG(WARN, "launcher") << "setting OMP_NUM_THREADS=1 for each of the "
                                  << options_.nprocPerNode
@@ -177,12 +190,24 @@ void Agent::Impl::onSignal(int sig) {
 }
 
 void Agent::Impl::nextRound() {
+  if (group_) mergeTimeline();  // a trace up to this restart, should the job die in the next
   state_ = State::Rendezvous;
   stopReason_ = StopReason::None;
   rootCause_.reset();
+  rendezvousStartUs_ = events::nowUs();
   handler_->asyncNextRound(options_.nprocPerNode, [this](std::exception_ptr e, RoundInfo info) {
     guarded([&] {
       if (state_ != State::Rendezvous) return;  // a signal arrived meanwhile
+      if (!e) {
+        events::span("rendezvous", "agent", rendezvousStartUs_,
+                       events::nowUs() - rendezvousStartUs_,
+                       events::Args()
+                           .add("round", info.round)
+                           .add("attempt", info.restartCount)
+                           .add("node_rank", info.nodeRank)
+                           .add("nodes", info.nodeCount)
+                           .add("world_size", info.worldSize));
+      }
       if (e) {
         try {
           std::rethrow_exception(e);
@@ -222,6 +247,11 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
                            .argv = argvForRank(command_, lr),
                            .env = mergeEnvironment(env_, overlay),
                            .stdinFromDevNull = devNullStdin};
+    // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
+    if (!timelineParts_.empty()) {
+      l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
+                            std::to_string(round.round));
+    }
 
     const std::string prefix =
         link_ ? link_->linePrefix(round.nodeRank, rank, lr)
@@ -260,6 +290,15 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   group->start(std::move(launches));
   group_ = std::move(group);
   state_ = State::Running;
+  for (const auto& r : group_->results()) {
+    events::instant("worker start", "agent",
+                      events::Args()
+                          .add("rank", r.globalRank)
+                          .add("local_rank", r.localRank)
+                          .add("pid", static_cast<int64_t>(r.pid))
+                          .add("round", round.round)
+                          .add("attempt", round.restartCount));
+  }
   if (!watched.empty()) {
     progressWatch_ = std::make_unique<ProgressWatch>(
         io_, ProgressWatch::Options{
@@ -286,6 +325,13 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
 }
 
 void Agent::Impl::onWorkerExited(const WorkerResult& r) {
+  events::instant("worker exit", "agent",
+                    events::Args()
+                        .add("rank", r.globalRank)
+                        .add("pid", static_cast<int64_t>(r.pid))
+                        .add("failed", r.failed() && r.stopSignal == 0 ? 1 : 0)
+                        .add("stopped_by_ddprun", r.stopSignal != 0 ? 1 : 0)
+                        .add("result", r.describe()));
   if (state_ != State::Running || !r.failed()) return;
   rootCause_ = r;
   DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
@@ -298,6 +344,10 @@ void Agent::Impl::onHandlerDecision(const JobDecision& d) {
   if (state_ != State::Running) return;  // other states get their decision as a completion
   switch (d.kind) {
     case JobDecision::Kind::NextRound:
+      events::instant("restart", "agent",
+                        events::Args()
+                            .add("cause", d.reason)
+                            .add("restarts_spent", d.restartCount));
       if (d.restartCount > round_.restartCount) {
         DDPRUN_LOG(WARN, "launcher") << "restarting the workers after a failure on another node "
                                      << "(restart " << d.restartCount << " of "
@@ -424,6 +474,11 @@ void Agent::Impl::onGroupStopped() {
 void Agent::Impl::afterLocalFailure(const JobDecision& d) {
   const WorkerResult& rc = *rootCause_;
   if (d.kind == JobDecision::Kind::NextRound) {
+    events::instant("restart", "agent",
+                      events::Args()
+                          .add("cause", "rank " + std::to_string(rc.globalRank) + " failed (" +
+                                            rc.describe() + ")")
+                          .add("restarts_spent", d.restartCount));
     if (d.restartCount > round_.restartCount) {
       DDPRUN_LOG(WARN, "launcher") << "restarting the worker group after rank " << rc.globalRank
                                    << " failed (" << rc.describe() << "): restart "
@@ -451,6 +506,9 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
     if (runDir_->temporary()) report.keptDirectory = runDir_->path();
     Console::of(STDERR_FILENO).flush(kConsoleFlushBound);  // workers' lines before the report
     writeFully(STDERR_FILENO, formatFailureReport(report));
+    events::instant("failure report", "agent",
+                      events::Args().add("root_cause", "rank " + std::to_string(rc.globalRank) +
+                                                             ": " + rc.describe()));
     errorRecord_ = workerErrorRecord(readErrorFile(rc.errorFile), rc);
     if (link_) link_->rootCause(rc, d.exitCode);
   }
@@ -481,6 +539,8 @@ bool Agent::Impl::localSuccess() const {
 
 void Agent::Impl::endJob(int code, const std::string& summary) {
   state_ = State::Closing;
+  events::instant("job end", "agent",
+                    events::Args().add("exit_code", code).add("summary", summary));
   if (code != 0 && errorRecord_.empty()) {
     // The job failed on another node: the reason every node reports.
     errorRecord_ = generatedErrorRecord(summary.empty() ? "the job failed" : summary, code);
@@ -513,6 +573,7 @@ void Agent::Impl::finish(int code) {
   progressWatch_.reset();
   exitCode_ = code;
   state_ = State::Done;
+  mergeTimeline();
   // The error files and logs a failure report points to must outlive ddprun (torchrun keeps
   // them too): a temporary run directory is deleted only after a success.
   if (code != 0 && runDir_) runDir_->keep();
@@ -530,6 +591,34 @@ void Agent::Impl::fail(std::exception_ptr e) {
     return;
   }
   finish(1);
+}
+
+void Agent::Impl::openTimeline() {
+  if (options_.timeline.empty()) return;
+  // Parts go next to FILE; every agent and worker of the job on this machine writes its own.
+  timelineParts_ = options_.timeline + ".parts";
+  std::error_code ec;
+  std::filesystem::create_directories(timelineParts_, ec);
+  if (ec) {
+    throw ConfigError("--timeline=" + options_.timeline + ": cannot create " + timelineParts_ +
+                      ": " + ec.message());
+  }
+  timelineSince_ = events::nowUs();
+  env_[events::kTimelineDirEnv] = timelineParts_;
+  const std::string node = options_.localAddr.empty() ? hostName() : options_.localAddr;
+  events::open(timelineParts_, "agent " + node, "agent");
+}
+
+void Agent::Impl::mergeTimeline() {
+  if (timelineParts_.empty()) return;
+  try {
+    const auto r = timeline::mergeTimeline(
+        {.partsDir = timelineParts_, .output = options_.timeline, .sinceUs = timelineSince_});
+    DDPRUN_LOG(DEBUG, "launcher") << "timeline: " << r.events << " events of " << r.tracks
+                                  << " tracks written to " << options_.timeline;
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(WARN, "launcher") << "timeline: " << e.what();
+  }
 }
 
 Agent::Agent(LaunchOptions options, Environment env, AgentLink* link)

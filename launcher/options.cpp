@@ -50,6 +50,8 @@ constexpr Flag kFlags[] = {
     {"run-path", "", true, "0",
      "accepted for compatibility: runs PROGRAM as a Python script, like a .py file"},
     {"log-dir", "", false, "", "directory for worker logs and error files"},
+    {"timeline", "", false, "",
+     "write the job's timeline (Chrome trace JSON: Perfetto, chrome://tracing) to FILE"},
     {"redirects", "r", false, "0",
      "worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2"},
     {"tee", "t", false, "0", "worker streams to the console and to log files (as --redirects)"},
@@ -233,6 +235,7 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
   o.noPython = flag("no-python");
   o.runPath = flag("run-path");
   o.logDir = get("log-dir").value;
+  o.timeline = get("timeline").value;
   o.redirects = parse("redirects", [](auto& v) { return parseStreamSelection(v); });
   o.tee = parse("tee", [](auto& v) { return parseStreamSelection(v); });
   o.localRanksFilter = parse("local-ranks-filter", [](auto& v) { return parseRankList(v); });

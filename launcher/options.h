@@ -80,6 +80,7 @@ struct LaunchOptions {
 
   // ---- Output ----
   std::string logDir;                    // empty: a temporary directory
+  std::string timeline;                  // --timeline FILE (docs/timeline.md); empty: none
   StreamSelection redirects;
   StreamSelection tee;
   std::set<int> localRanksFilter;        // empty: every local rank reaches the console

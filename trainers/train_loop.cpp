@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "base/log.h"
+#include "base/timeline.h"
 #include "trainers/evaluation.h"
 #include "trainers/lr_schedule.h"
 #include "trainers/metrics.h"
@@ -151,6 +152,8 @@ class TrainingRun {
     comm_.barrier();  // time from a common start, as bench/ddp_mnist.py does
     stats_ = StepStats();
     for (int64_t epoch = resumeAt_.epoch; epoch < config_.epochs; ++epoch) {
+      ddprun::timeline::Scope epochSpan("epoch", "trainer");
+      epochSpan.args().add("epoch", epoch + 1);
       sampler_.setEpoch(epoch);
       if (epoch == resumeAt_.epoch) sampler_.restore(resumeAt_);
       const auto batch = static_cast<size_t>(config_.batch_size);
@@ -159,7 +162,11 @@ class TrainingRun {
         const int64_t seen = epoch * datasetSize_ + static_cast<int64_t>(sampler_.state().position);
         if (seen >= plan_.endSamples) break;
         const double lr = learningRate(schedule_, seen, globalBatch_) * lrScale_;
-        stats_.addStep(trainStep(*sampler_.next(batch), lr));
+        {
+          ddprun::timeline::Scope stepSpan("step", "trainer");
+          stepSpan.args().add("step", step_ + 1);
+          stats_.addStep(trainStep(*sampler_.next(batch), lr));
+        }
         ++step_;
 
         const bool epochDone = sampler_.remaining() < batch;
@@ -310,6 +317,8 @@ class TrainingRun {
   }
 
   void evaluateNow(int64_t epoch) {
+    ddprun::timeline::Scope span("evaluation", "trainer");
+    span.args().add("epoch", epoch + 1);
     Stopwatch time;
     const auto ev = evaluate(*model_, data_.test, device_, comm_);
     stats_.addPause(time.seconds());

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "base/log.h"
+#include "base/timeline.h"
 #include "base/unique_fd.h"
 #include "worker_runtime/communicator.h"
 
@@ -241,6 +242,8 @@ fs::path CheckpointManager::save(const torch::nn::Module& model,
                                  const torch::optim::Optimizer* optimizer,
                                  const TrainingState& state) {
   if (state.step < 0) throw ConfigError("checkpoint step " + std::to_string(state.step) + " < 0");
+  ddprun::timeline::Scope span("checkpoint save", "checkpoint");
+  span.args().add("step", state.step);
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive modelArchive;
   model.save(modelArchive);
@@ -419,6 +422,7 @@ TrainingState CheckpointManager::load(const fs::path& file, torch::nn::Module& m
 std::optional<TrainingState> CheckpointManager::loadLatest(torch::nn::Module& model,
                                                            torch::optim::Optimizer* optimizer,
                                                            Communicator* comm) {
+  ddprun::timeline::Scope span("checkpoint load", "checkpoint");
   auto newestComplete = [&]() -> std::optional<fs::path> {
     for (const auto& file : list()) {
       try {

@@ -10,6 +10,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/progress_file.h"
+#include "base/timeline.h"
 #ifdef DDPRUN_HAVE_CUDA_KERNELS
 #include "worker_runtime/cuda/bucket_kernels.h"
 #endif
@@ -223,11 +224,16 @@ void DistributedDataParallel::Reducer::finalize() {
   try {
     // Blocked on the peers from here: the agent's progress watch tells this from a stall.
     progress.enterWait();
-    try {
-      for (auto& w : works) w->wait();
-    } catch (...) {
-      progress.leaveWait();
-      throw;
+    {
+      // The communication backward did not hide: waiting for the buckets' allreduces.
+      ddprun::timeline::Scope span("ddp gradient sync", "ddp");
+      span.args().add("buckets", static_cast<int64_t>(works.size()));
+      try {
+        for (auto& w : works) w->wait();
+      } catch (...) {
+        progress.leaveWait();
+        throw;
+      }
     }
     progress.leaveWait();
     torch::NoGradGuard noGrad;

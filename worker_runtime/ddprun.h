@@ -1,5 +1,6 @@
 #pragma once
 // Everything a training program needs from ddprun::runtime, in one include.
+#include "base/timeline.h"  // ddprun::timeline::Scope: your own spans on the job's timeline
 #include "worker_runtime/backend.h"
 #include "worker_runtime/checkpoint.h"
 #include "worker_runtime/communicator.h"

@@ -9,6 +9,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/resolve.h"
+#include "base/timeline.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/tcp_store.h"
@@ -19,6 +20,7 @@
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
 #include "worker_runtime/tcp_mesh.h"
+#include "worker_runtime/traced_communicator.h"
 
 namespace ddprun::runtime {
 namespace {
@@ -180,6 +182,12 @@ void Runtime::shutdown() {
 std::unique_ptr<Runtime> init(InitOptions options) {
   WorkerEnv env = readWorkerEnv(options.env);
   log::setIdentity("rank " + std::to_string(env.rank));
+  // Under `ddprun --timeline`: this rank's track (docs/timeline.md).
+  if (const auto dir = options.env(ddprun::timeline::kTimelineDirEnv); dir && !dir->empty()) {
+    ddprun::timeline::open(*dir, "rank " + std::to_string(env.rank),
+                           "rank-" + std::to_string(env.rank));
+  }
+  const int64_t initStart = ddprun::timeline::nowUs();
   const Millis timeout = timeoutFrom(options);
   const Backend requested = backendFrom(options);
 
@@ -205,6 +213,11 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   }
   auto store = std::make_shared<rendezvous::PrefixStore>(
       "/worker/attempt_" + std::to_string(env.restartCount), base);
+  const int64_t storeConnected = ddprun::timeline::nowUs();
+  ddprun::timeline::span("store connect", "runtime", initStart, storeConnected - initStart,
+                         ddprun::timeline::Args()
+                             .add("master", env.masterAddr + ":" + std::to_string(env.masterPort))
+                             .add("hosted_by_rank0", env.useAgentStore ? 0 : 1));
 
   int gpus = 0;
   if (ncclBuilt()) gpus = std::min<int>(visibleGpuCount(), torch::cuda::device_count());
@@ -262,6 +275,16 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                                         .meshSecret = token ? meshSecret(*token, env.runId,
                                                                          env.restartCount)
                                                             : std::string()});
+  }
+  ddprun::timeline::span("communicator setup", "runtime", storeConnected,
+                         ddprun::timeline::nowUs() - storeConnected,
+                         ddprun::timeline::Args()
+                             .add("backend", comm->backend())
+                             .add("world_size", env.worldSize));
+  if (ddprun::timeline::enabled()) {
+    const auto group = options.env("DDPRUN_TIMELINE_GROUP");
+    comm = makeTracedCommunicator(std::move(comm), group ? *group : std::string("attempt ") +
+                                                                        std::to_string(env.restartCount));
   }
   return std::make_unique<Runtime>(std::move(env), std::move(store), std::move(comm),
                                    std::move(hosted));

@@ -1,0 +1,32 @@
+#pragma once
+// The job's timeline file: the per-process event files of base/timeline.h merged into one trace
+// in the Chrome trace event format (docs/timeline.md), which Perfetto's UI and chrome://tracing
+// open.
+//
+// Each track (the first line of a part file: "agent <node>", "rank <r>") becomes one trace
+// process, numbered agents first, then ranks in order, with its name as metadata; a rank that
+// was restarted has several part files (one per process), merged into its one track. Events are
+// sorted by track, thread and start. Lines that are not an event (a torn last line of a process
+// killed mid-write) are skipped and counted.
+#include <cstdint>
+#include <string>
+
+namespace ddprun::launcher::timeline {
+
+struct MergeOptions {
+  std::string partsDir;       // where the processes wrote their part files
+  std::string output;         // the trace file, replaced atomically (temporary + rename)
+  int64_t sinceUs = 0;        // ignore part files whose process started before this (older runs)
+  uint64_t maxPartBytes = 256ull << 20;  // a part file is read up to this
+};
+
+struct MergeResult {
+  size_t tracks = 0;
+  size_t events = 0;
+  size_t skippedLines = 0;
+};
+
+// Throws ddprun::Error naming the file when the output cannot be written.
+MergeResult mergeTimeline(const MergeOptions& options);
+
+}  // namespace ddprun::launcher::timeline
