@@ -93,6 +93,25 @@ class TracedCommunicator final : public Communicator {
     s.end();
     return out;
   }
+  ThreadCounts threadCounts() const override { return inner_->threadCounts(); }
+
+ protected:
+  // Blocking calls stay blocking (on the caller's thread, communicator.h) and nest in the
+  // caller's spans.
+  void allreduceBlocking(torch::Tensor tensor, ReduceOp op) override {
+    auto span = begin("allreduce", tensor);
+    span.second.add("op", toString(op));
+    CollectiveSpan s(span.first, std::move(span.second), false);
+    inner_->allreduce(std::move(tensor), op);
+  }
+  void broadcastBlocking(torch::Tensor tensor, int root) override {
+    auto span = begin("broadcast", tensor);
+    span.second.add("root", root);
+    CollectiveSpan s(span.first, std::move(span.second), false);
+    inner_->broadcast(std::move(tensor), root);
+  }
+
+ public:
   void barrier() override {
     CollectiveSpan s("barrier", events::Args()
                                     .add("seq", seq_++)
