@@ -12,6 +12,7 @@ namespace ddprun::runtime {
 struct ThreadCounts {
   uint64_t onCaller = 0;
   uint64_t handedOff = 0;
+  uint64_t wakeups = 0;  // times the communication thread woke up (to run a job, or needlessly)
 };
 
 class Work {

@@ -12,7 +12,13 @@ struct WorkQueue::State {
     std::shared_ptr<QueuedWork> work;
   };
   std::mutex mu;
-  std::condition_variable cv;  // queue, busy or a work's state changed
+  // Two condition variables, so that a blocking collective run on the caller's thread never wakes
+  // the queue's thread (a futex wake and a context switch per call, which on a loaded 2-core
+  // machine costs more than a small collective): `callers` is notified when a job finishes or
+  // busy clears (Work::wait, runInline and drain wait on it; glibc's notify is free without
+  // waiters); `worker` only when the thread has something to do (a job it may start, or stop).
+  std::condition_variable callers;
+  std::condition_variable worker;
   std::deque<Item> queue;
   bool busy = false;  // a job is running (on the thread or on a caller's)
   bool stop = false;
@@ -21,6 +27,11 @@ struct WorkQueue::State {
   // With `mu` held and busy false: takes the front job and runs it without the lock. `onCaller`:
   // this is not the queue's thread.
   void runFront(std::unique_lock<std::mutex>& lock, bool onCaller);
+  // With `mu` held, busy just cleared: wakes whoever may go on now.
+  void released() {
+    callers.notify_all();
+    if (!queue.empty() || stop) worker.notify_one();
+  }
 };
 
 namespace {
@@ -36,7 +47,7 @@ class QueuedWork final : public Work {
         if (!q->busy && !q->queue.empty()) {
           q->runFront(lock, true);  // ours or one before it: run it here rather than wait for a hop
         } else {
-          q->cv.wait(lock);
+          q->callers.wait(lock);
         }
       }
     }
@@ -79,14 +90,17 @@ void WorkQueue::State::runFront(std::unique_lock<std::mutex>& lock, bool onCalle
   lock.lock();
   item.work->finish(error);
   busy = false;
-  cv.notify_all();
+  released();
 }
 
 WorkQueue::WorkQueue() : state_(std::make_shared<State>()) {
   thread_ = std::thread([s = state_] {
     std::unique_lock<std::mutex> lock(s->mu);
     for (;;) {
-      s->cv.wait(lock, [&] { return (!s->queue.empty() && !s->busy) || (s->stop && s->queue.empty()); });
+      while (!((!s->queue.empty() && !s->busy) || (s->stop && s->queue.empty()))) {
+        s->worker.wait(lock);
+        ++s->counts.wakeups;
+      }
       if (s->queue.empty()) return;  // stop, and nothing left
       s->runFront(lock, false);
     }
@@ -98,7 +112,7 @@ WorkQueue::~WorkQueue() {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->stop = true;
   }
-  state_->cv.notify_all();
+  state_->worker.notify_one();
   thread_.join();
 }
 
@@ -108,7 +122,7 @@ std::shared_ptr<Work> WorkQueue::submit(std::function<void()> job) {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->queue.push_back({std::move(job), work});
   }
-  state_->cv.notify_all();
+  state_->worker.notify_one();
   return work;
 }
 
@@ -119,7 +133,7 @@ void helpDrain(WorkQueue::State& s, std::unique_lock<std::mutex>& lock) {
     if (!s.busy) {
       s.runFront(lock, true);
     } else {
-      s.cv.wait(lock);
+      s.callers.wait(lock);
     }
   }
 }
@@ -134,11 +148,9 @@ void WorkQueue::runInline(const std::function<void()>& job) {
   struct Release {
     State& s;
     ~Release() {
-      {
-        std::lock_guard<std::mutex> lock(s.mu);
-        s.busy = false;
-      }
-      s.cv.notify_all();
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.busy = false;
+      s.released();
     }
   } release{*state_};
   job();

@@ -77,3 +77,25 @@ TEST_CASE("work queue destructor runs what is still queued and Works outlive it"
     CHECK_NOTHROW(w->wait());
   }
 }
+
+TEST_CASE("work queue runInline does not wake the communication thread", "[work_queue]") {
+  // A blocking collective on the caller's thread must cost no wake-up of the queue's thread (a
+  // futex wake and a context switch per call, which dominated small shm allreduces).
+  WorkQueue q;
+  q.submit([] {})->wait();  // the thread is up and idle
+  const auto before = q.counts();
+  int ran = 0;
+  for (int i = 0; i < 1000; ++i) q.runInline([&] { ++ran; });
+  const auto after = q.counts();
+  CHECK(ran == 1000);
+  CHECK(after.onCaller - before.onCaller == 1000);
+  // Spurious wake-ups are allowed, a wake-up per call is not.
+  CHECK(after.wakeups - before.wakeups < 10);
+  // Submitted work still wakes it.
+  std::atomic<int> queued{0};
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 5; ++i) works.push_back(q.submit([&] { ++queued; }));
+  while (queued.load() < 5) std::this_thread::yield();
+  for (auto& w : works) w->wait();
+  CHECK(q.counts().handedOff - after.handedOff >= 1);
+}

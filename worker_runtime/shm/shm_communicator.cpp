@@ -1,5 +1,6 @@
 #include "worker_runtime/shm/shm_communicator.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -25,9 +26,16 @@ std::string hostIdentity() {
   return boot + "/" + host;
 }
 
+// The CPUs this process may run on (its affinity mask, which a container or taskset narrows).
+int usableCpus() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
 int defaultSpin(int size) {
-  const unsigned cpus = std::thread::hardware_concurrency();
-  return cpus == 0 || static_cast<unsigned>(size) <= cpus ? 50 : 2;
+  const int cpus = usableCpus();
+  return cpus <= 0 || size <= cpus ? 50 : 0;
 }
 
 class ShmCommunicator final : public Communicator {
@@ -45,6 +53,9 @@ class ShmCommunicator final : public Communicator {
     collectives_ = std::make_unique<Collectives>(
         *segment_, CollectiveOptions{.directMaxBytes = options_.directMaxBytes,
                                      .sync = {.spinMicros = spin,
+                                              .yieldMicros = options_.yieldMicros >= 0
+                                                                 ? options_.yieldMicros
+                                                                 : 2000,
                                               .pollMillis = options_.pollMillis}});
   }
 

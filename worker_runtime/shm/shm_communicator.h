@@ -28,9 +28,12 @@ struct ShmOptions {
   // Chunks up to this size are reduced by every rank from all slots (one synchronisation);
   // larger ones by reduce-scatter + all-gather (two, but each rank reduces only 1/size).
   size_t directMaxBytes = 16u << 10;
-  // Busy-wait before sleeping on a peer's flag; -1: 50 us when the ranks do not outnumber the
-  // online CPUs, else 2 us (a spinning rank would hold the core its peer needs).
+  // Waiting for a peer (sync.h): busy-wait for spinMicros, then sched_yield between checks until
+  // yieldMicros have passed, then sleep. spinMicros -1: 50 us when the ranks do not outnumber
+  // the CPUs this process may run on, else 0 (a spinning rank would hold the core its peer needs;
+  // yielding hands it over). yieldMicros -1: 2000 us.
   int spinMicros = -1;
+  int yieldMicros = -1;
   int pollMillis = 10;  // liveness and deadline checks while asleep
   std::string namePrefix = "ddprun";  // of the segment's name in /dev/shm (segment.h)
 };

@@ -1,6 +1,7 @@
 #include "worker_runtime/shm/sync.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -75,11 +76,17 @@ void PhaseSync::waitAll(uint32_t step, Clock::time_point deadline) {
 void PhaseSync::waitFor(int peer, uint32_t step, Clock::time_point deadline) {
   RankControl& c = control_[peer];
   if (reached(c.step.load(std::memory_order_acquire), step)) return;
-  const auto spinUntil = Clock::now() + std::chrono::microseconds(options_.spinMicros);
-  for (int i = 1;; ++i) {
+  const auto start = Clock::now();
+  const auto spinUntil = start + std::chrono::microseconds(options_.spinMicros);
+  for (int i = 1; options_.spinMicros > 0; ++i) {
     if (reached(c.step.load(std::memory_order_acquire), step)) return;
     DDPRUN_CPU_RELAX();
     if ((i & 63) == 0 && Clock::now() >= spinUntil) break;
+  }
+  const auto yieldUntil = start + std::chrono::microseconds(options_.yieldMicros);
+  while (Clock::now() < yieldUntil) {
+    if (reached(c.step.load(std::memory_order_acquire), step)) return;
+    ::sched_yield();
   }
   const auto poll = std::chrono::milliseconds(options_.pollMillis);
   while (true) {

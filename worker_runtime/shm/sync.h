@@ -8,11 +8,18 @@
 // compared by signed difference, so wrap-around is harmless): no rank can post step s+1 before
 // all posted s, so the counters never differ by more than one.
 //
-// Waiting: spin for spinMicros (cheap when the peer is running on another core), then sleep on
-// the peer's counter with futex (a post() wakes sleepers only when there are some), waking every
-// pollMillis to check that the peer is still alive (kill(pid, 0) and not a zombie), has not
-// aborted, and that the deadline has not passed. So a rank that outnumbers the cores does not burn
-// the CPU its peers need, and a dead or frozen peer is an exception, never an endless wait.
+// Waiting, in three stages, so that a short wait never sleeps: a sleeping rank gives up its CPU,
+// and getting it back (a futex wake, an idle virtual CPU woken by an IPI) costs 50-150 us, more
+// than a small collective; that, not the work, was the shm allreduce's latency below 1 MiB.
+//   1. spin (cpu pause) for spinMicros: the peer is running on another core and nearly there;
+//   2. then sched_yield between checks until yieldMicros have passed: when the peer shares this
+//      core (ranks outnumber the CPUs, or other load) it runs at once, and the wait still ends
+//      without a wake-up;
+//   3. then sleep on the peer's counter with futex (a post() wakes sleepers only when there are
+//      some), waking every pollMillis to check that the peer is still alive (kill(pid, 0) and not
+//      a zombie), has not aborted, and that the deadline has not passed. So a rank that waits
+//      long (a peer still computing) does not burn the CPU its peers need, and a dead or frozen
+//      peer is an exception, never an endless wait.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -24,8 +31,9 @@ namespace ddprun::runtime::shm {
 using Clock = std::chrono::steady_clock;
 
 struct SyncOptions {
-  int spinMicros = 50;   // busy-wait before sleeping
-  int pollMillis = 10;   // liveness / deadline check period while sleeping
+  int spinMicros = 50;     // busy-wait (stage 1)
+  int yieldMicros = 2000;  // spinMicros + the sched_yield stage (2): total wait before sleeping
+  int pollMillis = 10;     // liveness / deadline check period while sleeping (3)
 };
 
 class PhaseSync {
