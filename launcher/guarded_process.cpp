@@ -197,7 +197,8 @@ size_t killDescendants() {
 
 // The guard's whole life. `fds` are the launcher-side numbers of the descriptors it needs.
 [[noreturn]] void runGuard(int controlFd, int statusFd, int outFd, int errFd, bool devNullStdin,
-                           const char* path, char* const* argv, char* const* envp) {
+                           const WorkerCgroup& cgroup, const char* path, char* const* argv,
+                           char* const* envp) {
   // 1. Signals. The launcher forked us with every signal blocked, so none can arrive before
   //    this is done: the launcher's own handlers (which would write into the launcher's
   //    event loop through an inherited pipe) are reset, the forwarded signals ignored.
@@ -262,6 +263,8 @@ size_t killDescendants() {
   const pid_t worker = ::fork();
   if (worker == 0) {
     ::close(execPipe[0]);
+    // Into its cgroup before it can start anything (the guard stays outside it).
+    if (const int err = joinCgroup(cgroup); err != 0) sendRecord(GuardRecord::CgroupFailed, err);
     execWorker(path, argv, envp, execPipe[1]);
   }
   const int forkErrno = errno;
@@ -308,8 +311,9 @@ size_t killDescendants() {
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
     }
   }
-  // 5. The sweep: the group at once, then every descendant until the guard has no child.
-  //    The worker's end (by SIGKILL, usually) is reported on the way.
+  // 5. The sweep: the worker's cgroup and the group at once, then every descendant until the
+  //    guard has no child. The worker's end (by SIGKILL, usually) is reported on the way.
+  killCgroup(cgroup);
   while (true) {
     const size_t alive = killDescendants();
     const pid_t r = reapAll(alive > 0 ? 0 : WNOHANG);  // the killed ones die: wait for one
@@ -318,6 +322,12 @@ size_t killDescendants() {
       const struct timespec ms {0, 1000000};
       ::nanosleep(&ms, nullptr);
     }
+  }
+  // The cgroup: empty (or about to be), then removed; and the job's cgroup once the last
+  // worker's is gone (it is made again for the next group).
+  if (!cgroup.dir.empty()) {
+    killAndRemoveCgroup(cgroup.dir.c_str(), 2000);
+    ::rmdir(cgroup.jobDir.c_str());
   }
   ::kill(0, SIGKILL);  // whatever joined the group from outside, the guard included
   ::_exit(137);
@@ -342,7 +352,8 @@ GuardedProcess spawnGuarded(const SpawnRequest& req) {
   const pid_t guard = ::fork();
   if (guard == 0) {
     runGuard(control.read.get(), status.write.get(), out.write.get(), err.write.get(),
-             req.stdinFromDevNull, req.executable.c_str(), argv.data(), envp.data());
+             req.stdinFromDevNull, req.cgroup, req.executable.c_str(), argv.data(),
+             envp.data());
   }
   const int forkErrno = errno;
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
