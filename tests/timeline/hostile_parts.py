@@ -10,7 +10,8 @@ next to its own part file:
   types.jsonl  events whose tid and dur are strings, then one good event
   badstart     a header whose start_us is a string
 ddprun must exit 0 with a valid trace that keeps the good event and the agent's track, counts
-what it skipped and cut, and stays within a bounded memory.
+what it skipped and cut, and stays within a bounded memory. Then ddprun-trace is given a trace
+nested 300,000 deep and must refuse it with a message.
 Usage: hostile_parts.py   (exit 0 pass, 1 fail)
 """
 import json
@@ -90,6 +91,18 @@ def main():
               "a part whose header has a string start_us is skipped, and the merge goes on")
         check(other["skipped_lines"] >= 3, "skipped lines are counted (%d)" % other["skipped_lines"])
         check(other["parts_cut"] >= 2, "both 300 MiB parts were cut (%d)" % other["parts_cut"])
+        # ddprun-trace reads the merged trace; given a hostile one it refuses it clearly.
+        deep = os.path.join(tmp, "deep.json")
+        with open(deep, "w") as f:
+            f.write('{"traceEvents":[{"args":%s%s}]}' % ("[" * 300000, "]" * 300000))
+        t = subprocess.run([os.path.join(BIN, "ddprun-trace"), deep], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        print("ddprun-trace on a deep file:", t.returncode, t.stderr.strip())
+        check(t.returncode == 1 and "nested deeper than 32 levels" in t.stderr,
+              "ddprun-trace refuses a trace nested 300,000 deep with a message (not SIGSEGV)")
+        t = subprocess.run([os.path.join(BIN, "ddprun-trace"), trace], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        check(t.returncode == 0 and "agent" in t.stdout, "ddprun-trace reads the merged trace")
     if failures:
         print("FAILED: %d check(s)" % len(failures))
         return 1
