@@ -623,6 +623,11 @@ void Agent::Impl::mergeTimeline() {
         {.partsDir = timelineParts_, .output = options_.timeline, .sinceUs = timelineSince_});
     DDPRUN_LOG(DEBUG, "launcher") << "timeline: " << r.events << " events of " << r.tracks
                                   << " tracks written to " << options_.timeline;
+    if (r.partsCut > 0) {
+      DDPRUN_LOG(WARN, "launcher") << "timeline: " << r.partsCut
+                                   << " part file(s) read only in part (256 MiB a file, 512 MiB "
+                                      "in all); " << options_.timeline << " says parts_cut";
+    }
   } catch (const std::exception& e) {
     DDPRUN_LOG(WARN, "launcher") << "timeline: " << e.what();
   }

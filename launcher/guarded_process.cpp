@@ -311,13 +311,16 @@ size_t killDescendants() {
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
     }
   }
-  // 5. The sweep: the worker's cgroup and the group at once, then every descendant until the
-  //    guard has no child. The worker's end (by SIGKILL, usually) is reported on the way.
+  // 5. The sweep: the worker's cgroup at once (one write; a cgroup holds only what the worker
+  //    started, all of it below the guard), then every descendant until the guard has no
+  //    child. The worker's end (by SIGKILL, usually) is reported on the way. A subreaper
+  //    without a child has no descendant at all (orphans below it are re-parented to it), so
+  //    the common end -- the worker exited and left nothing -- never reads /proc.
   killCgroup(cgroup);
-  while (true) {
+  while (reapAll(WNOHANG) >= 0) {  // -1 (ECHILD): no child left, so nothing below either
     const size_t alive = killDescendants();
     const pid_t r = reapAll(alive > 0 ? 0 : WNOHANG);  // the killed ones die: wait for one
-    if (r < 0 && alive == 0) break;                     // no child, nothing alive below
+    if (r < 0) break;                                   // no child, nothing alive below
     if (r == 0 && alive == 0) {                         // a child is still being torn down
       const struct timespec ms {0, 1000000};
       ::nanosleep(&ms, nullptr);

@@ -13,6 +13,7 @@
 
 #include "base/errors.h"
 #include "base/timeline.h"
+#include "launcher/timeline/part_file.h"
 
 namespace ddprun::launcher::timeline {
 namespace {
@@ -44,34 +45,30 @@ MergeResult mergeTimeline(const MergeOptions& o) {
   MergeResult result;
   std::map<std::string, std::vector<json>, TrackOrder> tracks;
   std::error_code ec;
-  std::vector<fs::path> parts;
+  // Smallest first, each file allowed at most an equal share of what is left: a worker that
+  // writes huge files cannot crowd out the others' (or the agent's) events.
+  std::vector<std::pair<uintmax_t, fs::path>> parts;
   for (const auto& entry : fs::directory_iterator(o.partsDir, ec)) {
     if (entry.is_regular_file(ec) && entry.path().extension() == ".jsonl") {
-      parts.push_back(entry.path());
+      parts.emplace_back(entry.file_size(ec), entry.path());
     }
   }
   std::sort(parts.begin(), parts.end());
-  for (const auto& path : parts) {
-    std::ifstream in(path);
-    std::string line;
-    if (!std::getline(in, line)) continue;
-    const json header = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!header.is_object() || !header.contains("track") || !header["track"].is_string()) {
-      ++result.skippedLines;
+  uint64_t budget = o.maxTotalBytes;  // what is left to read, over every part file
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const uint64_t share = budget / (parts.size() - i);
+    auto part = readPartFile(parts[i].second.string(),
+                             {.maxBytes = std::min(o.maxPartBytes, share)});
+    if (!part) {
+      ++result.skippedLines;  // not a regular file, or no header
       continue;
     }
-    if (header.value("start_us", int64_t{0}) < o.sinceUs) continue;  // an older run's
-    auto& events = tracks[header["track"].get<std::string>()];
-    uint64_t read = line.size();
-    while (read < o.maxPartBytes && std::getline(in, line)) {
-      read += line.size() + 1;
-      json e = json::parse(line, nullptr, false);
-      if (!e.is_object() || !e.contains("ph") || !e.contains("ts") || !e["ts"].is_number()) {
-        ++result.skippedLines;
-        continue;
-      }
-      events.push_back(std::move(e));
-    }
+    budget -= std::min<uint64_t>(budget, part->bytesRead);
+    result.skippedLines += part->skippedLines;
+    if (part->cut) ++result.partsCut;
+    if (part->startUs < o.sinceUs) continue;  // an older run's
+    auto& events = tracks[part->track];
+    for (auto& e : part->events) events.push_back(std::move(e));
   }
 
   json all = json::array();
@@ -110,7 +107,8 @@ MergeResult mergeTimeline(const MergeOptions& o) {
                        {{"producer", "ddprun"},
                         {"clock", "system_clock microseconds of this machine"},
                         {"clock_offset_bound_us", 0},
-                        {"skipped_lines", result.skippedLines}}}};
+                        {"skipped_lines", result.skippedLines},
+                        {"parts_cut", result.partsCut}}}};
   // Per process: agents of one machine sharing FILE may merge at the same moment.
   const std::string tmp = o.output + ".tmp-" + std::to_string(::getpid());
   {
