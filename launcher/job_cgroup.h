@@ -11,8 +11,8 @@
 //   <ddprun's own cgroup>/ddprun-<run id>-<pid>/     the job: no controllers, no process
 //        └── round-<round>-rank-<local rank>/        one per worker, made before its spawn
 //
-// The worker moves itself into its cgroup between fork and exec (writes "0" to cgroup.procs);
-// its guard stays outside. When the guard stops its worker it writes cgroup.kill, waits
+// The worker starts in its cgroup (its guard forks it with clone3(CLONE_INTO_CGROUP), or where
+// that is refused the worker writes "0" to cgroup.procs before exec); its guard stays outside. When the guard stops its worker it writes cgroup.kill, waits
 // (bounded) until cgroup.events says "populated 0" (a zombie counts as gone), removes the
 // worker's directory and tries the job's, which succeeds once the last worker's is gone: so
 // after `kill -9` of ddprun the guards still leave nothing behind. ddprun itself kills and
