@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "launcher/failure_report.h"
+#include "launcher/job_cgroup.h"
 #include "launcher/launcher_error_file.h"
 #include "launcher/option_values.h"
 #include "launcher/progress_watch.h"
@@ -115,6 +116,7 @@ class Agent::Impl {
   std::unique_ptr<RendezvousHandler> handler_;
   std::unique_ptr<RunDirectory> runDir_;
   WorkerCommand command_;
+  std::unique_ptr<JobCgroup> cgroup_;  // before group_: outlives the workers' guards
   std::shared_ptr<WorkerGroup> group_;
   std::unique_ptr<ProgressWatch> progressWatch_;  // while the group runs (--stall-warning)
   RoundInfo round_;
@@ -145,6 +147,10 @@ int Agent::Impl::run() {
     filesWanted = filesWanted || options_.redirects.forRank(lr) || options_.tee.forRank(lr);
   }
   if (filesWanted) runDir_->keep();
+  {
+    const auto off = env_.find("DDPRUN_CGROUP");
+    cgroup_ = JobCgroup::create(options_.rdzvId, off != env_.end() && off->second == "0");
+  }
   openTimeline();
   if (setsOmpNumThreads(env_, options_.nprocPerNode)) {
     DDPRUN_LOG(WARN, "launcher") << "setting OMP_NUM_THREADS=1 for each of the "
@@ -266,6 +272,7 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
                            .argv = argvForRank(command_, lr),
                            .env = mergeEnvironment(env_, overlay),
                            .stdinFromDevNull = devNullStdin};
+    if (cgroup_) l.spawn.cgroup = cgroup_->makeWorkerCgroup(round.round, lr);
     // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
     if (!timelineParts_.empty()) {
       l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
@@ -714,6 +721,11 @@ void Agent::Impl::mergeTimeline() {
     DDPRUN_LOG(DEBUG, "launcher") << "timeline: " << r.events << " events of " << r.tracks
                                   << " tracks written to " << options_.timeline
                                   << " (clock offset bound " << r.offsetBoundUs << " us)";
+    if (r.partsCut > 0) {
+      DDPRUN_LOG(WARN, "launcher") << "timeline: " << r.partsCut
+                                   << " part file(s) read only in part (256 MiB a file, 512 MiB "
+                                      "in all); " << options_.timeline << " says parts_cut";
+    }
   } catch (const std::exception& e) {
     DDPRUN_LOG(WARN, "launcher") << "timeline: " << e.what();
   }

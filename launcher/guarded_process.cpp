@@ -197,7 +197,8 @@ size_t killDescendants() {
 
 // The guard's whole life. `fds` are the launcher-side numbers of the descriptors it needs.
 [[noreturn]] void runGuard(int controlFd, int statusFd, int outFd, int errFd, bool devNullStdin,
-                           const char* path, char* const* argv, char* const* envp) {
+                           const WorkerCgroup& cgroup, const char* path, char* const* argv,
+                           char* const* envp) {
   // 1. Signals. The launcher forked us with every signal blocked, so none can arrive before
   //    this is done: the launcher's own handlers (which would write into the launcher's
   //    event loop through an inherited pipe) are reset, the forwarded signals ignored.
@@ -262,6 +263,8 @@ size_t killDescendants() {
   const pid_t worker = ::fork();
   if (worker == 0) {
     ::close(execPipe[0]);
+    // Into its cgroup before it can start anything (the guard stays outside it).
+    if (const int err = joinCgroup(cgroup); err != 0) sendRecord(GuardRecord::CgroupFailed, err);
     execWorker(path, argv, envp, execPipe[1]);
   }
   const int forkErrno = errno;
@@ -308,16 +311,26 @@ size_t killDescendants() {
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
     }
   }
-  // 5. The sweep: the group at once, then every descendant until the guard has no child.
-  //    The worker's end (by SIGKILL, usually) is reported on the way.
-  while (true) {
+  // 5. The sweep: the worker's cgroup at once (one write; a cgroup holds only what the worker
+  //    started, all of it below the guard), then every descendant until the guard has no
+  //    child. The worker's end (by SIGKILL, usually) is reported on the way. A subreaper
+  //    without a child has no descendant at all (orphans below it are re-parented to it), so
+  //    the common end -- the worker exited and left nothing -- never reads /proc.
+  killCgroup(cgroup);
+  while (reapAll(WNOHANG) >= 0) {  // -1 (ECHILD): no child left, so nothing below either
     const size_t alive = killDescendants();
     const pid_t r = reapAll(alive > 0 ? 0 : WNOHANG);  // the killed ones die: wait for one
-    if (r < 0 && alive == 0) break;                     // no child, nothing alive below
+    if (r < 0) break;                                   // no child, nothing alive below
     if (r == 0 && alive == 0) {                         // a child is still being torn down
       const struct timespec ms {0, 1000000};
       ::nanosleep(&ms, nullptr);
     }
+  }
+  // The cgroup: empty (or about to be), then removed; and the job's cgroup once the last
+  // worker's is gone (it is made again for the next group).
+  if (!cgroup.dir.empty()) {
+    killAndRemoveCgroup(cgroup.dir.c_str(), 2000);
+    ::rmdir(cgroup.jobDir.c_str());
   }
   ::kill(0, SIGKILL);  // whatever joined the group from outside, the guard included
   ::_exit(137);
@@ -342,7 +355,8 @@ GuardedProcess spawnGuarded(const SpawnRequest& req) {
   const pid_t guard = ::fork();
   if (guard == 0) {
     runGuard(control.read.get(), status.write.get(), out.write.get(), err.write.get(),
-             req.stdinFromDevNull, req.executable.c_str(), argv.data(), envp.data());
+             req.stdinFromDevNull, req.cgroup, req.executable.c_str(), argv.data(),
+             envp.data());
   }
   const int forkErrno = errno;
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);

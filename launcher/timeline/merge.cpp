@@ -14,6 +14,7 @@
 
 #include "base/errors.h"
 #include "base/timeline.h"
+#include "launcher/timeline/part_file.h"
 
 namespace ddprun::launcher::timeline {
 namespace {
@@ -41,18 +42,19 @@ struct TrackOrder {
 
 using Tracks = std::map<std::string, std::vector<json>, TrackOrder>;
 
-// A {"clock": ...} line of a part file (base/timeline.h recordClockOffset).
+// A clock line of a part file, with when the process that measured it started.
 struct ClockRecord {
   int64_t offsetUs = 0;
   int64_t boundUs = 0;
   std::string reference;
-  int64_t partStartUs = 0;  // of the process that measured it
+  int64_t partStartUs = 0;
 };
 
 struct NodeParts {
   Tracks tracks;
   std::optional<ClockRecord> clock;
   size_t skippedLines = 0;
+  size_t partsCut = 0;
 };
 
 // The node's clock: among the records of the newest reference (the newest process's), the one
@@ -68,52 +70,49 @@ void consider(std::optional<ClockRecord>& best, const ClockRecord& r) {
   }
 }
 
-NodeParts readParts(const std::string& dir, int64_t sinceUs, uint64_t maxPartBytes) {
+NodeParts readParts(const std::string& dir, int64_t sinceUs, uint64_t maxPartBytes,
+                    uint64_t maxTotalBytes) {
   NodeParts node;
   std::error_code ec;
-  std::vector<fs::path> parts;
+  // Smallest first, each file allowed at most an equal share of what is left: a worker that
+  // writes huge files cannot crowd out the others' (or the agent's) events.
+  std::vector<std::pair<uintmax_t, fs::path>> parts;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (entry.is_regular_file(ec) && entry.path().extension() == ".jsonl") {
-      parts.push_back(entry.path());
+      parts.emplace_back(entry.file_size(ec), entry.path());
     }
   }
   std::sort(parts.begin(), parts.end());
-  for (const auto& path : parts) {
-    std::ifstream in(path);
-    std::string line;
-    if (!std::getline(in, line)) continue;
-    const json header = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!header.is_object() || !header.contains("track") || !header["track"].is_string()) {
-      ++node.skippedLines;
+  uint64_t budget = maxTotalBytes;  // what is left to read, over every part file
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const uint64_t share = budget / (parts.size() - i);
+    auto part = readPartFile(parts[i].second.string(), {.maxBytes = std::min(maxPartBytes, share)});
+    if (!part) {
+      ++node.skippedLines;  // not a regular file, or no header
       continue;
     }
-    const int64_t start = header.value("start_us", int64_t{0});
-    if (start < sinceUs) continue;  // an older run's
-    auto& events = node.tracks[header["track"].get<std::string>()];
-    uint64_t read = line.size();
-    while (read < maxPartBytes && std::getline(in, line)) {
-      read += line.size() + 1;
-      json e = json::parse(line, nullptr, false);
-      if (e.is_object() && e.contains("clock") && e["clock"].is_object()) {
-        const json& c = e["clock"];
-        if (c.contains("offset_us") && c["offset_us"].is_number_integer() &&
-            c.contains("bound_us") && c["bound_us"].is_number_integer()) {
-          consider(node.clock, ClockRecord{.offsetUs = c["offset_us"].get<int64_t>(),
-                                           .boundUs = c["bound_us"].get<int64_t>(),
-                                           .reference = c.value("reference", ""),
-                                           .partStartUs = start});
-          continue;
-        }
-      }
-      if (!e.is_object() || !e.contains("ph") || !e.contains("ts") ||
-          !e["ts"].is_number_integer()) {
-        ++node.skippedLines;
-        continue;
-      }
-      events.push_back(std::move(e));
+    budget -= std::min<uint64_t>(budget, part->bytesRead);
+    node.skippedLines += part->skippedLines;
+    if (part->cut) ++node.partsCut;
+    if (part->startUs < sinceUs) continue;  // an older run's
+    if (part->clock) {
+      consider(node.clock, ClockRecord{.offsetUs = part->clock->offsetUs,
+                                       .boundUs = part->clock->boundUs,
+                                       .reference = part->clock->reference,
+                                       .partStartUs = part->startUs});
     }
+    auto& events = node.tracks[part->track];
+    for (auto& e : part->events) events.push_back(std::move(e));
   }
   return node;
+}
+
+// Events keep an integer `ts` through the merge (a hostile part may give a float).
+int64_t tsOf(const json& e) { return e["ts"].get<int64_t>(); }
+
+// A count from a bundle: 0 unless it is a non-negative integer (never a type error).
+size_t countOf(const json& b, const char* key) {
+  return b.contains(key) && b[key].is_number_unsigned() ? b[key].get<size_t>() : 0;
 }
 
 // One node's tracks in the trace, with the offset that puts them on the reference clock.
@@ -130,7 +129,7 @@ struct NodeTracks {
 }  // namespace
 
 Bundle nodeBundle(const BundleOptions& o) {
-  NodeParts parts = readParts(o.partsDir, o.sinceUs, o.maxPartBytes);
+  NodeParts parts = readParts(o.partsDir, o.sinceUs, o.maxPartBytes, o.maxTotalBytes);
   Bundle result;
   json clock = nullptr;
   if (parts.clock) {
@@ -144,7 +143,7 @@ Bundle nodeBundle(const BundleOptions& o) {
   std::vector<std::pair<int64_t, std::pair<const std::string*, size_t>>> order;
   for (const auto& [name, events] : parts.tracks) {
     for (size_t i = 0; i < events.size(); ++i) {
-      order.push_back({events[i]["ts"].get<int64_t>(), {&name, i}});
+      order.push_back({tsOf(events[i]), {&name, i}});
     }
   }
   std::stable_sort(order.begin(), order.end(),
@@ -167,7 +166,8 @@ Bundle nodeBundle(const BundleOptions& o) {
                        {"clock", clock},
                        {"tracks", std::move(tracks)},
                        {"dropped_events", result.droppedEvents},
-                       {"skipped_lines", parts.skippedLines}};
+                       {"skipped_lines", parts.skippedLines},
+                       {"parts_cut", parts.partsCut}};
   result.text = bundle.dump();
   return result;
 }
@@ -176,14 +176,21 @@ MergeResult mergeTimeline(const MergeOptions& o) {
   MergeResult result;
   std::vector<NodeTracks> nodes;
   {
-    NodeParts own = readParts(o.partsDir, o.sinceUs, o.maxPartBytes);
+    NodeParts own = readParts(o.partsDir, o.sinceUs, o.maxPartBytes, o.maxTotalBytes);
     result.skippedLines += own.skippedLines;
+    result.partsCut += own.partsCut;
     // This node's clock is the reference: offset 0 exactly.
     nodes.push_back(NodeTracks{.node = "this node (the reference clock)",
                                .tracks = std::move(own.tracks),
                                .clockKnown = true});
   }
   for (const std::string& text : o.bundles) {
+    // Another node's agent wrote it (a client of the job's store): hostile input too. A bundle
+    // nests 5 deep ({"tracks": {name: [{"args": {}}]}}); deeper is refused before parsing.
+    if (jsonDepth(text, 8) > 8) {
+      ++result.badBundles;
+      continue;
+    }
     json b = json::parse(text, nullptr, false);
     if (!b.is_object() || !b.contains("tracks") || !b["tracks"].is_object() ||
         !b.contains("node") || !b["node"].is_string()) {
@@ -197,16 +204,18 @@ MergeResult mergeTimeline(const MergeOptions& o) {
       n.clockKnown = true;
       n.offsetUs = c["offset_us"].get<int64_t>();
       n.boundUs = c["bound_us"].get<int64_t>();
-      n.reference = c.value("reference", "");
+      if (c.contains("reference") && c["reference"].is_string()) n.reference = c["reference"];
     }
-    n.droppedEvents = b.value("dropped_events", size_t{0});
-    result.skippedLines += b.value("skipped_lines", size_t{0});
+    n.droppedEvents = countOf(b, "dropped_events");
+    result.skippedLines += countOf(b, "skipped_lines");
+    result.partsCut += countOf(b, "parts_cut");
     for (auto& [name, events] : b["tracks"].items()) {
       if (!events.is_array()) continue;
       auto& out = n.tracks[name];
       for (auto& e : events) {
         if (!e.is_object() || !e.contains("ph") || !e.contains("ts") ||
-            !e["ts"].is_number_integer()) {
+            !e["ts"].is_number_integer() || (e.contains("tid") && !e["tid"].is_number()) ||
+            (e.contains("dur") && !e["dur"].is_number())) {
           ++result.skippedLines;
           continue;
         }
@@ -295,7 +304,8 @@ MergeResult mergeTimeline(const MergeOptions& o) {
         {"other_nodes", std::move(nodeInfo)},
         {"nodes_missing", o.missingNodes},
         {"bad_bundles", result.badBundles},
-        {"skipped_lines", result.skippedLines}}}};
+        {"skipped_lines", result.skippedLines},
+        {"parts_cut", result.partsCut}}}};
   // Per process: agents of one machine sharing FILE may merge at the same moment.
   const std::string tmp = o.output + ".tmp-" + std::to_string(::getpid());
   {

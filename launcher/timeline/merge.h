@@ -7,7 +7,9 @@
 // process, numbered agents first, then ranks in order, with its name as metadata; a rank that
 // was restarted has several part files (one per process), merged into its one track. Events are
 // sorted by track, thread and start. Lines that are not an event (a torn last line of a process
-// killed mid-write) are skipped and counted.
+// killed mid-write) are skipped and counted. Workers write the part files, so they are read as
+// hostile input (part_file.h), within a bound per file and one for the whole merge, shared out
+// smallest file first so that huge files cannot crowd out the others.
 //
 // Several nodes, one axis: the agent that writes FILE (node rank 0's) merges its own node's
 // part files, whose clock is the reference, and the *node bundles* the other nodes' agents
@@ -29,6 +31,7 @@ struct BundleOptions {
   std::string node;        // the node's name in the trace ("agent 127.0.0.3")
   int64_t sinceUs = 0;
   uint64_t maxPartBytes = 256ull << 20;
+  uint64_t maxTotalBytes = 512ull << 20;
   uint64_t capBytes = 16ull << 20;  // the bundle's size bound: the latest events are cut first
 };
 struct Bundle {
@@ -43,7 +46,8 @@ struct MergeOptions {
   std::string partsDir;       // where this node's processes wrote their part files
   std::string output;         // the trace file, replaced atomically (temporary + rename)
   int64_t sinceUs = 0;        // ignore part files whose process started before this (older runs)
-  uint64_t maxPartBytes = 256ull << 20;  // a part file is read up to this
+  uint64_t maxPartBytes = 256ull << 20;   // a part file is read up to this
+  uint64_t maxTotalBytes = 512ull << 20;  // and all of them together (the merge holds them)
   std::vector<std::string> bundles;      // other nodes' nodeBundle() texts, as received
   std::vector<std::string> missingNodes; // nodes whose bundle never arrived ("node rank 2")
 };
@@ -52,6 +56,7 @@ struct MergeResult {
   size_t tracks = 0;
   size_t events = 0;
   size_t skippedLines = 0;
+  size_t partsCut = 0;  // part files read only in part (or not at all) because of the bounds
   size_t badBundles = 0;        // bundles that were not valid JSON of the expected shape
   int64_t offsetBoundUs = 0;    // the largest error bound of an aligned track
 };

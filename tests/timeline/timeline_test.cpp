@@ -3,6 +3,7 @@
 // (launcher/timeline/summary.h). The job-level tests are timeline_scenarios.py.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 
 #include "base/timeline.h"
 #include "launcher/timeline/merge.h"
+#include "launcher/timeline/part_file.h"
 #include "launcher/timeline/summary.h"
 #include "rendezvous/clock_offset.h"
 #include "rendezvous/tcp_store.h"
@@ -312,4 +314,47 @@ TEST_CASE("another node's bundle lands on the writer's axis with its offset and 
     if (t["track"] == "rank 1") CHECK(t["clock_offset_us"].is_null());
   }
   CHECK(t2["otherData"]["unaligned_tracks"] == json::array({"rank 1"}));
+}
+
+TEST_CASE("a part file is read as hostile input: depth, types, bounds", "[timeline]") {
+  using ddprun::launcher::timeline::jsonDepth;
+  using ddprun::launcher::timeline::readPartFile;
+  CHECK(jsonDepth(R"({"a":{"b":[1]}})", 8) == 3);
+  CHECK(jsonDepth(R"({"s":"[[[[{{{{ \" ]]"})", 8) == 1);  // brackets in strings do not count
+  CHECK(jsonDepth(std::string(100000, '['), 8) == 9);       // stops just past the bound
+
+  TempDir dir("ddprun-timeline");
+  const std::string path = dir.path() + "/p.jsonl";
+  {
+    std::ofstream f(path);
+    f << R"({"track":"rank 3","start_us":7})" << "\n"
+      << R"({"ph":"i","ts":1,"args":[[[[[[[[[[1]]]]]]]]]]})" << "\n"  // 11 deep
+      << R"({"ph":"i","ts":2,"tid":"one"})" << "\n"
+      << R"({"ph":"X","ts":3,"dur":[]})" << "\n"
+      << R"({"ph":"i","ts":"4"})" << "\n"
+      << R"({"ph":"i","ts":5,"tid":2,"name":"good"})" << "\n";
+  }
+  auto part = readPartFile(path, {});
+  REQUIRE(part);
+  CHECK(part->track == "rank 3");
+  CHECK(part->startUs == 7);
+  CHECK(part->skippedLines == 4);
+  REQUIRE(part->events.size() == 1);
+  CHECK(part->events[0]["name"] == "good");
+  CHECK_FALSE(part->cut);
+
+  // Read only up to the bound: the good line lies past it.
+  auto cut = readPartFile(path, {.maxBytes = 40});
+  REQUIRE(cut);
+  CHECK(cut->cut);
+  CHECK(cut->bytesRead == 40);
+  CHECK(cut->events.empty());
+
+  // Not a regular file, a symlink, a header of the wrong type: no part.
+  REQUIRE(::mkfifo((dir.path() + "/f.jsonl").c_str(), 0600) == 0);
+  CHECK_FALSE(readPartFile(dir.path() + "/f.jsonl", {}));
+  std::filesystem::create_symlink(path, dir.path() + "/l.jsonl");
+  CHECK_FALSE(readPartFile(dir.path() + "/l.jsonl", {}));
+  std::ofstream(dir.path() + "/h.jsonl") << R"({"track":"rank 0","start_us":"now"})" << "\n";
+  CHECK_FALSE(readPartFile(dir.path() + "/h.jsonl", {}));
 }
