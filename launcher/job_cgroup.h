@@ -52,8 +52,9 @@ struct WorkerCgroup {
 int joinCgroup(const WorkerCgroup& cg) noexcept;
 // Writes cgroup.kill: SIGKILL to everything in the worker's cgroup, without waiting.
 void killCgroup(const WorkerCgroup& cg) noexcept;
-// SIGKILLs everything in `dir` (and its child cgroups), waits until it is empty (at most
-// `boundMs`), removes it with its child cgroups. Returns true when the directory is gone
+// Removes `dir`; unless that works at once (it is empty, no child cgroup), SIGKILLs
+// everything in it and its child cgroups, waits until it is empty (at most `boundMs`) and
+// removes it with its child cgroups. Returns true when the directory is gone
 // (also when it was already). Async-signal-safe.
 bool killAndRemoveCgroup(const char* dir, int boundMs) noexcept;
 
