@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/timeline.h"
+#include "launcher/timeline/exchange.h"
 #include "launcher/timeline/merge.h"
 #include "launcher/timeline/part_file.h"
 #include "launcher/timeline/summary.h"
@@ -357,4 +358,30 @@ TEST_CASE("a part file is read as hostile input: depth, types, bounds", "[timeli
   CHECK_FALSE(readPartFile(dir.path() + "/l.jsonl", {}));
   std::ofstream(dir.path() + "/h.jsonl") << R"({"track":"rank 0","start_us":"now"})" << "\n";
   CHECK_FALSE(readPartFile(dir.path() + "/h.jsonl", {}));
+}
+
+TEST_CASE("bundles travel through a real store; a node that sent none is named missing",
+          "[timeline]") {
+  using namespace ddprun::launcher::timeline;
+  using namespace ddprun::rendezvous;
+  TempDir dir("ddprun-timeline");
+  writeLines(dir.path() + "/agent-7.jsonl",
+             {R"({"track":"agent 127.0.0.3","pid":7,"start_us":1})",
+              R"({"name":"job end","cat":"agent","ph":"i","s":"t","ts":5,"pid":7,"tid":7,"args":{}})"});
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const TcpStoreOptions store{.host = "127.0.0.1", .port = server.port()};
+  TcpStore(store).set("before", "intact");
+  CHECK(ship(store, bundleKey("job", 1), {.partsDir = dir.path(), .node = "agent 127.0.0.3"}));
+  // Nodes 1 and 2 of 3 (node 0 collects): node 2 never ships.
+  const Collected c = collect(store, "job", 3, std::chrono::milliseconds(300));
+  REQUIRE(c.bundles.size() == 1);
+  CHECK(json::parse(c.bundles[0])["node"] == "agent 127.0.0.3");
+  CHECK(c.missing == std::vector<std::string>{"node rank 2"});
+  CHECK(TcpStore(store).get("before") == "intact");
+  // Another job's keys are not this one's.
+  CHECK(collect(store, "other", 2, std::chrono::milliseconds(0)).missing.size() == 1);
+  // No store at all: nothing shipped, nothing collected, no exception.
+  const TcpStoreOptions nowhere{.host = "127.0.0.1", .port = 1, .connectTimeout = Millis(200)};
+  CHECK_FALSE(ship(nowhere, bundleKey("job", 1), {.partsDir = dir.path(), .node = "x"}));
+  CHECK(collect(nowhere, "job", 2, std::chrono::milliseconds(0)).missing.size() == 1);
 }
