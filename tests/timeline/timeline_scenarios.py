@@ -329,11 +329,9 @@ def two_nodes(tmp):
                 calls.setdefault((e["args"]["group"], e["args"]["seq"]), {})[rank] = e
     both = [c for c in calls.values() if len(c) == 2]
     check(len(both) > 30, "allreduces of both ranks matched by (group, seq): %d" % len(both))
-    worst = 0
-    for c in both:
-        latest_start = max(e["ts"] for e in c.values())
-        earliest_end = min(e["ts"] + e["dur"] for e in c.values())
-        worst = max(worst, latest_start - earliest_end)
+    # the largest (latest call - earliest completion); negative: every one overlapped by that
+    worst = max(max(e["ts"] for e in c.values()) - min(e["ts"] + e["dur"] for e in c.values())
+                for c in both)
     check(worst <= bound, "every allreduce overlaps on both ranks within the bound: the worst "
           "gap is %d us, the bound %d us" % (worst, bound))
     print("two nodes: %d allreduces overlap (worst gap %d us), offset bound %d us, "
