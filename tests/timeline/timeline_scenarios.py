@@ -339,8 +339,10 @@ def two_nodes(tmp):
     out = ddprun_trace(trace_path)
     print(out)
     check("2 rank(s), 2 agent(s)" in out, "ddprun-trace counts both agents and both ranks")
+    check("within +-%d us" % bound in out, "ddprun-trace states the clock bound")
     summary = json.loads(ddprun_trace(trace_path, "--json"))
     check(summary["compared_collectives"] > 30, "--json: collectives matched across nodes")
+    check(summary["clock_offset_bound_us"] == bound, "--json: the clock bound")
 
 
 SCENARIOS = {"two_ranks": two_ranks, "rank_killed": rank_killed, "straggler": straggler,

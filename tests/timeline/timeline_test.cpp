@@ -315,6 +315,14 @@ TEST_CASE("another node's bundle lands on the writer's axis with its offset and 
     if (t["track"] == "rank 1") CHECK(t["clock_offset_us"].is_null());
   }
   CHECK(t2["otherData"]["unaligned_tracks"] == json::array({"rank 1"}));
+  // ddprun-trace says so.
+  const auto sum = summarize(trace);
+  CHECK(sum.clockBoundUs == 30);
+  CHECK(sum.missingNodes == std::vector<std::string>{"node rank 2"});
+  CHECK_THAT(formatSummary(sum), Catch::Contains("within +-30 us") &&
+                                     Catch::Contains("missing (sent no events): node rank 2"));
+  CHECK_THAT(formatSummary(summarize(t2)),
+             Catch::Contains("not aligned (no offset measured): rank 1"));
 }
 
 TEST_CASE("a part file is read as hostile input: depth, types, bounds", "[timeline]") {
@@ -360,7 +368,7 @@ TEST_CASE("a part file is read as hostile input: depth, types, bounds", "[timeli
   CHECK_FALSE(readPartFile(dir.path() + "/h.jsonl", {}));
 }
 
-TEST_CASE("bundles travel through a real store; a node that sent none is named missing",
+TEST_CASE("bundles travel through a real store, and a node that sent none is named missing",
           "[timeline]") {
   using namespace ddprun::launcher::timeline;
   using namespace ddprun::rendezvous;
