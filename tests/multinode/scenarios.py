@@ -472,11 +472,44 @@ def timeline_node_killed(t):
           [e["args"] for e in rounds])
 
 
+def timeline_job_failed(t):
+    """--timeline on two nodes whose job fails (node rank 1's worker exits 7, no restart left):
+    node b's agent ships its events when the job ends and node rank 0's agent waits for them,
+    so the one file holds b's failed worker, its failure report and both agents' job end."""
+    trace = os.path.join(t.dir, "job.json")
+    args = ["--always-fail", "1", "7", "--run", "30"]
+    a = t.agent("a", "127.0.0.2", "2", "tl-fail", args,
+                extra=["--max-restarts=0", "--timeline=" + trace])
+    b = t.agent("b", "127.0.0.3", "2", "tl-fail", args,
+                extra=["--max-restarts=0", "--timeline=" + trace])
+    for n in (a, b):
+        check(n.wait(60) == 7, "node %s exit code %s, expected 7" % (n.name, n.proc.returncode))
+    with open(trace) as f:
+        data = json.load(f)
+    names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
+          "both agents' tracks: %s" % sorted(names.values()))
+    check(data["otherData"]["nodes_missing"] == [], "no node missing: %s" % data["otherData"])
+    by = {}
+    for e in data["traceEvents"]:
+        if e.get("ph") != "M":
+            by.setdefault(names[e["pid"]], []).append(e)
+    b_events = by["agent 127.0.0.3"]
+    failed = [e for e in b_events if e["name"] == "worker exit" and e["args"]["failed"] == 1]
+    check(len(failed) == 1 and failed[0]["args"]["result"] == "exit code 7",
+          "node b's failed worker arrived through the store: %s" % failed)
+    check(any(e["name"] == "failure report" for e in b_events), "node b's failure report")
+    for n in names.values():
+        check(any(e["name"] == "job end" and e["args"]["exit_code"] == 7 for e in by[n]),
+              "%s: job end with exit code 7" % n)
+
+
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
-    netns_two_nodes, shm_hierarchical, timeline_node_killed)}
+    netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))
