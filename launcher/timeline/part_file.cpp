@@ -80,6 +80,19 @@ bool isEvent(const json& e) {
   return true;
 }
 
+std::optional<PartClock> clockLine(const json& e) {
+  if (!e.is_object() || !e.contains("clock") || !e["clock"].is_object()) return std::nullopt;
+  const json& c = e["clock"];
+  if (!c.contains("offset_us") || !c["offset_us"].is_number_integer() || !c.contains("bound_us") ||
+      !c["bound_us"].is_number_integer() || c["bound_us"].get<int64_t>() < 0) {
+    return std::nullopt;
+  }
+  const json ref = c.value("reference", json());
+  return PartClock{.offsetUs = c["offset_us"].get<int64_t>(),
+                   .boundUs = c["bound_us"].get<int64_t>(),
+                   .reference = ref.is_string() ? ref.get<std::string>() : ""};
+}
+
 }  // namespace
 
 std::optional<PartFile> readPartFile(const std::string& path, const PartLimits& limits) {
@@ -101,6 +114,10 @@ std::optional<PartFile> readPartFile(const std::string& path, const PartLimits& 
     at = data->find('\n', begin);
     const size_t end = at == std::string::npos ? data->size() : at;
     json e = parseLine(text.substr(begin, end - begin), limits.maxDepth);
+    if (auto c = clockLine(e)) {
+      part.clock = std::move(c);
+      continue;
+    }
     if (!isEvent(e)) {
       ++part.skippedLines;
       continue;

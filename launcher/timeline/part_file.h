@@ -5,7 +5,8 @@
 // as hostile input. It opens only a regular file, without following a symlink and without
 // blocking (a FIFO swapped in after the directory listing is refused, not waited on); it reads at
 // most `maxBytes` of it, so no single line can make it hold more; and it skips, counting them,
-// lines that are not an event: not a JSON object with `ph` and a numeric `ts`, or nested deeper
+// lines that are neither an event nor a clock line: not a JSON object with `ph` and a numeric
+// `ts` (or `clock` with integer `offset_us` and `bound_us` >= 0), or nested deeper
 // than `maxDepth` (events are flat: an object and its `args`), which would otherwise make the
 // recursive JSON code overflow the agent's stack.
 #include <cstdint>
@@ -23,10 +24,19 @@ struct PartLimits {
   int maxDepth = 8;                  // deepest JSON nesting kept (an event needs 2)
 };
 
+// A {"clock": {...}} line (base/timeline.h recordClockOffset): the process's clock offset to the
+// machine whose agent writes the trace, and its error bound.
+struct PartClock {
+  int64_t offsetUs = 0;
+  int64_t boundUs = 0;
+  std::string reference;  // the store pinged, "host:port"
+};
+
 struct PartFile {
   std::string track;   // the first line's "track"
   int64_t startUs = 0; // the first line's "start_us": when its process started
   std::vector<nlohmann::json> events;
+  std::optional<PartClock> clock;  // its last clock line, if any
   size_t skippedLines = 0;
   uint64_t bytesRead = 0;
   bool cut = false;    // the file is longer than maxBytes: the rest was not read
