@@ -181,10 +181,35 @@ void close() {
 
 bool enabled() { return track().on.load(std::memory_order_acquire); }
 
+namespace {
+int64_t testSkewUs() {
+  static const int64_t skew = [] {
+    const char* v = std::getenv(kTestClockSkewEnv);
+    if (v == nullptr || *v == '\0') return int64_t{0};
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    return end != v && *end == '\0' ? static_cast<int64_t>(n) : int64_t{0};
+  }();
+  return skew;
+}
+}  // namespace
+
 int64_t nowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
-      .count();
+             .count() +
+         testSkewUs();
+}
+
+void recordClockOffset(int64_t offsetUs, int64_t boundUs, int64_t rttUs, int samples,
+                       std::string_view reference) {
+  if (!enabled()) return;
+  const std::string line = "{\"clock\":{\"offset_us\":" + std::to_string(offsetUs) +
+                           ",\"bound_us\":" + std::to_string(boundUs) + ",\"rtt_us\":" +
+                           std::to_string(rttUs) + ",\"samples\":" + std::to_string(samples) +
+                           ",\"reference\":" + quoted(reference) + "},\"ts\":" +
+                           std::to_string(nowUs()) + "}\n";
+  writeLine(track(), line);
 }
 
 void span(std::string_view name, std::string_view category, int64_t startUs, int64_t durUs,

@@ -52,8 +52,21 @@ bool openFromEnvironment(const std::string& track, const std::string& fileStem);
 void close();
 
 bool enabled();
-// Microseconds on system_clock.
+// Microseconds on system_clock (plus the test skew below).
 int64_t nowUs();
+
+// Test hook, for the multi-node timeline test only: DDPRUN_TIMELINE_TEST_CLOCK_SKEW_US=N (read
+// once per process) adds N microseconds to nowUs(), as if this machine's clock were N us ahead.
+// It changes nothing but the timeline's clock (every event and the clock-offset pings), so a
+// test on one machine can check that the merge removes a known skew between two "nodes".
+constexpr const char* kTestClockSkewEnv = "DDPRUN_TIMELINE_TEST_CLOCK_SKEW_US";
+
+// Records this process's clock offset to the reference machine (the one whose agent writes the
+// trace: docs/timeline.md), as estimated through the store (rendezvous/clock_offset.h): a
+// line {"clock": {...}} of the part file, which the merge applies to the whole file. The latest
+// record of a file wins. `reference` names the store pinged ("host:port").
+void recordClockOffset(int64_t offsetUs, int64_t boundUs, int64_t rttUs, int samples,
+                       std::string_view reference);
 
 void span(std::string_view name, std::string_view category, int64_t startUs, int64_t durUs,
           const Args& args = {});

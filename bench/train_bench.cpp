@@ -12,6 +12,9 @@
 // interval), as a user would run it. Runs alternate between the two sides,
 // --repeat times; the table shows medians and the ratio ddprun/PyTorch, and
 // bench/results/train.csv gets one row per run plus the medians.
+// --timeline adds a third side, ddprun with --timeline=FILE (docs/timeline.md), and reports
+// what recording the job's timeline costs: its best samples/s against plain ddprun's (issue
+// target: within 2%). --no-pytorch leaves torchrun out.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -26,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -46,6 +50,8 @@ struct Options {
   int steps = 1500;
   double lr = 0.05;
   int repeat = 3;
+  bool timeline = false;  // also run ddprun --timeline
+  bool pytorch = true;    // run the PyTorch side
   std::string python = "/usr/bin/python3";
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string csv = ddprun::bench::resultsPath("train.csv");
@@ -53,7 +59,7 @@ struct Options {
 };
 
 struct RunResult {
-  std::string side;  // "pytorch" or "ddprun"
+  std::string side;  // "pytorch", "ddprun" or "ddprun+timeline"
   double samplesPerSec = 0;
   double wallSeconds = 0;
   double cpuSeconds = 0;  // user + system of the launcher and everything it waited for
@@ -121,19 +127,26 @@ RunResult runPytorch(const Options& o, int run) {
           s["final_loss"].get<double>()};
 }
 
-RunResult runDdprun(const Options& o, int run) {
+RunResult runDdprun(const Options& o, int run, bool timeline) {
   const std::string bin = ddprun::bench::programDir();
-  const std::string metrics = o.workDir + "/ddprun-" + std::to_string(run) + ".jsonl";
-  const std::string log = o.workDir + "/ddprun-" + std::to_string(run) + ".log";
-  const Timing t = runLogged(
-      {bin + "/ddprun", "--standalone", "--nproc-per-node=" + std::to_string(o.nproc),
-       bin + "/mnist_" + o.model, "--data", o.data, "--batch-size", std::to_string(o.batchSize),
-       "--lr", std::to_string(o.lr), "--lr-schedule", "constant", "--max-steps",
-       std::to_string(o.steps), "--epochs", "1000", "--evaluate", "false", "--log-interval",
-       "1000000", "--metrics", metrics},
-      log);
+  const std::string side = timeline ? "ddprun+timeline" : "ddprun";
+  const std::string stem = o.workDir + "/" + side + "-" + std::to_string(run);
+  const std::string metrics = stem + ".jsonl";
+  std::vector<std::string> argv{bin + "/ddprun", "--standalone",
+                                "--nproc-per-node=" + std::to_string(o.nproc)};
+  if (timeline) argv.push_back("--timeline=" + stem + ".trace.json");
+  for (const std::string& a :
+       {bin + "/mnist_" + o.model, std::string("--data"), o.data, std::string("--batch-size"),
+        std::to_string(o.batchSize), std::string("--lr"), std::to_string(o.lr),
+        std::string("--lr-schedule"), std::string("constant"), std::string("--max-steps"),
+        std::to_string(o.steps), std::string("--epochs"), std::string("1000"),
+        std::string("--evaluate"), std::string("false"), std::string("--log-interval"),
+        std::string("1000000"), std::string("--metrics"), metrics}) {
+    argv.push_back(a);
+  }
+  const Timing t = runLogged(argv, stem + ".log");
   const auto s = readSummary(metrics);
-  return {"ddprun", s["samples_per_sec"].get<double>(), t.wall, t.cpu,
+  return {side, s["samples_per_sec"].get<double>(), t.wall, t.cpu,
           s["final_loss"].get<double>()};
 }
 
@@ -158,6 +171,9 @@ int benchTrain(int argc, char** argv) {
   app.add_option("--data", o.data, "MNIST-format data directory");
   app.add_option("--csv", o.csv, "results file");
   app.add_option("--work-dir", o.workDir, "logs and metrics of the runs");
+  app.add_flag("--timeline", o.timeline,
+               "also run ddprun --timeline=FILE and report its cost against plain ddprun");
+  app.add_flag("!--no-pytorch", o.pytorch, "leave PyTorch DDP under torchrun out");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -174,11 +190,18 @@ int benchTrain(int argc, char** argv) {
               o.model.c_str(), o.nproc, o.batchSize, o.nproc * o.batchSize, o.steps, o.lr,
               o.workDir.c_str());
   std::vector<RunResult> runs;
+  // The sides take turns, the order rotating each round, so drift on the machine spreads evenly.
+  std::vector<std::string> sides;
+  if (o.pytorch) sides.push_back("pytorch");
+  sides.push_back("ddprun");
+  if (o.timeline) sides.push_back("ddprun+timeline");
   try {
     for (int r = 0; r < o.repeat; ++r) {
-      for (bool torchFirst : {r % 2 == 0, r % 2 != 0}) {
-        RunResult res = torchFirst ? runPytorch(o, r) : runDdprun(o, r);
-        std::printf("  run %d %-8s %9.0f samples/s  wall %6.2f s  cpu %6.2f s  final loss %.4f\n",
+      for (size_t k = 0; k < sides.size(); ++k) {
+        const std::string& side = sides[(k + static_cast<size_t>(r)) % sides.size()];
+        RunResult res = side == "pytorch" ? runPytorch(o, r)
+                                          : runDdprun(o, r, side == "ddprun+timeline");
+        std::printf("  run %d %-15s %9.0f samples/s  wall %6.2f s  cpu %6.2f s  final loss %.4f\n",
                     r + 1, res.side.c_str(), res.samplesPerSec, res.wallSeconds, res.cpuSeconds,
                     res.finalLoss);
         std::fflush(stdout);
@@ -205,44 +228,71 @@ int benchTrain(int argc, char** argv) {
     return Medians{median(rate), *std::max_element(rate.begin(), rate.end()), median(wall),
                    median(cpu), median(loss)};
   };
-  const Medians py = medians("pytorch"), cc = medians("ddprun");
-  const std::string cppName = "mnist_" + o.model + " under ddprun";
+  std::map<std::string, Medians> m;
+  for (const auto& side : sides) m[side] = medians(side);
+  const auto label = [&](const std::string& side) {
+    return side == "pytorch" ? std::string("PyTorch DDP under torchrun")
+           : side == "ddprun" ? "mnist_" + o.model + " under ddprun"
+                              : "... with --timeline";
+  };
   std::printf("\n%d runs per side, medians (best: the highest samples/s of the runs)\n", o.repeat);
   std::printf("| %-28s | %10s | %10s | %8s | %8s | %10s |\n", "", "samples/s", "best", "wall s",
               "CPU s", "final loss");
   std::printf("|------------------------------|------------|------------|----------|----------|"
               "------------|\n");
-  std::printf("| %-28s | %10.0f | %10.0f | %8.2f | %8.2f | %10.4f |\n",
-              "PyTorch DDP under torchrun", py.rate, py.best, py.wall, py.cpu, py.loss);
-  std::printf("| %-28s | %10.0f | %10.0f | %8.2f | %8.2f | %10.4f |\n", cppName.c_str(), cc.rate,
-              cc.best, cc.wall, cc.cpu, cc.loss);
-  std::printf("| %-28s | %9.2fx | %9.2fx | %7.2fx | %7.2fx | %10s |\n", "ddprun vs PyTorch",
-              cc.rate / py.rate, cc.best / py.best, py.wall / cc.wall, py.cpu / cc.cpu, "");
-  std::printf("(samples/s: ddprun / PyTorch; wall and CPU: PyTorch / ddprun; > 1 favours ddprun)\n");
+  for (const auto& side : sides) {
+    const Medians& x = m[side];
+    std::printf("| %-28s | %10.0f | %10.0f | %8.2f | %8.2f | %10.4f |\n", label(side).c_str(),
+                x.rate, x.best, x.wall, x.cpu, x.loss);
+  }
+  const Medians& cc = m["ddprun"];
+  if (o.pytorch) {
+    const Medians& py = m["pytorch"];
+    std::printf("| %-28s | %9.2fx | %9.2fx | %7.2fx | %7.2fx | %10s |\n", "ddprun vs PyTorch",
+                cc.rate / py.rate, cc.best / py.best, py.wall / cc.wall, py.cpu / cc.cpu, "");
+    std::printf("(samples/s: ddprun / PyTorch; wall and CPU: PyTorch / ddprun; > 1 favours "
+                "ddprun)\n");
+  }
+  if (o.timeline) {
+    const Medians& tl = m["ddprun+timeline"];
+    std::printf("timeline cost: best samples/s with --timeline / without = %.3f (median %.3f); "
+                "target >= 0.98\n",
+                tl.best / cc.best, tl.rate / cc.rate);
+  }
 
   fs::create_directories(fs::path(o.csv).parent_path());
   std::ofstream csv(o.csv, std::ios::trunc);
   csv << "model,nproc,global_batch,steps,side,run,samples_per_sec,wall_s,cpu_s,final_loss\n";
   // One row per run, then per side the medians ("median") and the best samples/s ("best"),
-  // then the ratios ddprun/pytorch for samples/s (median, best) and pytorch/ddprun for wall, CPU.
-  std::vector<int> runIndex(2, 0);
+  // then the ratios ddprun/pytorch for samples/s (median, best) and pytorch/ddprun for wall,
+  // CPU, and with --timeline the ratio with/without it ("timeline_ratio").
+  const auto prefix = [&] {
+    return o.model + ',' + std::to_string(o.nproc) + ',' + std::to_string(o.nproc * o.batchSize) +
+           ',' + std::to_string(o.steps) + ',';
+  };
+  std::map<std::string, int> runIndex;
   for (const auto& r : runs) {
-    const int i = r.side == "pytorch" ? runIndex[0]++ : runIndex[1]++;
-    csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps << ','
-        << r.side << ',' << i + 1 << ',' << r.samplesPerSec << ',' << r.wallSeconds << ','
-        << r.cpuSeconds << ',' << r.finalLoss << '\n';
+    csv << prefix() << r.side << ',' << ++runIndex[r.side] << ',' << r.samplesPerSec << ','
+        << r.wallSeconds << ',' << r.cpuSeconds << ',' << r.finalLoss << '\n';
   }
-  for (const auto& [side, m] : {std::pair{"pytorch", py}, std::pair{"ddprun", cc}}) {
-    csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps << ','
-        << side << ",median," << m.rate << ',' << m.wall << ',' << m.cpu << ',' << m.loss << '\n';
-    csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps << ','
-        << side << ",best," << m.best << ",,,\n";
+  for (const auto& side : sides) {
+    const Medians& x = m[side];
+    csv << prefix() << side << ",median," << x.rate << ',' << x.wall << ',' << x.cpu << ','
+        << x.loss << '\n';
+    csv << prefix() << side << ",best," << x.best << ",,,\n";
   }
-  csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps
-      << ",ratio,median," << cc.rate / py.rate << ',' << py.wall / cc.wall << ','
-      << py.cpu / cc.cpu << ",\n";
-  csv << o.model << ',' << o.nproc << ',' << o.nproc * o.batchSize << ',' << o.steps
-      << ",ratio,best," << cc.best / py.best << ",,,\n";
+  if (o.pytorch) {
+    const Medians& py = m["pytorch"];
+    csv << prefix() << "ratio,median," << cc.rate / py.rate << ',' << py.wall / cc.wall << ','
+        << py.cpu / cc.cpu << ",\n";
+    csv << prefix() << "ratio,best," << cc.best / py.best << ",,,\n";
+  }
+  if (o.timeline) {
+    const Medians& tl = m["ddprun+timeline"];
+    csv << prefix() << "timeline_ratio,median," << tl.rate / cc.rate << ',' << cc.wall / tl.wall
+        << ',' << cc.cpu / tl.cpu << ",\n";
+    csv << prefix() << "timeline_ratio,best," << tl.best / cc.best << ",,,\n";
+  }
   std::printf("results: %s\n", o.csv.c_str());
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <csignal>
@@ -12,6 +13,7 @@
 #include <optional>
 
 #include "launcher/failure_report.h"
+#include "launcher/job_cgroup.h"
 #include "launcher/launcher_error_file.h"
 #include "launcher/option_values.h"
 #include "launcher/progress_watch.h"
@@ -19,6 +21,7 @@
 #include "launcher/run_directory.h"
 #include "launcher/worker_command.h"
 #include "launcher/worker_env.h"
+#include "launcher/timeline/exchange.h"
 #include "launcher/timeline/merge.h"
 #include "launcher/worker_group.h"
 #include "base/errors.h"
@@ -66,6 +69,7 @@ class Agent::Impl {
   void onWorkerExited(const WorkerResult& r);
   void onHandlerDecision(const JobDecision& d);
   void onGroupStopped();
+  void stoppedNotRunning();  // onGroupStopped() of a group ddprun stopped
   void afterLocalFailure(const JobDecision& d);
   void apply(const JobDecision& d);
   void stopGroup(StopReason reason, int sig);
@@ -83,6 +87,17 @@ class Agent::Impl {
   // trace (at the end, and after each group so a job that dies leaves one). Never throws.
   void openTimeline();
   void mergeTimeline();
+  // --timeline on several nodes (c10d/static): the agent of node rank 0 writes FILE; every
+  // other agent ships its node's events to it through the job's store (timeline/exchange.h).
+  bool timelineAcrossNodes() const;
+  bool timelineWriter() const { return round_.nodeRank == 0; }
+  // Runs `job` on the exchange thread, then `then` on the I/O thread.
+  void onExchange(std::function<void()> job, std::function<void()> then);
+  // The job that ships this node's events as they are now (the values copied: it runs on the
+  // exchange thread).
+  std::function<void()> shipTimeline() const;
+  // The exit barrier (asyncFinish), once the group has stopped with every worker succeeding.
+  void exitBarrier();
   // Runs fn on the I/O thread; an exception is kept (and rethrown by run()), never thrown.
   template <typename Fn>
   void guarded(Fn&& fn) {
@@ -101,6 +116,7 @@ class Agent::Impl {
   std::unique_ptr<RendezvousHandler> handler_;
   std::unique_ptr<RunDirectory> runDir_;
   WorkerCommand command_;
+  std::unique_ptr<JobCgroup> cgroup_;  // before group_: outlives the workers' guards
   std::shared_ptr<WorkerGroup> group_;
   std::unique_ptr<ProgressWatch> progressWatch_;  // while the group runs (--stall-warning)
   RoundInfo round_;
@@ -115,6 +131,11 @@ class Agent::Impl {
   int exitCode_ = 1;
   std::exception_ptr error_;
   std::string errorRecord_;  // ddprun's own error file, when the job fails
+  std::string timelineNode_;               // this agent's track: "agent <node>"
+  std::vector<std::string> timelineBundles_;  // the writer: the other nodes' events
+  std::vector<std::string> timelineMissing_;  // the writer: nodes that sent none
+  // Last member: destroyed (its queue run, its thread joined) while io_ is still alive.
+  std::unique_ptr<timeline::ExchangeThread> exchange_;
 };
 
 int Agent::Impl::run() {
@@ -126,6 +147,10 @@ int Agent::Impl::run() {
     filesWanted = filesWanted || options_.redirects.forRank(lr) || options_.tee.forRank(lr);
   }
   if (filesWanted) runDir_->keep();
+  {
+    const auto off = env_.find("DDPRUN_CGROUP");
+    cgroup_ = JobCgroup::create(options_.rdzvId, off != env_.end() && off->second == "0");
+  }
   openTimeline();
   if (setsOmpNumThreads(env_, options_.nprocPerNode)) {
     DDPRUN_LOG(WARN, "launcher") << "setting OMP_NUM_THREADS=1 for each of the "
@@ -247,6 +272,7 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
                            .argv = argvForRank(command_, lr),
                            .env = mergeEnvironment(env_, overlay),
                            .stdinFromDevNull = devNullStdin};
+    if (cgroup_) l.spawn.cgroup = cgroup_->makeWorkerCgroup(round.round, lr);
     // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
     if (!timelineParts_.empty()) {
       l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
@@ -290,6 +316,18 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   group->start(std::move(launches));
   group_ = std::move(group);
   state_ = State::Running;
+  if (timelineAcrossNodes() && !timelineWriter()) {
+    // This machine's offset to node rank 0's (its ranks measure theirs too, from init()).
+    std::string host = round.masterAddr;  // "[::1]" -> "::1"
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    rendezvous::TcpStoreOptions workerStore{
+        .host = host, .port = round.masterPort,
+        .dialect = rendezvous::StoreDialect::Ddprun, .tokenFromEnvironment = false};
+    if (!round.useAgentStore) workerStore.authToken = handler_->sharedStore()->authToken;
+    exchange_->post([workerStore] { timeline::measureClock(workerStore); });
+  }
   for (const auto& r : group_->results()) {
     events::instant("worker start", "agent",
                       events::Args()
@@ -400,28 +438,42 @@ void Agent::Impl::onGroupStopped() {
     // Every worker exited and none failed: the job is done once the other nodes agree.
     progressWatch_.reset();
     state_ = State::Finishing;
-    handler_->asyncFinish([this](std::exception_ptr e, JobDecision d) {
-      guarded([&] {
-        if (state_ != State::Finishing) return;
-        if (e) {
-          try {
-            std::rethrow_exception(e);
-          } catch (const Error& ex) {
-            // As torchrun: a node whose workers all succeeded exits 0 even when the exit barrier
-            // cannot complete (the store host is gone, the others did not finish in time).
-            DDPRUN_LOG(WARN, "launcher") << "every worker of this node succeeded, but the exit "
-                                         << "barrier did not complete: " << ex.what()
-                                         << "; exiting 0";
-            finish(0);
-            return;
-          }
-        }
-        apply(d);
-      });
-    });
+    if (timelineAcrossNodes() && !timelineWriter()) {
+      // Before the barrier: once the writer has passed it, this node's events are in the store.
+      onExchange(shipTimeline(), [this] { exitBarrier(); });
+      return;
+    }
+    exitBarrier();
     return;
   }
   if (state_ != State::Stopping) return;
+  stoppedNotRunning();
+}
+
+void Agent::Impl::exitBarrier() {
+  if (state_ != State::Finishing) return;  // a signal arrived meanwhile
+  handler_->asyncFinish([this](std::exception_ptr e, JobDecision d) {
+    guarded([&] {
+      if (state_ != State::Finishing) return;
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const Error& ex) {
+          // As torchrun: a node whose workers all succeeded exits 0 even when the exit barrier
+          // cannot complete (the store host is gone, the others did not finish in time).
+          DDPRUN_LOG(WARN, "launcher") << "every worker of this node succeeded, but the exit "
+                                       << "barrier did not complete: " << ex.what()
+                                       << "; exiting 0";
+          finish(0);
+          return;
+        }
+      }
+      apply(d);
+    });
+  });
+}
+
+void Agent::Impl::stoppedNotRunning() {
   switch (stopReason_) {
     case StopReason::WorkerFailed: {
       // The group's results now carry the complete stderr tails.
@@ -546,9 +598,53 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
     errorRecord_ = generatedErrorRecord(summary.empty() ? "the job failed" : summary, code);
   }
   if (!summary.empty()) writeFully(STDERR_FILENO, "ddprun: " + summary + "\n");
-  handler_->asyncShutdown([this, code](std::exception_ptr) {
-    if (state_ == State::Closing) finish(code);
+  auto shutdown = [this, code] {
+    if (state_ != State::Closing) return;
+    handler_->asyncShutdown([this, code](std::exception_ptr) {
+      if (state_ == State::Closing) finish(code);
+    });
+  };
+  if (!timelineAcrossNodes() || !group_) {
+    shutdown();
+  } else if (!timelineWriter()) {
+    onExchange(shipTimeline(), shutdown);  // again: with the job's end
+  } else {
+    // Before the shutdown: the store host (maybe this agent) keeps the store up until every
+    // node has recorded the end, so the bundles are readable now. After a success each one
+    // was shipped before the exit barrier; after a failure, a node still shipping has a while.
+    const auto store = *handler_->sharedStore();
+    const std::string runId = round_.runId;
+    const int nodes = round_.nodeCount;
+    auto collected = std::make_shared<timeline::Collected>();
+    onExchange(
+        [store, runId, nodes, collected] {
+          *collected = timeline::collect(store, runId, nodes, std::chrono::seconds(5));
+        },
+        [this, collected, shutdown] {
+          timelineBundles_ = std::move(collected->bundles);
+          timelineMissing_ = std::move(collected->missing);
+          shutdown();
+        });
+  }
+}
+
+bool Agent::Impl::timelineAcrossNodes() const {
+  return !timelineParts_.empty() && exchange_ && round_.nodeCount > 1;
+}
+
+void Agent::Impl::onExchange(std::function<void()> job, std::function<void()> then) {
+  exchange_->post([this, job = std::move(job), then = std::move(then)] {
+    job();
+    asio::post(io_, [this, then] { guarded(then); });
   });
+}
+
+std::function<void()> Agent::Impl::shipTimeline() const {
+  return [store = *handler_->sharedStore(), key = timeline::bundleKey(round_.runId, round_.nodeRank),
+          bundle = timeline::BundleOptions{.partsDir = timelineParts_, .node = timelineNode_,
+                                           .sinceUs = timelineSince_}] {
+    timeline::ship(store, key, bundle);
+  };
 }
 
 void Agent::Impl::leaveAndExit(int code) {
@@ -595,8 +691,9 @@ void Agent::Impl::fail(std::exception_ptr e) {
 
 void Agent::Impl::openTimeline() {
   if (options_.timeline.empty()) return;
-  // Parts go next to FILE; every agent and worker of the job on this machine writes its own.
-  timelineParts_ = options_.timeline + ".parts";
+  // Parts go next to FILE, in a directory per agent (two agents of the job may share a
+  // machine and FILE): it and its workers write one file each.
+  timelineParts_ = options_.timeline + ".parts/agent-" + std::to_string(::getpid());
   std::error_code ec;
   std::filesystem::create_directories(timelineParts_, ec);
   if (ec) {
@@ -606,16 +703,29 @@ void Agent::Impl::openTimeline() {
   timelineSince_ = events::nowUs();
   env_[events::kTimelineDirEnv] = timelineParts_;
   const std::string node = options_.localAddr.empty() ? hostName() : options_.localAddr;
-  events::open(timelineParts_, "agent " + node, "agent");
+  timelineNode_ = "agent " + node;
+  events::open(timelineParts_, timelineNode_, "agent");
+  if (handler_->sharedStore()) exchange_ = std::make_unique<timeline::ExchangeThread>();
 }
 
 void Agent::Impl::mergeTimeline() {
   if (timelineParts_.empty()) return;
+  // On several nodes only node rank 0's agent writes FILE (the others ship their events to it).
+  if (timelineAcrossNodes() && !timelineWriter()) return;
   try {
-    const auto r = timeline::mergeTimeline(
-        {.partsDir = timelineParts_, .output = options_.timeline, .sinceUs = timelineSince_});
+    const auto r = timeline::mergeTimeline({.partsDir = timelineParts_,
+                                            .output = options_.timeline,
+                                            .sinceUs = timelineSince_,
+                                            .bundles = timelineBundles_,
+                                            .missingNodes = timelineMissing_});
     DDPRUN_LOG(DEBUG, "launcher") << "timeline: " << r.events << " events of " << r.tracks
-                                  << " tracks written to " << options_.timeline;
+                                  << " tracks written to " << options_.timeline
+                                  << " (clock offset bound " << r.offsetBoundUs << " us)";
+    if (r.partsCut > 0) {
+      DDPRUN_LOG(WARN, "launcher") << "timeline: " << r.partsCut
+                                   << " part file(s) read only in part (256 MiB a file, 512 MiB "
+                                      "in all); " << options_.timeline << " says parts_cut";
+    }
   } catch (const std::exception& e) {
     DDPRUN_LOG(WARN, "launcher") << "timeline: " << e.what();
   }

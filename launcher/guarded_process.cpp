@@ -1,6 +1,7 @@
 #include "launcher/guarded_process.h"
 
 #include <fcntl.h>
+#include <linux/sched.h>  // clone3's struct clone_args, CLONE_INTO_CGROUP
 #include <poll.h>
 #include <pthread.h>
 #include <sys/prctl.h>
@@ -65,6 +66,29 @@ void closeFrom(int first) {
 }
 
 void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
+
+// fork(), with the child started right in the cgroup open as `cgroupFd` (clone3 with
+// CLONE_INTO_CGROUP, Linux 5.7) and `inCgroup` set. Moving a process later (writing
+// cgroup.procs) waits for an RCU grace period: about a millisecond each, serialised between
+// workers. Where clone3 is refused (a seccomp filter may say ENOSYS) it is a plain fork().
+// The child only execs: glibc's fork handlers are not needed before execve.
+pid_t forkInto(int cgroupFd, bool& inCgroup) {
+  inCgroup = false;
+#if defined(SYS_clone3) && defined(CLONE_INTO_CGROUP)
+  if (cgroupFd >= 0) {
+    struct clone_args args {};
+    args.flags = CLONE_INTO_CGROUP;
+    args.exit_signal = SIGCHLD;
+    args.cgroup = static_cast<uint64_t>(cgroupFd);
+    const long pid = ::syscall(SYS_clone3, &args, sizeof args);
+    if (pid >= 0) {
+      inCgroup = true;
+      return static_cast<pid_t>(pid);
+    }
+  }
+#endif
+  return ::fork();
+}
 
 // ---- The guard's sweep: every descendant, wherever it went, is killed ----
 //
@@ -197,7 +221,8 @@ size_t killDescendants() {
 
 // The guard's whole life. `fds` are the launcher-side numbers of the descriptors it needs.
 [[noreturn]] void runGuard(int controlFd, int statusFd, int outFd, int errFd, bool devNullStdin,
-                           const char* path, char* const* argv, char* const* envp) {
+                           const WorkerCgroup& cgroup, const char* path, char* const* argv,
+                           char* const* envp) {
   // 1. Signals. The launcher forked us with every signal blocked, so none can arrive before
   //    this is done: the launcher's own handlers (which would write into the launcher's
   //    event loop through an inherited pipe) are reset, the forwarded signals ignored.
@@ -259,13 +284,22 @@ size_t killDescendants() {
   // Still with every signal blocked: a signal sent to the group before the worker has reset
   // its dispositions stays pending (blocked signals are never discarded) instead of being
   // lost to the SIG_IGN it inherits for an instant.
-  const pid_t worker = ::fork();
+  // The worker starts in its cgroup, or joins it before it can start anything; the guard
+  // stays outside.
+  const int cgroupFd =
+      cgroup.dir.empty() ? -1 : ::open(cgroup.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  bool inCgroup = false;
+  const pid_t worker = forkInto(cgroupFd, inCgroup);
   if (worker == 0) {
     ::close(execPipe[0]);
+    if (const int err = inCgroup ? 0 : joinCgroup(cgroup); err != 0) {
+      sendRecord(GuardRecord::CgroupFailed, err);
+    }
     execWorker(path, argv, envp, execPipe[1]);
   }
   const int forkErrno = errno;
   ::sigprocmask(SIG_SETMASK, &blockChld, nullptr);
+  if (cgroupFd >= 0) ::close(cgroupFd);
   ::close(execPipe[1]);
   ::close(STDOUT_FILENO);  // only the worker (and its children) may hold the output pipes
   ::close(STDERR_FILENO);
@@ -308,16 +342,26 @@ size_t killDescendants() {
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
     }
   }
-  // 5. The sweep: the group at once, then every descendant until the guard has no child.
-  //    The worker's end (by SIGKILL, usually) is reported on the way.
-  while (true) {
+  // 5. The sweep: the worker's cgroup at once (a cgroup.kill), then every descendant until
+  //    the guard has no child. The worker's end (by SIGKILL, usually) is reported on the way.
+  //    A subreaper without a child has no descendant at all (orphans below it are re-parented
+  //    to it; the cgroup holds only what the worker started), so the common end -- the
+  //    worker exited and left nothing -- neither kills nor reads /proc.
+  if (reapAll(WNOHANG) >= 0) killCgroup(cgroup);
+  while (reapAll(WNOHANG) >= 0) {  // -1 (ECHILD): no child left, so nothing below either
     const size_t alive = killDescendants();
     const pid_t r = reapAll(alive > 0 ? 0 : WNOHANG);  // the killed ones die: wait for one
-    if (r < 0 && alive == 0) break;                     // no child, nothing alive below
+    if (r < 0) break;                                   // no child, nothing alive below
     if (r == 0 && alive == 0) {                         // a child is still being torn down
       const struct timespec ms {0, 1000000};
       ::nanosleep(&ms, nullptr);
     }
+  }
+  // The cgroup: empty (or about to be), then removed (at once when it is empty); and the
+  // job's cgroup once the last worker's is gone (it is made again for the next group).
+  if (!cgroup.dir.empty()) {
+    killAndRemoveCgroup(cgroup.dir.c_str(), 2000);
+    ::rmdir(cgroup.jobDir.c_str());
   }
   ::kill(0, SIGKILL);  // whatever joined the group from outside, the guard included
   ::_exit(137);
@@ -342,7 +386,8 @@ GuardedProcess spawnGuarded(const SpawnRequest& req) {
   const pid_t guard = ::fork();
   if (guard == 0) {
     runGuard(control.read.get(), status.write.get(), out.write.get(), err.write.get(),
-             req.stdinFromDevNull, req.executable.c_str(), argv.data(), envp.data());
+             req.stdinFromDevNull, req.cgroup, req.executable.c_str(), argv.data(),
+             envp.data());
   }
   const int forkErrno = errno;
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);

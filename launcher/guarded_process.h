@@ -18,7 +18,10 @@
 // reports the worker on a *status pipe* (records below), so the launcher learns of a
 // worker's exit the moment it happens, through an fd its event loop watches. The launcher
 // stops a worker for good by closing its control pipe, not by killing the guard: a guard
-// killed from outside cannot sweep (its group still dies, escaped descendants may not).
+// killed from outside cannot sweep (its group still dies, escaped descendants may not; with
+// a job cgroup the launcher kills the worker's cgroup then).
+// With a job cgroup (job_cgroup.h) the worker joins its own cgroup before exec, and the
+// guard's sweep starts with that cgroup's cgroup.kill and ends by removing the cgroup.
 // The guard ignores SIGINT/SIGTERM/SIGHUP/SIGQUIT: signals forwarded to the group are for
 // the worker; the guard's only way out is the control pipe (or SIGKILL).
 //
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "base/unique_fd.h"
+#include "launcher/job_cgroup.h"
 
 namespace ddprun::launcher {
 
@@ -40,6 +44,7 @@ struct GuardRecord {
     Started = 1,     // value = the worker's pid; it has exec'd
     ExecFailed = 2,  // value = errno of the failed execve (an Exited record follows)
     Exited = 3,      // value = the worker's wait status
+    CgroupFailed = 4,  // value = errno: the worker could not join its cgroup (runs without)
   };
   int32_t kind;
   int32_t value;
@@ -50,6 +55,7 @@ struct SpawnRequest {
   std::vector<std::string> argv;
   std::vector<std::string> env;    // "KEY=VALUE"
   bool stdinFromDevNull = false;   // else the launcher's stdin is inherited
+  WorkerCgroup cgroup;             // the worker's cgroup (job_cgroup.h); no dir: none
 };
 
 struct GuardedProcess {

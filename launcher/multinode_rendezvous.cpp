@@ -457,4 +457,9 @@ uint16_t MultiNodeRendezvous::hostedStorePort() const {
   return rendezvousStore_ ? options_.store.port : 0;
 }
 
+std::optional<rdzv::TcpStoreOptions> MultiNodeRendezvous::sharedStore() const {
+  if (options_.backend) return std::nullopt;  // etcd-v3: no store protocol
+  return options_.store;  // its port is the real one also when the endpoint said 0
+}
+
 }  // namespace ddprun::launcher

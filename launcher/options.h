@@ -90,7 +90,7 @@ struct LaunchOptions {
 // rank between PET_* and the built-in defaults: a flag given on the command line, in --config
 // or as PET_* wins over them.
 struct SchedulerDefaults {
-  std::string source;                         // "Slurm job 1234", for messages
+  std::string source;                         // "Slurm step 1234.0", for messages
   std::map<std::string, std::string> flags;   // flag name (dash spelling) -> value
   std::optional<int> gpus;                    // devices it gave this node, for
   std::optional<int> cpus;                    //   --nproc-per-node=gpu|cpu|auto

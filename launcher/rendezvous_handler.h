@@ -19,9 +19,11 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/errors.h"
+#include "rendezvous/tcp_store.h"
 
 namespace boost::asio {
 class io_context;
@@ -112,6 +114,10 @@ class RendezvousHandler {
   // The port of the rendezvous store this node hosts for other nodes, 0 when it hosts none
   // (an endpoint with port 0 lets the host pick a free one; an ssh launch tells the others).
   virtual uint16_t hostedStorePort() const { return 0; }
+  // The job-wide store the nodes share besides the rendezvous (the timeline ships each node's
+  // events through it, docs/timeline.md): the c10d/static rendezvous store; nullopt for one
+  // node and for etcd-v3.
+  virtual std::optional<rendezvous::TcpStoreOptions> sharedStore() const { return std::nullopt; }
 };
 
 // Picks the handler for the options: LocalRendezvous for a single node; multi-node backends

@@ -64,6 +64,7 @@ struct WorkerGroup::Slot {
   StreamSink outSink, errSink;
   bool started = false, ended = false, reaped = false, outDone = false, errDone = false;
   int pendingSignal = 0;  // a stop signal that came before the worker existed
+  std::string cgroupDir;  // the worker's cgroup (empty: none)
 };
 
 struct WorkerGroup::Timers {
@@ -95,6 +96,7 @@ void WorkerGroup::start(std::vector<WorkerLaunch> launches) {
       GuardedProcess p = spawnGuarded(l.spawn);
       slots_.push_back(
           std::make_unique<Slot>(io_, std::move(p), std::move(outSink), std::move(errSink)));
+      slots_.back()->cgroupDir = l.spawn.cgroup.dir;
       WorkerResult r;
       r.localRank = l.localRank;
       r.globalRank = l.globalRank;
@@ -207,6 +209,11 @@ void WorkerGroup::onRecord(size_t i, const GuardRecord& r) {
     case GuardRecord::ExecFailed:
       res.execErrno = r.value;
       break;
+    case GuardRecord::CgroupFailed:
+      DDPRUN_LOG(WARN, "launcher") << "rank " << res.globalRank << " could not join its cgroup "
+                                   << slots_[i]->cgroupDir << ": " << std::strerror(r.value)
+                                   << "; its guard alone stops what it starts";
+      break;
     case GuardRecord::Exited:
       res.waitStatus = r.value;
       onWorkerEnded(i);
@@ -237,6 +244,12 @@ void WorkerGroup::onGuardGone(size_t i) {
   ::kill(-s.guardPid, SIGKILL);
   int st = 0;
   while (::waitpid(s.guardPid, &st, 0) < 0 && errno == EINTR) {
+  }
+  // A guard that ended normally has removed the worker's cgroup (this finds nothing); one
+  // killed from outside could not: what its worker started, in the cgroup, dies now.
+  if (!s.cgroupDir.empty() && !killAndRemoveCgroup(s.cgroupDir.c_str(), 2000)) {
+    DDPRUN_LOG(WARN, "launcher") << "could not remove the cgroup " << s.cgroupDir << ": "
+                                 << std::strerror(errno);
   }
   s.reaped = true;
   s.status.close();

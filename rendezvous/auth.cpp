@@ -2,7 +2,7 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -16,17 +16,33 @@
 
 namespace ddprun::rendezvous::auth {
 
+namespace {
+
+// The kernel's CSPRNG (getrandom(2), blocking only until the pool is first seeded), not
+// OpenSSL's RAND_bytes: that one initialises OpenSSL -- reading openssl.cnf and setting up its
+// DRBG, about 2 MiB of RSS and a millisecond -- in every launcher and worker, token or not.
+void fillRandom(void* out, size_t n) {
+  auto* p = static_cast<unsigned char*>(out);
+  while (n > 0) {
+    const ssize_t got = ::getrandom(p, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    DDPRUN_CHECK(got > 0, std::string("getrandom failed: ") + std::strerror(errno));
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+}  // namespace
+
 std::string randomNonce() {
   std::string n(kNonceBytes, '\0');
-  DDPRUN_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(n.data()),
-                          static_cast<int>(n.size())) == 1,
-               "RAND_bytes failed");
+  fillRandom(n.data(), n.size());
   return n;
 }
 
 std::string randomId() {
   unsigned char b[8];
-  DDPRUN_CHECK(RAND_bytes(b, sizeof b) == 1, "RAND_bytes failed");
+  fillRandom(b, sizeof b);
   std::string s;
   for (unsigned char c : b) {
     s += "0123456789abcdef"[c >> 4];

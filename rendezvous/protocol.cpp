@@ -36,6 +36,7 @@ const char* opName(Op op) {
     case Op::Auth: return "AUTH";
     case Op::WaitGet: return "WAIT_GET";
     case Op::Info: return "INFO";
+    case Op::Clock: return "CLOCK";
   }
   return "?";
 }
@@ -46,6 +47,7 @@ std::optional<Op> decodeCommand(uint8_t byte, Dialect dialect) {
     case ExtensionCommand::Auth: return Op::Auth;
     case ExtensionCommand::WaitGet: return Op::WaitGet;
     case ExtensionCommand::Info: return Op::Info;
+    case ExtensionCommand::Clock: return Op::Clock;
   }
   if (dialect == Dialect::Legacy) {
     if (byte > static_cast<uint8_t>(LegacyCommand::DeleteKey)) return std::nullopt;
@@ -116,6 +118,7 @@ std::optional<uint8_t> encodeCommand(Op op, Dialect dialect) {
     case Op::Auth: return ext(ExtensionCommand::Auth);
     case Op::WaitGet: return ext(ExtensionCommand::WaitGet);
     case Op::Info: return ext(ExtensionCommand::Info);
+    case Op::Clock: return ext(ExtensionCommand::Clock);
   }
   return std::nullopt;
 }
@@ -181,7 +184,8 @@ const Shape& shapeOf(Op op) {
     case Op::Add: return keyI64;
     case Op::Check: case Op::Wait: case Op::MultiGet: return keyList;
     case Op::MultiSet: return pairList;
-    case Op::GetNumKeys: case Op::CancelWait: case Op::Hello: case Op::Info: return none;
+    case Op::GetNumKeys: case Op::CancelWait: case Op::Hello: case Op::Info:
+    case Op::Clock: return none;
     case Op::Auth: return twoValues;  // client nonce, proof
   }
   return none;

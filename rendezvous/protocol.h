@@ -34,6 +34,8 @@
 //   WAIT_GET     key                               u8 STOP_WAITING, then string (one round trip get)
 //   INFO         -                                 string instance id, string job (its run id, or
 //                                                  empty: ddprun-store serves any job)
+//   CLOCK        -                                 i64 the server's clock, system_clock microseconds
+//                                                  (the timeline's clock-offset pings)
 //
 // Everything here is pure: no sockets, no clocks. The server feeds bytes to parseRequest();
 // the client builds frames with FrameWriter and reads replies with FrameReader.
@@ -59,7 +61,8 @@ enum class LegacyCommand : uint8_t {
 };
 
 // ddprun's own commands: valid in both dialects.
-enum class ExtensionCommand : uint8_t { Hello = 0x60, Auth = 0x61, WaitGet = 0x62, Info = 0x63 };
+enum class ExtensionCommand : uint8_t { Hello = 0x60, Auth = 0x61, WaitGet = 0x62, Info = 0x63,
+                                       Clock = 0x64 };
 
 enum class CheckReply : uint8_t { Ready = 0, NotReady = 1 };
 enum class WaitReply : uint8_t { StopWaiting = 0, WaitCanceled = 1 };
@@ -75,7 +78,7 @@ const char* dialectName(Dialect d);
 enum class Op : uint8_t {
   Validate, Ping, Set, CompareSet, Get, Add, Check, Wait, GetNumKeys, WatchKey, DeleteKey,
   Append, MultiGet, MultiSet, CancelWait, QueuePush, QueuePop, QueueLen, Hello, Auth, WaitGet,
-  Info,
+  Info, Clock,
 };
 const char* opName(Op op);
 

@@ -452,6 +452,16 @@ void TcpStore::ping() {
   });
 }
 
+int64_t TcpStore::serverClockUs() {
+  if (options_.dialect != StoreDialect::Ddprun) {
+    throw StoreError("store at " + address_ + ": CLOCK needs a ddprun store");
+  }
+  return call("CLOCK", "", [&](Connection& c) {
+    c.write(frame(Op::Clock, wire_));
+    return c.i64();
+  });
+}
+
 TcpStore::ServerInfo TcpStore::serverInfo() {
   if (options_.dialect != StoreDialect::Ddprun) {
     throw StoreError("store at " + address_ + ": INFO needs a ddprun store");

@@ -72,6 +72,9 @@ class TcpStore final : public Store {
   ServerInfo serverInfo();
   // Round trip with no effect (PING in the current dialects, GETNUMKEYS in legacy).
   void ping();
+  // The server's clock (CLOCK, ddprun dialect only: StoreError otherwise), system_clock
+  // microseconds; rendezvous/clock_offset.h turns a few of them into an offset.
+  int64_t serverClockUs();
   // Makes a call blocked in another thread (typically a long WAIT, or a reconnect's backoff)
   // fail at once with NetworkError, and every later call too. Safe to call from any thread;
   // used to stop a background watcher without waiting for its WAIT to time out.

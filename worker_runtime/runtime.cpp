@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/resolve.h"
 #include "base/timeline.h"
+#include "rendezvous/clock_offset.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/tcp_store.h"
@@ -218,6 +219,22 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                          ddprun::timeline::Args()
                              .add("master", env.masterAddr + ":" + std::to_string(env.masterPort))
                              .add("hosted_by_rank0", env.useAgentStore ? 0 : 1));
+  // The job's store runs on node rank 0's machine, whose agent writes the trace: this rank's
+  // clock offset to it puts its events on that machine's axis (docs/timeline.md).
+  if (ddprun::timeline::enabled()) {
+    if (auto* tcp = dynamic_cast<TcpStore*>(base.get());
+        tcp && tcp->options().dialect == StoreDialect::Ddprun) {
+      try {
+        if (const auto c = rendezvous::measureClockOffset(*tcp)) {
+          ddprun::timeline::recordClockOffset(c->offsetUs, c->boundUs, c->rttUs, c->samples,
+                                              tcp->address());
+        }
+      } catch (const std::exception& e) {
+        DDPRUN_LOG(WARN, "runtime") << "timeline: no clock offset to " << tcp->address() << ": "
+                                    << e.what();
+      }
+    }
+  }
 
   int gpus = 0;
   if (ncclBuilt()) gpus = std::min<int>(visibleGpuCount(), torch::cuda::device_count());

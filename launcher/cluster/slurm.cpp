@@ -59,6 +59,14 @@ std::optional<SlurmStep> readSlurmStep(const Environment& env) {
   if (!find(env, "SLURM_JOB_ID") || !find(env, "SLURM_STEP_ID")) return std::nullopt;
   SlurmStep s;
   s.jobId = *find(env, "SLURM_JOB_ID");
+  const std::string& stepText = *find(env, "SLURM_STEP_ID");
+  const auto [stepEnd, stepErr] =
+      std::from_chars(stepText.data(), stepText.data() + stepText.size(), s.stepId);
+  if (stepErr != std::errc() || stepEnd != stepText.data() + stepText.size()) {
+    throw ConfigError("Slurm: SLURM_STEP_ID=" + stepText +
+                      ": expected a step number (ddprun reads the step's layout from Slurm's "
+                      "environment)");
+  }
   const char* countVar = find(env, "SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES" : "SLURM_NNODES";
   s.nodeCount = number(env, countVar, 1);
   s.nodeId = number(env, "SLURM_NODEID", 0);
@@ -114,10 +122,14 @@ std::map<std::string, std::string> scontrolNodeAddresses(const std::vector<std::
   return text ? parseScontrolNodes(*text) : std::map<std::string, std::string>{};
 }
 
-int slurmStorePort(const std::string& jobId) {
+int slurmStorePort(const std::string& jobId, unsigned long long stepId) {
   unsigned long long id = 0;
   std::from_chars(jobId.data(), jobId.data() + jobId.size(), id);
-  return 29400 + static_cast<int>(id % 1000);
+  return 29400 + static_cast<int>((id % 1000 * 10 + stepId % 1000) % 1000);
+}
+
+std::string slurmRunId(const SlurmStep& step) {
+  return step.jobId + "." + std::to_string(step.stepId);
 }
 
 SchedulerDefaults slurmDefaults(const SlurmStep& step, const NodeAddressLookup& lookup) {
@@ -135,12 +147,12 @@ SchedulerDefaults slurmDefaults(const SlurmStep& step, const NodeAddressLookup& 
     return it == addrs.end() ? name : it->second;
   };
   const std::string storeHost = address(first);
-  const int port = slurmStorePort(step.jobId);
+  const int port = slurmStorePort(step.jobId, step.stepId);
   SchedulerDefaults d;
-  d.source = "Slurm job " + step.jobId;
+  d.source = "Slurm step " + slurmRunId(step);
   d.flags = {{"rdzv-backend", "c10d"},
              {"rdzv-endpoint", withPort(storeHost, port)},
-             {"rdzv-id", step.jobId},
+             {"rdzv-id", slurmRunId(step)},
              {"nnodes", std::to_string(step.nodeCount)},
              {"local-addr", address(step.nodeName)},
              {"node-rank", std::to_string(step.nodeId)},

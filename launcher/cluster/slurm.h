@@ -3,8 +3,8 @@
 // rendezvous flags. Each ddprun reads the step from Slurm's environment and turns it into
 // flag defaults (SchedulerDefaults, options.h), below anything given explicitly:
 //
-//   --rdzv-backend=c10d --rdzv-id=$SLURM_JOB_ID --nnodes=<nodes of the step>
-//   --rdzv-endpoint=<first node's address>:<29400 + SLURM_JOB_ID mod 1000>
+//   --rdzv-backend=c10d --rdzv-id=$SLURM_JOB_ID.$SLURM_STEP_ID --nnodes=<nodes of the step>
+//   --rdzv-endpoint=<first node's address>:<29400 + (10 x SLURM_JOB_ID + SLURM_STEP_ID) mod 1000>
 //   --local-addr=<this node's address>, node rank = SLURM_NODEID (kept by the rendezvous)
 //   (--master-addr, --master-port and --node-rank likewise, for --rdzv-backend=static)
 //   --nproc-per-node=gpu|cpu|auto count what Slurm gave the node (SLURM_GPUS_ON_NODE,
@@ -12,8 +12,9 @@
 //
 // A node's address is its NodeAddr as `scontrol show node` reports it, else its name (resolved
 // when used); names that are IP addresses are taken as they are. The first node of the step's hostlist hosts the store: it is the node whose
-// address is the endpoint's. The port depends on the job id, so two jobs sharing a node do
-// not collide.
+// address is the endpoint's. The port depends on the job and the step, so two jobs sharing a
+// node, and two steps of one job running at once (`srun ... & srun ... &` in a batch script),
+// do not collide: each step has its own store and run id.
 #include <functional>
 #include <map>
 #include <optional>
@@ -26,6 +27,7 @@ namespace ddprun::launcher::cluster {
 
 struct SlurmStep {
   std::string jobId;               // SLURM_JOB_ID
+  unsigned long long stepId = 0;   // SLURM_STEP_ID
   int nodeCount = 0;               // SLURM_STEP_NUM_NODES, else SLURM_NNODES
   int nodeId = 0;                  // SLURM_NODEID
   std::string nodeName;            // SLURMD_NODENAME: this node
@@ -49,13 +51,17 @@ std::map<std::string, std::string> scontrolNodeAddresses(const std::vector<std::
 // `scontrol show node -o` output -> NodeName -> NodeAddr (pure).
 std::map<std::string, std::string> parseScontrolNodes(const std::string& text);
 
-// 29400 + job id mod 1000.
-int slurmStorePort(const std::string& jobId);
+// 29400 + (10 x job id + step id) mod 1000: jobs with neighbouring ids and the first ten steps
+// of one job get distinct ports.
+int slurmStorePort(const std::string& jobId, unsigned long long stepId);
+
+// "<job>.<step>", Slurm's own name for a step (sacct, squeue -s): the run id.
+std::string slurmRunId(const SlurmStep& step);
 
 // The step as flag defaults (pure but for `lookup`).
 SchedulerDefaults slurmDefaults(const SlurmStep& step, const NodeAddressLookup& lookup);
 
-// "taken from Slurm job 12 (node 1 of 2, n2): --rdzv-backend=c10d ...": the one log line
+// "taken from Slurm step 12.0 (node 1 of 2, n2): --rdzv-backend=c10d ...": the one log line
 // naming the flags that Slurm supplied (`used`, from ParseOutcome::fromScheduler) and that
 // the chosen `backend` reads.
 std::string describeSlurmDefaults(const SlurmStep& step, const SchedulerDefaults& defaults,

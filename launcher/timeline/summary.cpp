@@ -64,6 +64,20 @@ Summary summarize(const json& trace) {
     throw Error("not a Chrome trace: no traceEvents array");
   }
   Summary s;
+  if (trace.is_object() && trace.contains("otherData") && trace["otherData"].is_object()) {
+    const json& o = trace["otherData"];
+    if (o.contains("clock_offset_bound_us") && o["clock_offset_bound_us"].is_number_integer()) {
+      s.clockBoundUs = o["clock_offset_bound_us"].get<int64_t>();
+    }
+    auto names = [&](const char* key, std::vector<std::string>& out) {
+      if (!o.contains(key) || !o[key].is_array()) return;
+      for (const auto& n : o[key]) {
+        if (n.is_string()) out.push_back(n.get<std::string>());
+      }
+    };
+    names("nodes_missing", s.missingNodes);
+    names("unaligned_tracks", s.unalignedTracks);
+  }
   std::map<int64_t, std::string> trackOf;  // trace pid -> track name
   for (const auto& e : *events) {
     if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") {
@@ -168,6 +182,19 @@ std::string formatSummary(const Summary& s) {
   std::snprintf(buf, sizeof(buf), "%zu rank(s), %zu agent(s), %.2f s, %zu events\n",
                 s.ranks.size(), s.agents.size(), s.spanSeconds, s.events);
   out += buf;
+  auto list = [](const std::vector<std::string>& v) {
+    std::string l;
+    for (const auto& x : v) l += (l.empty() ? "" : ", ") + x;
+    return l;
+  };
+  if (s.clockBoundUs > 0) {
+    out += "clock: other nodes' tracks aligned to the writer's clock within +-" +
+           std::to_string(s.clockBoundUs) + " us (waits across nodes are exact to that)\n";
+  }
+  if (!s.unalignedTracks.empty()) {
+    out += "clock: not aligned (no offset measured): " + list(s.unalignedTracks) + "\n";
+  }
+  if (!s.missingNodes.empty()) out += "missing (sent no events): " + list(s.missingNodes) + "\n";
   std::snprintf(buf, sizeof(buf), "%-6s %7s %10s %10s %10s %10s %10s  %s\n", "rank", "steps",
                 "step s", "compute s", "comm s", "waiting s", "caused s", "slowest step");
   out += buf;
@@ -222,7 +249,9 @@ nlohmann::json summaryJson(const Summary& s) {
   return {{"span_s", s.spanSeconds}, {"events", s.events}, {"agents", s.agents},
           {"ranks", ranks}, {"job_events", events},
           {"straggler", s.straggler < 0 ? json(nullptr) : json(s.straggler)},
-          {"compared_collectives", s.comparedCollectives}};
+          {"compared_collectives", s.comparedCollectives},
+          {"clock_offset_bound_us", s.clockBoundUs}, {"nodes_missing", s.missingNodes},
+          {"unaligned_tracks", s.unalignedTracks}};
 }
 
 }  // namespace ddprun::launcher::timeline

@@ -49,6 +49,12 @@ struct Summary {
   std::vector<JobEvent> jobEvents;  // rendezvous rounds, worker exits, restarts, the end
   int straggler = -1;               // -1: none (one rank, or nobody waited)
   int64_t comparedCollectives = 0;  // collectives seen on at least two ranks
+  // Several nodes (otherData, docs/timeline.md): the largest clock-offset error bound of a
+  // track (0: one machine, exact), the nodes whose events never arrived, and the tracks left
+  // on their own clock. Waits across nodes are exact to within the bound.
+  int64_t clockBoundUs = 0;
+  std::vector<std::string> missingNodes;
+  std::vector<std::string> unalignedTracks;
 };
 
 // Throws ddprun::Error when `trace` is not a trace of this format.

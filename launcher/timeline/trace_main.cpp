@@ -19,7 +19,23 @@ int main(int argc, char** argv) {
     std::cerr << "ddprun-trace: cannot open " << file << "\n";
     return 1;
   }
-  const auto trace = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  // A trace is shallow (the document, its event list, an event, its args). Anything nested
+  // deeper is dropped while parsing and refused: the recursive JSON code that destroys and
+  // walks values would overflow the stack on a file nested 100,000 levels deep.
+  constexpr int kMaxDepth = 32;
+  bool tooDeep = false;
+  const auto trace = nlohmann::json::parse(
+      in,
+      [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        if (depth > kMaxDepth) tooDeep = true;
+        return depth <= kMaxDepth;
+      },
+      /*allow_exceptions=*/false);
+  if (tooDeep) {
+    std::cerr << "ddprun-trace: " << file << " is nested deeper than " << kMaxDepth
+              << " levels: not a ddprun trace\n";
+    return 1;
+  }
   if (trace.is_discarded()) {
     std::cerr << "ddprun-trace: " << file << " is not JSON\n";
     return 1;

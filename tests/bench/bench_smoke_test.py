@@ -21,7 +21,7 @@ ARGS = {
     "rendezvous": ["--sizes", "2", "--repeat", "1", "--only", "form"],
     "allreduce": ["--ranks", "2", "--min-bytes", "4096", "--max-bytes", "16384",
                   "--seconds", "0.05"],
-    "train": ["--model", "mlp", "--nproc", "2", "--steps", "20", "--repeat", "1"],
+    "train": ["--model", "mlp", "--nproc", "2", "--steps", "20", "--repeat", "1", "--timeline"],
 }
 # Words that name ddprun's side and the peer's in each benchmark's CSV.
 PEERS = {
@@ -67,6 +67,9 @@ def main():
         assert values, f"{out} holds no numbers:\n{text}"
         bad = [v for v in values if not math.isfinite(v) or v < 0]
         assert not bad, f"{out} holds non-finite or negative numbers {bad}:\n{text}"
+        if name == "train":  # the timeline's cost: a third side and its ratio
+            assert "ddprun+timeline" in text and "timeline_ratio" in text, \
+                f"{out} has no --timeline measurement:\n{text}"
         print(f"ok: ddprun-bench {name}: {len(rows) - 1} rows, {len(values)} numbers")
 
 

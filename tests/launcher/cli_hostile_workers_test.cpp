@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "ddprun_process.h"
+#include "launcher/job_cgroup.h"
 #include "tests/support/skip.h"
 #include "rendezvous/tcp_store.h"
 
@@ -81,11 +82,13 @@ namespace {
 //   setsid.R  a child in a session of its own (out of the worker's process group)
 //   double.R  a double-forked grandchild (its parent exits at once: an orphan)
 //   noterm.R  a child that ignores SIGTERM
-// then its own pid to worker.R, and waits (or exits 0 at once with `thenExit`).
+// then its own pid to worker.R, and waits (or exits 0 at once with `thenExit`). It first
+// writes its cgroup v2 line ("0::/path") to cgroup.R.
+// `d` is a shell word (an exported variable, say); the worker creates it.
 // $$$$ reaches the shell as $$ (ddprun substitutes $$ -> $ like torchrun).
-std::string escapingWorker(const TempDir& dir, bool thenExit) {
-  const std::string d = dir.path();
-  return "setsid sleep 1000 & echo $! > " + d + "/setsid.$RANK; "
+std::string escapingWorker(const std::string& d, bool thenExit) {
+  return "mkdir -p " + d + "; grep '^0::' /proc/self/cgroup > " + d + "/cgroup.$RANK; "
+         "setsid sleep 1000 & echo $! > " + d + "/setsid.$RANK; "
          "sh -c 'sleep 1000 & echo $! > " + d + "/double.$RANK' & "
          "sh -c 'trap \"\" TERM; echo $$$$ > " + d + "/noterm.$RANK; "
          "while true; do sleep 0.05; done' & "
@@ -93,21 +96,44 @@ std::string escapingWorker(const TempDir& dir, bool thenExit) {
          "echo $$$$ > " + d + "/worker.$RANK; " + (thenExit ? "exit 0" : "wait");
 }
 
-std::vector<pid_t> escapedPids(const TempDir& dir, int ranks) {
+std::vector<pid_t> escapedPids(const std::string& dir, int ranks) {
   std::vector<pid_t> pids;
   for (int r = 0; r < ranks; ++r) {
     for (const char* kind : {"setsid.", "double.", "noterm."}) {
-      pids.push_back(std::stoi(readFile(dir / (kind + std::to_string(r)))));
+      pids.push_back(std::stoi(readFile(dir + "/" + kind + std::to_string(r))));
     }
   }
   return pids;
 }
 
-bool allWorkersWrote(const TempDir& dir, int ranks) {
+bool allWorkersWrote(const std::string& dir, int ranks) {
   for (int r = 0; r < ranks; ++r) {
-    if (readFile(dir / ("worker." + std::to_string(r))).empty()) return false;
+    if (readFile(dir + "/worker." + std::to_string(r)).empty()) return false;
   }
   return true;
+}
+
+// This process's line "0::/path\n" of /proc/self/cgroup.
+std::string ownCgroupLine() {
+  for (const auto& line : lines(readFile("/proc/self/cgroup"))) {
+    if (line.rfind("0::", 0) == 0) return line + "\n";
+  }
+  return "";
+}
+
+// Where ddprun (started by this process) makes its job cgroup: our own cgroup v2 directory,
+// when a child cgroup with cgroup.kill can be made there (probed); empty otherwise.
+const std::string& writableCgroup2() {
+  static const std::string dir = [] {
+    const auto own = ddprun::launcher::findOwnCgroup2();
+    if (own.dir.empty()) return std::string();
+    const std::string probe = own.dir + "/ddprun-test-probe-" + std::to_string(::getpid());
+    if (::mkdir(probe.c_str(), 0755) != 0) return std::string();
+    const bool hasKill = ::access((probe + "/cgroup.kill").c_str(), W_OK) == 0;
+    ::rmdir(probe.c_str());
+    return hasKill ? own.dir : std::string();
+  }();
+  return dir;
 }
 
 // Every pid is gone or a zombie (PID 1 of a sandbox may reap orphans late). Waits for the
@@ -127,33 +153,138 @@ void checkAllDead(const std::vector<pid_t>& pids) {
 
 }  // namespace
 
+namespace {
+
+// The job cgroup (launcher/job_cgroup.h) as the workers see it. With cgroups in use, each
+// rank's cgroup line (escapingWorker) is "0::<ours>/ddprun-<id>-<pid>/round-<round>-rank-<rank>";
+// the job's directory is returned. Without, it is our own line.
+std::string checkWorkerCgroups(const std::string& dir, int ranks, bool cgroups, int round = 0) {
+  const std::string ours = ownCgroupLine();
+  std::string jobPath;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string line = readFile(dir + "/cgroup." + std::to_string(r));
+    INFO("rank " << r << ": " << line << "ours: " << ours);
+    if (!cgroups) {
+      CHECK(line == ours);
+      continue;
+    }
+    const std::string base = ours == "0::/\n" ? "" : ours.substr(3, ours.size() - 4);
+    const std::string head = "0::" + base + "/ddprun-";
+    const std::string tail =
+        "/round-" + std::to_string(round) + "-rank-" + std::to_string(r) + "\n";
+    REQUIRE(line.rfind(head, 0) == 0);
+    REQUIRE(line.size() > head.size() + tail.size());
+    REQUIRE(line.compare(line.size() - tail.size(), tail.size(), tail) == 0);
+    const std::string path = line.substr(3, line.size() - 3 - tail.size());
+    CHECK(path.find('/', head.size() - 3) == std::string::npos);  // a child of ours
+    if (r > 0) CHECK(path == jobPath);
+    jobPath = path;
+  }
+  if (!cgroups) return "";
+  const auto lookup = ddprun::launcher::findOwnCgroup2(readFile("/proc/self/mountinfo"), "0::" + jobPath + "\n");
+  INFO(lookup.whyNot);
+  REQUIRE_FALSE(lookup.dir.empty());
+  return lookup.dir;
+}
+
+// ddprun's environment with DDPRUN_CGROUP=0 (no job cgroup) or as it is.
+Env cgroupEnv(bool cgroups) {
+  Env env = baseEnv();
+  if (!cgroups) env["DDPRUN_CGROUP"] = "0";
+  return env;
+}
+
+}  // namespace
+
 TEST_CASE("nothing a worker started survives ddprun's SIGKILL: setsid, double fork, no SIGTERM",
           "[launcher][cli][orphans][hostile]") {
-  TempDir dir;
-  Ddprun d({"--standalone", "--nproc-per-node=2", "sh", "-c", escapingWorker(dir, false)});
-  REQUIRE(waitUntil([&] { return allWorkersWrote(dir, 2); }));
-  const auto pids = escapedPids(dir, 2);
-  for (pid_t p : pids) REQUIRE(processRunning(p));
-  d.signal(SIGKILL);
-  CHECK(d.wait() == 137);
-  checkAllDead(pids);
+  // Once with the job cgroup (where this host has one), once with the guards alone.
+  for (bool cgroups : {true, false}) {
+    if (cgroups && writableCgroup2().empty()) continue;
+    INFO((cgroups ? "with the job cgroup" : "DDPRUN_CGROUP=0"));
+    TempDir dir;
+    Ddprun d({"--standalone", "--nproc-per-node=2", "sh", "-c", escapingWorker(dir.path(), false)},
+             cgroupEnv(cgroups));
+    REQUIRE(waitUntil([&] { return allWorkersWrote(dir.path(), 2); }));
+    const auto pids = escapedPids(dir.path(), 2);
+    for (pid_t p : pids) REQUIRE(processRunning(p));
+    const std::string jobCgroup = checkWorkerCgroups(dir.path(), 2, cgroups);
+    if (cgroups) REQUIRE(std::filesystem::is_directory(jobCgroup));
+    d.signal(SIGKILL);
+    CHECK(d.wait() == 137);
+    checkAllDead(pids);
+    // The guards, which outlive ddprun for their sweep, removed the job's cgroup too.
+    if (cgroups) {
+      waitUntil([&] { return !std::filesystem::exists(jobCgroup); });
+      CHECK_FALSE(std::filesystem::exists(jobCgroup));
+    }
+  }
+  if (writableCgroup2().empty()) skipTest("no writable cgroup v2 with cgroup.kill here: ran without");
 }
 
 TEST_CASE("nothing a worker started survives a job that ends normally",
           "[launcher][cli][orphans][hostile]") {
+  for (bool cgroups : {true, false}) {
+    if (cgroups && writableCgroup2().empty()) continue;
+    INFO((cgroups ? "with the job cgroup" : "DDPRUN_CGROUP=0"));
+    TempDir dir;
+    auto r = runDdprun({"--standalone", "--nproc-per-node=2", "sh", "-c", escapingWorker(dir.path(), true)},
+                       cgroupEnv(cgroups));
+    CHECK(r.code == 0);
+    checkAllDead(escapedPids(dir.path(), 2));
+    const std::string jobCgroup = checkWorkerCgroups(dir.path(), 2, cgroups);
+    if (cgroups) CHECK_FALSE(std::filesystem::exists(jobCgroup));
+  }
+  if (writableCgroup2().empty()) skipTest("no writable cgroup v2 with cgroup.kill here: ran without");
+}
+
+TEST_CASE("with a job cgroup, nothing survives a guard killed from outside",
+          "[launcher][cli][orphans][hostile][cgroup]") {
+  // A guard SIGKILLed from outside cannot sweep: its worker's process group dies with it, but
+  // a setsid, double-forked child is no longer below any guard (without cgroups it survives:
+  // the documented limit). Its cgroup still holds it, and ddprun kills that cgroup at once --
+  // checked while the job goes on with its restart, so not by the job cgroup's end.
+  if (writableCgroup2().empty()) {
+    skipTest("no writable cgroup v2 with cgroup.kill here");
+    return;
+  }
   TempDir dir;
-  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "sh", "-c", escapingWorker(dir, true)});
-  CHECK(r.code == 0);
-  checkAllDead(escapedPids(dir, 2));
+  const std::string first = dir / "a0";
+  Ddprun d({"--standalone", "--nproc-per-node=2", "--max-restarts=1", "sh", "-c",
+            "export d=" + dir.path() + "/a$TORCHELASTIC_RESTART_COUNT; mkdir -p $d; "
+            "echo $PPID > $d/guard.$RANK; " + escapingWorker("$d", false)});
+  REQUIRE(waitUntil([&] { return allWorkersWrote(first, 2); }));
+  auto pids = escapedPids(first, 2);
+  for (int r = 0; r < 2; ++r) pids.push_back(std::stoi(readFile(first + "/worker." + std::to_string(r))));
+  for (pid_t p : pids) REQUIRE(processRunning(p));
+  const std::string jobCgroup = checkWorkerCgroups(first, 2, true, 0);
+  const pid_t guard = std::stoi(readFile(first + "/guard.1"));
+  REQUIRE(readFile("/proc/" + std::to_string(guard) + "/comm") == "ddprun-guard\n");
+  ::kill(guard, SIGKILL);
+  // The restarted group (round 1) runs: the first group's processes, all of them, are gone.
+  const std::string second = dir / "a1";
+  REQUIRE(waitUntil([&] { return allWorkersWrote(second, 2); }));
+  checkAllDead(pids);
+  REQUIRE(processRunning(d.pid()));
+  CHECK_FALSE(std::filesystem::exists(jobCgroup + "/round-0-rank-1"));
+  CHECK_FALSE(std::filesystem::exists(jobCgroup + "/round-0-rank-0"));
+  CHECK(checkWorkerCgroups(second, 2, true, 1) == jobCgroup);
+  // The end: the second group's escapees and the job's cgroup are gone too.
+  const auto secondPids = escapedPids(second, 2);
+  d.signal(SIGTERM);
+  CHECK(d.wait() == 143);
+  CHECK_THAT(d.err(), Catch::Contains("its guard process died"));
+  checkAllDead(secondPids);
+  CHECK_FALSE(std::filesystem::exists(jobCgroup));
 }
 
 TEST_CASE("after --shutdown-timeout ddprun kills everything and says it stopped the workers",
           "[launcher][cli][orphans][hostile]") {
   TempDir dir;
   Ddprun d({"--standalone", "--nproc-per-node=2", "--shutdown-timeout=0.3", "sh", "-c",
-            "trap '' TERM; " + escapingWorker(dir, false)});
-  REQUIRE(waitUntil([&] { return allWorkersWrote(dir, 2); }));
-  auto pids = escapedPids(dir, 2);
+            "trap '' TERM; " + escapingWorker(dir.path(), false)});
+  REQUIRE(waitUntil([&] { return allWorkersWrote(dir.path(), 2); }));
+  auto pids = escapedPids(dir.path(), 2);
   for (int r = 0; r < 2; ++r) pids.push_back(std::stoi(readFile(dir / ("worker." + std::to_string(r)))));
   d.signal(SIGTERM);
   CHECK(d.wait() == 143);

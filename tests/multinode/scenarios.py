@@ -1,5 +1,6 @@
 """Multi-node scenarios: several real ddprun agents on one machine, each a "node" with its own
 loopback address (127.0.0.2, 127.0.0.3, ...). Usage: scenarios.py NAME (exit 0 / 1 / 77)."""
+import json
 import os
 import signal
 import socket
@@ -432,11 +433,83 @@ def shm_hierarchical(t):
     check(not left, "nothing left in /dev/shm (found %s)" % left)
 
 
+def timeline_node_killed(t):
+    """--timeline on three nodes (1:3) and node c's agent SIGKILLed mid-run: a and b re-form
+    and finish; node rank 0's agent writes one trace holding both survivors' agents (the other
+    one's events shipped through the store, with its clock offset and bound stated: 0 within the
+    bound, one machine); c's events, never shipped, are absent, and nothing fails
+    (docs/timeline.md)."""
+    trace = os.path.join(t.dir, "job.json")
+    gate = os.path.join(t.dir, "gate")  # an early round of 2 (MIN=1) must not end the job
+    nodes = [t.agent(n, addr, "1:3", "tl-shrink", ["--finish-at-world", "2", "--gate", gate],
+                     extra=["--timeline=" + trace])
+             for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4"))]
+    t.wait_for("a round of 3", lambda: len(t.starts(world=3)) == 3, 30)
+    open(gate, "w").close()
+    nodes[2].signal(signal.SIGKILL)
+    for n in nodes[:2]:
+        check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
+    with open(trace) as f:
+        data = json.load(f)
+    names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
+          "the survivors' agents, not the killed one's: %s" % sorted(names.values()))
+    other = data["otherData"]
+    check(other["nodes_missing"] == [], "no node of the last round missing: %s" % other)
+    info = {tr["track"]: tr for tr in other["tracks"]}
+    writer = [n for n, tr in info.items() if tr["clock_offset_bound_us"] == 0]
+    check(len(writer) == 1, "one agent is the reference clock: %s" % info)
+    shipped = info[({"agent 127.0.0.2", "agent 127.0.0.3"} - set(writer)).pop()]
+    bound = shipped["clock_offset_bound_us"]
+    check(isinstance(bound, int) and bound > 0 and abs(shipped["clock_offset_us"]) <= bound,
+          "the shipped node's offset is 0 within its bound (one machine): %s" % shipped)
+    check(other["clock_offset_bound_us"] == bound, "the file states the bound")
+    pid = {v: k for k, v in names.items()}[shipped["track"]]
+    rounds = [e for e in data["traceEvents"] if e.get("pid") == pid and e["name"] == "rendezvous"]
+    check(sorted(e["args"]["nodes"] for e in rounds)[-2:] == [2, 3],
+          "the shipped agent's rounds of 3 and then 2 nodes are there: %s" %
+          [e["args"] for e in rounds])
+
+
+def timeline_job_failed(t):
+    """--timeline on two nodes whose job fails (node rank 1's worker exits 7, no restart left):
+    node b's agent ships its events when the job ends and node rank 0's agent waits for them,
+    so the one file holds b's failed worker, its failure report and both agents' job end."""
+    trace = os.path.join(t.dir, "job.json")
+    args = ["--always-fail", "1", "7", "--run", "30"]
+    a = t.agent("a", "127.0.0.2", "2", "tl-fail", args,
+                extra=["--max-restarts=0", "--timeline=" + trace])
+    b = t.agent("b", "127.0.0.3", "2", "tl-fail", args,
+                extra=["--max-restarts=0", "--timeline=" + trace])
+    for n in (a, b):
+        check(n.wait(60) == 7, "node %s exit code %s, expected 7" % (n.name, n.proc.returncode))
+    with open(trace) as f:
+        data = json.load(f)
+    names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
+          "both agents' tracks: %s" % sorted(names.values()))
+    check(data["otherData"]["nodes_missing"] == [], "no node missing: %s" % data["otherData"])
+    by = {}
+    for e in data["traceEvents"]:
+        if e.get("ph") != "M":
+            by.setdefault(names[e["pid"]], []).append(e)
+    b_events = by["agent 127.0.0.3"]
+    failed = [e for e in b_events if e["name"] == "worker exit" and e["args"]["failed"] == 1]
+    check(len(failed) == 1 and failed[0]["args"]["result"] == "exit code 7",
+          "node b's failed worker arrived through the store: %s" % failed)
+    check(any(e["name"] == "failure report" for e in b_events), "node b's failure report")
+    for n in names.values():
+        check(any(e["name"] == "job end" and e["args"]["exit_code"] == 7 for e in by[n]),
+              "%s: job end with exit code 7" % n)
+
+
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
-    netns_two_nodes, shm_hierarchical)}
+    netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))

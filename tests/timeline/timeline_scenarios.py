@@ -5,6 +5,10 @@
                process on the same track, and the job's end
   straggler    rank 1 stopped for 150 ms every 250 ms (SIGSTOP/SIGCONT from outside):
                ddprun-trace names it the straggler
+  two_nodes    two agents (127.0.0.2, 127.0.0.3; --nnodes=2, c10d) of one rank each, node b's
+               timeline clock 5 s ahead (the test hook DDPRUN_TIMELINE_TEST_CLOCK_SKEW_US): one
+               file with both agents and both ranks, the skew measured and removed (every
+               allreduce overlaps on both ranks within the stated bound)
 Usage: timeline_scenarios.py SCENARIO   (exit 0 pass, 1 fail, 77 skip)
 """
 import json
@@ -229,7 +233,120 @@ def straggler(tmp):
     check(re.search(r"^straggler: rank 1 ", out, re.M), "ddprun-trace names rank 1 the straggler")
 
 
-SCENARIOS = {"two_ranks": two_ranks, "rank_killed": rank_killed, "straggler": straggler}
+def free_port(addr):
+    import socket
+    with socket.socket() as sock:
+        sock.bind((addr, 0))
+        return sock.getsockname()[1]
+
+
+SKEW_US = 5_000_000
+
+
+def two_nodes(tmp):
+    trace_path = os.path.join(tmp, "job.json")  # one path for both agents: one machine here
+    port = free_port("127.0.0.2")
+    conf = "heartbeat=0.3,missed_heartbeats=3,last_call_timeout=0.5,join_timeout=60," \
+           "read_timeout=3,close_timeout=10,exit_barrier_timeout=60"
+    procs = {}
+    for name, addr, skew in (("a", "127.0.0.2", 0), ("b", "127.0.0.3", SKEW_US)):
+        cmd = [os.path.join(BIN, "ddprun"), "--nnodes=2", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.2:%d" % port, "--rdzv-id=tl2",
+               "--local-addr=" + addr, "--rdzv-conf=" + conf, "--timeline=" + trace_path,
+               os.path.join(BIN, "mnist_mlp"), "--data", DATA, "--log-interval", "1000",
+               "--train-limit", "1024", "--test-limit", "200", "--epochs", "1",
+               "--batch-size", "16"]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if skew:
+            env["DDPRUN_TIMELINE_TEST_CLOCK_SKEW_US"] = str(skew)
+        log = os.path.join(tmp, name + ".log")
+        procs[name] = (subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True), log)
+    codes = {}
+    for name, (p, log) in procs.items():
+        try:
+            codes[name] = p.wait(timeout=170)
+        except subprocess.TimeoutExpired:
+            for q, _ in procs.values():
+                try:
+                    os.killpg(q.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise Failure("node %s did not end within 170 s" % name)
+    logs = {n: open(l).read() for n, (_, l) in procs.items()}
+    for name in procs:
+        check(codes[name] == 0, "node %s exits 0:\n%s" % (name, logs[name]))
+
+    check(os.path.exists(trace_path), "the timeline %s was written" % trace_path)
+    with open(trace_path) as f:
+        trace = json.load(f)
+    check_well_formed(trace)
+    names = sorted(tracks(trace).values())
+    check(names == ["agent 127.0.0.2", "agent 127.0.0.3", "rank 0", "rank 1"],
+          "one file with both agents and both ranks (%s)" % names)
+    other = trace["otherData"]
+    bound = other.get("clock_offset_bound_us")
+    check(isinstance(bound, int) and bound > 0, "the file states the offset's bound (%r)" % bound)
+    check(bound < SKEW_US // 10, "the bound (%d us) is far below the skew" % bound)
+    check(other.get("nodes_missing") == [], "no node missing: %s" % other.get("nodes_missing"))
+    info = {t["track"]: t for t in other["tracks"]}
+    check(sorted(info) == names, "otherData.tracks names every track: %s" % sorted(info))
+    ref = [n for n, t in info.items() if t["clock_offset_us"] == 0 and t["clock_offset_bound_us"] == 0]
+    moved = [n for n in names if n not in ref]
+    check(len(ref) == 2 and len(moved) == 2, "the writer's node (2 tracks) is the reference, the "
+          "other's 2 tracks are shifted: %s" % info)
+    writer_is_a = "agent 127.0.0.2" in ref
+    # The other node's clock is ahead by SKEW_US (b's) or behind by it (a's, b writing).
+    expect = -SKEW_US if writer_is_a else SKEW_US
+    for n in moved:
+        t = info[n]
+        check(abs(t["clock_offset_us"] - expect) <= t["clock_offset_bound_us"],
+              "%s: the offset %d us is the injected %d us within its bound %d us" %
+              (n, t["clock_offset_us"], expect, t["clock_offset_bound_us"]))
+
+    # The part files hold each node's own clock: the skew is there before the merge.
+    def first_collective(rank):
+        parts = os.path.join(trace_path + ".parts")
+        for d in os.listdir(parts):
+            for fn in os.listdir(os.path.join(parts, d)):
+                if fn.startswith("rank-%d-" % rank):
+                    with open(os.path.join(parts, d, fn)) as f:
+                        for line in f:
+                            e = json.loads(line)
+                            if e.get("cat") == "collective" and e["args"].get("seq") == 3:
+                                return e
+        raise Failure("rank %d's part file has no collective seq 3" % rank)
+    raw0, raw1 = first_collective(0), first_collective(1)
+    raw_gap = abs(raw0["ts"] - raw1["ts"])
+    check(raw_gap > SKEW_US // 2, "the raw part files are %d us apart (the hook works)" % raw_gap)
+
+    # On the merged axis, one allreduce cannot end on a rank before the other rank called it
+    # (a broadcast's root can: its send may complete first, so only allreduces are compared).
+    calls = {}
+    for rank in (0, 1):
+        for e in by_track(trace, "rank %d" % rank):
+            if e.get("cat") == "collective" and e["name"] == "allreduce":
+                calls.setdefault((e["args"]["group"], e["args"]["seq"]), {})[rank] = e
+    both = [c for c in calls.values() if len(c) == 2]
+    check(len(both) > 30, "allreduces of both ranks matched by (group, seq): %d" % len(both))
+    # the largest (latest call - earliest completion); negative: every one overlapped by that
+    worst = max(max(e["ts"] for e in c.values()) - min(e["ts"] + e["dur"] for e in c.values())
+                for c in both)
+    check(worst <= bound, "every allreduce overlaps on both ranks within the bound: the worst "
+          "gap is %d us, the bound %d us" % (worst, bound))
+    print("two nodes: %d allreduces overlap (worst gap %d us), offset bound %d us, "
+          "skew %d us removed" % (len(both), worst, bound, SKEW_US))
+    out = ddprun_trace(trace_path)
+    print(out)
+    check("2 rank(s), 2 agent(s)" in out, "ddprun-trace counts both agents and both ranks")
+    check("within +-%d us" % bound in out, "ddprun-trace states the clock bound")
+    summary = json.loads(ddprun_trace(trace_path, "--json"))
+    check(summary["compared_collectives"] > 30, "--json: collectives matched across nodes")
+    check(summary["clock_offset_bound_us"] == bound, "--json: the clock bound")
+
+
+SCENARIOS = {"two_ranks": two_ranks, "rank_killed": rank_killed, "straggler": straggler,
+             "two_nodes": two_nodes}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else ""

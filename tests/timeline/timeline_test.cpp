@@ -3,6 +3,7 @@
 // (launcher/timeline/summary.h). The job-level tests are timeline_scenarios.py.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,12 +12,18 @@
 #include <nlohmann/json.hpp>
 
 #include "base/timeline.h"
+#include "launcher/timeline/exchange.h"
 #include "launcher/timeline/merge.h"
+#include "launcher/timeline/part_file.h"
 #include "launcher/timeline/summary.h"
+#include "rendezvous/clock_offset.h"
+#include "rendezvous/tcp_store.h"
+#include "rendezvous/threaded_store_server.h"
 #include "tests/support/temp_dir.h"
 
 namespace events = ddprun::timeline;
 using ddprun::launcher::timeline::mergeTimeline;
+using ddprun::launcher::timeline::nodeBundle;
 using ddprun::launcher::timeline::formatSummary;
 using ddprun::launcher::timeline::summarize;
 using ddprun::testing::TempDir;
@@ -187,4 +194,202 @@ TEST_CASE("the summary names the rank the others wait for", "[timeline]") {
                            {"args", {{"name", "rank 0"}}}}});
   CHECK(summarize(json{{"traceEvents", one}}).straggler == -1);
   CHECK_THROWS_WITH(summarize(json{{"x", 1}}), Catch::Contains("no traceEvents"));
+}
+
+TEST_CASE("the clock offset is the minimum-round-trip sample's, its bound half that trip",
+          "[timeline]") {
+  using ddprun::rendezvous::ClockSample;
+  using ddprun::rendezvous::estimateClockOffset;
+  CHECK_FALSE(estimateClockOffset({}).has_value());
+  CHECK_FALSE(estimateClockOffset({{.sentUs = 10, .serverUs = 5, .receivedUs = 9}}).has_value());
+  // The server is 1000 us ahead; the second sample has the shortest trip (40 us).
+  const auto c = estimateClockOffset({{.sentUs = 0, .serverUs = 1300, .receivedUs = 600},
+                                      {.sentUs = 1000, .serverUs = 2025, .receivedUs = 1040},
+                                      {.sentUs = 2000, .serverUs = 3100, .receivedUs = 2200}});
+  REQUIRE(c.has_value());
+  CHECK(c->rttUs == 40);
+  CHECK(c->offsetUs == 2025 - 1020);
+  CHECK(c->boundUs == 21);
+  CHECK(c->samples == 3);
+  // Epoch microseconds do not overflow.
+  const int64_t t = 1'800'000'000'000'000;
+  const auto e = estimateClockOffset({{.sentUs = t, .serverUs = t - 5'000'000, .receivedUs = t + 10}});
+  REQUIRE(e.has_value());
+  CHECK(e->offsetUs == -5'000'000 - 5);
+}
+
+TEST_CASE("CLOCK through a real store: this machine's offset to itself is 0 within the bound",
+          "[timeline]") {
+  using namespace ddprun::rendezvous;
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  TcpStore store({.host = "127.0.0.1", .port = server.port()});
+  store.set("before", "intact");
+  const auto c = measureClockOffset(store, 8);
+  REQUIRE(c.has_value());
+  CHECK(c->samples == 8);
+  CHECK(c->rttUs >= 0);
+  CHECK(c->boundUs >= 1);
+  CHECK(std::llabs(c->offsetUs) <= c->boundUs);
+  CHECK(store.get("before") == "intact");  // CLOCK changed nothing, the connection still works
+  // A client of a torch server never sends it.
+  TcpStore legacy({.host = "127.0.0.1", .port = server.port(), .dialect = StoreDialect::Legacy});
+  CHECK_THROWS_WITH(legacy.serverClockUs(), Catch::Contains("CLOCK needs a ddprun store"));
+}
+
+namespace {
+void writeLines(const std::string& path, const std::vector<std::string>& lines) {
+  std::ofstream out(path);
+  for (const auto& l : lines) out << l << "\n";
+}
+}  // namespace
+
+TEST_CASE("another node's bundle lands on the writer's axis with its offset and bound stated",
+          "[timeline]") {
+  TempDir dir("ddprun-timeline");
+  const std::string a = dir.path() + "/a", b = dir.path() + "/b";
+  std::filesystem::create_directories(a);
+  std::filesystem::create_directories(b);
+  // Node a (the writer, the reference clock) and node b, whose clock is 5 s ahead: the same
+  // moment is 1'000'000 on a and 6'000'000 on b. b's rank measured offset -5 s (+-30 us), its
+  // agent a worse estimate (+-900 us): the node's best is used for all its tracks.
+  writeLines(a + "/rank-0-1.jsonl",
+             {R"({"track":"rank 0","pid":1,"start_us":900000})",
+              R"({"name":"allreduce","cat":"collective","ph":"X","ts":1000000,"dur":50,"pid":1,"tid":1,"args":{"seq":0}})"});
+  writeLines(b + "/agent-2.jsonl",
+             {R"({"track":"agent 127.0.0.3","pid":2,"start_us":5800000})",
+              R"({"clock":{"offset_us":-4999000,"bound_us":900,"rtt_us":1800,"samples":8,"reference":"127.0.0.2:1"},"ts":5900000})",
+              R"({"name":"job end","cat":"agent","ph":"i","s":"t","ts":6000100,"pid":2,"tid":2,"args":{}})"});
+  writeLines(b + "/rank-1-3.jsonl",
+             {R"({"track":"rank 1","pid":3,"start_us":5850000})",
+              R"({"clock":{"offset_us":-5000000,"bound_us":30,"rtt_us":60,"samples":8,"reference":"127.0.0.2:1"},"ts":5900000})",
+              R"({"name":"allreduce","cat":"collective","ph":"X","ts":6000000,"dur":50,"pid":3,"tid":3,"args":{"seq":0}})",
+              R"({"name":"late","cat":"x","ph":"i","s":"t","ts":6500000,"pid":3,"tid":3,"args":{}})"});
+  const auto bundle = nodeBundle({.partsDir = b, .node = "agent 127.0.0.3"});
+  CHECK(bundle.clockKnown);
+  CHECK(bundle.events == 3);
+  CHECK(bundle.droppedEvents == 0);
+
+  const std::string out = dir.path() + "/t.json";
+  const auto r = mergeTimeline({.partsDir = a, .output = out, .bundles = {bundle.text, "not json"},
+                                .missingNodes = {"node rank 2"}});
+  CHECK(r.tracks == 3);
+  CHECK(r.badBundles == 1);
+  CHECK(r.offsetBoundUs == 30);
+  const json trace = readJson(out);
+  int aligned = 0;  // both ranks' allreduce at a's 1'000'000 (b's 6'000'000)
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("name", "") == "allreduce" && e["ts"] == 1000000) ++aligned;
+  }
+  CHECK(aligned == 2);
+  CHECK((*findEvent(trace, "job end"))["ts"] == 1000100);
+  const json& other = trace["otherData"];
+  CHECK(other["clock_offset_bound_us"] == 30);
+  CHECK(other["nodes_missing"] == json::array({"node rank 2"}));
+  std::map<std::string, json> info;
+  for (const auto& t : other["tracks"]) info[t["track"]] = t;
+  CHECK(info.at("rank 0")["clock_offset_us"] == 0);
+  CHECK(info.at("rank 0")["clock_offset_bound_us"] == 0);
+  CHECK(info.at("rank 1")["clock_offset_us"] == -5000000);
+  CHECK(info.at("agent 127.0.0.3")["clock_offset_us"] == -5000000);
+  CHECK(info.at("agent 127.0.0.3")["node"] == "agent 127.0.0.3");
+
+  // A cap: the earliest events are kept, the rest counted, the bundle says so.
+  const auto small = nodeBundle({.partsDir = b, .node = "agent 127.0.0.3", .capBytes = 4096 + 150});
+  CHECK(small.droppedEvents >= 1);
+  CHECK(small.events + small.droppedEvents == 3);
+  const json sb = json::parse(small.text);
+  CHECK(sb["dropped_events"] == small.droppedEvents);
+  CHECK(sb["tracks"]["rank 1"][0]["ts"] == 6000000);  // the earliest is there
+  CHECK(small.text.size() <= 4096 + 150);
+
+  // A node whose processes measured nothing: its tracks are not shifted, and say so.
+  std::filesystem::remove(b + "/agent-2.jsonl");
+  writeLines(b + "/rank-1-3.jsonl",
+             {R"({"track":"rank 1","pid":3,"start_us":5850000})",
+              R"({"name":"allreduce","cat":"collective","ph":"X","ts":6000000,"dur":50,"pid":3,"tid":3,"args":{"seq":0}})"});
+  const auto unknown = nodeBundle({.partsDir = b, .node = "agent 127.0.0.3"});
+  CHECK_FALSE(unknown.clockKnown);
+  mergeTimeline({.partsDir = a, .output = out, .bundles = {unknown.text}});
+  const json t2 = readJson(out);
+  for (const auto& t : t2["otherData"]["tracks"]) {
+    if (t["track"] == "rank 1") CHECK(t["clock_offset_us"].is_null());
+  }
+  CHECK(t2["otherData"]["unaligned_tracks"] == json::array({"rank 1"}));
+  // ddprun-trace says so.
+  const auto sum = summarize(trace);
+  CHECK(sum.clockBoundUs == 30);
+  CHECK(sum.missingNodes == std::vector<std::string>{"node rank 2"});
+  CHECK_THAT(formatSummary(sum), Catch::Contains("within +-30 us") &&
+                                     Catch::Contains("missing (sent no events): node rank 2"));
+  CHECK_THAT(formatSummary(summarize(t2)),
+             Catch::Contains("not aligned (no offset measured): rank 1"));
+}
+
+TEST_CASE("a part file is read as hostile input: depth, types, bounds", "[timeline]") {
+  using ddprun::launcher::timeline::jsonDepth;
+  using ddprun::launcher::timeline::readPartFile;
+  CHECK(jsonDepth(R"({"a":{"b":[1]}})", 8) == 3);
+  CHECK(jsonDepth(R"({"s":"[[[[{{{{ \" ]]"})", 8) == 1);  // brackets in strings do not count
+  CHECK(jsonDepth(std::string(100000, '['), 8) == 9);       // stops just past the bound
+
+  TempDir dir("ddprun-timeline");
+  const std::string path = dir.path() + "/p.jsonl";
+  {
+    std::ofstream f(path);
+    f << R"({"track":"rank 3","start_us":7})" << "\n"
+      << R"({"ph":"i","ts":1,"args":[[[[[[[[[[1]]]]]]]]]]})" << "\n"  // 11 deep
+      << R"({"ph":"i","ts":2,"tid":"one"})" << "\n"
+      << R"({"ph":"X","ts":3,"dur":[]})" << "\n"
+      << R"({"ph":"i","ts":"4"})" << "\n"
+      << R"({"ph":"i","ts":5,"tid":2,"name":"good"})" << "\n";
+  }
+  auto part = readPartFile(path, {});
+  REQUIRE(part);
+  CHECK(part->track == "rank 3");
+  CHECK(part->startUs == 7);
+  CHECK(part->skippedLines == 4);
+  REQUIRE(part->events.size() == 1);
+  CHECK(part->events[0]["name"] == "good");
+  CHECK_FALSE(part->cut);
+
+  // Read only up to the bound: the good line lies past it.
+  auto cut = readPartFile(path, {.maxBytes = 40});
+  REQUIRE(cut);
+  CHECK(cut->cut);
+  CHECK(cut->bytesRead == 40);
+  CHECK(cut->events.empty());
+
+  // Not a regular file, a symlink, a header of the wrong type: no part.
+  REQUIRE(::mkfifo((dir.path() + "/f.jsonl").c_str(), 0600) == 0);
+  CHECK_FALSE(readPartFile(dir.path() + "/f.jsonl", {}));
+  std::filesystem::create_symlink(path, dir.path() + "/l.jsonl");
+  CHECK_FALSE(readPartFile(dir.path() + "/l.jsonl", {}));
+  std::ofstream(dir.path() + "/h.jsonl") << R"({"track":"rank 0","start_us":"now"})" << "\n";
+  CHECK_FALSE(readPartFile(dir.path() + "/h.jsonl", {}));
+}
+
+TEST_CASE("bundles travel through a real store, and a node that sent none is named missing",
+          "[timeline]") {
+  using namespace ddprun::launcher::timeline;
+  using namespace ddprun::rendezvous;
+  TempDir dir("ddprun-timeline");
+  writeLines(dir.path() + "/agent-7.jsonl",
+             {R"({"track":"agent 127.0.0.3","pid":7,"start_us":1})",
+              R"({"name":"job end","cat":"agent","ph":"i","s":"t","ts":5,"pid":7,"tid":7,"args":{}})"});
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const TcpStoreOptions store{.host = "127.0.0.1", .port = server.port()};
+  TcpStore(store).set("before", "intact");
+  CHECK(ship(store, bundleKey("job", 1), {.partsDir = dir.path(), .node = "agent 127.0.0.3"}));
+  // Nodes 1 and 2 of 3 (node 0 collects): node 2 never ships.
+  const Collected c = collect(store, "job", 3, std::chrono::milliseconds(300));
+  REQUIRE(c.bundles.size() == 1);
+  CHECK(json::parse(c.bundles[0])["node"] == "agent 127.0.0.3");
+  CHECK(c.missing == std::vector<std::string>{"node rank 2"});
+  CHECK(TcpStore(store).get("before") == "intact");
+  // Another job's keys are not this one's.
+  CHECK(collect(store, "other", 2, std::chrono::milliseconds(0)).missing.size() == 1);
+  // No store at all: nothing shipped, nothing collected, no exception.
+  const TcpStoreOptions nowhere{.host = "127.0.0.1", .port = 1, .connectTimeout = Millis(200)};
+  CHECK_FALSE(ship(nowhere, bundleKey("job", 1), {.partsDir = dir.path(), .node = "x"}));
+  CHECK(collect(nowhere, "job", 2, std::chrono::milliseconds(0)).missing.size() == 1);
 }

@@ -90,24 +90,24 @@ TEST_CASE("slurm: the step becomes flag defaults", "[cluster][slurm]") {
     return std::map<std::string, std::string>{{"gpu07", "10.1.0.7"}, {"gpu08", "10.1.0.8"}};
   });
   CHECK(asked == std::vector<std::string>{"gpu07", "gpu08"});  // the store's host and this node
-  CHECK(d.source == "Slurm job 4242");
+  CHECK(d.source == "Slurm step 4242.0");
   CHECK(d.flags.at("rdzv-backend") == "c10d");
-  CHECK(d.flags.at("rdzv-endpoint") == "10.1.0.7:29642");  // 29400 + 4242 mod 1000
-  CHECK(d.flags.at("rdzv-id") == "4242");
+  CHECK(d.flags.at("rdzv-endpoint") == "10.1.0.7:29820");  // 29400 + (10 x 4242 + 0) mod 1000
+  CHECK(d.flags.at("rdzv-id") == "4242.0");
   CHECK(d.flags.at("nnodes") == "3");
   CHECK(d.flags.at("local-addr") == "10.1.0.8");
   CHECK(d.flags.at("master-addr") == "10.1.0.7");
-  CHECK(d.flags.at("master-port") == "29642");
+  CHECK(d.flags.at("master-port") == "29820");
   CHECK(d.flags.at("node-rank") == "1");
   CHECK(d.nodeRank == 1);
   // Without NodeAddr the names are used (resolved when connecting); IPv6 gets brackets.
   auto byName = slurmDefaults(*s, noScontrol);
-  CHECK(byName.flags.at("rdzv-endpoint") == "gpu07:29642");
+  CHECK(byName.flags.at("rdzv-endpoint") == "gpu07:29820");
   CHECK(byName.flags.at("local-addr") == "gpu08");
   auto v6 = slurmDefaults(*s, [](const std::vector<std::string>&) {
     return std::map<std::string, std::string>{{"gpu07", "fd00::7"}};
   });
-  CHECK(v6.flags.at("rdzv-endpoint") == "[fd00::7]:29642");
+  CHECK(v6.flags.at("rdzv-endpoint") == "[fd00::7]:29820");
 }
 
 TEST_CASE("slurm: a one-node step asks slurmctld nothing", "[cluster][slurm]") {
@@ -138,8 +138,8 @@ TEST_CASE("slurm: defaults fill LaunchOptions, explicit flags win", "[cluster][s
   REQUIRE(out.options);
   const LaunchOptions& o = *out.options;
   CHECK(o.rdzvBackend == "c10d");
-  CHECK(o.rdzvEndpoint == "gpu07:29642");
-  CHECK(o.rdzvId == "4242");
+  CHECK(o.rdzvEndpoint == "gpu07:29820");
+  CHECK(o.rdzvId == "4242.0");
   CHECK(o.minNodes == 3);
   CHECK(o.maxNodes == 3);
   CHECK(o.localAddr == "gpu08");
@@ -163,13 +163,32 @@ TEST_CASE("slurm: defaults fill LaunchOptions, explicit flags win", "[cluster][s
   }
   auto line = describeSlurmDefaults(*readSlurmStep(env), slurmDefaults(*readSlurmStep(env), noScontrol),
                                     elastic.fromScheduler, "c10d");
-  CHECK(line == "taken from Slurm job 4242 (node 1 of 3, gpu08): --rdzv-backend=c10d "
+  CHECK(line == "taken from Slurm step 4242.0 (node 1 of 3, gpu08): --rdzv-backend=c10d "
                 "--local-addr=gpu08 (node rank 1)");
 
   // --standalone lays the job out itself: Slurm's layout does not apply.
   auto alone = parseUnder(step(), {"--standalone", "train.py"});
   CHECK(alone.options->maxNodes == 1);
   CHECK(alone.fromScheduler.empty());
+}
+
+TEST_CASE("slurm: steps of one job running at once get their own store and run id",
+          "[cluster][slurm]") {
+  auto first = readSlurmStep(step());
+  auto second = readSlurmStep(step({{"SLURM_STEP_ID", "1"}}));
+  REQUIRE(first);
+  REQUIRE(second);
+  const auto a = slurmDefaults(*first, noScontrol), b = slurmDefaults(*second, noScontrol);
+  CHECK(a.flags.at("rdzv-id") == "4242.0");
+  CHECK(b.flags.at("rdzv-id") == "4242.1");
+  CHECK(a.flags.at("rdzv-endpoint") == "gpu07:29820");
+  CHECK(b.flags.at("rdzv-endpoint") == "gpu07:29821");
+  // Neighbouring jobs' first steps do not collide either.
+  CHECK(slurmStorePort("4243", 0) == 29830);
+  CHECK(slurmStorePort("4242", 9) != slurmStorePort("4243", 0));
+  CHECK(errorOf(step({{"SLURM_STEP_ID", "x1"}})) ==
+        "Slurm: SLURM_STEP_ID=x1: expected a step number (ddprun reads the step's layout from "
+        "Slurm's environment)");
 }
 
 TEST_CASE("slurm: --nproc-per-node=gpu|auto count the GPUs Slurm gave", "[cluster][slurm]") {

@@ -1,0 +1,62 @@
+#pragma once
+// The timeline's traffic between nodes (docs/timeline.md, "One time axis"). All calls block on
+// the network, so the agent runs them on an ExchangeThread, never on its I/O thread (which may
+// host the very store they talk to). None throws: a timeline never fails the job.
+//
+//   - measureClock: an agent that does not write the trace pings the workers' store (on node
+//     rank 0's machine, the reference) with CLOCK and records its offset in its own part file.
+//     Its ranks measure too (worker_runtime); the node's best estimate aligns all its tracks.
+//   - ship: such an agent puts its node's bundle (merge.h nodeBundle) under bundleKey() in the
+//     job's shared store (the rendezvous store): before the exit barrier, so that the writer
+//     finds it once the barrier completes, and again when the job ends.
+//   - collect: the writer reads the bundles of the other nodes of the round, waiting at most
+//     `wait` for the ones not there yet (a node that died sends nothing: the trace says so).
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/timeline/merge.h"
+#include "rendezvous/tcp_store.h"
+
+namespace ddprun::launcher::timeline {
+
+// The store key of node `nodeRank`'s bundle in job `runId`.
+std::string bundleKey(const std::string& runId, int nodeRank);
+
+void measureClock(const rendezvous::TcpStoreOptions& workerStore);
+
+// Returns whether the bundle was stored.
+bool ship(const rendezvous::TcpStoreOptions& sharedStore, const std::string& key,
+          const BundleOptions& bundle);
+
+struct Collected {
+  std::vector<std::string> bundles;
+  std::vector<std::string> missing;  // "node rank K" for each key that never arrived
+};
+Collected collect(const rendezvous::TcpStoreOptions& sharedStore, const std::string& runId,
+                  int nodeCount, std::chrono::milliseconds wait);
+
+// One thread that runs jobs in order; the destructor runs what is queued, then joins.
+class ExchangeThread {
+ public:
+  ExchangeThread();
+  ~ExchangeThread();
+  ExchangeThread(const ExchangeThread&) = delete;
+  ExchangeThread& operator=(const ExchangeThread&) = delete;
+  void post(std::function<void()> job);
+
+ private:
+  void main();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ddprun::launcher::timeline
