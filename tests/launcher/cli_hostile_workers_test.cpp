@@ -219,7 +219,8 @@ TEST_CASE("nothing a worker started survives ddprun's SIGKILL: setsid, double fo
       CHECK_FALSE(std::filesystem::exists(jobCgroup));
     }
   }
-  if (writableCgroup2().empty()) skipTest("no writable cgroup v2 with cgroup.kill here: ran without");
+  // Without one, the case still checks the guards alone ('... guard killed from outside' skips).
+  if (writableCgroup2().empty()) WARN("no writable cgroup v2 with cgroup.kill here: checked without");
 }
 
 TEST_CASE("nothing a worker started survives a job that ends normally",
@@ -235,7 +236,8 @@ TEST_CASE("nothing a worker started survives a job that ends normally",
     const std::string jobCgroup = checkWorkerCgroups(dir.path(), 2, cgroups);
     if (cgroups) CHECK_FALSE(std::filesystem::exists(jobCgroup));
   }
-  if (writableCgroup2().empty()) skipTest("no writable cgroup v2 with cgroup.kill here: ran without");
+  // Without one, the case still checks the guards alone ('... guard killed from outside' skips).
+  if (writableCgroup2().empty()) WARN("no writable cgroup v2 with cgroup.kill here: checked without");
 }
 
 TEST_CASE("with a job cgroup, nothing survives a guard killed from outside",

@@ -48,8 +48,12 @@ def fixed_two_nodes(t):
         w.join()
     check(a.proc.returncode == 0, "node a exit code %s" % a.proc.returncode)
     check(b.proc.returncode == 0, "node b exit code %s" % b.proc.returncode)
-    check(exited["a"] >= exited["b"] - 0.05, "the store host exits after the slower node "
-          "(a %.3f, b %.3f)" % (exited["a"], exited["b"]))
+    # The store host stayed up until the slower node was through the exit barrier: had it
+    # left before, node b would say so (and still exit 0, as torchrun does). Not a comparison
+    # of exit times: b's own clean-up after the barrier may legitimately outlast a's.
+    print("exits: a %.3f, b %.3f" % (exited["a"], exited["b"]))
+    check("exit barrier did not complete" not in b.stderr(),
+          "node b passed the exit barrier with the store host still up")
     starts = t.starts()
     check(len(starts) == 4, "4 workers started (got %d)" % len(starts))
     check(sorted(int(r["RANK"]) for r in starts) == [0, 1, 2, 3], "global ranks 0..3")
