@@ -437,6 +437,15 @@ def shm_hierarchical(t):
     check(not left, "nothing left in /dev/shm (found %s)" % left)
 
 
+def read_trace(path):
+    """A merged timeline and its track names by trace pid (docs/timeline.md)."""
+    with open(path) as f:
+        data = json.load(f)
+    names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    return data, names
+
+
 def timeline_node_killed(t):
     """--timeline on three nodes (1:3) and node c's agent SIGKILLed mid-run: a and b re-form
     and finish; node rank 0's agent writes one trace holding both survivors' agents (the other
@@ -453,10 +462,7 @@ def timeline_node_killed(t):
     nodes[2].signal(signal.SIGKILL)
     for n in nodes[:2]:
         check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
-    with open(trace) as f:
-        data = json.load(f)
-    names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"]
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    data, names = read_trace(trace)
     check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
           "the survivors' agents, not the killed one's: %s" % sorted(names.values()))
     other = data["otherData"]
@@ -488,10 +494,7 @@ def timeline_job_failed(t):
                 extra=["--max-restarts=0", "--timeline=" + trace])
     for n in (a, b):
         check(n.wait(60) == 7, "node %s exit code %s, expected 7" % (n.name, n.proc.returncode))
-    with open(trace) as f:
-        data = json.load(f)
-    names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"]
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    data, names = read_trace(trace)
     check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
           "both agents' tracks: %s" % sorted(names.values()))
     check(data["otherData"]["nodes_missing"] == [], "no node missing: %s" % data["otherData"])
