@@ -15,6 +15,7 @@
 #include <ctime>
 
 #include "base/errors.h"
+#include "launcher/signal_safe_io.h"
 
 namespace ddprun::launcher {
 
@@ -130,16 +131,8 @@ bool readStat(pid_t pid, pid_t& ppid, bool& live) {
   while (n > 0) path[at++] = digits[--n];
   for (const char* t = "/stat"; *t != '\0'; ++t) path[at++] = *t;
   path[at] = '\0';
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
   char buf[512];
-  ssize_t len;
-  do {
-    len = ::read(fd, buf, sizeof buf - 1);
-  } while (len < 0 && errno == EINTR);
-  ::close(fd);
-  if (len <= 0) return false;
-  buf[len] = '\0';
+  if (readSmallFile(path, buf, sizeof buf) <= 0) return false;
   char* close = nullptr;
   for (char* c = buf; *c != '\0'; ++c) {
     if (*c == ')') close = c;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/log.h"
+#include "launcher/signal_safe_io.h"
 
 namespace ddprun::launcher {
 
@@ -96,16 +97,9 @@ int writeString(const char* path, const char* text) {
 // cgroup.events has a line "populated 0" once no process is left in the cgroup or below it.
 // Unreadable (gone) counts as empty.
 bool cgroupEmpty(const char* eventsPath) {
-  const int fd = ::open(eventsPath, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true;
   char buf[256];
-  ssize_t n;
-  do {
-    n = ::read(fd, buf, sizeof buf - 1);
-  } while (n < 0 && errno == EINTR);
-  ::close(fd);
+  const ssize_t n = readSmallFile(eventsPath, buf, sizeof buf);
   if (n <= 0) return true;
-  buf[n] = '\0';
   static constexpr char kKey[] = "populated ";
   for (ssize_t i = 0; i + static_cast<ssize_t>(sizeof kKey) <= n; ++i) {
     if (std::memcmp(buf + i, kKey, sizeof kKey - 1) == 0 && (i == 0 || buf[i - 1] == '\n')) {
