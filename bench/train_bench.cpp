@@ -135,15 +135,11 @@ RunResult runDdprun(const Options& o, int run, bool timeline) {
   std::vector<std::string> argv{bin + "/ddprun", "--standalone",
                                 "--nproc-per-node=" + std::to_string(o.nproc)};
   if (timeline) argv.push_back("--timeline=" + stem + ".trace.json");
-  for (const std::string& a :
-       {bin + "/mnist_" + o.model, std::string("--data"), o.data, std::string("--batch-size"),
-        std::to_string(o.batchSize), std::string("--lr"), std::to_string(o.lr),
-        std::string("--lr-schedule"), std::string("constant"), std::string("--max-steps"),
-        std::to_string(o.steps), std::string("--epochs"), std::string("1000"),
-        std::string("--evaluate"), std::string("false"), std::string("--log-interval"),
-        std::string("1000000"), std::string("--metrics"), metrics}) {
-    argv.push_back(a);
-  }
+  argv.insert(argv.end(),
+              {bin + "/mnist_" + o.model, "--data", o.data, "--batch-size",
+               std::to_string(o.batchSize), "--lr", std::to_string(o.lr), "--lr-schedule",
+               "constant", "--max-steps", std::to_string(o.steps), "--epochs", "1000",
+               "--evaluate", "false", "--log-interval", "1000000", "--metrics", metrics});
   const Timing t = runLogged(argv, stem + ".log");
   const auto s = readSummary(metrics);
   return {side, s["samples_per_sec"].get<double>(), t.wall, t.cpu,
