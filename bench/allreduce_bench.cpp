@@ -11,7 +11,9 @@
 //     MPI_Allreduce the same way (barrier, median on rank 0) right after ddprun's ranks, for the
 //     same sizes; without them the table says the anchor was skipped.
 //   - DDP step overhead: forward + backward + SGD step of an MLP wrapped in DDP (on shm and on
-//     TCP) vs the same model stepping locally (no communication), interleaved, same batch.
+//     TCP) vs the same model stepping locally (no communication), interleaved, same batch. On shm
+//     twice: buckets in the lent shared memory (the default) and, as an A/B anchor, buckets of
+//     their own with gradients copied in and out (DdpOptions::shareBuckets = false).
 // The machine's load average is printed before and after each rank count.
 // The ranks are processes of this binary (started with posix_spawn, environment as ddprun gives
 // it, the agent store hosted here). Prints a table with ratios; writes bench/results/allreduce.csv.
@@ -62,6 +64,9 @@ struct Options {
   // Optional second ddprun communicator with other settings, interleaved with the rest: an A/B
   // test of tunings under the same load ("SEGMENT,WINDOW,DIRECT_MAX[,PREFER_HD]").
   std::string alt;
+  // Optional second shm communicator with other wait settings ("SPIN_US,YIELD_US", ShmOptions'
+  // spinMicros / yieldMicros), interleaved with the rest: an A/B test of the shm waits.
+  std::string shmAlt;
 };
 
 double median(std::vector<double> v) {
@@ -113,6 +118,14 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     if (in >> comma >> hd) ao.preferHalvingDoubling = hd != 0;
     alt = makeGlooCommunicator(rt.store(), ao);
   }
+  std::shared_ptr<Communicator> shmAlt;
+  if (!o.shmAlt.empty()) {
+    shm::ShmOptions so{.rank = rt.rank(), .size = P, .timeout = std::chrono::minutes(5)};
+    char comma;
+    std::istringstream in(o.shmAlt);
+    in >> so.spinMicros >> comma >> so.yieldMicros;
+    shmAlt = shm::makeShmCommunicator(rt.store(), so);
+  }
   std::vector<Row> rows;
   for (size_t bytes = o.minBytes; bytes <= o.maxBytes; bytes *= 4) {
     const size_t n = bytes / 4;
@@ -126,6 +139,8 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
                                              [&] { hd.run(); }, [&] { rc.run(); },
                                              [&] { shmComm->allreduce(shmBuf); }};
     if (alt) impls.push_back([&] { alt->allreduce(altBuf); });
+    torch::Tensor shmAltBuf = torch::ones({static_cast<int64_t>(n)});
+    if (shmAlt) impls.push_back([&] { shmAlt->allreduce(shmAltBuf); });
     // Iterations: from a probe of the slowest implementation, within the time budget; the same
     // count on every rank (rank 0 decides).
     for (auto& f : impls) f();
@@ -148,6 +163,7 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
                      {"gloo_ring_chunked", median(times[2])},
                      {"ddprun_shm", median(times[3])}}});
     if (alt) rows.back().us.push_back({"ddprun_alt", median(times[4])});
+    if (shmAlt) rows.back().us.push_back({"shm_alt", median(times[alt ? 5 : 4])});
   }
   return rows;
 }
@@ -174,11 +190,14 @@ Row ddpRow(Runtime& rt, const std::string& name, int hidden, int layers,
            const std::shared_ptr<Communicator>& tcp, const std::shared_ptr<Communicator>& shmComm) {
   auto distributed = std::make_shared<Mlp>(784, hidden, layers, 10);
   auto viaShm = std::make_shared<Mlp>(784, hidden, layers, 10);
+  auto viaShmCopy = std::make_shared<Mlp>(784, hidden, layers, 10);
   auto local = std::make_shared<Mlp>(784, hidden, layers, 10);
   DistributedDataParallel ddp(distributed, tcp);
   DistributedDataParallel ddpShm(viaShm, shmComm);
+  DistributedDataParallel ddpShmCopy(viaShmCopy, shmComm, {.shareBuckets = false});
   torch::optim::SGD optD(distributed->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::optim::SGD optS(viaShm->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::SGD optC(viaShmCopy->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::optim::SGD optL(local->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto x = torch::randn({64, 784});
   auto y = torch::randint(0, 10, {64});
@@ -192,9 +211,10 @@ Row ddpRow(Runtime& rt, const std::string& name, int hidden, int layers,
   for (int i = 0; i < 3; ++i) {
     step(*distributed, optD);
     step(*viaShm, optS);
+    step(*viaShmCopy, optC);
     step(*local, optL);
   }
-  std::vector<double> d, s, l;
+  std::vector<double> d, s, c, l;
   for (int i = 0; i < 40; ++i) {
     // The local step waits at a barrier first, like the DDP step's allreduces, so that both start
     // with the ranks in step.
@@ -204,9 +224,12 @@ Row ddpRow(Runtime& rt, const std::string& name, int hidden, int layers,
     d.push_back(timeUs([&] { step(*distributed, optD); }));
     rt.comm()->barrier();
     s.push_back(timeUs([&] { step(*viaShm, optS); }));
+    rt.comm()->barrier();
+    c.push_back(timeUs([&] { step(*viaShmCopy, optC); }));
   }
   return {"ddp:" + name, bytes,
-          {{"ddp_step", median(d)}, {"ddp_step_shm", median(s)}, {"local_step", median(l)}}};
+          {{"ddp_step", median(d)}, {"ddp_step_shm", median(s)}, {"ddp_step_shm_copy", median(c)},
+           {"local_step", median(l)}}};
 }
 
 int worker(const Options& o) {
@@ -377,6 +400,8 @@ int benchAllreduce(int argc, char** argv) {
   app.add_option("--ring-segment-bytes", o.tuning.ringSegmentBytes, "tuning: ring pipeline segment");
   app.add_option("--ring-window", o.tuning.ringWindow, "tuning: ring receives posted ahead");
   app.add_option("--alt", o.alt, "tuning A/B: also time ddprun with SEGMENT,WINDOW,DIRECT_MAX[,HD 0|1]");
+  app.add_option("--shm-alt", o.shmAlt,
+                 "wait A/B: also time ddprun's shm with SPIN_US,YIELD_US (sync.h)");
   app.add_flag("--worker", isWorker, "internal: run as one rank")->group("");
   CLI11_PARSE(app, argc, argv);
   if (isWorker) return worker(o);
@@ -387,6 +412,7 @@ int benchAllreduce(int argc, char** argv) {
                                 "--ring-segment-bytes", std::to_string(o.tuning.ringSegmentBytes),
                                 "--ring-window", std::to_string(o.tuning.ringWindow)};
   if (!o.alt.empty()) args.insert(args.end(), {"--alt", o.alt});
+  if (!o.shmAlt.empty()) args.insert(args.end(), {"--shm-alt", o.shmAlt});
   if (!o.ddp) args.push_back("--no-ddp");
   std::ofstream csv(o.csv);
   csv << "ranks,what,bytes,impl,median_us,busbw_GBps,ratio\n";
@@ -432,6 +458,7 @@ int benchAllreduce(int argc, char** argv) {
                   << cell(us["ddprun"] / shmUs, 2) + "x" << std::setw(10)
                   << cell(best / shmUs, 2) + "x" << std::setw(10) << cell(ratio, 2) + "x";
         if (us.count("ddprun_alt")) std::cout << "   alt " << cell(us["ddprun_alt"], 0) << " us";
+        if (us.count("shm_alt")) std::cout << "   shm alt " << cell(us["shm_alt"], 1) << " us";
         std::cout << "\n";
         for (auto& [impl, t] : us) {
           // ratio column: the best raw Gloo time / this implementation's (> 1: faster than Gloo)
@@ -441,15 +468,20 @@ int benchAllreduce(int argc, char** argv) {
       } else {
         const double ratio = us["ddp_step"] / us["local_step"];
         const double shmRatio = us["ddp_step_shm"] / us["local_step"];
+        const double copyRatio = us["ddp_step_shm_copy"] / us["local_step"];
         std::cout << std::fixed << what.substr(4) << " (" << human(bytes)
                   << " of parameters): local step " << std::setprecision(0) << us["local_step"]
                   << " us; DDP step on shm " << us["ddp_step_shm"] << " us (overhead "
-                  << std::setprecision(2) << shmRatio << "x), on tcp " << std::setprecision(0)
+                  << std::setprecision(2) << shmRatio << "x; with copied buckets "
+                  << std::setprecision(0) << us["ddp_step_shm_copy"] << " us, "
+                  << std::setprecision(2) << copyRatio << "x), on tcp " << std::setprecision(0)
                   << us["ddp_step"] << " us (overhead " << std::setprecision(2) << ratio << "x)\n";
         csv << P << "," << what << "," << bytes << ",ddp_step," << us["ddp_step"] << ",," << ratio
             << "\n"
             << P << "," << what << "," << bytes << ",ddp_step_shm," << us["ddp_step_shm"] << ",,"
             << shmRatio << "\n"
+            << P << "," << what << "," << bytes << ",ddp_step_shm_copy," << us["ddp_step_shm_copy"]
+            << ",," << copyRatio << "\n"
             << P << "," << what << "," << bytes << ",local_step," << us["local_step"] << ",,1\n";
       }
     }

@@ -19,6 +19,10 @@
 //     thread, after every collective queued before them has finished: no hand-off to the
 //     communication thread, whose wake-up can cost more than a small message (threadCounts()
 //     shows where collectives ran). NCCL's are the async variant plus wait().
+//   - Lent memory (lendSharedBuffer): a backend that can reduce in place where the ranks' tensors
+//     lie (shm: peers read each other's tensors in shared memory) lends that memory; an allreduce
+//     of a tensor inside it, at the same offset on every rank, skips the copies into the transport
+//     and back. DDP puts its gradient buckets there. Others lend nothing, and any tensor still works.
 //   - One Communicator is used from one thread at a time (the communication thread is internal).
 //
 // Created by ddprun::init() (see runtime.h), or directly with makeGlooCommunicator() /
@@ -39,6 +43,14 @@ using Millis = std::chrono::milliseconds;
 inline constexpr Millis kDefaultCollectiveTimeout{30 * 60 * 1000};
 
 enum class ReduceOp : uint8_t { Sum, Avg, Min, Max };
+
+// Allreduce bytes (elements x element size) since construction, by how they were moved: copied
+// into the transport's own memory first (staged), or reduced where they lie in lent memory
+// (inPlace). For tests and benchmarks; backends that do not count report zeros.
+struct AllreduceBytes {
+  uint64_t staged = 0;
+  uint64_t inPlace = 0;
+};
 
 std::string_view toString(ReduceOp op);
 
@@ -71,6 +83,17 @@ class Communicator {
   void broadcast(torch::Tensor tensor, int root = 0) { broadcastBlocking(std::move(tensor), root); }
 
   virtual ThreadCounts threadCounts() const { return {}; }
+  virtual AllreduceBytes allreduceBytes() const { return {}; }
+
+  // `bytes` (or a little more) of memory this communicator reduces in place, as a uint8 CPU tensor
+  // of this rank's own (see the contract above), alive as long as it or a view of it is; an
+  // undefined tensor when the backend has none (gloo, nccl, shm+tcp) or cannot get it now (no
+  // room in /dev/shm: logged). Collective: every rank calls it, in the same order, same bytes;
+  // all ranks get memory or none does.
+  virtual torch::Tensor lendSharedBuffer(size_t bytes) {
+    (void)bytes;
+    return {};
+  }
 
  protected:
   // What allreduce() / broadcast() run; by default the async variant, then wait().

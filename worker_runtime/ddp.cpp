@@ -177,6 +177,10 @@ const std::vector<BucketInfo>& DistributedDataParallel::buckets() const {
 
 int64_t DistributedDataParallel::syncedBackwards() const { return reducer_->syncedBackwards(); }
 
+bool DistributedDataParallel::sharedBuckets() const { return reducer_->sharedBuckets(); }
+
+int64_t DistributedDataParallel::copiedBytes() const { return reducer_->copiedBytes(); }
+
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
     : ddp_(ddp), previous_(ddp.reducer_->setSync(false)) {}
 

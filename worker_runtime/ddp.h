@@ -20,12 +20,19 @@
 //     to bucketCapBytes; parameters of different dtypes never share a bucket.
 //   - A hook runs after each parameter's gradient was accumulated into .grad(). It copies the
 //     gradient, divided by the world size, into its bucket's flat buffer. When a bucket is full its
-//     allreduce starts at once on the communication thread, overlapping the rest of backward.
+//     allreduce starts at once on the communication thread, overlapping the rest of backward;
+//     the last bucket's runs at the end of backward on the calling thread (nothing is left to
+//     overlap it, and a hand-off would cost two thread wake-ups).
 //     Buckets are launched in the same order on every rank.
 //   - At the end of backward (an autograd final callback) every bucket still waiting is launched
 //     (parameters that got no gradient in this pass contribute zeros), every allreduce is waited
 //     for and the averages are copied back into .grad(). So when backward() returns, the gradients
 //     are final; an error of any collective is thrown out of backward().
+//   - When the communicator lends memory it reduces in place (the shm transport), the buckets live
+//     there and each .grad() is a view into its bucket (PyTorch's gradient_as_bucket_view):
+//     backward accumulates where the allreduce reads, and nothing is copied in or out. .grad()
+//     then aliases the bucket; replacing it (set to none) costs one copy, after which it is a view
+//     again. Elsewhere gradients are copied into buckets of their own, as described above.
 //   - Within a noSync() scope backward only accumulates locally; the next backward outside it
 //     synchronises the accumulated gradients.
 //   - With broadcastBuffers, rank 0's buffers (e.g. BatchNorm statistics) are broadcast at the end
@@ -46,6 +53,9 @@ struct DdpOptions {
   size_t bucketCapBytes = 25u << 20;      // 25 MiB, as PyTorch
   size_t firstBucketCapBytes = 1u << 20;  // 1 MiB, as PyTorch
   bool broadcastBuffers = true;
+  // Put the buckets in memory the communicator lends (shm), .grad() views into them. false: own
+  // buckets and copies, as on other backends (for A/B measurements).
+  bool shareBuckets = true;
 };
 
 // A bucket as built at construction (for logs and tests). `params` index into
@@ -96,6 +106,12 @@ class DistributedDataParallel {
   const std::vector<BucketInfo>& buckets() const;
   // How many backward passes synchronised gradients so far.
   int64_t syncedBackwards() const;
+  // True when the buckets live in memory the communicator reduces in place (the shm transport
+  // lends it) and every .grad() is a view into its bucket: no gradient is copied in or out.
+  bool sharedBuckets() const;
+  // Bytes copied between .grad() and the buckets so far (both ways). With shared buckets it grows
+  // only when .grad() was replaced (e.g. set to none): the first backward, when no .grad() existed.
+  int64_t copiedBytes() const;
 
   class Reducer;  // the per-backward state machine (ddp_reducer.h)
 

@@ -58,6 +58,19 @@ DistributedDataParallel::Reducer::Reducer(std::vector<torch::Tensor> params,
   }
   infos_ = assignBuckets(bytes, types, options_);
   where_.resize(params_.size());
+  // Shared buckets: one lent buffer, each bucket at a 64-byte aligned offset in it.
+  std::vector<size_t> byteOffsets;
+  size_t total = 0;
+  for (const auto& info : infos_) {
+    byteOffsets.push_back(total);
+    total += (info.bytes + 63) / 64 * 64;
+  }
+  torch::Tensor lent;
+  if (options_.shareBuckets && comm_->size() > 1 && comm_->device().is_cpu() && total > 0) {
+    lent = comm_->lendSharedBuffer(total);
+  }
+  shared_ = lent.defined();
+  torch::NoGradGuard noGrad;
   for (size_t b = 0; b < infos_.size(); ++b) {
     Bucket bucket;
     int64_t elements = 0;
@@ -68,7 +81,23 @@ DistributedDataParallel::Reducer::Reducer(std::vector<torch::Tensor> params,
       bucket.offsets.push_back(elements);
       elements += params_[i].numel();
     }
-    bucket.flat = torch::zeros({elements}, params_[bucket.params[0]].options().requires_grad(false));
+    const auto options = params_[bucket.params[0]].options().requires_grad(false);
+    if (shared_) {
+      bucket.flat = lent.narrow(0, static_cast<int64_t>(byteOffsets[b]), static_cast<int64_t>(infos_[b].bytes))
+                        .view(options.dtype().toScalarType());
+      bucket.flat.zero_();
+      for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+        torch::Tensor& p = params_[bucket.params[slot]];
+        torch::Tensor view = bucket.flat.narrow(0, bucket.offsets[slot], p.numel()).view(p.sizes());
+        if (p.grad().defined()) {  // a gradient from before: it moves into the bucket
+          view.copy_(p.grad());
+          p.mutable_grad() = view;
+        }
+        bucket.views.push_back(std::move(view));
+      }
+    } else {
+      bucket.flat = torch::zeros({elements}, options);
+    }
     buckets_.push_back(std::move(bucket));
     for (auto& i : infos_[b].params) i = moduleIndex[i];  // report module positions
   }
@@ -100,6 +129,11 @@ int64_t DistributedDataParallel::Reducer::syncedBackwards() const {
   return synced_;
 }
 
+int64_t DistributedDataParallel::Reducer::copiedBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return copied_;
+}
+
 bool DistributedDataParallel::Reducer::setSync(bool enabled) {
   std::lock_guard<std::mutex> lock(mu_);
   const bool previous = sync_;
@@ -114,6 +148,7 @@ void DistributedDataParallel::Reducer::resetPass() {
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.launched = false;
+    b.deferred = false;
     b.work.reset();
   }
 }
@@ -134,11 +169,19 @@ void DistributedDataParallel::Reducer::onGradReady(size_t i) {
   if (--bucket.pending == 0) launchCompleteBuckets();
 }
 
-// CPU: the gradient is copied into the bucket at once, spreading the copies over backward.
+bool DistributedDataParallel::Reducer::gradIsView(const Bucket& b, size_t slot) const {
+  const torch::Tensor& g = params_[b.params[slot]].grad();
+  return g.defined() && g.data_ptr() == b.views[slot].data_ptr() &&
+         g.strides() == b.views[slot].strides();
+}
+
+// CPU: the gradient is copied into the bucket at once, spreading the copies over backward; with
+// shared buckets it is there already (unless .grad() was replaced).
 // CUDA: nothing here; launch() gathers the whole bucket in one kernel.
 void DistributedDataParallel::Reducer::copyIn(Bucket& b, size_t slot) {
   const torch::Tensor& p = params_[b.params[slot]];
   if (b.flat.is_cuda()) return;
+  if (shared_ && gradIsView(b, slot)) return;
   torch::NoGradGuard noGrad;
   torch::Tensor dst = b.flat.narrow(0, b.offsets[slot], p.numel());
   const torch::Tensor& g = p.grad();
@@ -147,16 +190,21 @@ void DistributedDataParallel::Reducer::copyIn(Bucket& b, size_t slot) {
   } else {
     if (g.is_sparse()) throw ConfigError("DistributedDataParallel: sparse gradients are not supported");
     dst.copy_(g.reshape(-1));
+    copied_ += static_cast<int64_t>(p.nbytes());
   }
 }
 
-void DistributedDataParallel::Reducer::launchCompleteBuckets() {
+// From a hook, the last bucket is left for finalize(), which runs right after it: its allreduce
+// then runs there, on the thread that waits for it anyway, rather than being handed to the
+// communication thread (a wake-up, and a second one for the waiter) with nothing left to overlap.
+void DistributedDataParallel::Reducer::launchCompleteBuckets(bool inFinalize) {
   while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
-    launch(buckets_[nextLaunch_++]);
+    if (!inFinalize && nextLaunch_ + 1 == buckets_.size()) return;
+    launch(buckets_[nextLaunch_++], inFinalize);
   }
 }
 
-void DistributedDataParallel::Reducer::launch(Bucket& b) {
+void DistributedDataParallel::Reducer::launch(Bucket& b, bool deferred) {
   torch::NoGradGuard noGrad;
   const int world = comm_->size();
   if (b.flat.is_cuda()) {
@@ -193,11 +241,18 @@ void DistributedDataParallel::Reducer::launch(Bucket& b) {
       }
     }
 #endif
+  } else if (shared_ && c10::isFloatingType(b.flat.scalar_type())) {
+    // Summed, then divided once by each slice's owner: no pass over the bucket before.
+    b.op = ReduceOp::Avg;
   } else if (world > 1) {
     b.flat.div_(world);
   }
   b.launched = true;
-  b.work = comm_->allreduceAsync(b.flat, ReduceOp::Sum);
+  if (deferred) {
+    b.deferred = true;  // finalize() allreduces it on its own thread
+  } else {
+    b.work = comm_->allreduceAsync(b.flat, b.op);
+  }
 }
 
 void DistributedDataParallel::Reducer::finalize() {
@@ -216,11 +271,12 @@ void DistributedDataParallel::Reducer::finalize() {
         }
       }
     }
-    launchCompleteBuckets();
+    launchCompleteBuckets(/*inFinalize=*/true);
     DDPRUN_CHECK(nextLaunch_ == buckets_.size());
-    for (auto& b : buckets_) works.push_back(b.work);
+    for (auto& b : buckets_) works.push_back(b.work);  // null: deferred, run below
   }
   auto& progress = progress::ProgressWriter::instance();
+  int64_t copiedOut = 0;
   try {
     // Blocked on the peers from here: the agent's progress watch tells this from a stall.
     progress.enterWait();
@@ -229,7 +285,13 @@ void DistributedDataParallel::Reducer::finalize() {
       ddprun::timeline::Scope span("ddp gradient sync", "ddp");
       span.args().add("buckets", static_cast<int64_t>(works.size()));
       try {
-        for (auto& w : works) w->wait();
+        for (size_t b = 0; b < works.size(); ++b) {
+          if (works[b]) {
+            works[b]->wait();
+          } else {  // after the ones queued before it, on this thread
+            comm_->allreduce(buckets_[b].flat, buckets_[b].op);
+          }
+        }
       } catch (...) {
         progress.leaveWait();
         throw;
@@ -240,12 +302,17 @@ void DistributedDataParallel::Reducer::finalize() {
     for (auto& b : buckets_) {
       for (size_t slot = 0; slot < b.params.size(); ++slot) {
         torch::Tensor& p = params_[b.params[slot]];
+        if (shared_) {  // the average is in .grad() already, unless .grad() was replaced
+          if (!gradIsView(b, slot)) p.mutable_grad() = b.views[slot];
+          continue;
+        }
         torch::Tensor avg = b.flat.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
         if (p.grad().defined()) {
           p.mutable_grad().copy_(avg);
         } else {
           p.mutable_grad() = avg.clone();
         }
+        copiedOut += static_cast<int64_t>(p.nbytes());
       }
     }
     if (options_.broadcastBuffers && !buffers_.empty() && comm_->size() > 1) {
@@ -273,6 +340,7 @@ void DistributedDataParallel::Reducer::finalize() {
   progress.step();  // one synchronised backward: one step of progress
   std::lock_guard<std::mutex> lock(mu_);
   ++synced_;
+  copied_ += copiedOut;
   resetPass();
 }
 

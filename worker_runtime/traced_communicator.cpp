@@ -94,6 +94,8 @@ class TracedCommunicator final : public Communicator {
     return out;
   }
   ThreadCounts threadCounts() const override { return inner_->threadCounts(); }
+  AllreduceBytes allreduceBytes() const override { return inner_->allreduceBytes(); }
+  torch::Tensor lendSharedBuffer(size_t bytes) override { return inner_->lendSharedBuffer(bytes); }
 
  protected:
   // Blocking calls stay blocking (on the caller's thread, communicator.h) and nest in the

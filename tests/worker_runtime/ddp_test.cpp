@@ -8,6 +8,7 @@
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/ddp.h"
 #include "worker_runtime/gloo_communicator.h"
+#include "worker_runtime/shm/shm_communicator.h"
 
 using namespace ddprun::runtime;
 using test::runRanks;
@@ -39,6 +40,22 @@ std::vector<std::shared_ptr<Communicator>> makeGroup(int P) {
   });
   return comms;
 }
+
+// The same over shared memory (worker_runtime/shm), where DDP's buckets live in lent memory.
+std::vector<std::shared_ptr<Communicator>> makeShmGroup(int P) {
+  auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
+  std::vector<std::shared_ptr<Communicator>> comms(P);
+  runRanks(P, [&](int r) {
+    comms[r] = shm::makeShmCommunicator(store, {.rank = r, .size = P,
+                                                .timeout = std::chrono::seconds(20),
+                                                .namePrefix = "ddprun-ddp-test"});
+  });
+  return comms;
+}
+
+using GroupMaker = std::vector<std::shared_ptr<Communicator>> (*)(int);
+const std::vector<std::pair<const char*, GroupMaker>> kTransports = {{"gloo", makeGroup},
+                                                                     {"shm", makeShmGroup}};
 
 // The batch of rank r at step s (each rank's share of a global batch).
 std::pair<torch::Tensor, torch::Tensor> batch(int r, int step, int perRank = 8) {
@@ -106,77 +123,164 @@ TEST_CASE("DDP gradients equal the single-process gradient of the concatenated b
 }
 
 TEST_CASE("after N steps the weights agree across ranks bit for bit", "[ddp]") {
-  const int P = 3;
-  auto comms = makeGroup(P);
-  std::vector<std::vector<torch::Tensor>> weights(P);
-  runRanks(P, [&](int r) {
-    auto model = makeModel(7 + r, 48, /*withBatchNorm=*/true);
-    // Small buckets, so that several allreduces overlap backward.
-    DistributedDataParallel ddp(model, comms[r], {.bucketCapBytes = 1024, .firstBucketCapBytes = 512});
-    CHECK(ddp.buckets().size() > 2);
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    for (int step = 0; step < 20; ++step) {
-      opt.zero_grad();
-      auto [x, y] = batch(r, step);
-      lossOf(*model, x, y).backward();
-      opt.step();
+  for (auto [transport, make] : kTransports) {
+    INFO("transport " << transport);
+    const int P = 3;
+    auto comms = make(P);
+    std::vector<std::vector<torch::Tensor>> weights(P);
+    runRanks(P, [&](int r) {
+      auto model = makeModel(7 + r, 48, /*withBatchNorm=*/true);
+      // Small buckets, so that several allreduces overlap backward.
+      DistributedDataParallel ddp(model, comms[r], {.bucketCapBytes = 1024, .firstBucketCapBytes = 512});
+      CHECK(ddp.buckets().size() > 2);
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+      for (int step = 0; step < 20; ++step) {
+        opt.zero_grad();
+        auto [x, y] = batch(r, step);
+        lossOf(*model, x, y).backward();
+        opt.step();
+      }
+      for (auto& p : model->parameters()) weights[r].push_back(p.detach().clone());
+      for (auto& b : model->buffers()) weights[r].push_back(b.detach().clone());
+    });
+    for (int r = 1; r < P; ++r) {
+      REQUIRE(weights[r].size() == weights[0].size());
+      for (size_t i = 0; i < weights[0].size(); ++i) CHECK(torch::equal(weights[r][i], weights[0][i]));
     }
-    for (auto& p : model->parameters()) weights[r].push_back(p.detach().clone());
-    for (auto& b : model->buffers()) weights[r].push_back(b.detach().clone());
-  });
-  for (int r = 1; r < P; ++r) {
-    REQUIRE(weights[r].size() == weights[0].size());
-    for (size_t i = 0; i < weights[0].size(); ++i) CHECK(torch::equal(weights[r][i], weights[0][i]));
+  }
+}
+
+TEST_CASE("DDP over shm: the buckets are lent shared memory and .grad() views into them, nothing is "
+          "copied, the allreduce reads them in place, and the weights agree bit for bit across "
+          "ranks and with Gloo's", "[ddp][shm]") {
+  for (int P : {2, 3}) {
+    auto viaShm = makeShmGroup(P);
+    auto viaGloo = makeGroup(P);
+    std::vector<std::vector<torch::Tensor>> weights(P), glooWeights(P);
+    runRanks(P, [&](int r) {
+      for (bool shared : {true, false}) {
+        auto& comm = shared ? viaShm[r] : viaGloo[r];
+        auto model = makeModel(7 + r, 128);  // one bucket of 74 KiB: the in-place allreduce
+        DistributedDataParallel ddp(model, comm);
+        REQUIRE(ddp.buckets().size() == 1);
+        CHECK(ddp.sharedBuckets() == shared);
+        int64_t bytes = 0;
+        for (auto& p : model->parameters()) bytes += static_cast<int64_t>(p.nbytes());
+        torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+        const int steps = 8;
+        int64_t copiedFirst = 0;
+        AllreduceBytes first;
+        for (int step = 0; step < steps; ++step) {
+          opt.zero_grad();
+          auto [x, y] = batch(r, step);
+          lossOf(*model, x, y).backward();
+          if (step == 0) {
+            copiedFirst = ddp.copiedBytes();
+            first = comm->allreduceBytes();
+          }
+          opt.step();
+        }
+        auto params = model->parameters();
+        if (!shared) {
+          CHECK(ddp.copiedBytes() == 2 * steps * bytes);  // every gradient in and out, each step
+          for (auto& p : params) glooWeights[r].push_back(p.detach().clone());
+          continue;
+        }
+        // The first backward found no .grad() to accumulate into: AccumulateGrad made its own,
+        // copied in once; from then on backward accumulates in the bucket.
+        CHECK(copiedFirst == bytes);
+        CHECK(ddp.copiedBytes() == copiedFirst);
+        const AllreduceBytes last = comm->allreduceBytes();
+        CHECK(last.staged == 0);
+        CHECK(last.inPlace - first.inPlace == static_cast<uint64_t>((steps - 1) * bytes));
+        for (auto& p : params) {
+          CHECK(p.grad().is_alias_of(params[0].grad()));  // one buffer: the bucket
+          weights[r].push_back(p.detach().clone());
+        }
+        // A .grad() replaced (set to none) is copied in once, then is a view again.
+        for (auto& p : params) p.mutable_grad() = torch::Tensor();
+        for (int step = 0; step < 2; ++step) {
+          if (step > 0) opt.zero_grad();
+          auto [x, y] = batch(r, steps + step);
+          lossOf(*model, x, y).backward();
+          opt.step();
+        }
+        CHECK(ddp.copiedBytes() == 2 * bytes);
+        for (auto& p : params) CHECK(p.grad().is_alias_of(params[0].grad()));
+      }
+    });
+    for (int r = 0; r < P; ++r) {
+      INFO("P=" << P << " rank " << r);
+      REQUIRE(weights[r].size() == weights[0].size());
+      for (size_t i = 0; i < weights[0].size(); ++i) {
+        CHECK(torch::equal(weights[r][i], weights[0][i]));
+      }
+    }
+    // Two ranks: both transports add the same two numbers, so the same bits; more ranks may
+    // add in another order.
+    for (int r = 0; r < P; ++r) {
+      REQUIRE(glooWeights[r].size() == weights[0].size());
+      for (size_t i = 0; i < weights[0].size(); ++i) {
+        CHECK(torch::allclose(glooWeights[r][i], weights[0][i], 1e-5, 1e-6));
+        if (P == 2) CHECK(torch::equal(glooWeights[r][i], weights[0][i]));
+      }
+    }
   }
 }
 
 TEST_CASE("no_sync accumulates locally, the next backward syncs the accumulated sum", "[ddp]") {
-  const int P = 2;
-  auto comms = makeGroup(P);
-  std::vector<torch::Tensor> local(P), synced(P), expected(P);
-  runRanks(P, [&](int r) {
-    auto model = makeModel(1 + r);
-    DistributedDataParallel ddp(model, comms[r]);
-    auto solo = std::make_shared<Mlp>();  // what this rank would have alone (reference below)
-    copyWeights(*solo, *model);
-    {
-      auto guard = ddp.noSync();
-      auto [x, y] = batch(r, 1);
+  for (auto [transport, make] : kTransports) {
+    INFO("transport " << transport);
+    const int P = 2;
+    auto comms = make(P);
+    std::vector<torch::Tensor> local(P), synced(P), expected(P);
+    runRanks(P, [&](int r) {
+      auto model = makeModel(1 + r);
+      DistributedDataParallel ddp(model, comms[r]);
+      auto solo = std::make_shared<Mlp>();  // what this rank would have alone (reference below)
+      copyWeights(*solo, *model);
+      {
+        auto guard = ddp.noSync();
+        auto [x, y] = batch(r, 1);
+        lossOf(*model, x, y).backward();
+      }
+      CHECK(ddp.syncedBackwards() == 0);
+      local[r] = model->fc1->weight.grad().clone();
+      auto [x, y] = batch(r, 2);
       lossOf(*model, x, y).backward();
-    }
-    CHECK(ddp.syncedBackwards() == 0);
-    local[r] = model->fc1->weight.grad().clone();
-    auto [x, y] = batch(r, 2);
-    lossOf(*model, x, y).backward();
-    CHECK(ddp.syncedBackwards() == 1);
-    synced[r] = model->fc1->weight.grad().clone();
-    for (int s : {1, 2}) {
-      auto [xs, ys] = batch(r, s);
-      lossOf(*solo, xs, ys).backward();
-    }
-    expected[r] = solo->fc1->weight.grad().clone();
-  });
-  CHECK_FALSE(torch::equal(local[0], local[1]));  // no communication inside no_sync
-  const torch::Tensor avg = (expected[0] + expected[1]) / 2;
-  CHECK(torch::allclose(synced[0], avg, 1e-5, 1e-6));
-  CHECK(torch::equal(synced[0], synced[1]));
+      CHECK(ddp.syncedBackwards() == 1);
+      synced[r] = model->fc1->weight.grad().clone();
+      for (int s : {1, 2}) {
+        auto [xs, ys] = batch(r, s);
+        lossOf(*solo, xs, ys).backward();
+      }
+      expected[r] = solo->fc1->weight.grad().clone();
+    });
+    CHECK_FALSE(torch::equal(local[0], local[1]));  // no communication inside no_sync
+    const torch::Tensor avg = (expected[0] + expected[1]) / 2;
+    CHECK(torch::allclose(synced[0], avg, 1e-5, 1e-6));
+    CHECK(torch::equal(synced[0], synced[1]));
+  }
 }
 
 TEST_CASE("a parameter unused in a pass still gets the same gradient on every rank", "[ddp]") {
-  const int P = 2;
-  auto comms = makeGroup(P);
-  std::vector<torch::Tensor> g(P);
-  runRanks(P, [&](int r) {
-    auto model = makeModel(3);
-    DistributedDataParallel ddp(model, comms[r], {.firstBucketCapBytes = 64});
-    auto [x, y] = batch(r, 0);
-    // Rank 1 skips fc2 (and so never produces its gradient); the pass must still complete.
-    torch::Tensor h = torch::relu(model->fc1(x));
-    if (r == 0) h = torch::tanh(model->fc2(h));
-    torch::mse_loss(model->fc3(h), y).backward();
-    g[r] = model->fc2->weight.grad().clone();
-  });
-  CHECK(torch::equal(g[0], g[1]));
+  for (auto [transport, make] : kTransports) {
+    INFO("transport " << transport);
+    const int P = 2;
+    auto comms = make(P);
+    std::vector<torch::Tensor> g(P);
+    runRanks(P, [&](int r) {
+      auto model = makeModel(3);
+      DistributedDataParallel ddp(model, comms[r], {.firstBucketCapBytes = 64});
+      auto [x, y] = batch(r, 0);
+      // Rank 1 skips fc2 (and so never produces its gradient); the pass must still complete.
+      torch::Tensor h = torch::relu(model->fc1(x));
+      if (r == 0) h = torch::tanh(model->fc2(h));
+      torch::mse_loss(model->fc3(h), y).backward();
+      g[r] = model->fc2->weight.grad().clone();
+    });
+    CHECK(torch::equal(g[0], g[1]));
+  }
 }
 
 TEST_CASE("different models on different ranks: a clear error on every rank", "[ddp]") {

@@ -124,6 +124,77 @@ TEST_CASE("shm allreduce equals the reference bit for bit on every rank for ever
   CHECK(leftovers(prefix) == 0);
 }
 
+TEST_CASE("shm allreduce in lent memory is reduced in place, with the reference's bits on every "
+          "rank; tensors elsewhere or at other offsets are copied through the segment", "[shm]") {
+  const std::string prefix = uniquePrefix();
+  for (int P : {2, 3, 4}) {
+    auto comms = makeGroup(P, {.slotBytes = 4096, .directMaxBytes = 1024, .namePrefix = prefix});
+    std::vector<torch::Tensor> lent(P);
+    runRanks(P, [&](int r) { lent[r] = comms[r]->lendSharedBuffer(1 << 20); });
+    CHECK(leftovers(prefix) == 0);  // the lent memory's name is gone too
+    for (int r = 0; r < P; ++r) {
+      REQUIRE(lent[r].defined());
+      CHECK(lent[r].dtype() == torch::kUInt8);
+      CHECK(lent[r].numel() >= (1 << 20));
+    }
+    // Where rank r puts its tensor: 0 everywhere (lent, same place), different places, or lent
+    // on rank 0 only.
+    enum class Where { Same, Shifted, RankZeroOnly };
+    for (auto where : {Where::Same, Where::Shifted, Where::RankZeroOnly}) {
+      for (auto dtype : kDtypes) {
+        for (int64_t n : {1, 7, 1001, 65537}) {
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
+            if (op == ReduceOp::Avg && !c10::isFloatingType(dtype)) continue;
+            if (where != Where::Same && (op != ReduceOp::Sum || n != 65537)) continue;
+            const int64_t bytes = n * static_cast<int64_t>(c10::elementSize(dtype));
+            const torch::Tensor expected = reference(P, n, dtype, op);
+            std::vector<torch::Tensor> out(P);
+            std::vector<AllreduceBytes> before(P), after(P);
+            runRanks(P, [&](int r) {
+              before[r] = comms[r]->allreduceBytes();
+              const int64_t offset = where == Where::Shifted ? 4096 * r : 4096;
+              if (where == Where::RankZeroOnly && r != 0) {
+                out[r] = inputFor(r, n, dtype);
+              } else {
+                out[r] = lent[r].narrow(0, offset, bytes).view(dtype);
+                out[r].copy_(inputFor(r, n, dtype));
+              }
+              if (n == 65537) {
+                comms[r]->allreduceAsync(out[r], op)->wait();  // as DDP's buckets
+              } else {
+                comms[r]->allreduce(out[r], op);
+              }
+              after[r] = comms[r]->allreduceBytes();
+            });
+            INFO("P=" << P << " where=" << static_cast<int>(where) << " dtype=" << dtype
+                      << " n=" << n << " op=" << toString(op));
+            for (int r = 0; r < P; ++r) {
+              CHECK(torch::equal(out[r], out[0]));
+              if (op == ReduceOp::Avg) {
+                CHECK(torch::allclose(out[r].to(torch::kFloat64), expected.to(torch::kFloat64),
+                                      1e-2, 1e-2));
+              } else {
+                CHECK(torch::equal(out[r], expected));
+              }
+              const bool inPlace = where == Where::Same && bytes > 1024;
+              CHECK(after[r].inPlace - before[r].inPlace == (inPlace ? uint64_t(bytes) : 0));
+              CHECK(after[r].staged - before[r].staged == (inPlace ? 0 : uint64_t(bytes)));
+            }
+          }
+        }
+      }
+    }
+    // The memory belongs to the tensors: it outlives the communicators.
+    runRanks(P, [&](int r) { lent[r].narrow(0, 0, 8).fill_(static_cast<uint8_t>(r + 1)); });
+    comms.clear();
+    for (int r = 0; r < P; ++r) {
+      CHECK(torch::equal(lent[r].narrow(0, 0, 8),
+                         torch::full({8}, r + 1, torch::TensorOptions().dtype(torch::kUInt8))));
+    }
+  }
+  CHECK(leftovers(prefix) == 0);
+}
+
 TEST_CASE("shm broadcast from every root and allgather and barrier and async allreduces in order",
           "[shm]") {
   for (int P : {2, 3, 4}) {

@@ -40,6 +40,12 @@ void Collectives::allreduce(void* data, size_t count, c10::ScalarType type, Redu
   if (count == 0 || size() == 1) return;
   sync_.checkPeers();
   const size_t es = c10::elementSize(type);
+  if (!lent_.empty() && count * es > options_.directMaxBytes &&
+      allreduceInPlace(static_cast<char*>(data), count, type, op, deadline)) {
+    inPlace_.fetch_add(count * es, std::memory_order_relaxed);
+    return;
+  }
+  staged_.fetch_add(count * es, std::memory_order_relaxed);
   const size_t chunkCount = segment_.slotBytes() / es;
   auto* bytes = static_cast<char*>(data);
   for (size_t done = 0; done < count; done += chunkCount) {
@@ -99,6 +105,68 @@ void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarTy
     if (j == r) continue;
     std::memcpy(data + lo(j) * es, segment_.slot(parity, j) + lo(j) * es, (hi(j) - lo(j)) * es);
   }
+}
+
+void Collectives::addLent(const std::shared_ptr<SharedMapping>& mapping, size_t regionBytes) {
+  lent_.push_back({mapping, regionBytes});
+}
+
+bool Collectives::allreduceInPlace(char* data, size_t count, c10::ScalarType type, ReduceOp op,
+                                   Clock::time_point deadline) {
+  const int P = size();
+  const int r = rank();
+  const size_t es = c10::elementSize(type);
+  const size_t bytes = count * es;
+  // Where our tensor lies: (lend number + 1) << 40 | offset in our region, or 0.
+  constexpr int kShift = 40;
+  uint64_t at = 0;
+  std::shared_ptr<SharedMapping> mapping;  // held while peers may read through it
+  size_t regionBytes = 0;
+  for (size_t k = 0; k < lent_.size() && at == 0; ++k) {
+    auto m = lent_[k].mapping.lock();
+    if (!m) continue;
+    const size_t region = lent_[k].regionBytes;
+    char* mine = m->data() + static_cast<size_t>(r) * region;
+    if (data >= mine && data + bytes <= mine + region) {
+      at = (static_cast<uint64_t>(k) + 1) << kShift | static_cast<uint64_t>(data - mine);
+      mapping = std::move(m);
+      regionBytes = region;
+    }
+  }
+  RankControl* control = segment_.control();
+  control[r].lentAt.store(at, std::memory_order_relaxed);
+  control[r].lentBytes.store(bytes, std::memory_order_relaxed);
+  phase(deadline);  // our input is ready (when lent), and we said where it is
+  for (int j = 0; j < P; ++j) {
+    if (control[j].lentAt.load(std::memory_order_relaxed) != at ||
+        control[j].lentBytes.load(std::memory_order_relaxed) != bytes) {
+      at = 0;
+    }
+  }
+  if (at == 0) return false;  // every rank saw the same descriptors: all fall back alike
+  const size_t offset = at & ((uint64_t{1} << kShift) - 1);
+  auto tensorOf = [&](int j) {
+    return mapping->data() + static_cast<size_t>(j) * regionBytes + offset;
+  };
+  const size_t line = std::max<size_t>(1, 64 / es);
+  const size_t slice = ((count + P - 1) / P + line - 1) / line * line;
+  auto lo = [&](int j) { return std::min(count, slice * j); };
+  auto hi = [&](int j) { return std::min(count, slice * (j + 1)); };
+  if (const size_t len = hi(r) - lo(r); len > 0) {
+    InputList list(P);
+    const void** inputs = list.data();
+    for (int j = 0; j < P; ++j) inputs[j] = tensorOf(j) + lo(r) * es;
+    char* out = data + lo(r) * es;  // our own input, reduced in place
+    reduceMany(out, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op);
+    if (op == ReduceOp::Avg) divideBy(out, len, type, P);
+  }
+  phase(deadline);
+  for (int j = 0; j < P; ++j) {
+    if (j == r) continue;
+    std::memcpy(data + lo(j) * es, tensorOf(j) + lo(j) * es, (hi(j) - lo(j)) * es);
+  }
+  phase(deadline);  // every peer has its copy of our slice: the caller may write the tensor
+  return true;
 }
 
 void Collectives::broadcast(void* data, size_t bytes, int root, Clock::time_point deadline) {

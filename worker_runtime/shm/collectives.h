@@ -12,9 +12,20 @@
 //   broadcast: the root copies a chunk into its slot; phase; the others copy it out.
 //   allgather: every rank copies its chunk into its slot; phase; every rank copies all slots out.
 //   barrier: one phase.
+//   allreduce in lent memory (larger than directMaxBytes, when the tensor lies at the same place
+//     in memory lent by Communicator::lendSharedBuffer on every rank): no copy in. Each rank
+//     publishes where its tensor lies (RankControl::lentAt) with the phase that says its input is
+//     ready; when all agree, r reduces its own slice of the whole tensor reading every rank's
+//     tensor directly (its own in place), phase, copies the others' reduced slices from their
+//     tensors, phase (so nobody writes its tensor again while a peer still reads it): three
+//     synchronisations for the whole tensor, no chunks. When they do not agree, that first phase
+//     was a barrier and the chunked algorithm above follows, on every rank alike.
 // ReduceOp::Avg divides once the sum is complete (on the owner, before it is shared). Errors:
 // TimeoutError / BackendError from PhaseSync; after one, the caller must abort() (sync.h).
+#include <atomic>
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include <c10/core/ScalarType.h>
 
@@ -44,6 +55,17 @@ class Collectives {
   void barrier(Clock::time_point deadline);
   void abort() { sync_.abort(); }
 
+  // Memory lent to the caller: `mapping` holds one region of regionBytes per rank, rank j's at
+  // data() + j * regionBytes. Every rank adds its lends in the same order (all ranks or none:
+  // whether any exist decides, alike on every rank, whether an allreduce asks where its tensor
+  // lies). Only a weak reference is kept: the lent tensors own the memory.
+  void addLent(const std::shared_ptr<SharedMapping>& mapping, size_t regionBytes);
+
+  // Allreduce bytes copied into the slots (and reduced from there), and bytes reduced in place in
+  // lent memory, since construction. For tests and benchmarks; any thread may read them.
+  uint64_t stagedBytes() const { return staged_.load(std::memory_order_relaxed); }
+  uint64_t inPlaceBytes() const { return inPlace_.load(std::memory_order_relaxed); }
+
  private:
   // Posts the next phase and waits for every peer to post it.
   void phase(Clock::time_point deadline) { sync_.waitAll(sync_.post(), deadline); }
@@ -52,11 +74,23 @@ class Collectives {
                        Clock::time_point deadline);
   void allreduceScatterGather(char* data, size_t count, c10::ScalarType type, ReduceOp op,
                               Clock::time_point deadline);
+  // The allreduce in lent memory; false (after one phase, on every rank alike) when the ranks'
+  // tensors do not all lie at the same place in it.
+  bool allreduceInPlace(char* data, size_t count, c10::ScalarType type, ReduceOp op,
+                        Clock::time_point deadline);
+
+  struct Lent {
+    std::weak_ptr<SharedMapping> mapping;
+    size_t regionBytes = 0;
+  };
 
   Segment& segment_;
   CollectiveOptions options_;
   PhaseSync sync_;
   uint64_t chunks_ = 0;  // chunks moved so far: the parity of the next one
+  std::vector<Lent> lent_;
+  std::atomic<uint64_t> staged_{0};
+  std::atomic<uint64_t> inPlace_{0};
 };
 
 }  // namespace ddprun::runtime::shm

@@ -1,15 +1,9 @@
 #pragma once
 // Segment: the shared memory the ranks of one node meet in, one per communicator and attempt.
 //
-// Lifetime (the point is that no path leaves anything behind in /dev/shm):
-//   - local rank 0 creates it with shm_open under a random, unguessable name (128 bits from
-//     getrandom, O_CREAT|O_EXCL, mode 0600), reserves its pages (posix_fallocate: a full /dev/shm
-//     is an error here rather than a SIGBUS later), maps it and publishes the name in the store;
-//   - every other rank reads the name, opens and maps it, and announces that in the store;
-//   - once every rank has mapped it, every rank unlinks the name (the first one succeeds): from
-//     then on the memory lives only in the mappings and goes away with the last process, whatever
-//     way it exits. Every failure path before that unlinks too. The one window where a crash can
-//     leave a name behind is every rank dying between create and the last map.
+// Lifetime: a SharedMapping (mapping.h): local rank 0 creates it under a random name, the others
+// map it through the store, and the name is unlinked once all have, so no path leaves anything
+// behind in /dev/shm (the one window: every rank dying between create and the last map).
 //
 // Layout: a header, one RankControl per rank (each in its own pair of cache lines), then two sets
 // ("parities") of one slot per rank, slotBytes each. Collectives alternate the two sets chunk by
@@ -22,6 +16,7 @@
 #include <string>
 
 #include "rendezvous/store.h"
+#include "worker_runtime/shm/mapping.h"
 
 namespace ddprun::runtime::shm {
 
@@ -31,6 +26,10 @@ struct alignas(128) RankControl {
   std::atomic<uint32_t> sleepers;  // peers sleeping (futex) on step: post() wakes them when > 0
   std::atomic<uint32_t> aborted;   // 1: this rank gave up on a collective; peers fail at once
   std::atomic<int32_t> pid;        // for liveness checks (kill(pid, 0), zombie state)
+  // Where this rank's tensor of the allreduce in progress lies in lent memory (collectives.h):
+  // (lend number + 1) << 40 | offset in its region, 0 when it is not in lent memory; its bytes.
+  std::atomic<uint64_t> lentAt;
+  std::atomic<uint64_t> lentBytes;
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
@@ -61,15 +60,13 @@ class Segment {
   char* slot(int parity, int rank) const {
     return data_ + (static_cast<size_t>(parity) * size_ + rank) * slotBytes_;
   }
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return mapping_->name(); }
 
  private:
   int rank_;
   int size_;
   size_t slotBytes_;
-  std::string name_;
-  void* base_ = nullptr;
-  size_t bytes_ = 0;
+  std::unique_ptr<SharedMapping> mapping_;
   RankControl* control_ = nullptr;
   char* data_ = nullptr;
 };

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/prefix_store.h"
 #include "worker_runtime/shm/collectives.h"
 #include "worker_runtime/work_queue.h"
@@ -43,8 +44,8 @@ class ShmCommunicator final : public Communicator {
   ShmCommunicator(std::shared_ptr<rendezvous::Store> store, ShmOptions options)
       : options_(std::move(options)) {
     const int64_t n = store->add("shm/count/" + std::to_string(options_.rank), 1);
-    rendezvous::PrefixStore scoped("shm/" + std::to_string(n), std::move(store));
-    segment_ = std::make_unique<Segment>(scoped, SegmentOptions{.rank = options_.rank,
+    store_ = std::make_shared<rendezvous::PrefixStore>("shm/" + std::to_string(n), std::move(store));
+    segment_ = std::make_unique<Segment>(*store_, SegmentOptions{.rank = options_.rank,
                                                                 .size = options_.size,
                                                                 .slotBytes = options_.slotBytes,
                                                                 .namePrefix = options_.namePrefix,
@@ -78,6 +79,38 @@ class ShmCommunicator final : public Communicator {
   }
 
   ThreadCounts threadCounts() const override { return queue_.counts(); }
+  AllreduceBytes allreduceBytes() const override {
+    return {.staged = collectives_->stagedBytes(), .inPlace = collectives_->inPlaceBytes()};
+  }
+
+  // A new mapping per lend (its size is known only now), set up like the segment: all ranks get
+  // it or none (mapping.h; should one rank alone fail, the allreduce finds out and copies).
+  // Registered with the collectives between two collectives (runInline), so that the
+  // communication thread never sees the list change under it.
+  torch::Tensor lendSharedBuffer(size_t bytes) override {
+    const size_t region = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+    const int k = lends_++;
+    rendezvous::PrefixStore scoped("lend/" + std::to_string(k), store_);
+    std::shared_ptr<SharedMapping> mapping;
+    try {
+      mapping = std::make_shared<SharedMapping>(
+          scoped, MappingOptions{.rank = rank(), .size = size(),
+                                 .bytes = region * static_cast<size_t>(size()),
+                                 .namePrefix = options_.namePrefix,
+                                 .timeout = options_.timeout,
+                                 .what = "lent buffer"});
+    } catch (const Error& e) {
+      DDPRUN_LOG(WARN, "shm") << "no shared buffer of " << bytes << " bytes (collectives copy "
+                              << "through the segment instead): " << e.what();
+    }
+    // Added even when empty: that lends exist must look alike on every rank (collectives.h).
+    queue_.runInline([&] { collectives_->addLent(mapping, region); });
+    if (!mapping) return {};
+    char* mine = mapping->data() + static_cast<size_t>(rank()) * region;
+    return torch::from_blob(
+        mine, {static_cast<int64_t>(region)}, [mapping](void*) mutable { mapping.reset(); },
+        torch::TensorOptions().dtype(torch::kUInt8));
+  }
 
   torch::Tensor allgather(const torch::Tensor& input) override {
     checkCollectiveTensor(input, *this, "allgather");
@@ -176,6 +209,8 @@ class ShmCommunicator final : public Communicator {
   }
 
   ShmOptions options_;
+  std::shared_ptr<rendezvous::Store> store_;  // this communicator's keys (the lends' too)
+  int lends_ = 0;
   std::unique_ptr<Segment> segment_;
   std::unique_ptr<Collectives> collectives_;
   std::mutex mu_;

@@ -11,6 +11,9 @@
 // within timeout (PhaseSync checks its pid while waiting); the rank that fails first marks itself
 // aborted so the others fail at once. The segment's name is gone from /dev/shm once all ranks
 // mapped it, so nothing is left behind however the processes end.
+// lendSharedBuffer() maps one more piece of shared memory the same way, one region per rank;
+// allreduces of tensors that lie at the same place in it on every rank are reduced in place
+// (collectives.h), which is where DDP keeps its buckets.
 #include <memory>
 
 #include "rendezvous/store.h"
