@@ -88,7 +88,11 @@ DistributedDataParallel::Reducer::Reducer(std::vector<torch::Tensor> params,
       bucket.flat.zero_();
       for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
         torch::Tensor& p = params_[bucket.params[slot]];
-        torch::Tensor view = bucket.flat.narrow(0, bucket.offsets[slot], p.numel()).view(p.sizes());
+        // Not an autograd view of the bucket (optimizer.zero_grad() calls detach_(), which
+        // views refuse): a tensor of its own over the bucket's memory, keeping the lend alive.
+        auto* at = static_cast<char*>(bucket.flat.data_ptr()) +
+                   bucket.offsets[slot] * static_cast<int64_t>(bucket.flat.element_size());
+        torch::Tensor view = torch::from_blob(at, p.sizes(), [lent](void*) {}, options);
         if (p.grad().defined()) {  // a gradient from before: it moves into the bucket
           view.copy_(p.grad());
           p.mutable_grad() = view;
