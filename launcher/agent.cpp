@@ -87,8 +87,9 @@ class Agent::Impl {
   // trace (at the end, and after each group so a job that dies leaves one). Never throws.
   void openTimeline();
   void mergeTimeline();
-  // --timeline on several nodes (c10d/static): the agent of node rank 0 writes FILE; every
-  // other agent ships its node's events to it through the job's store (timeline/exchange.h).
+  // --timeline on several nodes (c10d, static, etcd-v3 with the agent store): the agent of node
+  // rank 0 writes FILE; every other agent ships its node's events to it through the round's
+  // shared store (timeline/exchange.h).
   bool timelineAcrossNodes() const;
   bool timelineWriter() const { return round_.nodeRank == 0; }
   // Runs `job` on the exchange thread, then `then` on the I/O thread.
@@ -134,6 +135,10 @@ class Agent::Impl {
   std::string timelineNode_;               // this agent's track: "agent <node>"
   std::vector<std::string> timelineBundles_;  // the writer: the other nodes' events
   std::vector<std::string> timelineMissing_;  // the writer: nodes that sent none
+  // The round's store the nodes' events go through (RendezvousHandler::sharedStore); none: each
+  // node writes its own FILE.
+  std::optional<rendezvous::TcpStoreOptions> timelineStore_;
+  bool timelineShipped_ = false;  // this round's bundle went out before the exit barrier
   // Last member: destroyed (its queue run, its thread joined) while io_ is still alive.
   std::unique_ptr<timeline::ExchangeThread> exchange_;
 };
@@ -302,6 +307,8 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
 
 void Agent::Impl::startWorkers(const RoundInfo& round) {
   round_ = round;
+  timelineStore_ = handler_->sharedStore(round);
+  timelineShipped_ = false;
   auto launches = makeLaunches(round);
   std::vector<ProgressWatch::Worker> watched;
   for (const auto& l : launches) {
@@ -325,7 +332,8 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
     rendezvous::TcpStoreOptions workerStore{
         .host = host, .port = round.masterPort,
         .dialect = rendezvous::StoreDialect::Ddprun, .tokenFromEnvironment = false};
-    if (!round.useAgentStore) workerStore.authToken = handler_->sharedStore()->authToken;
+    // Rank 0's store (--no-agent-store) takes the job's token, as the rendezvous store does.
+    if (!round.useAgentStore) workerStore.authToken = timelineStore_->authToken;
     exchange_->post([workerStore] { timeline::measureClock(workerStore); });
   }
   for (const auto& r : group_->results()) {
@@ -440,6 +448,7 @@ void Agent::Impl::onGroupStopped() {
     state_ = State::Finishing;
     if (timelineAcrossNodes() && !timelineWriter()) {
       // Before the barrier: once the writer has passed it, this node's events are in the store.
+      timelineShipped_ = true;
       onExchange(shipTimeline(), [this] { exitBarrier(); });
       return;
     }
@@ -607,12 +616,19 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
   if (!timelineAcrossNodes() || !group_) {
     shutdown();
   } else if (!timelineWriter()) {
-    onExchange(shipTimeline(), shutdown);  // again: with the job's end
+    if (code == 0 && timelineShipped_) {
+      // Shipped before the exit barrier, which the writer has passed too: it reads the bundles
+      // now, so a second one would race its read (and with etcd-v3 the store it goes through
+      // ends with the writer, which does not wait for this node).
+      shutdown();
+    } else {
+      onExchange(shipTimeline(), shutdown);  // with the job's end: a failure's events
+    }
   } else {
     // Before the shutdown: the store host (maybe this agent) keeps the store up until every
     // node has recorded the end, so the bundles are readable now. After a success each one
     // was shipped before the exit barrier; after a failure, a node still shipping has a while.
-    const auto store = *handler_->sharedStore();
+    const auto store = *timelineStore_;
     const std::string runId = round_.runId;
     const int nodes = round_.nodeCount;
     auto collected = std::make_shared<timeline::Collected>();
@@ -629,7 +645,7 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
 }
 
 bool Agent::Impl::timelineAcrossNodes() const {
-  return !timelineParts_.empty() && exchange_ && round_.nodeCount > 1;
+  return !timelineParts_.empty() && exchange_ && round_.nodeCount > 1 && timelineStore_;
 }
 
 void Agent::Impl::onExchange(std::function<void()> job, std::function<void()> then) {
@@ -640,7 +656,7 @@ void Agent::Impl::onExchange(std::function<void()> job, std::function<void()> th
 }
 
 std::function<void()> Agent::Impl::shipTimeline() const {
-  return [store = *handler_->sharedStore(), key = timeline::bundleKey(round_.runId, round_.nodeRank),
+  return [store = *timelineStore_, key = timeline::bundleKey(round_.runId, round_.nodeRank),
           bundle = timeline::BundleOptions{.partsDir = timelineParts_, .node = timelineNode_,
                                            .sinceUs = timelineSince_}] {
     timeline::ship(store, key, bundle);
@@ -705,7 +721,8 @@ void Agent::Impl::openTimeline() {
   const std::string node = options_.localAddr.empty() ? hostName() : options_.localAddr;
   timelineNode_ = "agent " + node;
   events::open(timelineParts_, timelineNode_, "agent");
-  if (handler_->sharedStore()) exchange_ = std::make_unique<timeline::ExchangeThread>();
+  // Idle unless the job spans several nodes (it ships and collects their events).
+  exchange_ = std::make_unique<timeline::ExchangeThread>();
 }
 
 void Agent::Impl::mergeTimeline() {
