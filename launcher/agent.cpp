@@ -133,7 +133,7 @@ class Agent::Impl {
   std::exception_ptr error_;
   std::string errorRecord_;  // ddprun's own error file, when the job fails
   std::string timelineNode_;               // this agent's track: "agent <node>"
-  std::vector<std::string> timelineBundles_;  // the writer: the other nodes' events
+  std::vector<timeline::ReceivedBundle> timelineBundles_;  // the writer: the other nodes' events
   std::vector<std::string> timelineMissing_;  // the writer: nodes that sent none
   // The round's store the nodes' events go through (RendezvousHandler::sharedStore); none: each
   // node writes its own FILE.
@@ -638,6 +638,15 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
         },
         [this, collected, shutdown] {
           timelineBundles_ = std::move(collected->bundles);
+          // What each node may hold: its agent's track and its own ranks'.
+          for (auto& b : timelineBundles_) {
+            if (b.nodeRank < 0 || b.nodeRank >= static_cast<int>(round_.nodeWorkers.size())) {
+              continue;
+            }
+            b.firstRank = 0;
+            for (int k = 0; k < b.nodeRank; ++k) b.firstRank += round_.nodeWorkers[k];
+            b.ranks = round_.nodeWorkers[b.nodeRank];
+          }
           timelineMissing_ = std::move(collected->missing);
           shutdown();
         });
@@ -738,6 +747,12 @@ void Agent::Impl::mergeTimeline() {
     DDPRUN_LOG(DEBUG, "launcher") << "timeline: " << r.events << " events of " << r.tracks
                                   << " tracks written to " << options_.timeline
                                   << " (clock offset bound " << r.offsetBoundUs << " us)";
+    if (!r.refused.empty()) {
+      DDPRUN_LOG(WARN, "launcher") << "timeline: refused " << r.badBundles << " bundle(s) and "
+                                   << r.refusedTracks << " track(s) other nodes sent (first: "
+                                   << r.refused.front() << "); " << options_.timeline
+                                   << " says otherData.refused";
+    }
     if (r.partsCut > 0) {
       DDPRUN_LOG(WARN, "launcher") << "timeline: " << r.partsCut
                                    << " part file(s) read only in part (256 MiB a file, 512 MiB "
