@@ -1,0 +1,93 @@
+// The rendezvous protocol with many agents at once (issue 20): a swarm of simulated agents
+// (bench/rendezvous_swarm.h: the real DynamicRendezvous of each, one thread and its own
+// connections each) against a real ddprun-store process. Arrival times, each node's nproc and
+// the agent that dies are drawn from DDPRUN_TEST_SEED (printed; random when unset). After the
+// first round and after re-forming without the dead agent, every member's view is checked:
+// dense unique node ranks, one membership, one world size (the sum of nproc), prefix-sum rank
+// offsets, one MASTER_ADDR:PORT. No time bounds: speed is `ddprun-bench rendezvous --simulate`.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <random>
+
+#include "base/log.h"
+#include "bench/rendezvous_swarm.h"
+
+namespace {
+
+using namespace ddprun::bench;
+using ddprun::rendezvous::NodeInfo;
+using ddprun::rendezvous::RoundInfo;
+
+uint64_t testSeed() {
+  const char* s = std::getenv("DDPRUN_TEST_SEED");
+  uint64_t seed = s && *s ? std::strtoull(s, nullptr, 10) : std::random_device{}() % 1'000'000 + 1;
+  std::printf("rdzv swarm: DDPRUN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+// A correct round of three nodes (nproc 2, 1, 3) as each member sees it.
+std::vector<RoundInfo> goodRound() {
+  std::vector<NodeInfo> nodes = {{"a", "127.0.0.2", 2, 1000}, {"b", "127.0.0.3", 1, 1001},
+                                 {"c", "127.0.0.4", 3, 1002}};
+  std::vector<RoundInfo> out;
+  const int offsets[] = {0, 2, 3};
+  for (int r = 0; r < 3; ++r) {
+    RoundInfo i;
+    i.round = 4;
+    i.nodeRank = r;
+    i.nodeCount = 3;
+    i.rankOffset = offsets[r];
+    i.worldSize = 6;
+    i.masterAddr = "127.0.0.2";
+    i.masterPort = 1000;
+    i.nodes = nodes;
+    out.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("checkRound accepts a correct round and names each violated invariant") {
+  CHECK(checkRound(goodRound()).empty());
+  auto r = goodRound();
+  r[2].nodeRank = 1;
+  CHECK_THAT(checkRound(r), Catch::Contains("held twice"));
+  r = goodRound();
+  r[1].rankOffset = 1;
+  CHECK_THAT(checkRound(r), Catch::Contains("rank offset"));
+  r = goodRound();
+  for (auto& i : r) i.worldSize = 7;
+  CHECK_THAT(checkRound(r), Catch::Contains("world size"));
+  r = goodRound();
+  r[1].worldSize = 7;
+  CHECK_THAT(checkRound(r), Catch::Contains("disagree"));
+  r = goodRound();
+  r.pop_back();
+  CHECK_THAT(checkRound(r), Catch::Contains("2 agents hold it"));
+  r = goodRound();
+  for (auto& i : r) i.nodes[2].id = "a";
+  CHECK_THAT(checkRound(r), Catch::Contains("member twice"));
+  r = goodRound();
+  for (auto& i : r) i.masterPort = 1001;
+  CHECK_THAT(checkRound(r), Catch::Contains("node rank 0's"));
+}
+
+TEST_CASE("a swarm of agents arriving at random forms one round, and re-forms after an eviction") {
+  ddprun::log::setLevel(ddprun::log::Level::Warn);
+  const uint64_t seed = testSeed();
+  for (int n : {32, 128}) {
+    INFO("agents " << n << ", seed " << seed);
+    const SwarmResult r = runSwarm(std::string(DDPRUN_BIN_DIR) + "/ddprun-store",
+                                   SwarmOptions{.agents = n, .seed = seed + n,
+                                                .spread = Millis(300), .maxNproc = 8,
+                                                .timeout = Millis(120'000)});
+    CHECK(r.error == "");
+    REQUIRE(r.formSeconds);
+    REQUIRE(r.reformSeconds);
+    // Every agent made at least its join's compare-set and read the closed round.
+    CHECK(r.form.medianRoundTrips >= 2);
+    CHECK(r.reform.medianRoundTrips >= 2);
+  }
+}
