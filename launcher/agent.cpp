@@ -36,6 +36,11 @@ namespace asio = boost::asio;
 namespace events = ddprun::timeline;
 
 namespace {
+// Leaving on a signal: the timeline's exchange gets this much per store call, and the writer
+// waits this long for the bundles of the nodes that were signalled too.
+constexpr std::chrono::milliseconds kSignalExchangeCall{2'000};
+constexpr std::chrono::milliseconds kSignalCollectWait{3'000};
+
 std::string hostName() {
   char h[256] = {};
   ::gethostname(h, sizeof h - 1);
@@ -73,7 +78,10 @@ class Agent::Impl {
   void afterLocalFailure(const JobDecision& d);
   void apply(const JobDecision& d);
   void stopGroup(StopReason reason, int sig);
-  void leaveAndExit(int code);
+  // Leaves the job for a signal, then exits with `code`. `groupStopped`: the signal stopped the
+  // running group (then the timeline's events are exchanged first, bounded in time).
+  void leaveAndExit(int code, bool groupStopped = false);
+  void leave(int code);
   // The job has ended for this node: print the summary (multi-node), let the handler tell the
   // other nodes (asyncShutdown), then exit with `code`.
   void endJob(int code, const std::string& summary);
@@ -96,7 +104,10 @@ class Agent::Impl {
   void onExchange(std::function<void()> job, std::function<void()> then);
   // The job that ships this node's events as they are now (the values copied: it runs on the
   // exchange thread).
-  std::function<void()> shipTimeline() const;
+  std::function<void()> shipTimeline(
+      std::optional<rendezvous::TcpStoreOptions> via = std::nullopt) const;
+  // The writer: the collected bundles, with the ranks each node may hold.
+  void takeBundles(timeline::Collected collected);
   // The exit barrier (asyncFinish), once the group has stopped with every worker succeeding.
   void exitBarrier();
   // Runs fn on the I/O thread; an exception is kept (and rethrown by run()), never thrown.
@@ -133,7 +144,7 @@ class Agent::Impl {
   std::exception_ptr error_;
   std::string errorRecord_;  // ddprun's own error file, when the job fails
   std::string timelineNode_;               // this agent's track: "agent <node>"
-  std::vector<std::string> timelineBundles_;  // the writer: the other nodes' events
+  std::vector<timeline::ReceivedBundle> timelineBundles_;  // the writer: the other nodes' events
   std::vector<std::string> timelineMissing_;  // the writer: nodes that sent none
   // The round's store the nodes' events go through (RendezvousHandler::sharedStore); none: each
   // node writes its own FILE.
@@ -523,7 +534,7 @@ void Agent::Impl::stoppedNotRunning() {
       apply(pending_);
       break;
     case StopReason::Signal:
-      leaveAndExit(128 + signal_);
+      leaveAndExit(128 + signal_, /*groupStopped=*/true);
       break;
     case StopReason::Error:
     case StopReason::None:
@@ -637,11 +648,22 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
           *collected = timeline::collect(store, runId, nodes, std::chrono::seconds(5));
         },
         [this, collected, shutdown] {
-          timelineBundles_ = std::move(collected->bundles);
-          timelineMissing_ = std::move(collected->missing);
+          takeBundles(std::move(*collected));
           shutdown();
         });
   }
+}
+
+void Agent::Impl::takeBundles(timeline::Collected collected) {
+  timelineBundles_ = std::move(collected.bundles);
+  // What each node may hold: its agent's track and its own ranks'.
+  for (auto& b : timelineBundles_) {
+    if (b.nodeRank < 0 || b.nodeRank >= static_cast<int>(round_.nodeWorkers.size())) continue;
+    b.firstRank = 0;
+    for (int k = 0; k < b.nodeRank; ++k) b.firstRank += round_.nodeWorkers[k];
+    b.ranks = round_.nodeWorkers[b.nodeRank];
+  }
+  timelineMissing_ = std::move(collected.missing);
 }
 
 bool Agent::Impl::timelineAcrossNodes() const {
@@ -655,18 +677,57 @@ void Agent::Impl::onExchange(std::function<void()> job, std::function<void()> th
   });
 }
 
-std::function<void()> Agent::Impl::shipTimeline() const {
-  return [store = *timelineStore_, key = timeline::bundleKey(round_.runId, round_.nodeRank),
+std::function<void()> Agent::Impl::shipTimeline(
+    std::optional<rendezvous::TcpStoreOptions> via) const {
+  return [store = via ? *via : *timelineStore_, key = timeline::bundleKey(round_.runId, round_.nodeRank),
           bundle = timeline::BundleOptions{.partsDir = timelineParts_, .node = timelineNode_,
                                            .sinceUs = timelineSince_}] {
     timeline::ship(store, key, bundle);
   };
 }
 
-void Agent::Impl::leaveAndExit(int code) {
+void Agent::Impl::leaveAndExit(int code, bool groupStopped) {
   state_ = State::Leaving;
   errorRecord_ = generatedErrorRecord("ddprun received " + signalName(signal_) + ": it stopped "
                                       "its workers and left the job", code);
+  if (groupStopped) {
+    events::instant("job end", "agent",
+                    events::Args().add("exit_code", code).add(
+                        "summary", signalName(signal_) + " on this node: it left the job"));
+  }
+  if (!groupStopped || !timelineAcrossNodes()) {
+    leave(code);
+    return;
+  }
+  // The signal stopped this node's running group (a job cancelled on every node gets it on
+  // every node at once): the trace gets this node's events up to here, within a short bound
+  // (a second signal cuts the wait for the exchange short; the ExchangeThread's join does not
+  // outlast it).
+  auto store = *timelineStore_;
+  store.timeout = store.connectTimeout = kSignalExchangeCall;
+  if (!timelineWriter()) {
+    onExchange(shipTimeline(store), [this, code] {
+      if (state_ == State::Leaving) leave(code);
+    });
+    return;
+  }
+  // The writer: the bundles of the nodes that stop now too, waited for at most
+  // kSignalCollectWait (a node that goes on is named missing).
+  const std::string runId = round_.runId;
+  const int nodes = round_.nodeCount;
+  auto collected = std::make_shared<timeline::Collected>();
+  onExchange(
+      [store, runId, nodes, collected] {
+        *collected = timeline::collect(store, runId, nodes, kSignalCollectWait);
+      },
+      [this, collected, code] {
+        if (state_ != State::Leaving) return;
+        takeBundles(std::move(*collected));
+        leave(code);
+      });
+}
+
+void Agent::Impl::leave(int code) {
   handler_->asyncLeave(signalName(signal_) + " on this node", [this, code](std::exception_ptr e) {
     if (e) {
       try {
@@ -738,6 +799,12 @@ void Agent::Impl::mergeTimeline() {
     DDPRUN_LOG(DEBUG, "launcher") << "timeline: " << r.events << " events of " << r.tracks
                                   << " tracks written to " << options_.timeline
                                   << " (clock offset bound " << r.offsetBoundUs << " us)";
+    if (!r.refused.empty()) {
+      DDPRUN_LOG(WARN, "launcher") << "timeline: refused " << r.badBundles << " bundle(s) and "
+                                   << r.refusedTracks << " track(s) other nodes sent (first: "
+                                   << r.refused.front() << "); " << options_.timeline
+                                   << " says otherData.refused";
+    }
     if (r.partsCut > 0) {
       DDPRUN_LOG(WARN, "launcher") << "timeline: " << r.partsCut
                                    << " part file(s) read only in part (256 MiB a file, 512 MiB "

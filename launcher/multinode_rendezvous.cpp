@@ -337,6 +337,7 @@ void MultiNodeRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) 
                        .masterPort = r.masterPort,
                        .useAgentStore = agentStore_,
                        .runId = options_.runId};
+      for (const auto& n : r.nodes) info.nodeWorkers.push_back(n.nproc);
     } catch (const rdzv::JobEndedError& e) {
       const int code = e.failed() ? e.exitCode() : 0;
       error = std::make_exception_ptr(JobEnded(e.what(), code, summary(e.failed(), code, e.reason())));

@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/errors.h"
 #include "rendezvous/tcp_store.h"
@@ -45,6 +46,7 @@ struct RoundInfo {
   uint16_t masterPort = 0;   // MASTER_PORT
   bool useAgentStore = true; // MASTER_ADDR:PORT is the agent's store (workers are clients)
   std::string runId;         // TORCHELASTIC_RUN_ID
+  std::vector<int> nodeWorkers;  // several nodes: each node's worker count, by node rank
 };
 
 // What happens to the job next, decided by the handler (possibly with the other nodes).

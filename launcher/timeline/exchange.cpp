@@ -62,8 +62,9 @@ bool ship(const TcpStoreOptions& sharedStore, const std::string& key, const Bund
 }
 
 Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, int nodeCount,
-                  std::chrono::milliseconds wait) {
+                  std::chrono::milliseconds wait, uint64_t maxBytes) {
   Collected c;
+  uint64_t held = 0;
   std::vector<int> pending;
   for (int k = 1; k < nodeCount; ++k) pending.push_back(k);
   try {
@@ -74,7 +75,15 @@ Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, 
       for (int k : pending) {
         const std::string key = bundleKey(runId, k);
         if (store.check({key})) {
-          c.bundles.push_back(store.get(key));
+          ReceivedBundle b{.from = "node rank " + std::to_string(k), .nodeRank = k,
+                           .text = store.get(key)};
+          b.bytes = b.text.size();
+          if (b.bytes > maxBytes || held + b.bytes > kMaxCollectedBytes) {
+            b.text = std::string();  // the merge names it by its size
+            b.text.shrink_to_fit();
+          }
+          held += b.text.size();
+          c.bundles.push_back(std::move(b));
         } else {
           still.push_back(k);
         }
