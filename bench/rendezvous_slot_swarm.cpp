@@ -34,11 +34,11 @@ struct SlotAgent {
   std::string error;
 };
 
-// The members' views of round `round`, with the membership read back from the slot records.
-std::vector<RoundInfo> views(Store& store, int64_t round, const std::vector<SlotAgent*>& members,
-                             bool second) {
-  std::vector<RoundInfo> out;
-  if (members.empty()) return out;
+// Checks round `round` of the slot join: the membership read back from the slot records (on
+// the harness's connection), each member's own record in its slot, then checkRound.
+std::string checkSlotRound(Store& store, int64_t round, const std::vector<SlotAgent*>& members,
+                           bool second) {
+  if (members.empty()) return "no members";
   const sc::Assignment& any = second ? members[0]->second : members[0]->first;
   std::vector<NodeInfo> nodes;
   for (int64_t s = 1; s <= any.nodeCount; s += 1000) {
@@ -51,9 +51,14 @@ std::vector<RoundInfo> views(Store& store, int64_t round, const std::vector<Slot
       nodes.push_back(NodeInfo{.id = r.id, .addr = r.addr, .nproc = r.nproc, .masterPort = r.masterPort});
     }
   }
+  std::vector<RoundInfo> views;
   for (SlotAgent* a : members) {
     const sc::Assignment& x = second ? a->second : a->first;
-    RoundInfo i;
+    if (x.nodeRank >= 0 && x.nodeRank < static_cast<int>(nodes.size()) &&
+        nodes[x.nodeRank].id != a->self.id) {
+      return "node rank " + std::to_string(x.nodeRank) + "'s slot holds another node's record";
+    }
+    RoundInfo i;  // the membership is passed once, not copied into every view
     i.round = round;
     i.nodeRank = x.nodeRank;
     i.nodeCount = x.nodeCount;
@@ -61,18 +66,9 @@ std::vector<RoundInfo> views(Store& store, int64_t round, const std::vector<Slot
     i.worldSize = x.worldSize;
     i.masterAddr = x.masterAddr;
     i.masterPort = x.masterPort;
-    i.nodes = nodes;
-    out.push_back(std::move(i));
+    views.push_back(std::move(i));
   }
-  // Each member's record is in its own slot.
-  for (SlotAgent* a : members) {
-    const sc::Assignment& x = second ? a->second : a->first;
-    if (nodes[x.nodeRank].id != a->self.id) {
-      out.clear();  // reported by the caller as a violated invariant
-      break;
-    }
-  }
-  return out;
+  return checkRound(views, &nodes);
 }
 
 }  // namespace
@@ -82,7 +78,9 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   StoreProcess store(storeBinary);
   const int n = o.agents;
   const std::string prefix = "ddprun/rdzv/slots" + std::to_string(n) + "-" + std::to_string(::getpid());
-  TcpStoreOptions storeOptions{.host = "127.0.0.1", .port = store.port(), .timeout = o.timeout,
+  // A read timeout below the join timeout: the waits for `closed` are then single WAIT_GETs
+  // (as with the defaults, read_timeout 60 s and join_timeout 600 s).
+  TcpStoreOptions storeOptions{.host = "127.0.0.1", .port = store.port(), .timeout = o.timeout / 2,
                                .connectTimeout = o.timeout};
   std::mt19937_64 rng(o.seed);
   std::vector<Millis> arrival(n);
@@ -191,8 +189,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
     }
   }
   if (r.error.empty()) {
-    const auto v = views(harness, 1, members, false);
-    r.error = v.empty() ? "a member's slot holds another node's record" : checkRound(v);
+    r.error = checkSlotRound(harness, 1, members, false);
   }
   if (!r.error.empty()) return finish(r);
   r.formSeconds = secondsOf(last - t0);
@@ -222,8 +219,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
     }
   }
   if (r.error.empty()) {
-    const auto v = views(harness, 2, members, true);
-    r.error = v.empty() ? "a member's slot holds another node's record" : checkRound(v);
+    r.error = checkSlotRound(harness, 2, members, true);
   }
   if (r.error.empty()) {
     r.reformSeconds = secondsOf(last - tEvict);

@@ -85,10 +85,11 @@ double StoreProcess::cpuSeconds() const {
   return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
-std::string checkRound(const std::vector<RoundInfo>& rounds) {
+std::string checkRound(const std::vector<RoundInfo>& rounds, const std::vector<NodeInfo>* membership) {
   if (rounds.empty()) return "no members";
   const RoundInfo& first = rounds.front();
-  const int n = static_cast<int>(first.nodes.size());
+  const std::vector<NodeInfo>& nodes = membership ? *membership : first.nodes;
+  const int n = static_cast<int>(nodes.size());
   if (first.nodeCount != n || static_cast<int>(rounds.size()) != n) {
     return "round " + std::to_string(first.round) + ": " + std::to_string(rounds.size()) +
            " agents hold it, its membership has " + std::to_string(n) + " nodes, node count " +
@@ -98,14 +99,15 @@ std::string checkRound(const std::vector<RoundInfo>& rounds) {
   std::vector<int> offset(n);
   for (int i = 0; i < n; ++i) {
     offset[i] = world;
-    world += first.nodes[i].nproc;
+    world += nodes[i].nproc;
   }
   std::vector<bool> seen(n);
   std::set<std::string> ids;
-  for (const auto& node : first.nodes)
+  for (const auto& node : nodes)
     if (!ids.insert(node.id).second) return "node " + node.id + " is a member twice";
   for (const RoundInfo& r : rounds) {
-    if (r.round != first.round || r.nodes != first.nodes || r.worldSize != first.worldSize ||
+    if (r.round != first.round || (!r.nodes.empty() && r.nodes != nodes) ||
+        r.worldSize != first.worldSize ||
         r.masterAddr != first.masterAddr || r.masterPort != first.masterPort) {
       return "members disagree on round " + std::to_string(first.round) +
              " (round, membership, world size or master)";
@@ -116,7 +118,7 @@ std::string checkRound(const std::vector<RoundInfo>& rounds) {
     if (r.worldSize != world) return "world size " + std::to_string(r.worldSize) + " != " + std::to_string(world);
     if (r.rankOffset != offset[r.nodeRank]) return "rank offset of node rank " + std::to_string(r.nodeRank) + " is wrong";
   }
-  if (first.masterAddr != first.nodes[0].addr || first.masterPort != first.nodes[0].masterPort)
+  if (first.masterAddr != nodes[0].addr || first.masterPort != nodes[0].masterPort)
     return "MASTER_ADDR:PORT is not node rank 0's";
   return "";
 }

@@ -47,8 +47,11 @@ class StoreProcess {
 // Checks what every closed round must give its members: one round number, one membership,
 // node ranks 0..n-1 each once, world size = the sum of nproc, each node's first global rank
 // the prefix sum of the nproc below it, one MASTER_ADDR:PORT (node rank 0's). `rounds` are
-// the members' views; returns "" or the first violation found.
-std::string checkRound(const std::vector<rendezvous::RoundInfo>& rounds);
+// the members' views; returns "" or the first violation found. `membership`: the round's
+// nodes by rank when the views carry none (the slot join's agents never read the membership);
+// otherwise every view's own list must equal the first's.
+std::string checkRound(const std::vector<rendezvous::RoundInfo>& rounds,
+                       const std::vector<rendezvous::NodeInfo>* membership = nullptr);
 
 // Per-agent cost of one phase: median and max over the agents.
 struct Cost {

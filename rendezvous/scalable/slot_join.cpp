@@ -53,19 +53,45 @@ Millis until(Clock::time_point t) {
   return std::max(Millis(0), std::chrono::duration_cast<Millis>(t - Clock::now()));
 }
 
-// Waits up to `timeout` for `key`, then returns its value; nullopt when it did not appear.
+// Waits up to `timeout` for `key`, then returns its value; nullopt when it did not appear
+// (possibly earlier: a wait of at least the connection's timeout is one WAIT_GET of that long,
+// and the caller loops until its own deadline).
 std::optional<std::string> waitGet(Store& store, const std::string& key, Millis timeout) {
   if (timeout.count() <= 0) {
     if (!store.check({key})) return std::nullopt;
     return store.get(key);
   }
-  if (timeout >= store.timeout()) return store.get(key);  // one round trip (WAIT_GET)
+  if (timeout >= store.timeout()) {
+    try {
+      return store.get(key);
+    } catch (const TimeoutError&) {
+      return std::nullopt;
+    }
+  }
   try {
     store.wait({key}, timeout);
   } catch (const TimeoutError&) {
     return std::nullopt;
   }
   return store.get(key);
+}
+
+// The value of `closed` for a round of `count` (the closer holds slot `mine`): node rank 0's
+// address from slot 1's record (one GET, waiting for it if slot 1's owner has not written it
+// yet), or from `self` when the closer holds slot 1.
+std::string closing(Store& store, int64_t round, const SlotRecord& self, const SlotCount& mine,
+                    const SlotCount& count) {
+  Closed c{.count = count};
+  if (mine.slots == 1) {
+    c.masterAddr = self.addr;
+    c.masterPort = self.masterPort;
+  } else {
+    const std::string first = nodeKey(round, 1);
+    const SlotRecord master = decodeRecord(store.get(first), first);
+    c.masterAddr = master.addr;
+    c.masterPort = master.masterPort;
+  }
+  return encodeClosed(c);
 }
 
 }  // namespace
@@ -92,13 +118,22 @@ SlotRecord decodeRecord(const std::string& text, const std::string& key) {
   return r;
 }
 
-SlotCount decodeClosed(const std::string& text, const std::string& key, int maxNodes) {
+std::string encodeClosed(const Closed& c) {
+  return std::to_string(c.count.slots) + " " + std::to_string(c.count.procs) + " " + c.masterAddr +
+         " " + std::to_string(c.masterPort);
+}
+
+Closed decodeClosed(const std::string& text, const std::string& key, int maxNodes) {
   const auto w = words(text);
-  SlotCount c;
-  if (w.size() != 2 || !number(w[0], c.slots) || !number(w[1], c.procs))
-    forged(key, text, "not 'nodes processes'");
-  if (c.slots < 1 || c.slots > maxNodes) forged(key, text, "a node count outside 1..MAX");
-  if (c.procs < c.slots || c.procs > c.slots * kMaxNproc) forged(key, text, "the world size");
+  Closed c;
+  if (w.size() != 4 || !number(w[0], c.count.slots) || !number(w[1], c.count.procs) ||
+      !number(w[3], c.masterPort))
+    forged(key, text, "not 'nodes processes master_addr master_port'");
+  if (c.count.slots < 1 || c.count.slots > maxNodes) forged(key, text, "a node count outside 1..MAX");
+  if (c.count.procs < c.count.slots || c.count.procs > c.count.slots * kMaxNproc)
+    forged(key, text, "the world size");
+  if (!addressChars(w[2])) forged(key, text, "the master address");
+  c.masterAddr = std::string(w[2]);
   return c;
 }
 
@@ -123,8 +158,7 @@ Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions
     if (got != rec) forged(nk, got, "another node's record in this node's slot");
     // 3. Close the round, or wait for it to close.
     if (mine.slots == o.target) {
-      const std::string want = std::to_string(mine.slots) + " " + std::to_string(mine.procs);
-      closedText = store.compareSet(closed, "", want);
+      closedText = store.compareSet(closed, "", closing(store, o.round, self, mine, mine));
     } else {
       const bool lastCall = mine.slots >= o.minNodes;
       auto wakeAt = lastCall ? std::min(deadline, Clock::now() + o.lastCall) : deadline;
@@ -133,6 +167,7 @@ Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions
           closedText = *v;
           break;
         }
+        if (Clock::now() < wakeAt) continue;  // a slice of a longer wait
         if (Clock::now() >= deadline) {
           throw TimeoutError("rendezvous round " + std::to_string(o.round) + " did not close " +
                              "within the join timeout (this node has slot " +
@@ -145,32 +180,32 @@ Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions
           wakeAt = deadline;
           continue;
         }
-        closedText = store.compareSet(
-            closed, "", std::to_string(now.slots) + " " + std::to_string(now.procs));
+        closedText = store.compareSet(closed, "", closing(store, o.round, self, mine, now));
         break;
       }
     }
   } else {
     // Past MAX: not in this round whatever happens; learn how it closed.
-    closedText = *waitGet(store, closed, o.timeout);
+    for (;;) {
+      if (auto v = waitGet(store, closed, until(deadline))) {
+        closedText = *v;
+        break;
+      }
+      if (Clock::now() >= deadline)
+        throw TimeoutError("rendezvous round " + std::to_string(o.round) + " did not close " +
+                           "within the join timeout");
+    }
   }
-  const SlotCount k = decodeClosed(closedText, closed, o.maxNodes);
-  if (mine.slots > k.slots) return a;  // too late for this round
-  // 4. The assignment, derived; MASTER_ADDR:PORT from node rank 0's record.
+  const Closed k = decodeClosed(closedText, closed, o.maxNodes);
+  if (mine.slots > k.count.slots) return a;  // too late for this round
+  // 4. The assignment, derived.
   a.admitted = true;
   a.nodeRank = static_cast<int>(mine.slots - 1);
-  a.nodeCount = static_cast<int>(k.slots);
+  a.nodeCount = static_cast<int>(k.count.slots);
   a.rankOffset = static_cast<int>(mine.procs - self.nproc);
-  a.worldSize = static_cast<int>(k.procs);
-  if (mine.slots == 1) {
-    a.masterAddr = self.addr;
-    a.masterPort = self.masterPort;
-  } else {
-    const std::string first = nodeKey(o.round, 1);
-    const SlotRecord master = decodeRecord(store.get(first), first);
-    a.masterAddr = master.addr;
-    a.masterPort = master.masterPort;
-  }
+  a.worldSize = static_cast<int>(k.count.procs);
+  a.masterAddr = k.masterAddr;
+  a.masterPort = k.masterPort;
   return a;
 }
 

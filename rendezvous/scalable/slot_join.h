@@ -8,8 +8,9 @@
 //   r/<r>/count       ADD 2^32 + nproc by every joiner: the reply packs its slot (high half)
 //                     and the processes of slots 1..slot (low half)
 //   r/<r>/node/<s>    the record of slot s, written once by its owner
-//   r/<r>/closed      "K P": K node slots, P processes; written once (compare-set on the missing
-//                     key) by the owner of slot `target`, or by a member whose last call ran out
+//   r/<r>/closed      "K P addr port": K node slots, P processes, node rank 0's address; written
+//                     once (compare-set on the missing key) by the owner of slot `target`, or by
+//                     a member whose last call ran out
 // Node rank = slot - 1, first global rank = P(slot) - nproc, world = P: dense, unique and agreed
 // because they derive from one atomic counter. A slot above K is not in the round (too late:
 // the caller queues it for the next round).
@@ -39,8 +40,15 @@ struct SlotRecord {
 std::string encodeRecord(const SlotRecord& r);
 SlotRecord decodeRecord(const std::string& text, const std::string& key);
 
-// "K P", validated against maxNodes (and P >= K).
-SlotCount decodeClosed(const std::string& text, const std::string& key, int maxNodes);
+// "K P master_addr master_port": the round's node count and world size, and node rank 0's
+// address and port (so that only the closer reads slot 1's record). Validated against maxNodes.
+struct Closed {
+  SlotCount count;
+  std::string masterAddr;
+  uint16_t masterPort = 0;
+};
+std::string encodeClosed(const Closed& c);
+Closed decodeClosed(const std::string& text, const std::string& key, int maxNodes);
 
 std::string countKey(int64_t round);
 std::string nodeKey(int64_t round, int64_t slot);
@@ -63,7 +71,8 @@ struct Assignment {
   uint16_t masterPort = 0;
 };
 
-// Joins round `o.round` as `self` and waits until it closes. 4 round trips for most agents.
+// Joins round `o.round` as `self` and waits until it closes: 3 round trips (ADD, the record,
+// the WAIT_GET of `closed`); the closer reads slot 1's record instead of waiting.
 Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions& o);
 
 }  // namespace ddprun::rendezvous::scalable

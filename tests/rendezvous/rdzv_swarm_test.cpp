@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <random>
+#include <thread>
 
 #include "base/log.h"
 #include "bench/rendezvous_swarm.h"
@@ -103,10 +104,15 @@ TEST_CASE("slot join: records and the closing key that do not parse are reported
                     Catch::Contains("'r/1/node/3'") && Catch::Contains("nproc"));
   CHECK_THROWS_WITH(sc::decodeRecord("id a;b 1 1", "k"), Catch::Contains("address"));
   CHECK_THROWS_WITH(sc::decodeRecord("id addr 1", "k"), Catch::Contains("corrupt or forged"));
-  CHECK(sc::decodeClosed("3 10", "k", 4).procs == 10);
-  CHECK_THROWS_WITH(sc::decodeClosed("5 10", "r/1/closed", 4),
+  const auto closed = sc::decodeClosed("3 10 127.0.0.2 29500", "k", 4);
+  CHECK(closed.count.procs == 10);
+  CHECK(closed.masterAddr == "127.0.0.2");
+  CHECK(sc::decodeClosed(sc::encodeClosed(closed), "k", 4).masterPort == 29500);
+  CHECK_THROWS_WITH(sc::decodeClosed("5 10 h 1", "r/1/closed", 4),
                     Catch::Contains("'r/1/closed'") && Catch::Contains("1..MAX"));
-  CHECK_THROWS_WITH(sc::decodeClosed("3 2", "k", 4), Catch::Contains("world size"));
+  CHECK_THROWS_WITH(sc::decodeClosed("3 2 h 1", "k", 4), Catch::Contains("world size"));
+  CHECK_THROWS_WITH(sc::decodeClosed("3 10 h;rm 1", "k", 4), Catch::Contains("master address"));
+  CHECK_THROWS_WITH(sc::decodeClosed("3 10", "k", 4), Catch::Contains("corrupt or forged"));
   CHECK_THROWS_WITH(sc::unpackCount(-1, "r/1/count"), Catch::Contains("negative"));
   const auto c = sc::unpackCount(3 * sc::kSlotUnit + 17, "k");
   CHECK(c.slots == 3);
@@ -140,4 +146,53 @@ TEST_CASE("slot join: round trips and bytes per agent do not grow with the numbe
   CHECK(big.form.maxBytes <= small.form.maxBytes + 64);
   CHECK(big.reform.maxBytes <= small.reform.maxBytes + 64);
   CHECK(big.form.maxBytes <= 1024);
+}
+
+TEST_CASE("slot join: the last call closes a round below MAX with whoever holds a slot; a later "
+          "joiner is told it is too late") {
+  namespace sc = ddprun::rendezvous::scalable;
+  using namespace ddprun::rendezvous;
+  StoreProcess store(std::string(DDPRUN_BIN_DIR) + "/ddprun-store");
+  TcpStoreOptions so{.host = "127.0.0.1", .port = store.port(), .timeout = Millis(20'000)};
+  const sc::SlotJoinOptions o{.round = 7, .target = 8, .minNodes = 3, .maxNodes = 8,
+                              .lastCall = Millis(300), .timeout = Millis(30'000)};
+  std::vector<sc::Assignment> got(5);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 5; ++i) {
+    ts.emplace_back([&, i] {
+      TcpStore conn(so);
+      got[i] = sc::joinRound(conn, {"n" + std::to_string(i), "127.0.0.9", i + 1, 1000}, o);
+    });
+  }
+  for (auto& t : ts) t.join();
+  // Whoever held a slot when the first last call ran out (all 5, unless the machine stalled a
+  // thread past it): at least MIN, the same K for all, every later slot refused.
+  const int k = got[0].admitted ? got[0].nodeCount : got[1].nodeCount;
+  CHECK(k >= 3);
+  std::vector<RoundInfo> views;
+  for (int i = 0; i < 5; ++i) {
+    CHECK(got[i].admitted == (got[i].slot <= k));
+    if (!got[i].admitted) continue;
+    CHECK(got[i].nodeCount == k);
+    RoundInfo r;
+    r.round = 7;
+    r.nodeRank = got[i].nodeRank;
+    r.nodeCount = got[i].nodeCount;
+    r.rankOffset = got[i].rankOffset;
+    r.worldSize = got[i].worldSize;
+    r.masterAddr = got[i].masterAddr;
+    r.masterPort = got[i].masterPort;
+    views.push_back(r);
+  }
+  TcpStore reader(so);
+  std::vector<NodeInfo> nodes;
+  for (int s = 1; s <= k; ++s) {
+    const auto rec = sc::decodeRecord(reader.get(sc::nodeKey(7, s)), "k");
+    nodes.push_back({.id = rec.id, .addr = rec.addr, .nproc = rec.nproc, .masterPort = rec.masterPort});
+  }
+  CHECK(checkRound(views, &nodes) == "");
+  TcpStore late(so);
+  const sc::Assignment a = sc::joinRound(late, {"late", "127.0.0.9", 1, 1000}, o);
+  CHECK_FALSE(a.admitted);
+  CHECK(a.slot == 6);
 }
