@@ -21,8 +21,8 @@ TcpStoreOptions bounded(TcpStoreOptions o) {
 
 }  // namespace
 
-std::string bundleKey(const std::string& runId, int nodeRank) {
-  return "ddprun/timeline/" + runId + "/node/" + std::to_string(nodeRank);
+std::string bundleKey(const std::string& group, int nodeRank) {
+  return "ddprun/timeline/" + group + "/node/" + std::to_string(nodeRank);
 }
 
 void measureClock(const TcpStoreOptions& workerStore) {
@@ -61,7 +61,7 @@ bool ship(const TcpStoreOptions& sharedStore, const std::string& key, const Bund
   }
 }
 
-Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, int nodeCount,
+Collected collect(const TcpStoreOptions& sharedStore, const std::string& group, int nodeCount,
                   std::chrono::milliseconds wait, uint64_t maxBytes) {
   Collected c;
   uint64_t held = 0;
@@ -73,7 +73,7 @@ Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, 
     for (;;) {
       std::vector<int> still;
       for (int k : pending) {
-        const std::string key = bundleKey(runId, k);
+        const std::string key = bundleKey(group, k);
         if (store.check({key})) {
           ReceivedBundle b{.from = "node rank " + std::to_string(k), .nodeRank = k,
                            .text = store.get(key)};
