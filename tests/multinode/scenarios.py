@@ -520,6 +520,11 @@ def timeline_sigterm(t):
     trace = os.path.join(t.dir, "job.json")
     nodes = [t.agent(n, addr, "2", "tl-term", ["--run", "60"], extra=["--timeline=" + trace])
              for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))]
+    cancel_and_check_trace(t, nodes, trace)
+
+
+def cancel_and_check_trace(t, nodes, trace):
+    """timeline_sigterm's SIGTERM to both agents and its checks of the one file."""
     t.wait_for("both workers", lambda: len(t.starts(world=2)) == 2, 30)
     for n in nodes:
         n.signal(signal.SIGTERM)
