@@ -307,6 +307,11 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--spread-ms", spreadMs, "--simulate: arrivals spread uniformly over this");
   app.add_option("--cap", capS, "--simulate: seconds a phase may take; larger N are skipped after");
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
+  app.add_option("--protocol", sim.protocols,
+                 "--simulate: log (the agents' protocol today), slots (the constant-work join of "
+                 "rendezvous/scalable/), or both: log,slots")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"log", "slots"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

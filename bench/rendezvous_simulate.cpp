@@ -37,12 +37,18 @@ void plot(const std::string& csv, const std::string& realCsv, const std::string&
      << "set xlabel 'agents (N)'\nset ylabel 'seconds'\nset y2label 'bytes per agent (median)'\n"
      << "set ytics nomirror\nset y2tics\nset key top left\nset grid\n"
      << "set title 'ddprun rendezvous: forming and re-forming a round of N agents'\n"
-     << "plot '" << csv << "' using (strcol(1) eq 'simulate' ? $2 : 1/0):3 every ::1 with linespoints "
-     << "title 'form (simulated agents)', \\\n"
-     << "     '' using (strcol(1) eq 'simulate' ? $2 : 1/0):4 every ::1 with linespoints "
-     << "title 're-form after an eviction (simulated)', \\\n"
-     << "     '' using (strcol(1) eq 'simulate' ? $2 : 1/0):9 every ::1 axes x1y2 with linespoints "
-     << "dt 2 title 'bytes per agent, form (median)'";
+     << "plot ";
+  const char* sep = "";
+  for (const char* p : {"log", "slots"}) {
+    const std::string sel = "(strcol(1) eq 'simulate-" + std::string(p) + "' ? $2 : 1/0)";
+    gp << sep << "'" << csv << "' using " << sel << ":3 every ::1 with linespoints title 'form, "
+       << p << " (simulated agents)', \\\n"
+       << "     '' using " << sel << ":4 every ::1 with linespoints title 're-form after an "
+       << "eviction, " << p << "', \\\n"
+       << "     '' using " << sel << ":13 every ::1 axes x1y2 with linespoints dt 2 title "
+       << "'bytes per agent, re-form (median), " << p << "'";
+    sep = ", \\\n     ";
+  }
   if (!realCsv.empty() && std::ifstream(realCsv).good()) {
     gp << ", \\\n     '" << realCsv << "' using (strcol(1) eq 'form+run' ? $2 : 1/0):3 every ::1 "
        << "with points pt 7 ps 1.5 title 'form+run, agent processes (rendezvous.csv)'";
@@ -67,18 +73,20 @@ int simulate(const SimulateOptions& o) {
          "seed,spread_ms,note\n";
   std::printf("simulated agents against one ddprun-store (seed %llu, arrivals spread over %lld ms)\n",
               static_cast<unsigned long long>(o.seed), static_cast<long long>(o.spread.count()));
-  std::printf("%7s | %8s %8s | %7s %7s | %-17s %-19s | %-17s %-19s | %s\n", "agents", "form",
+  std::printf("%-6s %7s | %8s %8s | %7s %7s | %-17s %-19s | %-17s %-19s | %s\n", "proto", "agents", "form",
               "re-form", "cpu frm", "cpu ref", "form rt med/max", "form bytes med/max",
               "re-form rt med/max", "re-form bytes", "note");
+  for (const std::string& protocol : o.protocols) {
   bool stop = false;
   for (int n : o.sizes) {
     std::string note;
     SwarmResult r;
     if (stop) {
-      note = "skipped: a smaller N took longer than the cap";
+      note = "skipped: a smaller N failed or took longer than the cap";
     } else {
       r = runSwarm(o.storeBinary, SwarmOptions{.agents = n, .seed = o.seed, .spread = o.spread,
-                                               .maxNproc = 4, .timeout = o.cap});
+                                               .maxNproc = 4, .timeout = o.cap,
+                                               .protocol = protocol});
       note = r.error;
       if (!r.formSeconds || !r.reformSeconds) stop = true;
     }
@@ -88,9 +96,9 @@ int simulate(const SimulateOptions& o) {
       if (v) std::snprintf(b, sizeof b, "%.3f", *v);
       return std::string(b);
     };
-    std::printf("%7d | %8s %8s | %7.2f %7.2f | %7lld / %-7lld %8lld / %-8lld | %7lld / %-7lld "
+    std::printf("%-6s %7d | %8s %8s | %7.2f %7.2f | %7lld / %-7lld %8lld / %-8lld | %7lld / %-7lld "
                 "%8lld / %-8lld | %s\n",
-                n, num(r.formSeconds).c_str(), num(r.reformSeconds).c_str(), r.formStoreCpu,
+                protocol.c_str(), n, num(r.formSeconds).c_str(), num(r.reformSeconds).c_str(), r.formStoreCpu,
                 r.reformStoreCpu, (long long)r.form.medianRoundTrips,
                 (long long)r.form.maxRoundTrips, (long long)r.form.medianBytes,
                 (long long)r.form.maxBytes, (long long)r.reform.medianRoundTrips,
@@ -98,13 +106,14 @@ int simulate(const SimulateOptions& o) {
                 (long long)r.reform.maxBytes, note.c_str());
     std::fflush(stdout);
     auto cell = [](const std::optional<double>& v) { return v ? std::to_string(*v) : ""; };
-    out << "simulate," << n << "," << cell(r.formSeconds) << "," << cell(r.reformSeconds) << ","
+    out << "simulate-" << protocol << "," << n << "," << cell(r.formSeconds) << "," << cell(r.reformSeconds) << ","
         << r.formStoreCpu << "," << r.reformStoreCpu << "," << r.form.medianRoundTrips << ","
         << r.form.maxRoundTrips << "," << r.form.medianBytes << "," << r.form.maxBytes << ","
         << r.reform.medianRoundTrips << "," << r.reform.maxRoundTrips << ","
         << r.reform.medianBytes << "," << r.reform.maxBytes << "," << o.seed << ","
         << o.spread.count() << ",\"" << note << "\"\n";
     out.flush();
+  }
   }
   out.close();
   std::printf("\nwritten: %s\n", csvPath.c_str());

@@ -163,6 +163,7 @@ struct SimAgent {
 }  // namespace
 
 SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
+  if (o.protocol == "slots") return runSlotSwarm(storeBinary, o);
   raiseFileLimit();
   StoreProcess store(storeBinary);
   const int n = o.agents;

@@ -63,6 +63,10 @@ struct SwarmOptions {
   Millis spread{200};             // arrivals drawn uniformly from [0, spread)
   int maxNproc = 4;               // each agent's nproc drawn from 1..maxNproc
   Millis timeout{120'000};        // join_timeout and read_timeout: a run that takes longer fails
+  // "log": the protocol the agents run (DynamicRendezvous: the state log's compare-sets; two
+  // connections per agent). "slots": the constant-work join of rendezvous/scalable/ (one
+  // connection per agent; the survivors learn of the eviction by a WAIT on r/<r>/over).
+  std::string protocol = "log";
 };
 
 struct SwarmResult {
@@ -76,5 +80,6 @@ struct SwarmResult {
 // N agents form round 1 (--nnodes=N-1:N, closed at MAX), one agent drawn at random is then
 // evicted, the N-1 survivors re-form. Invariants are checked after each round.
 SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& options);
+SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& options);
 
 }  // namespace ddprun::bench

@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "bench/rendezvous_swarm.h"
+#include "rendezvous/scalable/slot_join.h"
 
 namespace {
 
@@ -90,4 +91,53 @@ TEST_CASE("a swarm of agents arriving at random forms one round, and re-forms af
     CHECK(r.form.medianRoundTrips >= 2);
     CHECK(r.reform.medianRoundTrips >= 2);
   }
+}
+
+// ---- the slot join (rendezvous/scalable/slot_join.h) ----
+
+TEST_CASE("slot join: records and the closing key that do not parse are reported, naming the key") {
+  namespace sc = ddprun::rendezvous::scalable;
+  const sc::SlotRecord r{"127.0.0.2-1-ab", "127.0.0.2", 8, 29500};
+  CHECK(sc::decodeRecord(sc::encodeRecord(r), "k").nproc == 8);
+  CHECK_THROWS_WITH(sc::decodeRecord("127.0.0.2-1-ab 127.0.0.2 0 29500", "r/1/node/3"),
+                    Catch::Contains("'r/1/node/3'") && Catch::Contains("nproc"));
+  CHECK_THROWS_WITH(sc::decodeRecord("id a;b 1 1", "k"), Catch::Contains("address"));
+  CHECK_THROWS_WITH(sc::decodeRecord("id addr 1", "k"), Catch::Contains("corrupt or forged"));
+  CHECK(sc::decodeClosed("3 10", "k", 4).procs == 10);
+  CHECK_THROWS_WITH(sc::decodeClosed("5 10", "r/1/closed", 4),
+                    Catch::Contains("'r/1/closed'") && Catch::Contains("1..MAX"));
+  CHECK_THROWS_WITH(sc::decodeClosed("3 2", "k", 4), Catch::Contains("world size"));
+  CHECK_THROWS_WITH(sc::unpackCount(-1, "r/1/count"), Catch::Contains("negative"));
+  const auto c = sc::unpackCount(3 * sc::kSlotUnit + 17, "k");
+  CHECK(c.slots == 3);
+  CHECK(c.procs == 17);
+}
+
+// The regression test of issue 20: a join's round trips per agent must not grow with N. The
+// slot join's do not (the state log's grow as N when agents re-join at once: see
+// docs/rendezvous.md); bytes grow only with the digits of the slot numbers.
+TEST_CASE("slot join: round trips and bytes per agent do not grow with the number of agents") {
+  ddprun::log::setLevel(ddprun::log::Level::Warn);
+  const uint64_t seed = testSeed();
+  std::vector<SwarmResult> rs;
+  for (int n : {16, 1024}) {
+    INFO("agents " << n << ", seed " << seed);
+    rs.push_back(runSwarm(std::string(DDPRUN_BIN_DIR) + "/ddprun-store",
+                          SwarmOptions{.agents = n, .seed = seed + n, .spread = Millis(300),
+                                       .maxNproc = 8, .timeout = Millis(120'000),
+                                       .protocol = "slots"}));
+    CHECK(rs.back().error == "");
+    REQUIRE(rs.back().formSeconds);
+    REQUIRE(rs.back().reformSeconds);
+  }
+  const auto& small = rs[0];
+  const auto& big = rs[1];
+  CHECK(big.form.maxRoundTrips <= small.form.maxRoundTrips);
+  CHECK(big.reform.maxRoundTrips <= small.reform.maxRoundTrips);
+  CHECK(big.form.maxRoundTrips <= 10);
+  CHECK(big.reform.maxRoundTrips <= 10);
+  // Slot numbers of 4 digits instead of 2, in a few keys: a few dozen bytes, not a factor.
+  CHECK(big.form.maxBytes <= small.form.maxBytes + 64);
+  CHECK(big.reform.maxBytes <= small.reform.maxBytes + 64);
+  CHECK(big.form.maxBytes <= 1024);
 }
