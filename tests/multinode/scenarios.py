@@ -523,6 +523,25 @@ def timeline_sigterm(t):
     cancel_and_check_trace(t, nodes, trace)
 
 
+def timeline_sigterm_writer_only(t):
+    """--timeline on two nodes, SIGTERM to node rank 0's agent only: the other node goes on, so
+    its bundle never comes; the writer's wait for it is bounded, it exits 143 with a trace of its
+    own node that names the other missing (docs/timeline.md)."""
+    trace = os.path.join(t.dir, "job.json")
+    nodes = {n: t.agent(n, addr, "2", "tl-term1", ["--run", "60"], extra=["--timeline=" + trace])
+             for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))}
+    starts = t.wait_for("both workers", lambda: len(t.starts(world=2)) == 2 and t.starts(), 30)
+    writer = [r["node"] for r in starts if r["GROUP_RANK"] == "0"][0]
+    nodes[writer].signal(signal.SIGTERM)
+    check(nodes[writer].wait(60) == 128 + signal.SIGTERM, "the writer exits 143 (got %s)" %
+          nodes[writer].proc.returncode)
+    data, names = read_trace(trace)
+    check(sorted(names.values()) == ["agent 127.0.0.%d" % (2 if writer == "a" else 3)],
+          "the writer's own agent only: %s" % sorted(names.values()))
+    check(data["otherData"]["nodes_missing"] == ["node rank 1"],
+          "the node that went on is named missing: %s" % data["otherData"]["nodes_missing"])
+
+
 def cancel_and_check_trace(t, nodes, trace):
     """timeline_sigterm's SIGTERM to both agents and its checks of the one file."""
     t.wait_for("both workers", lambda: len(t.starts(world=2)) == 2, 30)
@@ -552,7 +571,7 @@ SCENARIOS = {f.__name__: f for f in (
     not_retryable, paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
     netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed,
-    timeline_sigterm)}
+    timeline_sigterm, timeline_sigterm_writer_only)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))
