@@ -708,9 +708,19 @@ void Agent::Impl::leaveAndExit(int code, bool groupStopped) {
   auto store = *timelineStore_;
   store.timeout = store.connectTimeout = kSignalExchangeCall;
   if (!timelineWriter()) {
-    onExchange(shipTimeline(store), [this, code] {
-      if (state_ == State::Leaving) leave(code);
-    });
+    // An agent that hosts the store the writer reads (c10d) keeps it up until the writer says
+    // it has read the bundles, or at most the writer's own bound.
+    const bool hostsStore = handler_->hostedStorePort() != 0;
+    onExchange(
+        [ship = shipTimeline(store), hostsStore, store, group = timelineGroup()] {
+          ship();
+          if (hostsStore) {
+            timeline::awaitCollected(store, group, kSignalCollectWait + kSignalExchangeCall);
+          }
+        },
+        [this, code] {
+          if (state_ == State::Leaving) leave(code);
+        });
     return;
   }
   // The writer: the bundles of the nodes that stop now too, waited for at most

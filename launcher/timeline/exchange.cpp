@@ -25,6 +25,25 @@ std::string bundleKey(const std::string& group, int nodeRank) {
   return "ddprun/timeline/" + group + "/node/" + std::to_string(nodeRank);
 }
 
+namespace {
+std::string collectedKey(const std::string& group) {
+  return "ddprun/timeline/" + group + "/collected";
+}
+}  // namespace
+
+bool awaitCollected(const TcpStoreOptions& sharedStore, const std::string& group,
+                    std::chrono::milliseconds wait) {
+  try {
+    TcpStore store(bounded(sharedStore));
+    store.wait({collectedKey(group)}, wait);
+    return true;
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(DEBUG, "launcher") << "timeline: the writer did not say it read the bundles ("
+                                  << e.what() << ")";
+    return false;
+  }
+}
+
 void measureClock(const TcpStoreOptions& workerStore) {
   try {
     TcpStore store(bounded(workerStore));
@@ -92,6 +111,7 @@ Collected collect(const TcpStoreOptions& sharedStore, const std::string& group, 
       if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    store.set(collectedKey(group), "");  // a store host that is leaving may go now
   } catch (const std::exception& e) {
     DDPRUN_LOG(WARN, "launcher") << "timeline: cannot read the other nodes' events ("
                                  << e.what() << "); the trace has this node's only";

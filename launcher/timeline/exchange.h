@@ -39,6 +39,12 @@ void measureClock(const rendezvous::TcpStoreOptions& workerStore);
 bool ship(const rendezvous::TcpStoreOptions& sharedStore, const std::string& key,
           const BundleOptions& bundle);
 
+// After reading, collect() sets the group's "collected" key: an agent that ships on its way out
+// and hosts the store itself (c10d) waits for it (at most `wait`) before it takes the store
+// down. Returns whether the key came.
+bool awaitCollected(const rendezvous::TcpStoreOptions& sharedStore, const std::string& group,
+                    std::chrono::milliseconds wait);
+
 constexpr uint64_t kMaxCollectedBytes = 512ull << 20;
 
 struct Collected {

@@ -516,9 +516,12 @@ def timeline_sigterm(t):
     """--timeline on two nodes and the job cancelled (SIGTERM to both agents at once, as a
     scheduler does): each stops its workers and leaves with 143; node b's agent ships its events
     on the way out and node rank 0's agent waits (a bounded while) for them, so the one file holds
-    both agents' stopped workers and job ends (docs/timeline.md)."""
+    both agents' stopped workers and job ends (docs/timeline.md). The rendezvous store is on b
+    (the endpoint's host) and a is node rank 0 (the lower address): b must keep its store up
+    until a has read b's bundle, though it is leaving too."""
     trace = os.path.join(t.dir, "job.json")
-    nodes = [t.agent(n, addr, "2", "tl-term", ["--run", "60"], extra=["--timeline=" + trace])
+    nodes = [t.agent(n, addr, "2", "tl-term", ["--run", "60"], extra=["--timeline=" + trace],
+                     endpoint=t.endpoint("127.0.0.3"))
              for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))]
     cancel_and_check_trace(t, nodes, trace)
 
@@ -545,6 +548,8 @@ def timeline_sigterm_writer_only(t):
 def cancel_and_check_trace(t, nodes, trace):
     """timeline_sigterm's SIGTERM to both agents and its checks of the one file."""
     t.wait_for("both workers", lambda: len(t.starts(world=2)) == 2, 30)
+    check([r["node"] for r in t.starts() if r["GROUP_RANK"] == "0"] == ["a"],
+          "a is node rank 0, the trace's writer")
     for n in nodes:
         n.signal(signal.SIGTERM)
     for n in nodes:
