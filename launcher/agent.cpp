@@ -100,6 +100,8 @@ class Agent::Impl {
   // shared store (timeline/exchange.h).
   bool timelineAcrossNodes() const;
   bool timelineWriter() const { return round_.nodeRank == 0; }
+  // "<run id>/<round>": the worker group of the round, which names the bundles' keys.
+  std::string timelineGroup() const { return round_.runId + "/" + std::to_string(round_.round); }
   // Runs `job` on the exchange thread, then `then` on the I/O thread.
   void onExchange(std::function<void()> job, std::function<void()> then);
   // The job that ships this node's events as they are now (the values copied: it runs on the
@@ -292,7 +294,7 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
     // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
     if (!timelineParts_.empty()) {
       l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
-                            std::to_string(round.round));
+                            std::to_string(round.round));  // = timelineGroup() of the round
     }
 
     const std::string prefix =
@@ -640,7 +642,7 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
     // node has recorded the end, so the bundles are readable now. After a success each one
     // was shipped before the exit barrier; after a failure, a node still shipping has a while.
     const auto store = *timelineStore_;
-    const std::string runId = round_.runId;
+    const std::string runId = timelineGroup();
     const int nodes = round_.nodeCount;
     auto collected = std::make_shared<timeline::Collected>();
     onExchange(
@@ -679,7 +681,7 @@ void Agent::Impl::onExchange(std::function<void()> job, std::function<void()> th
 
 std::function<void()> Agent::Impl::shipTimeline(
     std::optional<rendezvous::TcpStoreOptions> via) const {
-  return [store = via ? *via : *timelineStore_, key = timeline::bundleKey(round_.runId, round_.nodeRank),
+  return [store = via ? *via : *timelineStore_, key = timeline::bundleKey(timelineGroup(), round_.nodeRank),
           bundle = timeline::BundleOptions{.partsDir = timelineParts_, .node = timelineNode_,
                                            .sinceUs = timelineSince_}] {
     timeline::ship(store, key, bundle);
@@ -706,14 +708,24 @@ void Agent::Impl::leaveAndExit(int code, bool groupStopped) {
   auto store = *timelineStore_;
   store.timeout = store.connectTimeout = kSignalExchangeCall;
   if (!timelineWriter()) {
-    onExchange(shipTimeline(store), [this, code] {
-      if (state_ == State::Leaving) leave(code);
-    });
+    // An agent that hosts the store the writer reads (c10d) keeps it up until the writer says
+    // it has read the bundles, or at most the writer's own bound.
+    const bool hostsStore = handler_->hostedStorePort() != 0;
+    onExchange(
+        [ship = shipTimeline(store), hostsStore, store, group = timelineGroup()] {
+          ship();
+          if (hostsStore) {
+            timeline::awaitCollected(store, group, kSignalCollectWait + kSignalExchangeCall);
+          }
+        },
+        [this, code] {
+          if (state_ == State::Leaving) leave(code);
+        });
     return;
   }
   // The writer: the bundles of the nodes that stop now too, waited for at most
   // kSignalCollectWait (a node that goes on is named missing).
-  const std::string runId = round_.runId;
+  const std::string runId = timelineGroup();
   const int nodes = round_.nodeCount;
   auto collected = std::make_shared<timeline::Collected>();
   onExchange(

@@ -21,8 +21,27 @@ TcpStoreOptions bounded(TcpStoreOptions o) {
 
 }  // namespace
 
-std::string bundleKey(const std::string& runId, int nodeRank) {
-  return "ddprun/timeline/" + runId + "/node/" + std::to_string(nodeRank);
+std::string bundleKey(const std::string& group, int nodeRank) {
+  return "ddprun/timeline/" + group + "/node/" + std::to_string(nodeRank);
+}
+
+namespace {
+std::string collectedKey(const std::string& group) {
+  return "ddprun/timeline/" + group + "/collected";
+}
+}  // namespace
+
+bool awaitCollected(const TcpStoreOptions& sharedStore, const std::string& group,
+                    std::chrono::milliseconds wait) {
+  try {
+    TcpStore store(bounded(sharedStore));
+    store.wait({collectedKey(group)}, wait);
+    return true;
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(DEBUG, "launcher") << "timeline: the writer did not say it read the bundles ("
+                                  << e.what() << ")";
+    return false;
+  }
 }
 
 void measureClock(const TcpStoreOptions& workerStore) {
@@ -61,7 +80,7 @@ bool ship(const TcpStoreOptions& sharedStore, const std::string& key, const Bund
   }
 }
 
-Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, int nodeCount,
+Collected collect(const TcpStoreOptions& sharedStore, const std::string& group, int nodeCount,
                   std::chrono::milliseconds wait, uint64_t maxBytes) {
   Collected c;
   uint64_t held = 0;
@@ -73,7 +92,7 @@ Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, 
     for (;;) {
       std::vector<int> still;
       for (int k : pending) {
-        const std::string key = bundleKey(runId, k);
+        const std::string key = bundleKey(group, k);
         if (store.check({key})) {
           ReceivedBundle b{.from = "node rank " + std::to_string(k), .nodeRank = k,
                            .text = store.get(key)};
@@ -92,6 +111,7 @@ Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, 
       if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    store.set(collectedKey(group), "");  // a store host that is leaving may go now
   } catch (const std::exception& e) {
     DDPRUN_LOG(WARN, "launcher") << "timeline: cannot read the other nodes' events ("
                                  << e.what() << "); the trace has this node's only";

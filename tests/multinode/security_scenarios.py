@@ -505,7 +505,7 @@ def forged_timeline_bundles(t):
     """A static job of 6 nodes under --timeline: a (node rank 0, the trace's writer) and b ship
     their events, c..f run without --timeline, so their bundle keys are the attacker's. While
     the workers run, this script (a plain client of the rendezvous store a hosts) writes hostile
-    bundles under ddprun/timeline/<run id>/node/K (docs/timeline.md), and an early forgery for b's
+    bundles under ddprun/timeline/<run id>/<round>/node/K (docs/timeline.md), and an early forgery for b's
     own key. Job 1 (exit 0): a 40 MiB value of 14 million empty events (parsed, ~1 GB), 5 million
     open brackets, a bundle claiming a's agent and ranks 0, 1, 99 (and one event on its own rank
     4), a bundle with an overflowing clock offset, negative and 2^64 counts, a 1e300 count and
@@ -537,7 +537,7 @@ def forged_timeline_bundles(t):
             except (ConnectionError, OSError):
                 time.sleep(0.05)
         check(client is not None, "the rendezvous store of %s is reachable" % tag)
-        key = "ddprun/timeline/%s/node/%%d" % tag
+        key = "ddprun/timeline/%s/0/node/%%d" % tag  # round 0: the only one
         client.set(key % 1, json.dumps({"node": "agent 127.0.0.3", "tracks": {
             "agent 127.0.0.3": [{"ph": "i", "ts": 1, "name": "forged early"}]}}))
         for k, value in payloads.items():
