@@ -148,8 +148,8 @@ TEST_CASE("slot join: round trips and bytes per agent do not grow with the numbe
   CHECK(big.form.maxBytes <= 1024);
 }
 
-TEST_CASE("slot join: the last call closes a round below MAX with whoever holds a slot; a later "
-          "joiner is told it is too late") {
+TEST_CASE("slot join: the last call closes a round below MAX with whoever holds a slot, and a "
+          "later joiner is told it is too late") {
   namespace sc = ddprun::rendezvous::scalable;
   using namespace ddprun::rendezvous;
   StoreProcess store(std::string(DDPRUN_BIN_DIR) + "/ddprun-store");
