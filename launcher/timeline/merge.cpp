@@ -107,31 +107,12 @@ NodeParts readParts(const std::string& dir, int64_t sinceUs, uint64_t maxPartByt
   return node;
 }
 
-// Events keep an integer `ts` through the merge (a hostile part may give a float).
+// Events have an integer `ts` within kMaxMagnitude (part_file.h isEvent).
 int64_t tsOf(const json& e) { return e["ts"].get<int64_t>(); }
-
-// Times, offsets and counts from another node: integers within +-2^53 (a double's exact range,
-// ~285 years of microseconds), so that no sum of them overflows.
-constexpr int64_t kMaxMagnitude = int64_t{1} << 53;
-
-bool boundedInt(const json& j, int64_t lo = -kMaxMagnitude, int64_t hi = kMaxMagnitude) {
-  if (j.is_number_unsigned()) return j.get<uint64_t>() <= static_cast<uint64_t>(hi);
-  if (!j.is_number_integer()) return false;
-  const int64_t v = j.get<int64_t>();
-  return v >= lo && v <= hi;
-}
 
 // A count from a bundle: 0 unless it is an integer in [0, 2^53] (never a type error).
 size_t countOf(const json& b, const char* key) {
   return b.contains(key) && boundedInt(b[key], 0) ? b[key].get<size_t>() : 0;
-}
-
-// An event another node sent: an object with a string `ph`, an integer `ts`, and when present
-// an integer `tid` and a non-negative integer `dur`, all within kMaxMagnitude.
-bool acceptableEvent(const json& e) {
-  return e.is_object() && e.contains("ph") && e["ph"].is_string() && e.contains("ts") &&
-         boundedInt(e["ts"]) && (!e.contains("tid") || boundedInt(e["tid"])) &&
-         (!e.contains("dur") || boundedInt(e["dur"], 0));
 }
 
 // "rank N" with N in [first, first + count) (any N >= 0 when first < 0).
@@ -290,7 +271,7 @@ MergeResult mergeTimeline(const MergeOptions& o) {
       if (!events.is_array()) continue;
       auto& out = n.tracks[name];
       for (auto& e : events) {
-        if (!acceptableEvent(e)) {
+        if (!isEvent(e)) {
           ++result.skippedLines;
           continue;
         }

@@ -341,13 +341,16 @@ TEST_CASE("a part file is read as hostile input: depth, types, bounds", "[timeli
       << R"({"ph":"i","ts":2,"tid":"one"})" << "\n"
       << R"({"ph":"X","ts":3,"dur":[]})" << "\n"
       << R"({"ph":"i","ts":"4"})" << "\n"
+      << R"({"ph":"i","ts":1e300})" << "\n"                 // no float cast out of range
+      << R"({"ph":"i","ts":9223372036854775807})" << "\n"   // past 2^53: sums would overflow
+      << R"({"ph":"X","ts":4,"dur":-1})" << "\n"
       << R"({"ph":"i","ts":5,"tid":2,"name":"good"})" << "\n";
   }
   auto part = readPartFile(path, {});
   REQUIRE(part);
   CHECK(part->track == "rank 3");
   CHECK(part->startUs == 7);
-  CHECK(part->skippedLines == 4);
+  CHECK(part->skippedLines == 7);
   REQUIRE(part->events.size() == 1);
   CHECK(part->events[0]["name"] == "good");
   CHECK_FALSE(part->cut);
