@@ -114,19 +114,24 @@ void Args::key(std::string_view k) {
   body_ += ':';
 }
 
+// Arguments are built by the caller before the recording call checks enabled(): without an open
+// timeline they are dropped here, so a disabled timeline formats nothing.
 Args& Args::add(std::string_view k, std::string_view value) {
+  if (!enabled()) return *this;
   key(k);
   body_ += quoted(value);
   return *this;
 }
 
 Args& Args::add(std::string_view k, int64_t value) {
+  if (!enabled()) return *this;
   key(k);
   body_ += std::to_string(value);
   return *this;
 }
 
 Args& Args::add(std::string_view k, double value) {
+  if (!enabled()) return *this;
   key(k);
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.6g", value);

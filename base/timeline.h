@@ -23,6 +23,8 @@ namespace ddprun::timeline {
 constexpr const char* kTimelineDirEnv = "DDPRUN_TIMELINE_DIR";
 
 // A flat JSON object of arguments, built by the caller: Args().add("op", "sum").add("bytes", n).
+// While no timeline is open (enabled() is false) add() does nothing: a disabled timeline formats
+// nothing.
 class Args {
  public:
   Args& add(std::string_view key, std::string_view value);

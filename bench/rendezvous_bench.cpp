@@ -35,6 +35,7 @@
 
 #include "bench/paths.h"
 #include "bench/registry.h"
+#include "bench/rendezvous_simulate.h"
 #include "bench/rendezvous_peers.h"
 #include "rendezvous/node_address.h"
 #include "tests/etcd/etcd_cluster.h"  // a local etcd cluster, as the tests start one
@@ -295,10 +296,35 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--keep-logs", gKeepLogs, "keep each agent's log in this directory (last run)");
   std::string only;
   app.add_option("--only", only, "run one scenario")->check(CLI::IsMember({"form", "recovery"}));
+  ddprun::bench::SimulateOptions sim;
+  int64_t spreadMs = 200, capS = 120;
+  bool noPlot = false;
+  app.add_option("--simulate", sim.sizes,
+                 "instead: N agents simulated in this process against one ddprun-store, "
+                 "for each N (e.g. 16,64,256,1024); writes rendezvous_simulate.csv and .png")
+      ->delimiter(',');
+  app.add_option("--seed", sim.seed, "--simulate: arrival times, nproc, the evicted agent");
+  app.add_option("--spread-ms", spreadMs, "--simulate: arrivals spread uniformly over this");
+  app.add_option("--cap", capS, "--simulate: seconds a phase may take; larger N are skipped after");
+  app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
+  app.add_option("--protocol", sim.protocols,
+                 "--simulate: log (the agents' protocol today), slots (the constant-work join of "
+                 "rendezvous/scalable/), or both: log,slots")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"log", "slots"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!sim.sizes.empty()) {
+    sim.spread = Millis(spreadMs);
+    sim.cap = Millis(capS * 1000);
+    sim.storeBinary = ddprun::bench::programDir() + "/ddprun-store";
+    sim.csv = csv;
+    if (!noPlot) sim.png = ddprun::bench::resultsPath("rendezvous_simulate.png");
+    sim.realCsv = ddprun::bench::resultsPath("rendezvous.csv");
+    return ddprun::bench::simulate(sim);
   }
   const bool etcd = backend == "etcd-v3";
   if (csv.empty()) {

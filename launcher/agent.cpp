@@ -36,6 +36,11 @@ namespace asio = boost::asio;
 namespace events = ddprun::timeline;
 
 namespace {
+// Leaving on a signal: the timeline's exchange gets this much per store call, and the writer
+// waits this long for the bundles of the nodes that were signalled too.
+constexpr std::chrono::milliseconds kSignalExchangeCall{2'000};
+constexpr std::chrono::milliseconds kSignalCollectWait{3'000};
+
 std::string hostName() {
   char h[256] = {};
   ::gethostname(h, sizeof h - 1);
@@ -73,7 +78,10 @@ class Agent::Impl {
   void afterLocalFailure(const JobDecision& d);
   void apply(const JobDecision& d);
   void stopGroup(StopReason reason, int sig);
-  void leaveAndExit(int code);
+  // Leaves the job for a signal, then exits with `code`. `groupStopped`: the signal stopped the
+  // running group (then the timeline's events are exchanged first, bounded in time).
+  void leaveAndExit(int code, bool groupStopped = false);
+  void leave(int code);
   // The job has ended for this node: print the summary (multi-node), let the handler tell the
   // other nodes (asyncShutdown), then exit with `code`.
   void endJob(int code, const std::string& summary);
@@ -87,15 +95,21 @@ class Agent::Impl {
   // trace (at the end, and after each group so a job that dies leaves one). Never throws.
   void openTimeline();
   void mergeTimeline();
-  // --timeline on several nodes (c10d/static): the agent of node rank 0 writes FILE; every
-  // other agent ships its node's events to it through the job's store (timeline/exchange.h).
+  // --timeline on several nodes (c10d, static, etcd-v3 with the agent store): the agent of node
+  // rank 0 writes FILE; every other agent ships its node's events to it through the round's
+  // shared store (timeline/exchange.h).
   bool timelineAcrossNodes() const;
   bool timelineWriter() const { return round_.nodeRank == 0; }
+  // "<run id>/<round>": the worker group of the round, which names the bundles' keys.
+  std::string timelineGroup() const { return round_.runId + "/" + std::to_string(round_.round); }
   // Runs `job` on the exchange thread, then `then` on the I/O thread.
   void onExchange(std::function<void()> job, std::function<void()> then);
   // The job that ships this node's events as they are now (the values copied: it runs on the
   // exchange thread).
-  std::function<void()> shipTimeline() const;
+  std::function<void()> shipTimeline(
+      std::optional<rendezvous::TcpStoreOptions> via = std::nullopt) const;
+  // The writer: the collected bundles, with the ranks each node may hold.
+  void takeBundles(timeline::Collected collected);
   // The exit barrier (asyncFinish), once the group has stopped with every worker succeeding.
   void exitBarrier();
   // Runs fn on the I/O thread; an exception is kept (and rethrown by run()), never thrown.
@@ -132,8 +146,12 @@ class Agent::Impl {
   std::exception_ptr error_;
   std::string errorRecord_;  // ddprun's own error file, when the job fails
   std::string timelineNode_;               // this agent's track: "agent <node>"
-  std::vector<std::string> timelineBundles_;  // the writer: the other nodes' events
+  std::vector<timeline::ReceivedBundle> timelineBundles_;  // the writer: the other nodes' events
   std::vector<std::string> timelineMissing_;  // the writer: nodes that sent none
+  // The round's store the nodes' events go through (RendezvousHandler::sharedStore); none: each
+  // node writes its own FILE.
+  std::optional<rendezvous::TcpStoreOptions> timelineStore_;
+  bool timelineShipped_ = false;  // this round's bundle went out before the exit barrier
   // Last member: destroyed (its queue run, its thread joined) while io_ is still alive.
   std::unique_ptr<timeline::ExchangeThread> exchange_;
 };
@@ -276,7 +294,7 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
     // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
     if (!timelineParts_.empty()) {
       l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
-                            std::to_string(round.round));
+                            std::to_string(round.round));  // = timelineGroup() of the round
     }
 
     const std::string prefix =
@@ -302,6 +320,8 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
 
 void Agent::Impl::startWorkers(const RoundInfo& round) {
   round_ = round;
+  timelineStore_ = handler_->sharedStore(round);
+  timelineShipped_ = false;
   auto launches = makeLaunches(round);
   std::vector<ProgressWatch::Worker> watched;
   for (const auto& l : launches) {
@@ -325,7 +345,8 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
     rendezvous::TcpStoreOptions workerStore{
         .host = host, .port = round.masterPort,
         .dialect = rendezvous::StoreDialect::Ddprun, .tokenFromEnvironment = false};
-    if (!round.useAgentStore) workerStore.authToken = handler_->sharedStore()->authToken;
+    // Rank 0's store (--no-agent-store) takes the job's token, as the rendezvous store does.
+    if (!round.useAgentStore) workerStore.authToken = timelineStore_->authToken;
     exchange_->post([workerStore] { timeline::measureClock(workerStore); });
   }
   for (const auto& r : group_->results()) {
@@ -440,6 +461,7 @@ void Agent::Impl::onGroupStopped() {
     state_ = State::Finishing;
     if (timelineAcrossNodes() && !timelineWriter()) {
       // Before the barrier: once the writer has passed it, this node's events are in the store.
+      timelineShipped_ = true;
       onExchange(shipTimeline(), [this] { exitBarrier(); });
       return;
     }
@@ -514,7 +536,7 @@ void Agent::Impl::stoppedNotRunning() {
       apply(pending_);
       break;
     case StopReason::Signal:
-      leaveAndExit(128 + signal_);
+      leaveAndExit(128 + signal_, /*groupStopped=*/true);
       break;
     case StopReason::Error:
     case StopReason::None:
@@ -607,13 +629,20 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
   if (!timelineAcrossNodes() || !group_) {
     shutdown();
   } else if (!timelineWriter()) {
-    onExchange(shipTimeline(), shutdown);  // again: with the job's end
+    if (code == 0 && timelineShipped_) {
+      // Shipped before the exit barrier, which the writer has passed too: it reads the bundles
+      // now, so a second one would race its read (and with etcd-v3 the store it goes through
+      // ends with the writer, which does not wait for this node).
+      shutdown();
+    } else {
+      onExchange(shipTimeline(), shutdown);  // with the job's end: a failure's events
+    }
   } else {
     // Before the shutdown: the store host (maybe this agent) keeps the store up until every
     // node has recorded the end, so the bundles are readable now. After a success each one
     // was shipped before the exit barrier; after a failure, a node still shipping has a while.
-    const auto store = *handler_->sharedStore();
-    const std::string runId = round_.runId;
+    const auto store = *timelineStore_;
+    const std::string runId = timelineGroup();
     const int nodes = round_.nodeCount;
     auto collected = std::make_shared<timeline::Collected>();
     onExchange(
@@ -621,15 +650,26 @@ void Agent::Impl::endJob(int code, const std::string& summary) {
           *collected = timeline::collect(store, runId, nodes, std::chrono::seconds(5));
         },
         [this, collected, shutdown] {
-          timelineBundles_ = std::move(collected->bundles);
-          timelineMissing_ = std::move(collected->missing);
+          takeBundles(std::move(*collected));
           shutdown();
         });
   }
 }
 
+void Agent::Impl::takeBundles(timeline::Collected collected) {
+  timelineBundles_ = std::move(collected.bundles);
+  // What each node may hold: its agent's track and its own ranks'.
+  for (auto& b : timelineBundles_) {
+    if (b.nodeRank < 0 || b.nodeRank >= static_cast<int>(round_.nodeWorkers.size())) continue;
+    b.firstRank = 0;
+    for (int k = 0; k < b.nodeRank; ++k) b.firstRank += round_.nodeWorkers[k];
+    b.ranks = round_.nodeWorkers[b.nodeRank];
+  }
+  timelineMissing_ = std::move(collected.missing);
+}
+
 bool Agent::Impl::timelineAcrossNodes() const {
-  return !timelineParts_.empty() && exchange_ && round_.nodeCount > 1;
+  return !timelineParts_.empty() && exchange_ && round_.nodeCount > 1 && timelineStore_;
 }
 
 void Agent::Impl::onExchange(std::function<void()> job, std::function<void()> then) {
@@ -639,18 +679,67 @@ void Agent::Impl::onExchange(std::function<void()> job, std::function<void()> th
   });
 }
 
-std::function<void()> Agent::Impl::shipTimeline() const {
-  return [store = *handler_->sharedStore(), key = timeline::bundleKey(round_.runId, round_.nodeRank),
+std::function<void()> Agent::Impl::shipTimeline(
+    std::optional<rendezvous::TcpStoreOptions> via) const {
+  return [store = via ? *via : *timelineStore_, key = timeline::bundleKey(timelineGroup(), round_.nodeRank),
           bundle = timeline::BundleOptions{.partsDir = timelineParts_, .node = timelineNode_,
                                            .sinceUs = timelineSince_}] {
     timeline::ship(store, key, bundle);
   };
 }
 
-void Agent::Impl::leaveAndExit(int code) {
+void Agent::Impl::leaveAndExit(int code, bool groupStopped) {
   state_ = State::Leaving;
   errorRecord_ = generatedErrorRecord("ddprun received " + signalName(signal_) + ": it stopped "
                                       "its workers and left the job", code);
+  if (groupStopped) {
+    events::instant("job end", "agent",
+                    events::Args().add("exit_code", code).add(
+                        "summary", signalName(signal_) + " on this node: it left the job"));
+  }
+  if (!groupStopped || !timelineAcrossNodes()) {
+    leave(code);
+    return;
+  }
+  // The signal stopped this node's running group (a job cancelled on every node gets it on
+  // every node at once): the trace gets this node's events up to here, within a short bound
+  // (a second signal cuts the wait for the exchange short; the ExchangeThread's join does not
+  // outlast it).
+  auto store = *timelineStore_;
+  store.timeout = store.connectTimeout = kSignalExchangeCall;
+  if (!timelineWriter()) {
+    // An agent that hosts the store the writer reads (c10d) keeps it up until the writer says
+    // it has read the bundles, or at most the writer's own bound.
+    const bool hostsStore = handler_->hostedStorePort() != 0;
+    onExchange(
+        [ship = shipTimeline(store), hostsStore, store, group = timelineGroup()] {
+          ship();
+          if (hostsStore) {
+            timeline::awaitCollected(store, group, kSignalCollectWait + kSignalExchangeCall);
+          }
+        },
+        [this, code] {
+          if (state_ == State::Leaving) leave(code);
+        });
+    return;
+  }
+  // The writer: the bundles of the nodes that stop now too, waited for at most
+  // kSignalCollectWait (a node that goes on is named missing).
+  const std::string runId = timelineGroup();
+  const int nodes = round_.nodeCount;
+  auto collected = std::make_shared<timeline::Collected>();
+  onExchange(
+      [store, runId, nodes, collected] {
+        *collected = timeline::collect(store, runId, nodes, kSignalCollectWait);
+      },
+      [this, collected, code] {
+        if (state_ != State::Leaving) return;
+        takeBundles(std::move(*collected));
+        leave(code);
+      });
+}
+
+void Agent::Impl::leave(int code) {
   handler_->asyncLeave(signalName(signal_) + " on this node", [this, code](std::exception_ptr e) {
     if (e) {
       try {
@@ -705,7 +794,8 @@ void Agent::Impl::openTimeline() {
   const std::string node = options_.localAddr.empty() ? hostName() : options_.localAddr;
   timelineNode_ = "agent " + node;
   events::open(timelineParts_, timelineNode_, "agent");
-  if (handler_->sharedStore()) exchange_ = std::make_unique<timeline::ExchangeThread>();
+  // Idle unless the job spans several nodes (it ships and collects their events).
+  exchange_ = std::make_unique<timeline::ExchangeThread>();
 }
 
 void Agent::Impl::mergeTimeline() {
@@ -721,6 +811,12 @@ void Agent::Impl::mergeTimeline() {
     DDPRUN_LOG(DEBUG, "launcher") << "timeline: " << r.events << " events of " << r.tracks
                                   << " tracks written to " << options_.timeline
                                   << " (clock offset bound " << r.offsetBoundUs << " us)";
+    if (!r.refused.empty()) {
+      DDPRUN_LOG(WARN, "launcher") << "timeline: refused " << r.badBundles << " bundle(s) and "
+                                   << r.refusedTracks << " track(s) other nodes sent (first: "
+                                   << r.refused.front() << "); " << options_.timeline
+                                   << " says otherData.refused";
+    }
     if (r.partsCut > 0) {
       DDPRUN_LOG(WARN, "launcher") << "timeline: " << r.partsCut
                                    << " part file(s) read only in part (256 MiB a file, 512 MiB "

@@ -337,6 +337,7 @@ void MultiNodeRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) 
                        .masterPort = r.masterPort,
                        .useAgentStore = agentStore_,
                        .runId = options_.runId};
+      for (const auto& n : r.nodes) info.nodeWorkers.push_back(n.nproc);
     } catch (const rdzv::JobEndedError& e) {
       const int code = e.failed() ? e.exitCode() : 0;
       error = std::make_exception_ptr(JobEnded(e.what(), code, summary(e.failed(), code, e.reason())));
@@ -457,9 +458,18 @@ uint16_t MultiNodeRendezvous::hostedStorePort() const {
   return rendezvousStore_ ? options_.store.port : 0;
 }
 
-std::optional<rdzv::TcpStoreOptions> MultiNodeRendezvous::sharedStore() const {
-  if (options_.backend) return std::nullopt;  // etcd-v3: no store protocol
-  return options_.store;  // its port is the real one also when the endpoint said 0
+std::optional<rdzv::TcpStoreOptions> MultiNodeRendezvous::sharedStore(const RoundInfo& round) const {
+  if (!options_.backend) return options_.store;  // its port is the real one also when the endpoint said 0
+  // etcd-v3: the workers' store of the round, hosted by node rank 0's agent (hostWorkerStore);
+  // with --no-agent-store it is rank 0's own and ends with it: nothing outlives the workers.
+  if (!agentStore_ || round.masterPort == 0) return std::nullopt;
+  std::string host = round.masterAddr;  // "[::1]" -> "::1"
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return rdzv::TcpStoreOptions{.host = host, .port = round.masterPort,
+                               .dialect = rdzv::StoreDialect::Ddprun,
+                               .tokenFromEnvironment = false};
 }
 
 }  // namespace ddprun::launcher

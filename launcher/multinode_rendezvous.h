@@ -62,7 +62,7 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   void asyncShutdown(DoneHandler done) override;
   std::string describe() const override;
   uint16_t hostedStorePort() const override;
-  std::optional<rendezvous::TcpStoreOptions> sharedStore() const override;
+  std::optional<rendezvous::TcpStoreOptions> sharedStore(const RoundInfo& round) const override;
 
  private:
   // Runs `job` on the handler's thread after the jobs before it.

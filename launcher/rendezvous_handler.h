@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/errors.h"
 #include "rendezvous/tcp_store.h"
@@ -45,6 +46,7 @@ struct RoundInfo {
   uint16_t masterPort = 0;   // MASTER_PORT
   bool useAgentStore = true; // MASTER_ADDR:PORT is the agent's store (workers are clients)
   std::string runId;         // TORCHELASTIC_RUN_ID
+  std::vector<int> nodeWorkers;  // several nodes: each node's worker count, by node rank
 };
 
 // What happens to the job next, decided by the handler (possibly with the other nodes).
@@ -114,10 +116,16 @@ class RendezvousHandler {
   // The port of the rendezvous store this node hosts for other nodes, 0 when it hosts none
   // (an endpoint with port 0 lets the host pick a free one; an ssh launch tells the others).
   virtual uint16_t hostedStorePort() const { return 0; }
-  // The job-wide store the nodes share besides the rendezvous (the timeline ships each node's
-  // events through it, docs/timeline.md): the c10d/static rendezvous store; nullopt for one
-  // node and for etcd-v3.
-  virtual std::optional<rendezvous::TcpStoreOptions> sharedStore() const { return std::nullopt; }
+  // A store every node of `round` reaches besides the rendezvous (the timeline ships each
+  // node's events through it to node rank 0's agent, docs/timeline.md): the c10d/static
+  // rendezvous store; for etcd-v3 (no store protocol in etcd) the workers' store that node rank
+  // 0's agent hosts for the round at MASTER_ADDR:MASTER_PORT, which lives as long as that agent
+  // does. nullopt for one node, and for etcd-v3 with --no-agent-store (that store is rank 0's
+  // and ends with it).
+  virtual std::optional<rendezvous::TcpStoreOptions> sharedStore(const RoundInfo& round) const {
+    (void)round;
+    return std::nullopt;
+  }
 };
 
 // Picks the handler for the options: LocalRendezvous for a single node; multi-node backends

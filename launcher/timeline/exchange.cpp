@@ -21,8 +21,27 @@ TcpStoreOptions bounded(TcpStoreOptions o) {
 
 }  // namespace
 
-std::string bundleKey(const std::string& runId, int nodeRank) {
-  return "ddprun/timeline/" + runId + "/node/" + std::to_string(nodeRank);
+std::string bundleKey(const std::string& group, int nodeRank) {
+  return "ddprun/timeline/" + group + "/node/" + std::to_string(nodeRank);
+}
+
+namespace {
+std::string collectedKey(const std::string& group) {
+  return "ddprun/timeline/" + group + "/collected";
+}
+}  // namespace
+
+bool awaitCollected(const TcpStoreOptions& sharedStore, const std::string& group,
+                    std::chrono::milliseconds wait) {
+  try {
+    TcpStore store(bounded(sharedStore));
+    store.wait({collectedKey(group)}, wait);
+    return true;
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(DEBUG, "launcher") << "timeline: the writer did not say it read the bundles ("
+                                  << e.what() << ")";
+    return false;
+  }
 }
 
 void measureClock(const TcpStoreOptions& workerStore) {
@@ -61,9 +80,10 @@ bool ship(const TcpStoreOptions& sharedStore, const std::string& key, const Bund
   }
 }
 
-Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, int nodeCount,
-                  std::chrono::milliseconds wait) {
+Collected collect(const TcpStoreOptions& sharedStore, const std::string& group, int nodeCount,
+                  std::chrono::milliseconds wait, uint64_t maxBytes) {
   Collected c;
+  uint64_t held = 0;
   std::vector<int> pending;
   for (int k = 1; k < nodeCount; ++k) pending.push_back(k);
   try {
@@ -72,9 +92,17 @@ Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, 
     for (;;) {
       std::vector<int> still;
       for (int k : pending) {
-        const std::string key = bundleKey(runId, k);
+        const std::string key = bundleKey(group, k);
         if (store.check({key})) {
-          c.bundles.push_back(store.get(key));
+          ReceivedBundle b{.from = "node rank " + std::to_string(k), .nodeRank = k,
+                           .text = store.get(key)};
+          b.bytes = b.text.size();
+          if (b.bytes > maxBytes || held + b.bytes > kMaxCollectedBytes) {
+            b.text = std::string();  // the merge names it by its size
+            b.text.shrink_to_fit();
+          }
+          held += b.text.size();
+          c.bundles.push_back(std::move(b));
         } else {
           still.push_back(k);
         }
@@ -83,6 +111,7 @@ Collected collect(const TcpStoreOptions& sharedStore, const std::string& runId, 
       if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    store.set(collectedKey(group), "");  // a store host that is leaving may go now
   } catch (const std::exception& e) {
     DDPRUN_LOG(WARN, "launcher") << "timeline: cannot read the other nodes' events ("
                                  << e.what() << "); the trace has this node's only";

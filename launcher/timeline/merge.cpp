@@ -107,13 +107,33 @@ NodeParts readParts(const std::string& dir, int64_t sinceUs, uint64_t maxPartByt
   return node;
 }
 
-// Events keep an integer `ts` through the merge (a hostile part may give a float).
+// Events have an integer `ts` within kMaxMagnitude (part_file.h isEvent).
 int64_t tsOf(const json& e) { return e["ts"].get<int64_t>(); }
 
-// A count from a bundle: 0 unless it is a non-negative integer (never a type error).
+// A count from a bundle: 0 unless it is an integer in [0, 2^53] (never a type error).
 size_t countOf(const json& b, const char* key) {
-  return b.contains(key) && b[key].is_number_unsigned() ? b[key].get<size_t>() : 0;
+  return b.contains(key) && boundedInt(b[key], 0) ? b[key].get<size_t>() : 0;
 }
+
+// "rank N" with N in [first, first + count) (any N >= 0 when first < 0).
+bool ownRank(const std::string& track, int first, int count) {
+  if (track.rfind("rank ", 0) != 0 || track.size() > 15) return false;
+  const std::string digits = track.substr(5);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      (digits.size() > 1 && digits[0] == '0')) {
+    return false;
+  }
+  const long r = std::stol(digits);
+  return first < 0 || (r >= first && r < static_cast<long>(first) + count);
+}
+
+// A name from another node, short enough to quote in a message.
+std::string shownName(const std::string& s) {
+  return "'" + (s.size() > 64 ? s.substr(0, 64) + "..." : s) + "'";
+}
+
+constexpr size_t kMaxRefusalLines = 32;
+constexpr size_t kMaxNodeName = 256;
 
 // One node's tracks in the trace, with the offset that puts them on the reference clock.
 struct NodeTracks {
@@ -184,38 +204,74 @@ MergeResult mergeTimeline(const MergeOptions& o) {
                                .tracks = std::move(own.tracks),
                                .clockKnown = true});
   }
-  for (const std::string& text : o.bundles) {
-    // Another node's agent wrote it (a client of the job's store): hostile input too. A bundle
-    // nests 5 deep ({"tracks": {name: [{"args": {}}]}}); deeper is refused before parsing.
-    if (jsonDepth(text, 8) > 8) {
+  size_t refusals = 0;
+  auto refuse = [&](const std::string& line) {
+    if (++refusals <= kMaxRefusalLines) result.refused.push_back(line);
+  };
+  for (const ReceivedBundle& rb : o.bundles) {
+    // Another node's agent wrote it (a client of the job's store): hostile input too.
+    if (rb.text.empty() || rb.text.size() > o.maxBundleBytes) {
       ++result.badBundles;
+      refuse(rb.from + ": " + std::to_string(std::max<uint64_t>(rb.bytes, rb.text.size())) +
+             " bytes, over the " + std::to_string(o.maxBundleBytes >> 20) +
+             " MiB a bundle may have (or past what the writer holds of all bundles, or empty): "
+             "refused unread");
       continue;
     }
-    json b = json::parse(text, nullptr, false);
-    if (!b.is_object() || !b.contains("tracks") || !b["tracks"].is_object() ||
-        !b.contains("node") || !b["node"].is_string()) {
+    // A bundle nests 5 deep ({"tracks": {name: [{"args": {}}]}}); deeper is refused before
+    // parsing (the recursive parser would overflow the stack).
+    if (jsonDepth(rb.text, 8) > 8) {
       ++result.badBundles;
+      refuse(rb.from + ": nested deeper than 8 levels: refused unparsed");
+      continue;
+    }
+    json b = json::parse(rb.text, nullptr, false);
+    if (!b.is_object() || !b.contains("tracks") || !b["tracks"].is_object() ||
+        !b.contains("node") || !b["node"].is_string() ||
+        b["node"].get_ref<const std::string&>().size() > kMaxNodeName) {
+      ++result.badBundles;
+      refuse(rb.from + ": not a bundle (a JSON object with a string \"node\" of at most " +
+             std::to_string(kMaxNodeName) + " bytes and an object of \"tracks\")");
       continue;
     }
     NodeTracks n{.node = b["node"].get<std::string>()};
     const json& c = b.value("clock", json());
-    if (c.is_object() && c.contains("offset_us") && c["offset_us"].is_number_integer() &&
-        c.contains("bound_us") && c["bound_us"].is_number_integer()) {
-      n.clockKnown = true;
-      n.offsetUs = c["offset_us"].get<int64_t>();
-      n.boundUs = c["bound_us"].get<int64_t>();
-      if (c.contains("reference") && c["reference"].is_string()) n.reference = c["reference"];
+    if (c.is_object() && c.contains("offset_us") && c.contains("bound_us")) {
+      if (boundedInt(c["offset_us"]) && boundedInt(c["bound_us"], 0)) {
+        n.clockKnown = true;
+        n.offsetUs = c["offset_us"].get<int64_t>();
+        n.boundUs = c["bound_us"].get<int64_t>();
+        if (c.contains("reference") && c["reference"].is_string() &&
+            c["reference"].get_ref<const std::string&>().size() <= kMaxNodeName) {
+          n.reference = c["reference"];
+        }
+      } else {
+        refuse(rb.from + ": its clock offset or bound is not an integer in range: its tracks "
+               "are left unaligned");
+      }
     }
     n.droppedEvents = countOf(b, "dropped_events");
     result.skippedLines += countOf(b, "skipped_lines");
     result.partsCut += countOf(b, "parts_cut");
+    bool agentSeen = false;
     for (auto& [name, events] : b["tracks"].items()) {
+      // Its agent's track (named as the node) and its own ranks': never another node's.
+      const bool agent = name == n.node && !agentSeen;
+      if (!agent && !ownRank(name, rb.firstRank, rb.ranks)) {
+        ++result.refusedTracks;
+        refuse(rb.from + ": track " + shownName(name) + " is not its agent's (" + shownName(n.node) +
+               ")" + (rb.firstRank < 0 ? std::string(" nor a rank's")
+                                       : " nor one of its ranks (" +
+                                             std::to_string(rb.firstRank) + ".." +
+                                             std::to_string(rb.firstRank + rb.ranks - 1) + ")") +
+               ": refused");
+        continue;
+      }
+      agentSeen = agentSeen || agent;
       if (!events.is_array()) continue;
       auto& out = n.tracks[name];
       for (auto& e : events) {
-        if (!e.is_object() || !e.contains("ph") || !e.contains("ts") ||
-            !e["ts"].is_number_integer() || (e.contains("tid") && !e["tid"].is_number()) ||
-            (e.contains("dur") && !e["dur"].is_number())) {
+        if (!isEvent(e)) {
           ++result.skippedLines;
           continue;
         }
@@ -224,6 +280,9 @@ MergeResult mergeTimeline(const MergeOptions& o) {
       }
     }
     nodes.push_back(std::move(n));
+  }
+  if (refusals > kMaxRefusalLines) {
+    result.refused.push_back("... and " + std::to_string(refusals - kMaxRefusalLines) + " more");
   }
 
   // Every node's tracks under one order; a name two nodes share (two agents on hosts of one
@@ -304,6 +363,8 @@ MergeResult mergeTimeline(const MergeOptions& o) {
         {"other_nodes", std::move(nodeInfo)},
         {"nodes_missing", o.missingNodes},
         {"bad_bundles", result.badBundles},
+        {"refused_tracks", result.refusedTracks},
+        {"refused", result.refused},
         {"skipped_lines", result.skippedLines},
         {"parts_cut", result.partsCut}}}};
   // Per process: agents of one machine sharing FILE may merge at the same moment.

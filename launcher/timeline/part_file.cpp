@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace ddprun::launcher::timeline {
@@ -68,23 +69,12 @@ json parseLine(std::string_view line, int maxDepth) {
   return json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
 }
 
-// What the merge relies on: an object with `ph` and a numeric `ts`; `tid` and `dur`, when
-// present, numbers too (the merge sorts by them).
-bool isEvent(const json& e) {
-  if (!e.is_object() || !e.contains("ph") || !e.contains("ts") || !e["ts"].is_number()) {
-    return false;
-  }
-  for (const char* key : {"tid", "dur"}) {
-    if (e.contains(key) && !e[key].is_number()) return false;
-  }
-  return true;
-}
 
 std::optional<PartClock> clockLine(const json& e) {
   if (!e.is_object() || !e.contains("clock") || !e["clock"].is_object()) return std::nullopt;
   const json& c = e["clock"];
-  if (!c.contains("offset_us") || !c["offset_us"].is_number_integer() || !c.contains("bound_us") ||
-      !c["bound_us"].is_number_integer() || c["bound_us"].get<int64_t>() < 0) {
+  if (!c.contains("offset_us") || !boundedInt(c["offset_us"]) || !c.contains("bound_us") ||
+      !boundedInt(c["bound_us"], 0)) {
     return std::nullopt;
   }
   const json ref = c.value("reference", json());
@@ -94,6 +84,19 @@ std::optional<PartClock> clockLine(const json& e) {
 }
 
 }  // namespace
+
+bool boundedInt(const json& j, int64_t lo, int64_t hi) {
+  if (j.is_number_unsigned()) return j.get<uint64_t>() <= static_cast<uint64_t>(std::max<int64_t>(hi, 0));
+  if (!j.is_number_integer()) return false;
+  const int64_t v = j.get<int64_t>();
+  return v >= lo && v <= hi;
+}
+
+bool isEvent(const json& e) {
+  return e.is_object() && e.contains("ph") && e["ph"].is_string() && e.contains("ts") &&
+         boundedInt(e["ts"]) && (!e.contains("tid") || boundedInt(e["tid"])) &&
+         (!e.contains("dur") || boundedInt(e["dur"], 0));
+}
 
 std::optional<PartFile> readPartFile(const std::string& path, const PartLimits& limits) {
   PartFile part;

@@ -42,6 +42,17 @@ struct PartFile {
   bool cut = false;    // the file is longer than maxBytes: the rest was not read
 };
 
+// Times and counts from a part file or a bundle: integers within +-2^53 (a double's exact
+// range, ~285 years of microseconds), so that no sum or difference of them overflows, and no
+// float is ever converted to an integer out of range.
+constexpr int64_t kMaxMagnitude = int64_t{1} << 53;
+bool boundedInt(const nlohmann::json& j, int64_t lo = -kMaxMagnitude, int64_t hi = kMaxMagnitude);
+
+// An event the merge and the summary can rely on: an object with a string `ph`, an integer
+// `ts`, and when present an integer `tid` and a non-negative integer `dur`, all within
+// kMaxMagnitude.
+bool isEvent(const nlohmann::json& e);
+
 // nullopt when `path` is not a regular file that can be opened, or its first line is not a
 // header ({"track": "...", "start_us": <integer>, ...}); such a file counts as one skipped line
 // for the caller.

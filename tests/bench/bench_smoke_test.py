@@ -3,7 +3,8 @@ that is tested. For each benchmark: exit 0, a CSV written where --csv says, ever
 naming both ddprun and its peer (or a ratio), and every measured number finite and positive.
 
 Speed is not checked here (that is what the benchmarks are for); only that they run and
-report. Usage: bench_smoke_test.py BENCHMARK   (store, launch, rendezvous, allreduce, train)
+report. Usage: bench_smoke_test.py BENCHMARK   (store, launch, rendezvous, rendezvous-simulate,
+allreduce, train)
 """
 import csv
 import math
@@ -19,6 +20,8 @@ ARGS = {
     "store": ["--ops", "200", "--barrier", "8"],
     "launch": ["--runs", "2", "--torchrun-runs", "1", "--no-default-interval"],
     "rendezvous": ["--sizes", "2", "--repeat", "1", "--only", "form"],
+    # simulated agents (issue 20): today's protocol and the slot join, side by side
+    "rendezvous-simulate": ["--simulate", "16,64", "--protocol", "log,slots", "--no-plot"],
     "allreduce": ["--ranks", "2", "--min-bytes", "4096", "--max-bytes", "16384",
                   "--seconds", "0.05"],
     "train": ["--model", "mlp", "--nproc", "2", "--steps", "20", "--repeat", "1", "--timeline"],
@@ -28,6 +31,7 @@ PEERS = {
     "store": ("ddprun", "torch"),
     "launch": ("ddprun", "torchrun"),
     "rendezvous": ("ddprun", "torchrun"),
+    "rendezvous-simulate": ("simulate-log", "simulate-slots"),
     "allreduce": ("ddprun", "gloo"),
     "train": ("ddprun", "pytorch"),
 }
@@ -47,7 +51,7 @@ def main():
     name = sys.argv[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, f"{name}.csv")
-        cmd = [BENCH, name, *ARGS[name], "--csv", out]
+        cmd = [BENCH, name.split("-")[0], *ARGS[name], "--csv", out]
         if name == "train":
             cmd += ["--work-dir", os.path.join(tmp, "work")]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)

@@ -13,7 +13,7 @@ import time
 import harness
 from etcd_cluster import EtcdCluster, installed
 from harness import SKIP, check, run, skip_unless_ci
-from scenarios import pid_alive, ranks_in
+from scenarios import cancel_and_check_trace, pid_alive, ranks_in
 
 # lease_ttl 5 s: a lost agent is evicted 5 s after its last keepalive, and the lease still
 # outlasts an election (1-3 s with etcd's defaults).
@@ -82,6 +82,17 @@ def etcd_torch_ddp(t):
         check(n.wait(120) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
     check(os.path.exists(os.path.join(t.dir, "ckpt-a.pt")), "rank 0 saved its checkpoint")
 
+
+
+def etcd_timeline_sigterm(t):
+    """--timeline on two nodes that met on etcd, both agents SIGTERMed mid-run (a cancelled job):
+    node b ships its events through the workers' store node rank 0's agent hosts, which waits
+    for them before it leaves: one file with both agents' stopped workers and job ends."""
+    start_cluster(t)
+    trace = os.path.join(t.dir, "job.json")
+    nodes = [etcd_agent(t, n, addr, "2", "tlterm", ["--run", "60"], extra=["--timeline=" + trace])
+             for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))]
+    cancel_and_check_trace(t, nodes, trace)
 
 def etcd_leader_killed(t):
     """(b) kill -9 of the etcd leader mid-job: the job never notices -- one round, no restart,
@@ -227,7 +238,7 @@ def _serves(etcd, i):
 
 SCENARIOS = {f.__name__: f for f in (
     etcd_train, etcd_torch_ddp, etcd_leader_killed, etcd_store_host_killed, etcd_quorum_lost,
-    etcd_two_jobs, etcd_member_restarted)}
+    etcd_two_jobs, etcd_member_restarted, etcd_timeline_sigterm)}
 
 
 def main():

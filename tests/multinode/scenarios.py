@@ -512,11 +512,71 @@ def timeline_job_failed(t):
               "%s: job end with exit code 7" % n)
 
 
+def timeline_sigterm(t):
+    """--timeline on two nodes and the job cancelled (SIGTERM to both agents at once, as a
+    scheduler does): each stops its workers and leaves with 143; node b's agent ships its events
+    on the way out and node rank 0's agent waits (a bounded while) for them, so the one file holds
+    both agents' stopped workers and job ends (docs/timeline.md). The rendezvous store is on b
+    (the endpoint's host) and a is node rank 0 (the lower address): b must keep its store up
+    until a has read b's bundle, though it is leaving too."""
+    trace = os.path.join(t.dir, "job.json")
+    nodes = [t.agent(n, addr, "2", "tl-term", ["--run", "60"], extra=["--timeline=" + trace],
+                     endpoint=t.endpoint("127.0.0.3"))
+             for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))]
+    cancel_and_check_trace(t, nodes, trace)
+
+
+def timeline_sigterm_writer_only(t):
+    """--timeline on two nodes, SIGTERM to node rank 0's agent only: the other node goes on, so
+    its bundle never comes; the writer's wait for it is bounded, it exits 143 with a trace of its
+    own node that names the other missing (docs/timeline.md)."""
+    trace = os.path.join(t.dir, "job.json")
+    nodes = {n: t.agent(n, addr, "2", "tl-term1", ["--run", "60"], extra=["--timeline=" + trace])
+             for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))}
+    starts = t.wait_for("both workers", lambda: len(t.starts(world=2)) == 2 and t.starts(), 30)
+    writer = [r["node"] for r in starts if r["GROUP_RANK"] == "0"][0]
+    nodes[writer].signal(signal.SIGTERM)
+    check(nodes[writer].wait(60) == 128 + signal.SIGTERM, "the writer exits 143 (got %s)" %
+          nodes[writer].proc.returncode)
+    data, names = read_trace(trace)
+    check(sorted(names.values()) == ["agent 127.0.0.%d" % (2 if writer == "a" else 3)],
+          "the writer's own agent only: %s" % sorted(names.values()))
+    check(data["otherData"]["nodes_missing"] == ["node rank 1"],
+          "the node that went on is named missing: %s" % data["otherData"]["nodes_missing"])
+
+
+def cancel_and_check_trace(t, nodes, trace):
+    """timeline_sigterm's SIGTERM to both agents and its checks of the one file."""
+    t.wait_for("both workers", lambda: len(t.starts(world=2)) == 2, 30)
+    check([r["node"] for r in t.starts() if r["GROUP_RANK"] == "0"] == ["a"],
+          "a is node rank 0, the trace's writer")
+    for n in nodes:
+        n.signal(signal.SIGTERM)
+    for n in nodes:
+        check(n.wait(60) == 128 + signal.SIGTERM, "node %s exit code %s, expected 143" %
+              (n.name, n.proc.returncode))
+    data, names = read_trace(trace)
+    check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
+          "both agents' tracks: %s" % sorted(names.values()))
+    check(data["otherData"]["nodes_missing"] == [], "no node missing: %s" % data["otherData"])
+    by = {}
+    for e in data["traceEvents"]:
+        if e.get("ph") != "M":
+            by.setdefault(names[e["pid"]], []).append(e)
+    for n in names.values():
+        stopped = [e for e in by[n] if e["name"] == "worker exit"]
+        check(len(stopped) == 1 and stopped[0]["args"]["stopped_by_ddprun"] == 1,
+              "%s: its worker stopped by ddprun: %s" % (n, stopped))
+        check(any(e["name"] == "job end" and e["args"]["exit_code"] == 143 for e in by[n]),
+              "%s: job end with exit code 143" % n)
+
+
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
-    netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed)}
+    netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed,
+    timeline_sigterm, timeline_sigterm_writer_only)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))

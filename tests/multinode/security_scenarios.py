@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 from harness import BIN, FAST_CONF, check, free_port, run
 
@@ -500,9 +501,151 @@ def two_jobs_one_endpoint(t):
     check(a.wait(60) == 0 and c.wait(60) == 0, "the first job still runs and finishes")
 
 
+def forged_timeline_bundles(t):
+    """A static job of 6 nodes under --timeline: a (node rank 0, the trace's writer) and b ship
+    their events, c..f run without --timeline, so their bundle keys are the attacker's. While
+    the workers run, this script (a plain client of the rendezvous store a hosts) writes hostile
+    bundles under ddprun/timeline/<run id>/<round>/node/K (docs/timeline.md), and an early forgery for b's
+    own key. Job 1 (exit 0): a 40 MiB value of 14 million empty events (parsed, ~1 GB), 5 million
+    open brackets, a bundle claiming a's agent and ranks 0, 1, 99 (and one event on its own rank
+    4), a bundle with an overflowing clock offset, negative and 2^64 counts, a 1e300 count and
+    events with a string, float, 2^63-1 ts and a negative dur. Job 2 (b's worker exits 3, no
+    restart): four bundles of the wrong shape. Node rank 0's ddprun must exit with the job's real
+    code, write a valid trace that holds the real agents' events and none forged, name and count
+    what it refused, and stay bounded in memory."""
+    import json
+    import resource
+    runs = {}
+
+    def job(tag, code, payloads, worker_b):
+        trace = os.path.join(t.dir, tag + ".json")
+        port = free_port("127.0.0.2")
+        nodes = []
+        for rank, name in enumerate("abcdef"):
+            rdzv = ["--rdzv-backend=static", "--node-rank=%d" % rank, "--master-addr=127.0.0.2",
+                    "--master-port=%d" % port, "--rdzv-id=" + tag]
+            extra = ["--max-restarts=0"] + (["--timeline=" + trace] if rank < 2 else [])
+            args = worker_b if rank == 1 else ["--run", "3"]
+            nodes.append(t.agent(tag + name, "127.0.0.%d" % (rank + 2), "6", tag, args,
+                                 conf=FAST_CONF, extra=extra, rdzv=rdzv))
+        # The attacker: a client of the rendezvous store, as soon as a hosts it.
+        client = None
+        for _ in range(300):
+            try:
+                client = Client(port, host="127.0.0.2")
+                break
+            except (ConnectionError, OSError):
+                time.sleep(0.05)
+        check(client is not None, "the rendezvous store of %s is reachable" % tag)
+        key = "ddprun/timeline/%s/0/node/%%d" % tag  # round 0: the only one
+        client.set(key % 1, json.dumps({"node": "agent 127.0.0.3", "tracks": {
+            "agent 127.0.0.3": [{"ph": "i", "ts": 1, "name": "forged early"}]}}))
+        for k, value in payloads.items():
+            client.set(key % k, value)
+        check(all(client.exists(key % k) for k in payloads) and
+              client.get(key % 5) == payloads[5], "the forgeries are stored")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        got = nodes[0].wait(90)
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        for n in nodes[1:]:
+            n.wait(90)
+        check(got == code, "%s: node rank 0 exits %d, the job's code (got %s)" % (tag, code, got))
+        # ru_maxrss of the biggest child so far: ddprun a (it hosts the store and merges).
+        print("%s: exit %d, peak RSS of a child %.0f MiB (before %.0f MiB)" %
+              (tag, got, peak / 1024, before / 1024))
+        check(peak / 1024 < 400, "%s: ddprun's memory stays bounded (%.0f MiB < 400 MiB)" %
+              (tag, peak / 1024))
+        with open(trace) as f:
+            data = json.load(f)  # valid JSON, or this raises
+        names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"]
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}
+        by = {}
+        for e in data["traceEvents"]:
+            if e.get("ph") in ("X", "i"):
+                check(isinstance(e.get("ts"), int) and isinstance(e.get("tid", 0), int),
+                      "integer ts and tid: %s" % e)
+                check(e["ph"] != "X" or (isinstance(e.get("dur"), int) and e["dur"] >= 0),
+                      "a span's dur is an integer >= 0: %s" % e)
+                by.setdefault(names[e["pid"]], []).append(e)
+        for real in ("agent 127.0.0.2", "agent 127.0.0.3"):
+            evs = by.get(real, [])
+            check(any(e["name"] == "worker start" for e in evs) and
+                  any(e["name"] == "rendezvous" for e in evs),
+                  "%s: the real %s's events are there: %s" % (tag, real, [e["name"] for e in evs]))
+            check(not any("forged" in e["name"] for e in evs),
+                  "%s: nothing forged on the real %s's track" % (tag, real))
+        print("  tracks %s, refused: %s" % (sorted(names.values()),
+                                            json.dumps(data["otherData"].get("refused"), indent=1)))
+        for name in ("rank 0", "rank 1"):
+            check(name not in names.values(), "%s: no forged %s track: %s" % (tag, name, names))
+        check("refused" in nodes[0].stderr(), "%s: node rank 0's agent warns of the refusal" % tag)
+        r = subprocess.run([os.path.join(BIN, "ddprun-trace"), trace], capture_output=True,
+                           text=True, timeout=60)
+        check(r.returncode == 0, "ddprun-trace reads the trace: %s" % r.stderr)
+        runs[tag] = (data, by)
+        return data, by
+
+    now = int(time.time() * 1e6)
+    empties = '{"node":"agent 127.0.0.4","tracks":{"rank 2":[' + \
+        ",".join(["{}"] * 13_000_000) + "]}}"
+    data, by = job("tlforge", 0, {
+        2: empties,
+        3: "[" * 5_000_000,
+        4: json.dumps({"node": "agent 127.0.0.2", "tracks": {
+            "agent 127.0.0.2": [{"ph": "i", "ts": now, "name": "forged agent event"}],
+            "rank 0": [{"ph": "i", "ts": now, "name": "forged rank 0"}],
+            "rank 1": [{"ph": "i", "ts": now, "name": "forged rank 1"}],
+            "rank 99": [{"ph": "i", "ts": now, "name": "forged rank 99"}],
+            "rank 4": [{"ph": "i", "ts": now, "name": "node 4's own rank"}]}}),
+        5: '{"node":"agent 127.0.0.7","clock":{"offset_us":9223372036854775807,"bound_us":-1},'
+           '"dropped_events":18446744073709551615,"skipped_lines":1e300,"parts_cut":-3,'
+           '"tracks":{"rank 5":[{"ph":"i","ts":"soon","name":"string ts"},'
+           '{"ph":"i","ts":9223372036854775807,"name":"huge ts"},{"ph":"i","ts":1.5,"name":"f"},'
+           '{"ph":"X","ts":%d,"dur":-5,"name":"negative dur"},'
+           '{"ph":"i","ts":%d,"tid":"x","name":"string tid"},'
+           '{"ph":"i","ts":%d,"tid":5,"name":"node 5 survivor"}]}}' % (now, now, now),
+    }, ["--run", "3"])
+    other = data["otherData"]
+    refused = "\n".join(other["refused"])
+    check(other["bad_bundles"] == 2, "the oversize and the nested bundles refused whole: %s" % other)
+    check("node rank 2: %d bytes, over the 16 MiB" % len(empties) in refused, "oversize named")
+    check("node rank 3: nested deeper than 8 levels" in refused, "nesting named")
+    check(other["refused_tracks"] == 3 and all(
+        "node rank 4: track 'rank %d' is not" % r in refused for r in (0, 1, 99)),
+        "ranks 0, 1, 99 claimed by node rank 4 refused and named: %s" % refused)
+    check([e["name"] for e in by.get("rank 4", [])] == ["node 4's own rank"],
+          "node rank 4's event on its own rank is kept")
+    check(other["nodes_missing"] == [], "every node's key was written: %s" % other)
+    check("node rank 5: its clock offset" in refused and "rank 5" in other["unaligned_tracks"],
+          "the out-of-range clock refused: node 5 left unaligned")
+    check([e["name"] for e in by.get("rank 5", [])] == ["node 5 survivor"] and
+          by["rank 5"][0]["ts"] == now, "only node 5's valid event, unshifted: %s" % by.get("rank 5"))
+    check(other["skipped_lines"] < 100 and other["parts_cut"] == 0 and
+          all(n["dropped_events"] == 0 for n in other["other_nodes"]),
+          "out-of-range counts read as 0: %s" % {k: other[k] for k in ("skipped_lines", "parts_cut")})
+    forged_agents = [n for n in by if n.startswith("agent 127.0.0.2 (")]
+    check(all(e["name"] == "forged agent event" for n in forged_agents for e in by[n]),
+          "an agent name claimed twice stays apart from the real one: %s" % forged_agents)
+
+    data, by = job("tlforge2", 3, {
+        2: "not json {",
+        3: "[1, 2, 3]",
+        4: json.dumps({"node": "x" * 1000, "tracks": {}}),
+        5: json.dumps({"node": "agent 127.0.0.7", "tracks": [1, 2]}),
+    }, ["--always-fail", "1", "3", "--run", "30"])
+    other = data["otherData"]
+    check(other["bad_bundles"] == 4, "four bundles of the wrong shape refused: %s" % other)
+    check(sum("not a bundle" in line for line in other["refused"]) == 4, "each named")
+    failed = [e for e in by["agent 127.0.0.3"] if e["name"] == "worker exit"
+              and e["args"]["failed"] == 1]
+    check(len(failed) == 1 and failed[0]["args"]["result"] == "exit code 3",
+          "b's real failed worker arrived: %s" % failed)
+
+
 SCENARIOS = {f.__name__: f for f in (
     relayed_proof, fake_server, bad_token_files, forged_state, forged_state_mid_job,
-    state_write_once, split_brain, two_agents_one_host, two_jobs_one_endpoint)}
+    state_write_once, split_brain, two_agents_one_host, two_jobs_one_endpoint,
+    forged_timeline_bundles)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))

@@ -270,7 +270,7 @@ TEST_CASE("another node's bundle lands on the writer's axis with its offset and 
   CHECK(bundle.droppedEvents == 0);
 
   const std::string out = dir.path() + "/t.json";
-  const auto r = mergeTimeline({.partsDir = a, .output = out, .bundles = {bundle.text, "not json"},
+  const auto r = mergeTimeline({.partsDir = a, .output = out, .bundles = {{.text = bundle.text}, {.text = "not json"}},
                                 .missingNodes = {"node rank 2"}});
   CHECK(r.tracks == 3);
   CHECK(r.badBundles == 1);
@@ -309,7 +309,7 @@ TEST_CASE("another node's bundle lands on the writer's axis with its offset and 
               R"({"name":"allreduce","cat":"collective","ph":"X","ts":6000000,"dur":50,"pid":3,"tid":3,"args":{"seq":0}})"});
   const auto unknown = nodeBundle({.partsDir = b, .node = "agent 127.0.0.3"});
   CHECK_FALSE(unknown.clockKnown);
-  mergeTimeline({.partsDir = a, .output = out, .bundles = {unknown.text}});
+  mergeTimeline({.partsDir = a, .output = out, .bundles = {{.text = unknown.text}}});
   const json t2 = readJson(out);
   for (const auto& t : t2["otherData"]["tracks"]) {
     if (t["track"] == "rank 1") CHECK(t["clock_offset_us"].is_null());
@@ -341,13 +341,16 @@ TEST_CASE("a part file is read as hostile input: depth, types, bounds", "[timeli
       << R"({"ph":"i","ts":2,"tid":"one"})" << "\n"
       << R"({"ph":"X","ts":3,"dur":[]})" << "\n"
       << R"({"ph":"i","ts":"4"})" << "\n"
+      << R"({"ph":"i","ts":1e300})" << "\n"                 // no float cast out of range
+      << R"({"ph":"i","ts":9223372036854775807})" << "\n"   // past 2^53: sums would overflow
+      << R"({"ph":"X","ts":4,"dur":-1})" << "\n"
       << R"({"ph":"i","ts":5,"tid":2,"name":"good"})" << "\n";
   }
   auto part = readPartFile(path, {});
   REQUIRE(part);
   CHECK(part->track == "rank 3");
   CHECK(part->startUs == 7);
-  CHECK(part->skippedLines == 4);
+  CHECK(part->skippedLines == 7);
   REQUIRE(part->events.size() == 1);
   CHECK(part->events[0]["name"] == "good");
   CHECK_FALSE(part->cut);
@@ -383,7 +386,8 @@ TEST_CASE("bundles travel through a real store, and a node that sent none is nam
   // Nodes 1 and 2 of 3 (node 0 collects): node 2 never ships.
   const Collected c = collect(store, "job", 3, std::chrono::milliseconds(300));
   REQUIRE(c.bundles.size() == 1);
-  CHECK(json::parse(c.bundles[0])["node"] == "agent 127.0.0.3");
+  CHECK(json::parse(c.bundles[0].text)["node"] == "agent 127.0.0.3");
+  CHECK(c.bundles[0].nodeRank == 1);
   CHECK(c.missing == std::vector<std::string>{"node rank 2"});
   CHECK(TcpStore(store).get("before") == "intact");
   // Another job's keys are not this one's.
@@ -392,4 +396,63 @@ TEST_CASE("bundles travel through a real store, and a node that sent none is nam
   const TcpStoreOptions nowhere{.host = "127.0.0.1", .port = 1, .connectTimeout = Millis(200)};
   CHECK_FALSE(ship(nowhere, bundleKey("job", 1), {.partsDir = dir.path(), .node = "x"}));
   CHECK(collect(nowhere, "job", 2, std::chrono::milliseconds(0)).missing.size() == 1);
+}
+
+TEST_CASE("a bundle holds only its node's tracks, with times and counts in range",
+          "[timeline]") {
+  using namespace ddprun::launcher::timeline;
+  TempDir dir("ddprun-timeline");
+  const std::string a = dir.path() + "/a";
+  std::filesystem::create_directories(a);
+  writeLines(a + "/agent-1.jsonl",
+             {R"({"track":"agent 127.0.0.2","pid":1,"start_us":1})",
+              R"({"name":"real","cat":"agent","ph":"i","s":"t","ts":10,"pid":1,"tid":1,"args":{}})"});
+  const std::string claims = R"({"node":"agent 127.0.0.3","clock":{"offset_us":100,"bound_us":5},)"
+                             R"("tracks":{"agent 127.0.0.3":[{"ph":"i","ts":1,"name":"own agent"}],)"
+                             R"("rank 2":[{"ph":"i","ts":2,"name":"own rank"}],)"
+                             R"("rank 0":[{"ph":"i","ts":3,"name":"forged"}],)"
+                             R"("rank 02":[{"ph":"i","ts":3,"name":"forged"}],)"
+                             R"("agent 127.0.0.2":[{"ph":"i","ts":3,"name":"forged"}]}})";
+  const std::string ranges = R"({"node":"agent 127.0.0.4","clock":{"offset_us":9223372036854775807,"bound_us":1},)"
+                             R"("dropped_events":18446744073709551615,"skipped_lines":-1,)"
+                             R"("tracks":{"rank 3":[{"ph":"i","ts":9223372036854775807},)"
+                             R"({"ph":"X","ts":4,"dur":-1},{"ph":"i","ts":4,"tid":1.5},)"
+                             R"({"ph":1,"ts":4},{"ph":"i","ts":5,"name":"kept"}]}})";
+  const std::string out = dir.path() + "/t.json";
+  const auto r = mergeTimeline(
+      {.partsDir = a, .output = out,
+       .bundles = {{.from = "node rank 1", .text = claims, .firstRank = 2, .ranks = 1},
+                   {.from = "node rank 2", .text = ranges, .firstRank = 3, .ranks = 1},
+                   {.from = "node rank 3", .bytes = 99 << 20},
+                   {.from = "node rank 4", .text = std::string(64, 'x'), .firstRank = 4,
+                    .ranks = 1}},
+       .maxBundleBytes = 32});
+  CHECK(r.badBundles == 4);  // every one is over 32 bytes (node rank 3's was not even kept)
+  REQUIRE(r.refused.size() == 4);
+  CHECK_THAT(r.refused[2], Catch::Contains("node rank 3: 103809024 bytes, over the 0 MiB"));
+  const auto r2 = mergeTimeline(
+      {.partsDir = a, .output = out,
+       .bundles = {{.from = "node rank 1", .text = claims, .firstRank = 2, .ranks = 1},
+                   {.from = "node rank 2", .text = ranges, .firstRank = 3, .ranks = 1}}});
+  CHECK(r2.badBundles == 0);
+  CHECK(r2.refusedTracks == 3);  // rank 0, rank 02, the writer's agent
+  const json trace = readJson(out);
+  std::map<std::string, std::vector<std::string>> names;
+  std::map<int64_t, std::string> track;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") track[e["pid"]] = e["args"]["name"];
+  }
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "M") names[track[e["pid"]]].push_back(e.value("name", ""));
+  }
+  CHECK(names["agent 127.0.0.2"] == std::vector<std::string>{"real"});
+  CHECK(names["agent 127.0.0.3"] == std::vector<std::string>{"own agent"});
+  CHECK(names["rank 2"] == std::vector<std::string>{"own rank"});
+  CHECK(names["rank 3"] == std::vector<std::string>{"kept"});
+  CHECK(names.count("rank 0") == 0);
+  const json& other = trace["otherData"];
+  CHECK(other["unaligned_tracks"] == json::array({"rank 3"}));  // its offset was out of range
+  CHECK(other["skipped_lines"] == 4);
+  CHECK(other["other_nodes"][1]["dropped_events"] == 0);
+  CHECK(other["refused"].size() == 4);
 }

@@ -1,0 +1,24 @@
+#pragma once
+// ddprun-bench rendezvous --simulate: see rendezvous_simulate.cpp.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddprun::bench {
+
+struct SimulateOptions {
+  std::vector<int> sizes;
+  std::vector<std::string> protocols = {"log"};  // bench/rendezvous_swarm.h: log, slots
+  uint64_t seed = 1;
+  std::chrono::milliseconds spread{200};
+  std::chrono::milliseconds cap{120'000};  // per phase; larger N are skipped once one fails
+  std::string storeBinary;                  // ddprun-store
+  std::string csv;                          // default bench/results/rendezvous_simulate.csv
+  std::string png;                          // empty: no plot
+  std::string realCsv;                      // rendezvous.csv: real-process points on the plot
+};
+
+int simulate(const SimulateOptions& options);
+
+}  // namespace ddprun::bench

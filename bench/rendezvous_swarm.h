@@ -1,0 +1,88 @@
+#pragma once
+// A swarm of simulated agents: many agents' real rendezvous code (DynamicRendezvous, the
+// state log, the round state machine) in one process, each agent a thread with its own store
+// connections to a real `ddprun-store` process, its round trips and bytes counted
+// (rendezvous/counting_store.h). `ddprun-bench rendezvous --simulate N` uses it to measure
+// how the protocol's cost grows with N, and tests use it to check the protocol's invariants
+// with thousands of agents.
+//
+// An agent here has no heartbeats: a dead agent is evicted by the swarm itself, with the same
+// compare-set (transition::remove) a heartbeat watcher makes, so re-forming is timed from the
+// eviction. No workers run: an agent's part ends when its round closes.
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "rendezvous/counting_store.h"
+#include "rendezvous/dynamic_rendezvous.h"
+
+namespace ddprun::bench {
+
+using rendezvous::Clock;
+using rendezvous::Millis;
+
+// A `ddprun-store` process on 127.0.0.1 and a free port (stopped by the destructor).
+class StoreProcess {
+ public:
+  explicit StoreProcess(const std::string& binary);
+  ~StoreProcess();
+  StoreProcess(const StoreProcess&) = delete;
+  StoreProcess& operator=(const StoreProcess&) = delete;
+  uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  // CPU (user + system) the store has used so far, from /proc/<pid>/stat.
+  double cpuSeconds() const;
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+// Checks what every closed round must give its members: one round number, one membership,
+// node ranks 0..n-1 each once, world size = the sum of nproc, each node's first global rank
+// the prefix sum of the nproc below it, one MASTER_ADDR:PORT (node rank 0's). `rounds` are
+// the members' views; returns "" or the first violation found. `membership`: the round's
+// nodes by rank when the views carry none (the slot join's agents never read the membership);
+// otherwise every view's own list must equal the first's.
+std::string checkRound(const std::vector<rendezvous::RoundInfo>& rounds,
+                       const std::vector<rendezvous::NodeInfo>* membership = nullptr);
+
+// Per-agent cost of one phase: median and max over the agents.
+struct Cost {
+  int64_t medianRoundTrips = 0, maxRoundTrips = 0;
+  int64_t medianBytes = 0, maxBytes = 0;
+};
+Cost costOf(std::vector<rendezvous::StoreTraffic::Snapshot> perAgent);
+
+struct SwarmOptions {
+  int agents = 16;
+  uint64_t seed = 1;
+  Millis spread{200};             // arrivals drawn uniformly from [0, spread)
+  int maxNproc = 4;               // each agent's nproc drawn from 1..maxNproc
+  Millis timeout{120'000};        // join_timeout and read_timeout: a run that takes longer fails
+  // "log": the protocol the agents run (DynamicRendezvous: the state log's compare-sets; two
+  // connections per agent). "slots": the constant-work join of rendezvous/scalable/ (one
+  // connection per agent; the survivors learn of the eviction by a WAIT on r/<r>/over).
+  std::string protocol = "log";
+};
+
+struct SwarmResult {
+  std::optional<double> formSeconds;    // first arrival to the last agent's closed round
+  std::optional<double> reformSeconds;  // the eviction written to the last survivor's round
+  double formStoreCpu = 0, reformStoreCpu = 0;
+  Cost form, reform;
+  std::string error;  // why a phase has no time (a violated invariant, an agent's error)
+};
+
+// N agents form round 1 (--nnodes=N-1:N, closed at MAX), one agent drawn at random is then
+// evicted, the N-1 survivors re-form. Invariants are checked after each round.
+SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& options);
+SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& options);
+
+}  // namespace ddprun::bench

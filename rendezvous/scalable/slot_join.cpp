@@ -1,0 +1,212 @@
+#include "rendezvous/scalable/slot_join.h"
+
+#include <algorithm>
+#include <charconv>
+#include <sstream>
+#include <vector>
+
+#include "base/errors.h"
+
+namespace ddprun::rendezvous::scalable {
+
+namespace {
+
+constexpr int kMaxNproc = 65536;  // as a state's member line (round_state_codec.cpp)
+
+std::vector<std::string_view> words(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && s[i] == ' ') ++i;
+    size_t j = i;
+    while (j < s.size() && s[j] != ' ') ++j;
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+template <typename T>
+bool number(std::string_view w, T& v) {
+  auto r = std::from_chars(w.data(), w.data() + w.size(), v);
+  return r.ec == std::errc() && r.ptr == w.data() + w.size();
+}
+
+bool printable(std::string_view s) {
+  return !s.empty() && s.size() <= 256 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+bool addressChars(std::string_view a) {
+  return !a.empty() && a.size() <= 255 && std::all_of(a.begin(), a.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
+           c == ':' || c == '%' || c == '[' || c == ']';
+  });
+}
+
+[[noreturn]] void forged(const std::string& key, const std::string& value, const char* why) {
+  throw StoreError("rendezvous key '" + key + "' holds '" + value.substr(0, 200) +
+                   "', which is corrupt or forged (" + why + ")");
+}
+
+Millis until(Clock::time_point t) {
+  return std::max(Millis(0), std::chrono::duration_cast<Millis>(t - Clock::now()));
+}
+
+// Waits up to `timeout` for `key`, then returns its value; nullopt when it did not appear
+// (possibly earlier: a wait of at least the connection's timeout is one WAIT_GET of that long,
+// and the caller loops until its own deadline).
+std::optional<std::string> waitGet(Store& store, const std::string& key, Millis timeout) {
+  if (timeout.count() <= 0) {
+    if (!store.check({key})) return std::nullopt;
+    return store.get(key);
+  }
+  if (timeout >= store.timeout()) {
+    try {
+      return store.get(key);
+    } catch (const TimeoutError&) {
+      return std::nullopt;
+    }
+  }
+  try {
+    store.wait({key}, timeout);
+  } catch (const TimeoutError&) {
+    return std::nullopt;
+  }
+  return store.get(key);
+}
+
+// The value of `closed` for a round of `count` (the closer holds slot `mine`): node rank 0's
+// address from slot 1's record (one GET, waiting for it if slot 1's owner has not written it
+// yet), or from `self` when the closer holds slot 1.
+std::string closing(Store& store, int64_t round, const SlotRecord& self, const SlotCount& mine,
+                    const SlotCount& count) {
+  Closed c{.count = count};
+  if (mine.slots == 1) {
+    c.masterAddr = self.addr;
+    c.masterPort = self.masterPort;
+  } else {
+    const std::string first = nodeKey(round, 1);
+    const SlotRecord master = decodeRecord(store.get(first), first);
+    c.masterAddr = master.addr;
+    c.masterPort = master.masterPort;
+  }
+  return encodeClosed(c);
+}
+
+}  // namespace
+
+SlotCount unpackCount(int64_t v, const std::string& key) {
+  if (v < 0) forged(key, std::to_string(v), "a negative count");
+  return {v >> 32, v & (kSlotUnit - 1)};
+}
+
+std::string encodeRecord(const SlotRecord& r) {
+  return r.id + " " + r.addr + " " + std::to_string(r.nproc) + " " + std::to_string(r.masterPort);
+}
+
+SlotRecord decodeRecord(const std::string& text, const std::string& key) {
+  const auto w = words(text);
+  SlotRecord r;
+  if (w.size() != 4) forged(key, text, "not 'id addr nproc master_port'");
+  if (!printable(w[0])) forged(key, text, "the node id");
+  if (!addressChars(w[1])) forged(key, text, "the address");
+  if (!number(w[2], r.nproc) || r.nproc < 1 || r.nproc > kMaxNproc) forged(key, text, "nproc");
+  if (!number(w[3], r.masterPort)) forged(key, text, "the port");
+  r.id = std::string(w[0]);
+  r.addr = std::string(w[1]);
+  return r;
+}
+
+std::string encodeClosed(const Closed& c) {
+  return std::to_string(c.count.slots) + " " + std::to_string(c.count.procs) + " " + c.masterAddr +
+         " " + std::to_string(c.masterPort);
+}
+
+Closed decodeClosed(const std::string& text, const std::string& key, int maxNodes) {
+  const auto w = words(text);
+  Closed c;
+  if (w.size() != 4 || !number(w[0], c.count.slots) || !number(w[1], c.count.procs) ||
+      !number(w[3], c.masterPort))
+    forged(key, text, "not 'nodes processes master_addr master_port'");
+  if (c.count.slots < 1 || c.count.slots > maxNodes) forged(key, text, "a node count outside 1..MAX");
+  if (c.count.procs < c.count.slots || c.count.procs > c.count.slots * kMaxNproc)
+    forged(key, text, "the world size");
+  if (!addressChars(w[2])) forged(key, text, "the master address");
+  c.masterAddr = std::string(w[2]);
+  return c;
+}
+
+std::string countKey(int64_t round) { return "r/" + std::to_string(round) + "/count"; }
+std::string nodeKey(int64_t round, int64_t slot) {
+  return "r/" + std::to_string(round) + "/node/" + std::to_string(slot);
+}
+std::string closedKey(int64_t round) { return "r/" + std::to_string(round) + "/closed"; }
+
+Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions& o) {
+  const auto deadline = Clock::now() + o.timeout;
+  const std::string ck = countKey(o.round), closed = closedKey(o.round);
+  // 1. The slot and the processes up to it, in one atomic step.
+  const SlotCount mine = unpackCount(store.add(ck, kSlotUnit + self.nproc), ck);
+  Assignment a;
+  a.slot = mine.slots;
+  std::string closedText;
+  if (mine.slots <= o.maxNodes) {
+    // 2. The record, write-once: another value there is a forgery.
+    const std::string rec = encodeRecord(self), nk = nodeKey(o.round, mine.slots);
+    const std::string got = store.compareSet(nk, "", rec);
+    if (got != rec) forged(nk, got, "another node's record in this node's slot");
+    // 3. Close the round, or wait for it to close.
+    if (mine.slots == o.target) {
+      closedText = store.compareSet(closed, "", closing(store, o.round, self, mine, mine));
+    } else {
+      const bool lastCall = mine.slots >= o.minNodes;
+      auto wakeAt = lastCall ? std::min(deadline, Clock::now() + o.lastCall) : deadline;
+      for (;;) {
+        if (auto v = waitGet(store, closed, until(wakeAt))) {
+          closedText = *v;
+          break;
+        }
+        if (Clock::now() < wakeAt) continue;  // a slice of a longer wait
+        if (Clock::now() >= deadline) {
+          throw TimeoutError("rendezvous round " + std::to_string(o.round) + " did not close " +
+                             "within the join timeout (this node has slot " +
+                             std::to_string(mine.slots) + ")");
+        }
+        // The last call ran out: close with whoever has a slot now (an ADD of 0 reads both
+        // numbers atomically). At or past target, the target's owner closes: wait for it.
+        const SlotCount now = unpackCount(store.add(ck, 0), ck);
+        if (now.slots >= o.target) {
+          wakeAt = deadline;
+          continue;
+        }
+        closedText = store.compareSet(closed, "", closing(store, o.round, self, mine, now));
+        break;
+      }
+    }
+  } else {
+    // Past MAX: not in this round whatever happens; learn how it closed.
+    for (;;) {
+      if (auto v = waitGet(store, closed, until(deadline))) {
+        closedText = *v;
+        break;
+      }
+      if (Clock::now() >= deadline)
+        throw TimeoutError("rendezvous round " + std::to_string(o.round) + " did not close " +
+                           "within the join timeout");
+    }
+  }
+  const Closed k = decodeClosed(closedText, closed, o.maxNodes);
+  if (mine.slots > k.count.slots) return a;  // too late for this round
+  // 4. The assignment, derived.
+  a.admitted = true;
+  a.nodeRank = static_cast<int>(mine.slots - 1);
+  a.nodeCount = static_cast<int>(k.count.slots);
+  a.rankOffset = static_cast<int>(mine.procs - self.nproc);
+  a.worldSize = static_cast<int>(k.count.procs);
+  a.masterAddr = k.masterAddr;
+  a.masterPort = k.masterPort;
+  return a;
+}
+
+}  // namespace ddprun::rendezvous::scalable

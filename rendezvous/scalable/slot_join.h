@@ -1,0 +1,78 @@
+#pragma once
+// The slot join: joining one rendezvous round with a constant number of store round trips and
+// bytes per agent, whatever the number of nodes (issue 20; docs/rendezvous.md, "A join with
+// constant store work per agent"). A prototype: DynamicRendezvous does not use it yet;
+// `ddprun-bench rendezvous --simulate N --protocol slots` measures it and tests check it.
+//
+// Keys of round r (under the job's prefix):
+//   r/<r>/count       ADD 2^32 + nproc by every joiner: the reply packs its slot (high half)
+//                     and the processes of slots 1..slot (low half)
+//   r/<r>/node/<s>    the record of slot s, written once by its owner
+//   r/<r>/closed      "K P addr port": K node slots, P processes, node rank 0's address; written
+//                     once (compare-set on the missing key) by the owner of slot `target`, or by
+//                     a member whose last call ran out
+// Node rank = slot - 1, first global rank = P(slot) - nproc, world = P: dense, unique and agreed
+// because they derive from one atomic counter. A slot above K is not in the round (too late:
+// the caller queues it for the next round).
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "rendezvous/store.h"
+
+namespace ddprun::rendezvous::scalable {
+
+// The packed counter, and its parser (pure): slot in the high 32 bits, processes in the low.
+inline constexpr int64_t kSlotUnit = int64_t{1} << 32;
+struct SlotCount {
+  int64_t slots = 0;
+  int64_t procs = 0;
+};
+SlotCount unpackCount(int64_t v, const std::string& key);  // StoreError on a negative value
+
+// A slot's record: "id addr nproc master_port". Pure codec; decode throws StoreError naming key.
+struct SlotRecord {
+  std::string id;
+  std::string addr;
+  int nproc = 1;
+  uint16_t masterPort = 0;
+};
+std::string encodeRecord(const SlotRecord& r);
+SlotRecord decodeRecord(const std::string& text, const std::string& key);
+
+// "K P master_addr master_port": the round's node count and world size, and node rank 0's
+// address and port (so that only the closer reads slot 1's record). Validated against maxNodes.
+struct Closed {
+  SlotCount count;
+  std::string masterAddr;
+  uint16_t masterPort = 0;
+};
+std::string encodeClosed(const Closed& c);
+Closed decodeClosed(const std::string& text, const std::string& key, int maxNodes);
+
+std::string countKey(int64_t round);
+std::string nodeKey(int64_t round, int64_t slot);
+std::string closedKey(int64_t round);
+
+struct SlotJoinOptions {
+  int64_t round = 1;
+  int target = 1;    // the slot that closes the round at once: MAX, or the number expected back
+  int minNodes = 1;  // from this slot on, a member's last call may close the round early
+  int maxNodes = 1;
+  Millis lastCall{30'000};  // after which a member with slot >= minNodes closes the round
+  Millis timeout{600'000};  // join_timeout: TimeoutError after it
+};
+
+struct Assignment {
+  bool admitted = false;  // false: too late for this round (slot above K)
+  int64_t slot = 0;
+  int nodeRank = -1, nodeCount = 0, rankOffset = 0, worldSize = 0;
+  std::string masterAddr;
+  uint16_t masterPort = 0;
+};
+
+// Joins round `o.round` as `self` and waits until it closes: 3 round trips (ADD, the record,
+// the WAIT_GET of `closed`); the closer reads slot 1's record instead of waiting.
+Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions& o);
+
+}  // namespace ddprun::rendezvous::scalable
