@@ -106,17 +106,35 @@ std::string KeyTable::compareSet(const std::string& key, const std::string& expe
   return it->second;
 }
 
+namespace {
+
+bool allDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Removes `word` from the front of `s`; false (and `s` unchanged) when it is not there.
+bool take(std::string_view& s, std::string_view word) {
+  if (s.substr(0, word.size()) != word) return false;
+  s.remove_prefix(word.size());
+  return true;
+}
+
+}  // namespace
+
 bool KeyTable::writeOnce(std::string_view key) {
-  constexpr std::string_view kPrefix = "ddprun/rdzv/", kState = "/state/";
-  if (key.substr(0, kPrefix.size()) != kPrefix) return false;
-  key.remove_prefix(kPrefix.size());
+  if (!take(key, "ddprun/rdzv/")) return false;
   const size_t slash = key.find('/');  // a run id has no '/' (DynamicRendezvous checks it)
   if (slash == 0 || slash == std::string_view::npos) return false;
   key.remove_prefix(slash);
-  if (key.substr(0, kState.size()) != kState) return false;
-  key.remove_prefix(kState.size());
-  return !key.empty() && std::all_of(key.begin(), key.end(),
-                                     [](char c) { return c >= '0' && c <= '9'; });
+  if (take(key, "/state/")) return allDigits(key);
+  // The slot join (rendezvous/scalable/slot_join.h): r/<r>/node/<s>, r/<r>/closed, r/<r>/over.
+  // r/<r>/count is a counter (ADD), not write-once.
+  if (!take(key, "/r/")) return false;
+  const size_t end = key.find('/');
+  if (end == std::string_view::npos || !allDigits(key.substr(0, end))) return false;
+  key.remove_prefix(end);
+  if (take(key, "/node/")) return allDigits(key);
+  return key == "/closed" || key == "/over";
 }
 
 void KeyTable::append(const std::string& key, const std::string& value, Woken& woken) {

@@ -43,7 +43,9 @@ class KeyTable {
   bool check(const std::vector<std::string>& keys) const;
 
   // The write-once namespace: the versions of a job's rendezvous state, keys
-  // `ddprun/rdzv/<run id>/state/<n>` (state_log.h). Agents write a version once, by
+  // `ddprun/rdzv/<run id>/state/<n>` (state_log.h), and the slot join's records and round
+  // keys `ddprun/rdzv/<run id>/r/<r>/node/<s>`, `.../r/<r>/closed`, `.../r/<r>/over`
+  // (scalable/slot_join.h; its counter `r/<r>/count` is not). Agents write a version once, by
   // COMPARE_SET on the missing key, and never change or delete it; so the server refuses to:
   // an existing version keeps its value whatever a client sends (COMPARE_SET returns it
   // unchanged; SET, APPEND, ADD, MULTI_SET and DELETE_KEY are refused by the server, which

@@ -1,6 +1,7 @@
 #include "launcher/timeline/summary.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -52,6 +53,38 @@ std::string describeAgentEvent(const json& e) {
   return "";
 }
 
+// Why `e` cannot be summarised ("" when it can): every field the summary reads must have the
+// type it expects, so that a trace edited by hand or written by another tool is skipped event
+// by event, each named, instead of failing the whole summary on a type error.
+std::string malformed(const json& e) {
+  if (!e.is_object()) return "not an object";
+  auto wrong = [&](const json& o, const char* key, bool (json::*isType)() const) {
+    return o.contains(key) && !(o[key].*isType)();
+  };
+  for (const char* k : {"ph", "name", "cat"}) {
+    if (wrong(e, k, &json::is_string)) return std::string("'") + k + "' is not a string";
+  }
+  if (wrong(e, "pid", &json::is_number_integer)) return "'pid' is not an integer";
+  // Times may be fractional (the format allows it); beyond 2^53 us they are not times.
+  for (const char* k : {"ts", "dur"}) {
+    if (!e.contains(k)) continue;
+    if (!e[k].is_number()) return std::string("'") + k + "' is not a number";
+    const double v = e[k].get<double>();
+    if (!(std::fabs(v) <= 9007199254740992.0)) return std::string("'") + k + "' is out of range";
+  }
+  if (e.contains("dur") && e["dur"].get<double>() < 0) return "'dur' is negative";
+  if (wrong(e, "args", &json::is_object)) return "'args' is not an object";
+  if (e.contains("args")) {
+    for (const char* k : {"step", "seq", "failed"}) {
+      if (wrong(e["args"], k, &json::is_number_integer)) {
+        return std::string("args '") + k + "' is not an integer";
+      }
+    }
+    if (wrong(e["args"], "name", &json::is_string)) return "args 'name' is not a string";
+  }
+  return "";
+}
+
 }  // namespace
 
 Summary summarize(const json& trace) {
@@ -79,7 +112,12 @@ Summary summarize(const json& trace) {
     names("unaligned_tracks", s.unalignedTracks);
   }
   std::map<int64_t, std::string> trackOf;  // trace pid -> track name
-  for (const auto& e : *events) {
+  for (size_t i = 0; i < events->size(); ++i) {
+    const json& e = (*events)[i];
+    if (const std::string why = malformed(e); !why.empty()) {
+      if (s.malformedEvents++ == 0) s.firstMalformed = "event " + std::to_string(i) + ": " + why;
+      continue;
+    }
     if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") {
       trackOf[e.value("pid", int64_t{0})] = e["args"].value("name", "");
     }
@@ -90,8 +128,9 @@ Summary summarize(const json& trace) {
   int64_t first = std::numeric_limits<int64_t>::max(), last = std::numeric_limits<int64_t>::min();
   std::vector<std::pair<int64_t, JobEvent>> jobEvents;
   for (const auto& e : *events) {
+    if (!malformed(e).empty()) continue;  // counted above
     const std::string ph = e.value("ph", "");
-    if (ph == "M" || !e.contains("ts") || !e["ts"].is_number()) continue;
+    if (ph == "M" || !e.contains("ts")) continue;
     ++s.events;
     const int64_t ts = e["ts"].get<int64_t>();
     const int64_t dur = e.value("dur", int64_t{0});
@@ -195,6 +234,10 @@ std::string formatSummary(const Summary& s) {
     out += "clock: not aligned (no offset measured): " + list(s.unalignedTracks) + "\n";
   }
   if (!s.missingNodes.empty()) out += "missing (sent no events): " + list(s.missingNodes) + "\n";
+  if (s.malformedEvents > 0) {
+    out += "skipped " + std::to_string(s.malformedEvents) + " malformed event(s), the first " +
+           s.firstMalformed + "\n";
+  }
   std::snprintf(buf, sizeof(buf), "%-6s %7s %10s %10s %10s %10s %10s  %s\n", "rank", "steps",
                 "step s", "compute s", "comm s", "waiting s", "caused s", "slowest step");
   out += buf;
@@ -251,7 +294,8 @@ nlohmann::json summaryJson(const Summary& s) {
           {"straggler", s.straggler < 0 ? json(nullptr) : json(s.straggler)},
           {"compared_collectives", s.comparedCollectives},
           {"clock_offset_bound_us", s.clockBoundUs}, {"nodes_missing", s.missingNodes},
-          {"unaligned_tracks", s.unalignedTracks}};
+          {"unaligned_tracks", s.unalignedTracks}, {"malformed_events", s.malformedEvents},
+          {"first_malformed", s.firstMalformed}};
 }
 
 }  // namespace ddprun::launcher::timeline

@@ -55,6 +55,10 @@ struct Summary {
   int64_t clockBoundUs = 0;
   std::vector<std::string> missingNodes;
   std::vector<std::string> unalignedTracks;
+  // Events skipped because a field the summary reads has the wrong type, and the first one
+  // ("event 12: args 'seq' is not an integer").
+  size_t malformedEvents = 0;
+  std::string firstMalformed;
 };
 
 // Throws ddprun::Error when `trace` is not a trace of this format.

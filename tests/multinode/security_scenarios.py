@@ -519,13 +519,16 @@ def forged_timeline_bundles(t):
 
     def job(tag, code, payloads, worker_b):
         trace = os.path.join(t.dir, tag + ".json")
+        # Workers go on (finish, fail) only once the forgeries are stored: under load a worker
+        # could otherwise end, and b ship its real bundle, before the attacker has written.
+        gate = os.path.join(t.dir, tag + ".forged")
         port = free_port("127.0.0.2")
         nodes = []
         for rank, name in enumerate("abcdef"):
             rdzv = ["--rdzv-backend=static", "--node-rank=%d" % rank, "--master-addr=127.0.0.2",
                     "--master-port=%d" % port, "--rdzv-id=" + tag]
             extra = ["--max-restarts=0"] + (["--timeline=" + trace] if rank < 2 else [])
-            args = worker_b if rank == 1 else ["--run", "3"]
+            args = ["--start-gate", gate] + (worker_b if rank == 1 else ["--run", "3"])
             nodes.append(t.agent(tag + name, "127.0.0.%d" % (rank + 2), "6", tag, args,
                                  conf=FAST_CONF, extra=extra, rdzv=rdzv))
         # The attacker: a client of the rendezvous store, as soon as a hosts it.
@@ -544,6 +547,7 @@ def forged_timeline_bundles(t):
             client.set(key % k, value)
         check(all(client.exists(key % k) for k in payloads) and
               client.get(key % 5) == payloads[5], "the forgeries are stored")
+        open(gate, "w").close()
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         got = nodes[0].wait(90)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

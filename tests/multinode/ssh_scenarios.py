@@ -202,8 +202,11 @@ def environment(t, hosts):
     deadline = time.time() + 30
     while n.proc.poll() is None and time.time() < deadline:
         for p in pids_with("--rdzv-id=" + run_id):
-            with open("/proc/%d/cmdline" % p, "rb") as f:
-                seen.append(f.read().decode(errors="replace"))
+            try:  # it may have exited since pids_with() saw it
+                with open("/proc/%d/cmdline" % p, "rb") as f:
+                    seen.append(f.read().decode(errors="replace"))
+            except OSError:
+                continue
         time.sleep(0.05)
     rc = n.wait(30)
     check(rc == 0, "exit code %s" % rc)

@@ -78,6 +78,7 @@ def main():
     p.add_argument("--run", type=float, default=0.0)
     p.add_argument("--exit-when")
     p.add_argument("--fatal", nargs=2, type=int)
+    p.add_argument("--start-gate", help="after the barrier, wait until this file exists")
     a = p.parse_args()
     started = time.time()
     env = {k: os.environ.get(k, "") for k in (
@@ -100,6 +101,8 @@ def main():
         json.dump(record, f)
     os.rename(path + ".tmp", path)
     print("worker rank %d of %d started (node rank %d)" % (rank, world, group), flush=True)
+    while a.start_gate and not os.path.exists(a.start_gate):  # the test is ready for what follows
+        time.sleep(0.01)
 
     if local == 0 and a.fatal and group == a.fatal[0]:
         record = {"message": {"message": "IncompatibleCheckpoint: checkpoint ckpt-7 does not fit",

@@ -379,6 +379,44 @@ TEST_CASE("written rendezvous state versions are write-once", "[server][writeonc
   CHECK(s.deleteKey("ddprun/rdzv/job/latest"));
 }
 
+TEST_CASE("the slot join's records and round keys are write-once, its counter is not",
+          "[server][writeonce]") {
+  using rendezvous::KeyTable;
+  CHECK(KeyTable::writeOnce("ddprun/rdzv/job/r/3/node/17"));
+  CHECK(KeyTable::writeOnce("ddprun/rdzv/job/r/3/closed"));
+  CHECK(KeyTable::writeOnce("ddprun/rdzv/job/r/3/over"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/3/count"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/x/closed"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/3/node/"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/3/node/1a"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/3/closed/x"));
+  CHECK_FALSE(KeyTable::writeOnce("r/3/closed"));
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const TcpStoreOptions o{.host = "127.0.0.1", .port = server.port(), .timeout = Millis(5'000)};
+  TcpStore s(o);
+  const std::string closed = "ddprun/rdzv/job/r/3/closed", node = "ddprun/rdzv/job/r/3/node/1";
+  CHECK(s.compareSet(closed, "", "4 9 127.0.0.2 29500") == "4 9 127.0.0.2 29500");
+  CHECK(s.compareSet(closed, "4 9 127.0.0.2 29500", "1 1 evil 1") == "4 9 127.0.0.2 29500");
+  CHECK(s.compareSet(node, "", "a 127.0.0.2 2 29500") == "a 127.0.0.2 2 29500");
+  for (const auto& key : {closed, node}) {
+    TcpStore a(o);
+    bool refused = false;
+    try {
+      a.set(key, "1 1 evil 1");
+      a.ping();
+    } catch (const ddprun::Error&) {
+      refused = true;
+    }
+    CHECK(refused);
+    TcpStore d(o);
+    CHECK_THROWS_AS(d.deleteKey(key), ddprun::Error);
+  }
+  CHECK(s.get(closed) == "4 9 127.0.0.2 29500");
+  CHECK(s.get(node) == "a 127.0.0.2 2 29500");
+  CHECK(s.add("ddprun/rdzv/job/r/3/count", 5) == 5);  // the counter stays a counter
+  CHECK(s.add("ddprun/rdzv/job/r/3/count", 1) == 6);
+}
+
 TEST_CASE("connect retries until the server appears, and gives up naming the address", "[server]") {
   // Find a free port, then start the server on it a little later.
   uint16_t port;

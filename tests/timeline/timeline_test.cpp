@@ -196,6 +196,49 @@ TEST_CASE("the summary names the rank the others wait for", "[timeline]") {
   CHECK_THROWS_WITH(summarize(json{{"x", 1}}), Catch::Contains("no traceEvents"));
 }
 
+TEST_CASE("the summary skips events with mistyped fields, naming the first", "[timeline]") {
+  // A trace edited by hand or written by another tool: each bad event is skipped and counted;
+  // the good ones are still summarised (before, one mistyped 'seq' failed the whole summary).
+  json ev = json::array();
+  for (int pid = 1; pid <= 2; ++pid) {
+    ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
+                  {"args", {{"name", "rank " + std::to_string(pid - 1)}}}});
+  }
+  for (int seq = 0; seq < 3; ++seq) {
+    for (int rank = 0; rank < 2; ++rank) {
+      ev.push_back({{"name", "allreduce"}, {"cat", "collective"}, {"ph", "X"},
+                    {"ts", seq * 10000 + (rank == 1 ? 3000 : 0)}, {"dur", 4000},
+                    {"pid", rank + 1}, {"tid", 1}, {"args", {{"seq", seq}, {"group", "g"}}}});
+    }
+  }
+  const size_t good = ev.size();
+  ev.push_back({{"name", "allreduce"}, {"cat", "collective"}, {"ph", "X"}, {"ts", 5},
+                {"dur", 1}, {"pid", 1}, {"args", {{"seq", "x"}, {"group", "g"}}}});
+  ev.push_back({{"name", "step"}, {"cat", "trainer"}, {"ph", "X"}, {"ts", 1e300}, {"pid", 1}});
+  ev.push_back({{"name", 7}, {"ph", "X"}, {"ts", 1}, {"pid", 1}});
+  ev.push_back({{"name", "x"}, {"ph", "X"}, {"ts", 1}, {"pid", "one"}});
+  ev.push_back({{"name", "x"}, {"ph", "X"}, {"ts", 1}, {"dur", -5}, {"pid", 1}});
+  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 3}, {"args", "rank 9"}});
+  ev.push_back("not an event");
+  const auto s = summarize(json{{"traceEvents", ev}});
+  CHECK(s.malformedEvents == 7);
+  CHECK(s.firstMalformed == "event " + std::to_string(good) + ": args 'seq' is not an integer");
+  REQUIRE(s.ranks.size() == 2);
+  CHECK(s.comparedCollectives == 3);
+  CHECK(s.straggler == 1);
+  CHECK_THAT(formatSummary(s), Catch::Contains("skipped 7 malformed event(s), the first event " +
+                                               std::to_string(good) + ": args 'seq'"));
+  CHECK(summaryJson(s)["malformed_events"] == 7);
+  // Fractional times are valid in the format and are summarised.
+  json frac = json::array({{{"name", "process_name"}, {"ph", "M"}, {"pid", 1},
+                            {"args", {{"name", "rank 0"}}}},
+                           {{"name", "step"}, {"cat", "trainer"}, {"ph", "X"}, {"ts", 10.5},
+                            {"dur", 2.25}, {"pid", 1}}});
+  const auto f = summarize(json{{"traceEvents", frac}});
+  CHECK(f.malformedEvents == 0);
+  CHECK(f.ranks.at(0).steps == 1);
+}
+
 TEST_CASE("the clock offset is the minimum-round-trip sample's, its bound half that trip",
           "[timeline]") {
   using ddprun::rendezvous::ClockSample;
