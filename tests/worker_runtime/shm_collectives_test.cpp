@@ -125,7 +125,7 @@ TEST_CASE("shm allreduce equals the reference bit for bit on every rank for ever
 }
 
 TEST_CASE("shm allreduce in lent memory is reduced in place, with the reference's bits on every "
-          "rank; tensors elsewhere or at other offsets are copied through the segment", "[shm]") {
+          "rank, and tensors elsewhere or at other offsets are copied through the segment", "[shm]") {
   const std::string prefix = uniquePrefix();
   for (int P : {2, 3, 4}) {
     auto comms = makeGroup(P, {.slotBytes = 4096, .directMaxBytes = 1024, .namePrefix = prefix});
