@@ -421,7 +421,9 @@ void Agent::Impl::onHandlerDecision(const JobDecision& d) {
                                    << "; stopping what is left of its workers";
       break;
     case JobDecision::Kind::Failed:
-      DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: " << d.reason;
+      // A lost store has been reported in a line of its own (with its address and why).
+      DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: "
+                                    << (d.storeLost ? "the rendezvous store is lost" : d.reason);
       break;
   }
   pending_ = d;
