@@ -421,9 +421,7 @@ void Agent::Impl::onHandlerDecision(const JobDecision& d) {
                                    << "; stopping what is left of its workers";
       break;
     case JobDecision::Kind::Failed:
-      // A lost store has been reported in a line of its own (with its address and why).
-      DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: "
-                                    << (d.storeLost ? "the rendezvous store is lost" : d.reason);
+      DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: " << d.reason;
       break;
   }
   pending_ = d;
