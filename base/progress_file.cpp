@@ -8,16 +8,19 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <system_error>
+#include <thread>
 
 #include "base/errors.h"
 #include "base/log.h"
 
 namespace ddprun::progress {
 
-void createProgressFile(const std::string& path) {
+void createProgressFile(const std::string& path, uint32_t heartbeatPeriodMs) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error("progress file " + path + ": " + std::strerror(errno));
-  uint64_t words[kProgressFileSize / 8] = {kProgressMagic, 0, 0, 0};
+  uint64_t words[kProgressFileSize / 8] = {kProgressMagic, 0, 0, heartbeatPeriodMs};
   const ssize_t n = ::write(fd, words, sizeof words);
   const int err = errno;
   ::close(fd);
@@ -30,7 +33,8 @@ std::optional<ProgressSample> readProgressFile(int fd) {
   uint64_t words[kProgressFileSize / 8] = {};
   if (::pread(fd, words, sizeof words, 0) != static_cast<ssize_t>(sizeof words)) return {};
   if (words[0] != kProgressMagic) return {};
-  return ProgressSample{.steps = words[1], .waiting = words[2]};
+  return ProgressSample{.steps = words[1], .waiting = words[2],
+                        .heartbeats = words[3] / kHeartbeatBeat};
 }
 
 ProgressWriter& ProgressWriter::instance() {
@@ -70,7 +74,35 @@ ProgressWriter::ProgressWriter(const std::string& path) {
 }
 
 ProgressWriter::~ProgressWriter() {
-  if (words_) ::munmap(words_, kProgressFileSize);
+  // A heartbeat thread uses the mapping until the process ends: it stays mapped then.
+  if (words_ && !beating_.load()) ::munmap(words_, kProgressFileSize);
+}
+
+uint32_t ProgressWriter::startHeartbeat() {
+  if (!words_) return 0;
+  const auto periodMs =
+      static_cast<uint32_t>(__atomic_load_n(&words_[3], __ATOMIC_RELAXED) & kHeartbeatPeriodMask);
+  if (periodMs == 0) return 0;
+  if (beating_.exchange(true)) return periodMs;
+  uint64_t* word = &words_[3];
+  try {
+    // The first beat announces the heartbeat: the agent watches it from then on.
+    std::thread([word, periodMs] {
+      const timespec period{static_cast<time_t>(periodMs / 1000),
+                            static_cast<long>(periodMs % 1000) * 1'000'000L};
+      for (;;) {
+        __atomic_fetch_add(word, kHeartbeatBeat, __ATOMIC_RELAXED);
+        ::nanosleep(&period, nullptr);
+      }
+    }).detach();
+  } catch (const std::system_error& e) {
+    // No thread (out of resources): nothing announced, so the worker is not watched for freezes.
+    beating_ = false;
+    DDPRUN_LOG(WARN, "runtime") << "no heartbeat thread (" << e.what()
+                                << "): ddprun cannot tell this worker frozen from slow";
+    return 0;
+  }
+  return periodMs;
 }
 
 void ProgressWriter::step() {

@@ -10,9 +10,17 @@
 //    0  u64 magic     kProgressMagic, written by the agent
 //    8  u64 steps     units of progress so far (an optimizer step, an evaluation batch)
 //   16  u64 waiting   collectives the worker is blocked in now (waiting for its peers)
-//   24  u64 reserved  0
-// A worker started without DDPRUN_PROGRESS_FILE (another launcher, --stall-warning=0), or whose
+//   24  u64 heartbeat bits 0-31: the heartbeat period the agent asks for, in ms (0: none),
+//                     written by the agent; bits 32-63: the beats of the worker's heartbeat
+//                     thread so far (0: it has none, yet or at all)
+// Steps say that the training moves; heartbeats only that the process is scheduled: a thread
+// of its own beats every period, through a long step, a slow data load or a long collective,
+// and stops when the whole process stops (SIGSTOP, a frozen cgroup, a debugger, a machine too
+// loaded to schedule it). The agent's --stall-warning watches the steps and only warns; its
+// --peer-timeout watches the heartbeats and kills a worker that stops beating.
+// A worker started without DDPRUN_PROGRESS_FILE (another launcher, both watches off), or whose
 // file is missing or not of this layout, reports nothing; progress reporting never fails.
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,14 +31,19 @@ constexpr uint64_t kProgressMagic = 0x314752504e555244ULL;  // the bytes "DRUNPR
 constexpr size_t kProgressFileSize = 32;
 constexpr const char* kProgressFileEnv = "DDPRUN_PROGRESS_FILE";
 
+constexpr uint64_t kHeartbeatPeriodMask = 0xffffffffULL;  // word 3: the period...
+constexpr uint64_t kHeartbeatBeat = uint64_t{1} << 32;      // ...and one beat
+
 struct ProgressSample {
   uint64_t steps = 0;
   uint64_t waiting = 0;
+  uint64_t heartbeats = 0;  // beats so far (0: the worker has no heartbeat, yet or at all)
 };
 
-// Agent side: creates (or truncates) `path` with the magic and zero counters. Throws
-// ddprun::Error naming the path when it cannot.
-void createProgressFile(const std::string& path);
+// Agent side: creates (or truncates) `path` with the magic, zero counters and the heartbeat
+// period the worker should beat at (0: none). Throws ddprun::Error naming the path when it
+// cannot.
+void createProgressFile(const std::string& path, uint32_t heartbeatPeriodMs = 0);
 // Agent side: the counters of an open progress file, or nullopt when it is not one (short,
 // wrong magic, unreadable). Never blocks on the worker.
 std::optional<ProgressSample> readProgressFile(int fd);
@@ -50,8 +63,15 @@ class ProgressWriter {
   void step();          // one more unit of progress
   void enterWait();     // blocked in a collective from now on...
   void leaveWait();     // ...until this
+  // Starts the heartbeat thread at the period the agent wrote in the file; idempotent, a no-op
+  // when the agent asked for none (or there is no file). The thread is detached and lives until
+  // the process ends (it only sleeps and bumps the word; the mapping then is never unmapped),
+  // so nothing at exit waits for it, and a child forked later has none (it is not the worker).
+  // Returns the period in ms (0: no heartbeat).
+  uint32_t startHeartbeat();
 
  private:
+  std::atomic<bool> beating_{false};
   uint64_t* words_ = nullptr;  // the mapping: magic, steps, waiting, reserved
 };
 
