@@ -1,6 +1,7 @@
 #include "rendezvous/heartbeat.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "base/errors.h"
 #include "base/log.h"
@@ -26,6 +27,7 @@ HeartbeatWriter::HeartbeatWriter(ConnectFn connect, Store& first, std::string id
     : connect_(std::move(connect)), id_(std::move(id)), options_(options),
       onError_(std::move(onError)) {
   beat(first);
+  lastAnswer_ = Clock::now();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -54,11 +56,37 @@ void HeartbeatWriter::run() {
   int failures = 0;
   while (!cv_.wait_for(lock, options_.interval, [&] { return stopping_; })) {
     lock.unlock();
+    // What is left of the keep-alive bound since the store's last answer bounds every call of
+    // this beat (a reconnect included); at least one interval: after a pause of this agent
+    // the last answer is old through no fault of the store.
+    const auto left =
+        std::chrono::duration_cast<Millis>(lastAnswer_ + options_.timeout() - Clock::now());
+    conn_.store->setTimeout(std::max(left, options_.interval));
     try {
       beat(*conn_.store);
+      lastAnswer_ = Clock::now();
       failures = 0;
     } catch (const Error& e) {
-      // One retry (the next call reconnects, bounded by the store's timeout), then give up.
+      const auto silent = Clock::now() - lastAnswer_;
+      if (silent >= options_.timeout()) {
+        // Unanswered for the keep-alive bound: a node this silent would be evicted; the store
+        // has stopped answering (a refused or reset connection fails sooner, below).
+        char what[256];
+        std::snprintf(what, sizeof what,
+                      "it stopped answering: no reply to this node's heartbeat for %.1f s (the "
+                      "keep-alive bound is %.1f s: heartbeat %.3g s x missed_heartbeats %d)",
+                      std::chrono::duration<double>(silent).count(),
+                      std::chrono::duration<double>(options_.timeout()).count(),
+                      std::chrono::duration<double>(options_.interval).count(),
+                      options_.missedBeats);
+        DDPRUN_LOG(DEBUG, "rendezvous") << "heartbeat: " << e.what();
+        lock.lock();
+        const bool report = !stopping_;
+        lock.unlock();
+        if (report) onError_(std::make_exception_ptr(NetworkError(what)));
+        return;
+      }
+      // One retry (the next call reconnects, bounded as above), then give up.
       if (++failures >= 2) {
         lock.lock();
         const bool report = !stopping_;

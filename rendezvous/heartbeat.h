@@ -13,7 +13,14 @@
 // (a long pause) sees the new round without it and joins again.
 //
 // Both run on threads of their own, each with its own store connection; failures of the
-// store are handed to `onError` (never thrown on the thread). HeartbeatRing puts the two
+// store are handed to `onError` (never thrown on the thread).
+//
+// A store that stops answering (its process SIGSTOPped or hung: the kernel still accepts
+// connections for it, nothing replies) is found by the writer within the keep-alive bound,
+// interval x missedBeats, counted from the store's last answer: every call of a beat is bounded
+// by what is left of it (at least one interval, so that a pause of this agent is not taken for
+// the store's). onError then gets a NetworkError saying that the store stopped answering and
+// for how long, which is what every agent of the job reports. HeartbeatRing puts the two
 // together as the Liveness of the TCP store backend (liveness.h).
 #include <atomic>
 #include <condition_variable>
@@ -62,6 +69,7 @@ class HeartbeatWriter {
   HeartbeatOptions options_;
   ErrorFn onError_;
   int64_t last_ = 0;
+  Clock::time_point lastAnswer_;  // when the store last answered a beat (writer thread)
   std::mutex mu_;  // guards stopping_ and conn_
   std::condition_variable cv_;
   bool stopping_ = false;

@@ -47,6 +47,10 @@ void PrefixStore::multiSet(const std::vector<std::string>& keys,
                            const std::vector<std::string>& values) {
   inner_->multiSet(join(keys), values);
 }
+void PrefixStore::setTimeout(Millis t) {
+  Store::setTimeout(t);
+  inner_->setTimeout(t);
+}
 void PrefixStore::append(const std::string& key, const std::string& value) {
   inner_->append(join(key), value);
 }

@@ -27,6 +27,8 @@ class PrefixStore final : public Store {
   void multiSet(const std::vector<std::string>& keys,
                 const std::vector<std::string>& values) override;
   void append(const std::string& key, const std::string& value) override;
+  // Sets the inner store's per-call timeout too (it applies it).
+  void setTimeout(Millis t) override;
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& inner() const { return inner_; }

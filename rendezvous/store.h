@@ -53,7 +53,8 @@ class Store {
   virtual void append(const std::string& key, const std::string& value) = 0;
 
   Millis timeout() const { return timeout_; }
-  void setTimeout(Millis t) { timeout_ = t; }
+  // Virtual: a store that wraps another (PrefixStore) passes it on.
+  virtual void setTimeout(Millis t) { timeout_ = t; }
 
  protected:
   explicit Store(Millis timeout) : timeout_(timeout) {}

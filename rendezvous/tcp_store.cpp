@@ -159,9 +159,18 @@ void TcpStore::handshake() {
     if (authRequired) authenticate(c, challenge);
   } catch (const IoFailure& f) {
     conn_.reset();
+    if (f.timeout && connectedOnce_) {
+      // It answered this client before: the kernel still accepts connections for it (its
+      // listen backlog), but nothing replies. Stopped (SIGSTOP), hung, or its machine is.
+      throw TimeoutError("the store at " + address_ + " stopped answering: it accepted a new "
+                         "connection but did not reply to the handshake within " +
+                         std::to_string(std::min(timeout(), kHandshakeTimeout).count()) +
+                         " ms (it answered before; is its process stopped or hung?)");
+    }
     // A store past its connection limit, or out of descriptors, accepts and closes at once.
     const std::string hint =
-        f.timeout ? (ddprun ? ": is it a ddprun-store?" : "")
+        f.timeout ? (ddprun ? ": is it a ddprun-store, and is its process running (not stopped)?"
+                            : "")
                   : ": the store may be at its connection or descriptor limit (max_connections, "
                     "ulimit -n; see its log)" + std::string(ddprun ? ", or it is not a ddprun-store" : "");
     throw StoreError("the server at " + address_ + " did not complete the " +

@@ -1,6 +1,7 @@
 """Multi-node scenarios: several real ddprun agents on one machine, each a "node" with its own
 loopback address (127.0.0.2, 127.0.0.3, ...). Usage: scenarios.py NAME (exit 0 / 1 / 77)."""
 import json
+import re
 import os
 import signal
 import socket
@@ -304,6 +305,63 @@ def store_host_lost(t):
     check(not any(pid_alive(p) for p in workers), "node b's workers are gone")
 
 
+def stopped_answering(t, node, endpoint):
+    """Checks that `node` failed naming `endpoint` as a store that stopped answering, with the
+    silence it measured (at least the keep-alive bound of FAST_CONF: 0.3 s x 3)."""
+    err = node.stderr()
+    m = re.search(r"lost the rendezvous store at %s: it stopped answering: no reply to this "
+                  r"node's heartbeat for ([0-9.]+) s \(the keep-alive bound is 0.9 s" %
+                  re.escape(endpoint), err)
+    check(m, "%s says the store at %s stopped answering: %s" % (node.name, endpoint, err[-600:]))
+    check(float(m.group(1)) >= 0.9, "%s measured %s s of silence, at least the bound" %
+          (node.name, m.group(1)))
+    check("is it a ddprun-store" not in err, "%s does not doubt what the store is" % node.name)
+    check(err.count("stopped answering") == 1, "%s says it once" % node.name)
+
+
+def store_host_frozen(t):
+    """The agent hosting the store (and the agent store) is stopped (SIGSTOP): the other agent
+    reports the store stopped answering, naming its address, within the keep-alive bound (it
+    measures the silence), fails and stops its workers."""
+    a = t.agent("a", "127.0.0.2", "2", "frozen", ["--finish-at-world", "99"])
+    b = t.agent("b", "127.0.0.3", "2", "frozen", ["--finish-at-world", "99"])
+    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    workers = [r["pid"] for r in t.starts(node="b")]
+    frozen = time.time()
+    a.signal(signal.SIGSTOP)
+    try:
+        code = b.wait(60)
+        print("node b failed %.2f s after the store host was stopped (keep-alive bound 0.9 s)"
+              % (time.time() - frozen))
+    finally:
+        a.signal(signal.SIGKILL)  # SIGKILL ends a stopped process too
+    check(code == 1, "node b fails with exit code 1 (got %s)" % code)
+    stopped_answering(t, b, t.endpoint())
+    t.wait_for("node b's workers gone", lambda: not any(pid_alive(p) for p in workers), 10)
+
+
+def store_frozen(t):
+    """A standalone ddprun-store is stopped (SIGSTOP): every agent of the job reports it, by its
+    address, as a store that stopped answering."""
+    port = free_port("127.0.0.1")
+    store = subprocess.Popen([os.path.join(BIN, "ddprun-store"), "--host", "127.0.0.1",
+                              "--port", str(port)], stdout=subprocess.PIPE)
+    try:
+        store.stdout.readline()  # "ddprun-store listening on ..."
+        ep = "127.0.0.1:%d" % port
+        nodes = [t.agent(name, addr, "2", "frozenstore", ["--finish-at-world", "99"], endpoint=ep)
+                 for name, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))]
+        t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+        store.send_signal(signal.SIGSTOP)
+        for n in nodes:
+            check(n.wait(60) == 1, "node %s exit code %s" % (n.name, n.proc.returncode))
+    finally:
+        store.kill()
+        store.wait()
+    for n in nodes:
+        stopped_answering(t, n, ep)
+
+
 def sigterm_leave(t):
     """SIGTERM to one agent: that node leaves cleanly; the others re-form without it."""
     gate = os.path.join(t.dir, "gate")  # an early round of 2 (MIN=1) must not end the job
@@ -574,7 +632,8 @@ def cancel_and_check_trace(t, nodes, trace):
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
-    wrong_store, store_host_lost, sigterm_leave, static_backend, torch_gloo_elastic,
+    wrong_store, store_host_lost, store_host_frozen, store_frozen, sigterm_leave,
+    static_backend, torch_gloo_elastic,
     netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed,
     timeline_sigterm, timeline_sigterm_writer_only)}
 
