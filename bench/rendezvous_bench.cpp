@@ -308,10 +308,11 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--cap", capS, "--simulate: seconds a phase may take; larger N are skipped after");
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
   app.add_option("--protocol", sim.protocols,
-                 "--simulate: log (the agents' protocol today), slots (the constant-work join of "
-                 "rendezvous/scalable/), or both: log,slots")
+                 "--simulate: agents (DynamicRendezvous as the agents run it: slots form "
+                 "rounds, the state log keeps the rest), log (the state-log join it replaced), "
+                 "slots (the stand-alone join of rendezvous/scalable/), or several: log,agents")
       ->delimiter(',')
-      ->check(CLI::IsMember({"log", "slots"}));
+      ->check(CLI::IsMember({"log", "slots", "agents"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -39,7 +39,7 @@ void plot(const std::string& csv, const std::string& realCsv, const std::string&
      << "set title 'ddprun rendezvous: forming and re-forming a round of N agents'\n"
      << "plot ";
   const char* sep = "";
-  for (const char* p : {"log", "slots"}) {
+  for (const char* p : {"log", "slots", "agents"}) {
     const std::string sel = "(strcol(1) eq 'simulate-" + std::string(p) + "' ? $2 : 1/0)";
     gp << sep << "'" << csv << "' using " << sel << ":3 every ::1 with linespoints title 'form, "
        << p << " (simulated agents)', \\\n"

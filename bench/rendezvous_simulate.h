@@ -9,7 +9,7 @@ namespace ddprun::bench {
 
 struct SimulateOptions {
   std::vector<int> sizes;
-  std::vector<std::string> protocols = {"log"};  // bench/rendezvous_swarm.h: log, slots
+  std::vector<std::string> protocols = {"agents"};  // bench/rendezvous_swarm.h: agents, log, slots
   uint64_t seed = 1;
   std::chrono::milliseconds spread{200};
   std::chrono::milliseconds cap{120'000};  // per phase; larger N are skipped once one fails

@@ -200,8 +200,9 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     try {
       DynamicRendezvousOptions opt;
       opt.runId = runId;
-      opt.backend = std::make_shared<CountingBackend>(storeOptions, HeartbeatOptions{.interval = Millis(0)},
-                                                      a.traffic);
+      opt.backend = std::make_shared<CountingBackend>(
+          storeOptions, HeartbeatOptions{.interval = Millis(0)}, a.traffic,
+          /*slotJoin=*/o.protocol == "agents");
       opt.store = storeOptions;
       opt.limits = limits;
       opt.localAddr = agentAddr(i);

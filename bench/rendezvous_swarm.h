@@ -66,10 +66,13 @@ struct SwarmOptions {
   Millis spread{200};             // arrivals drawn uniformly from [0, spread)
   int maxNproc = 4;               // each agent's nproc drawn from 1..maxNproc
   Millis timeout{120'000};        // join_timeout and read_timeout: a run that takes longer fails
-  // "log": the protocol the agents run (DynamicRendezvous: the state log's compare-sets; two
-  // connections per agent). "slots": the constant-work join of rendezvous/scalable/ (one
-  // connection per agent; the survivors learn of the eviction by a WAIT on r/<r>/over).
-  std::string protocol = "log";
+  // "agents": the protocol the agents run (DynamicRendezvous on a ddprun store: the slot join
+  // forms rounds, the state log keeps membership and the rest; two connections per agent).
+  // "log": DynamicRendezvous with the join it had before, each joiner appending itself to the
+  // state log by compare-set. "slots": the stand-alone slot join of rendezvous/scalable/
+  // (joinRound; one connection per agent; the survivors learn of the eviction by a WAIT on
+  // r/<r>/over).
+  std::string protocol = "agents";
 };
 
 struct SwarmResult {

@@ -114,9 +114,12 @@ class CountingStore final : public Store {
 // TcpStoreBackend with every connection counted into `traffic`.
 class CountingBackend final : public RendezvousBackend {
  public:
+  // `slotJoin`: form rounds as the agents on a ddprun store do (the slot join); false: the
+  // state-log join they ran before (each joiner appends itself), kept for comparison.
   CountingBackend(TcpStoreOptions store, HeartbeatOptions heartbeat,
-                  std::shared_ptr<StoreTraffic> traffic)
-      : store_(std::move(store)), heartbeat_(heartbeat), traffic_(std::move(traffic)) {}
+                  std::shared_ptr<StoreTraffic> traffic, bool slotJoin = true)
+      : store_(std::move(store)), heartbeat_(heartbeat), traffic_(std::move(traffic)),
+        slotJoin_(slotJoin) {}
   std::string name() const override { return "c10d"; }
   std::string describe() const override {
     return store_.host + ":" + std::to_string(store_.port);
@@ -132,11 +135,13 @@ class CountingBackend final : public RendezvousBackend {
     return std::make_unique<HeartbeatRing>(ctx, heartbeat_);
   }
   std::string localAddress() const override { return "127.0.0.1"; }
+  bool slotJoin() const override { return slotJoin_; }
 
  private:
   TcpStoreOptions store_;
   HeartbeatOptions heartbeat_;
   std::shared_ptr<StoreTraffic> traffic_;
+  bool slotJoin_;
 };
 
 }  // namespace ddprun::rendezvous

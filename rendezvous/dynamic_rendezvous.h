@@ -141,6 +141,9 @@ class DynamicRendezvous {
   void checkSettings();
   RoundInfo roundInfo(const RoundState& s) const;
   Versioned joinAndWait();
+  // The ddprun store's dynamic backend forms rounds by the slot join (dynamic_rendezvous_slots.cpp).
+  Versioned joinBySlots();
+  Versioned closeBySlots(const Versioned& joining);
   // Arms (round >= 0) or disarms (-1) the watcher; disarming makes a pending event stale.
   void watch(int64_t round);
   void watcherLoop();
@@ -163,6 +166,12 @@ class DynamicRendezvous {
   RoundInfo round_;
   std::atomic<int64_t> roundNo_{-1};  // round_.round, for background threads
   bool inRound_ = false;
+  // The slot join: the round this node holds a slot of (-1: none), the slot, the round's target
+  // when it was taken, and when this node's last call runs out (max: it has none).
+  int64_t slotRound_ = -1;
+  int64_t slot_ = 0;
+  int slotTarget_ = 0;
+  Clock::time_point lastCallAt_ = Clock::time_point::max();
   bool left_ = false;
   bool closed_ = false;
   int jobExitCode_ = 0;

@@ -33,7 +33,7 @@ RoundInfo DynamicRendezvous::nextRound() {
   watch(-1);
   inRound_ = false;
   self_.masterPort = pickFreePort();
-  const Versioned closed = joinAndWait();
+  const Versioned closed = options_.backend->slotJoin() ? joinBySlots() : joinAndWait();
   round_ = roundInfo(closed.state);
   roundNo_ = round_.round;
   inRound_ = true;

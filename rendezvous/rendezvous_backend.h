@@ -32,6 +32,10 @@ class RendezvousBackend {
   // The address this node advertises when --local-addr is not given: the one its traffic to
   // the backend leaves from.
   virtual std::string localAddress() const = 0;
+  // Whether rounds form by the slot join (rendezvous/scalable/slot_join.h: constant store work
+  // per joiner) rather than by each joiner appending itself to the state log. Every node of a
+  // job has the same backend (the settings check), hence the same answer.
+  virtual bool slotJoin() const { return false; }
 };
 
 // A ddprun store over TCP; heartbeats when heartbeat.interval > 0.
@@ -44,6 +48,9 @@ class TcpStoreBackend final : public RendezvousBackend {
   InterruptibleStore connect(const std::string& runId) const override;
   std::unique_ptr<Liveness> startLiveness(LivenessContext ctx) const override;
   std::string localAddress() const override;
+  // The dynamic backend (c10d) forms rounds by the slot join; the static one (fixed node ranks,
+  // MIN = MAX, checked as each node joins) by the state log.
+  bool slotJoin() const override { return name_ == "c10d"; }
 
  private:
   TcpStoreOptions store_;

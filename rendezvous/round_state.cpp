@@ -108,6 +108,7 @@ RoundState close(RoundState s) {
     s.members.push_back(*slot);
   }
   s.expected.clear();
+  s.lost.clear();  // Joining: the nodes removed while it was open (see remove)
   s.phase = Phase::Closed;
   return s;
 }
@@ -193,6 +194,7 @@ std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const 
     for (const auto& e : s.expected)
       if (e.id == node.id) n.prevRank = e.prevRank;
     next.members.push_back(n);
+    next.lost.erase(std::remove(next.lost.begin(), next.lost.end(), node.id), next.lost.end());
     return maybeClose(std::move(next), lim);
   }
   // Closed.
@@ -209,6 +211,49 @@ std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const 
   RoundState next = s;
   next.waiting.push_back(node);
   return next;
+}
+
+std::optional<RoundState> arrive(const RoundState& s, const NodeInfo& node, const JobLimits& lim) {
+  DDPRUN_CHECK(s.phase != Phase::Joining, "arrive() on a joining round: take a slot instead");
+  if (s.phase == Phase::Closed && !s.member(node.id) &&
+      static_cast<int>(s.members.size()) < lim.maxNodes && !s.finishing() &&
+      std::none_of(s.waiting.begin(), s.waiting.end(),
+                   [&](const NodeInfo& w) { return w.id == node.id; })) {
+    RoundState next = openNext(s, "", describe(node) + " arrived");
+    next.expected.push_back(NodeInfo{.id = node.id, .prevRank = -1});
+    return next;
+  }
+  return join(s, node, lim);  // the job ended (throws), a member already, or it waits
+}
+
+std::optional<RoundState> closeWithSlots(const RoundState& s, int64_t round,
+                                         const std::vector<NodeInfo>& arrived,
+                                         const JobLimits& lim) {
+  if (s.phase != Phase::Joining || s.round != round || !s.members.empty()) return std::nullopt;
+  RoundState next = s;
+  for (const NodeInfo& a : arrived) {
+    if (contains(s.lost, a.id) || next.member(a.id)) continue;  // removed, or a second slot
+    if (static_cast<int>(next.members.size()) >= lim.maxNodes) break;
+    NodeInfo n = a;
+    n.fixedRank = -1;
+    n.prevRank = -1;
+    for (const auto& e : s.expected)
+      if (e.id == a.id) n.prevRank = e.prevRank;
+    next.members.push_back(n);
+  }
+  if (static_cast<int>(next.members.size()) >= lim.minNodes) return close(std::move(next));
+  // Departures while it was open left it below MIN: the next round awaits the rest.
+  RoundState again;
+  again.round = s.round + 1;
+  again.restarts = s.restarts;
+  again.reason = "round " + std::to_string(s.round) + " had fewer than MIN=" +
+                 std::to_string(lim.minNodes) + " nodes when it closed (" + s.reason + ")";
+  again.expected = s.expected;
+  for (const NodeInfo& m : next.members)
+    if (std::none_of(s.expected.begin(), s.expected.end(),
+                     [&](const NodeInfo& e) { return e.id == m.id; }))
+      again.expected.push_back(NodeInfo{.id = m.id, .prevRank = -1});
+  return again;
 }
 
 std::optional<RoundState> closeAtDeadline(const RoundState& s, int64_t round,
@@ -229,9 +274,12 @@ std::optional<RoundState> remove(const RoundState& s, const std::string& id,
     return found;
   };
   if (s.phase == Phase::Joining) {
+    // Remembered until the round closes: a slot join's record of this node must not make it a
+    // member (closeWithSlots), whether or not the state knew the node.
     RoundState next = s;
     bool a = erase(next.members), b = erase(next.expected), c = erase(next.waiting);
-    if (!(a || b || c)) return std::nullopt;
+    if (!contains(next.lost, id)) next.lost.push_back(id);
+    else if (!(a || b || c)) return std::nullopt;
     return maybeClose(std::move(next), lim);
   }
   if (s.phase != Phase::Closed) return std::nullopt;
@@ -292,6 +340,11 @@ std::optional<RoundState> finish(const RoundState& s, int64_t round) {
 }
 
 }  // namespace transition
+
+int slotTarget(const RoundState& s, const JobLimits& lim) {
+  if (s.expected.empty()) return lim.maxNodes;
+  return std::clamp(static_cast<int>(s.expected.size()), lim.minNodes, lim.maxNodes);
+}
 
 std::string lastCallKey(int64_t round) { return "round/" + std::to_string(round) + "/last_call"; }
 std::string closedKey(int64_t round) { return "round/" + std::to_string(round) + "/closed"; }

@@ -66,7 +66,8 @@ struct RoundState {
   std::vector<NodeInfo> waiting;  // Closed: arrivals while the round was full
   std::vector<NodeInfo> expected; // Joining: nodes of the round before, awaited back (id, prevRank)
   std::vector<std::string> done;  // Closed: members whose workers succeeded (in the exit barrier)
-  std::vector<std::string> lost;  // Closed, finishing: members that left or were evicted since
+  std::vector<std::string> lost;  // Closed, finishing: members that left or were evicted since;
+                                  // Joining: nodes removed while it was open
   int exitCode = 0;               // Failed: the root cause's exit code
   std::string reason;             // why this round was opened / the job ended (one line)
 
@@ -109,11 +110,32 @@ namespace transition {
 // out of range or already taken, and JobEndedError when the job has finished or failed.
 std::optional<RoundState> join(const RoundState& s, const NodeInfo& node, const JobLimits& lim);
 
+// ---- Forming a round by the slot join (the ddprun store's dynamic backend) ----
+// Joiners do not append themselves to the log: each takes a slot of round r with one ADD and
+// writes its own record (rendezvous/scalable/slot_join.h); a Joining(r) state has no members,
+// its `expected` fixes the slot that closes it (slotTarget), and one agent -- the holder of that
+// slot, or a member whose last call ran out -- appends Closed(r) with closeWithSlots.
+
+// `node` arrives at a closed round: with room (and not finishing) it opens round r+1 awaiting
+// the members, the waiting nodes and `node` itself; otherwise as join() (it waits, or the job
+// has ended). Not for a joining round: there a node takes a slot.
+std::optional<RoundState> arrive(const RoundState& s, const NodeInfo& node, const JobLimits& lim);
+
+// Round `round` closes with the nodes whose slot records the closer read (`arrived`, in slot
+// order): the ones removed while it was open (`lost`) and second slots of one node are left
+// out, ranks are assigned as close() does (kept from the round before, newcomers in address
+// order). Fewer than MIN left (departures while it was open): round r+1 opens instead, awaiting
+// them. No-op when round `round` is not the joining round.
+std::optional<RoundState> closeWithSlots(const RoundState& s, int64_t round,
+                                         const std::vector<NodeInfo>& arrived,
+                                         const JobLimits& lim);
+
 // The last-call deadline of round `round` passed: close it when it has at least MIN members.
 std::optional<RoundState> closeAtDeadline(const RoundState& s, int64_t round, const JobLimits& lim);
 
 // Node `id` left (SIGTERM) or was evicted (no heartbeat). A member of a closed round opens
-// round r+1 without it; in a joining round it is dropped (which may close the round). In a
+// round r+1 without it; in a joining round it is dropped (which may close the round) and kept
+// in `lost` until the round closes, so that a slot it took does not make it a member. In a
 // finishing round a member that is not done is *lost* instead: the job is not re-formed (a node's
 // workers succeed only once the whole group is through its collectives), and it is Finished once
 // every member is done or lost. A done member leaving changes nothing.
@@ -138,6 +160,10 @@ std::optional<RoundState> nodeDone(const RoundState& s, int64_t round, const std
 std::optional<RoundState> finish(const RoundState& s, int64_t round);
 
 }  // namespace transition
+
+// The slot whose holder closes a joining round at once: as many as are expected back
+// (within MIN..MAX), or MAX when none is (the first round).
+int slotTarget(const RoundState& s, const JobLimits& lim);
 
 // Marker keys: write-once wake-up keys derived from a state, so that waiters WAIT on one key
 // instead of following every version. Each maps to the version that implies it.

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "rendezvous/round_state.h"
+#include "rendezvous/text_fields.h"
 
 namespace ddprun::rendezvous {
 
@@ -41,40 +42,10 @@ void encodeNode(std::string& out, std::string_view tag, const NodeInfo& n) {
   out += '\n';
 }
 
-// Splits one line into white-space separated words.
-std::vector<std::string_view> words(std::string_view line) {
-  std::vector<std::string_view> out;
-  size_t i = 0;
-  while (i < line.size()) {
-    while (i < line.size() && line[i] == ' ') ++i;
-    size_t j = i;
-    while (j < line.size() && line[j] != ' ') ++j;
-    if (j > i) out.push_back(line.substr(i, j - i));
-    i = j;
-  }
-  return out;
-}
-
-// A node id: what DynamicRendezvous makes (address-pid-hex), printable, no white space.
-bool validId(std::string_view id) {
-  if (id.empty() || id.size() > 256) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
-}
-
-// An advertised address: a host name, an IPv4 address or an IPv6 one (scope id allowed).
-bool validAddress(std::string_view a) {
-  if (a.empty() || a.size() > 255) return false;
-  return std::all_of(a.begin(), a.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
-           c == ':' || c == '%' || c == '[' || c == ']';
-  });
-}
-
-template <typename T>
-bool number(std::string_view w, T& v) {
-  auto r = std::from_chars(w.data(), w.data() + w.size(), v);
-  return r.ec == std::errc() && r.ptr == w.data() + w.size();
-}
+using text::number;
+using text::validAddress;
+using text::validId;
+using text::words;
 }  // namespace
 
 std::string encodeState(const RoundState& s) {

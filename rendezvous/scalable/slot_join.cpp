@@ -6,43 +6,15 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "rendezvous/round_state.h"
+#include "rendezvous/text_fields.h"
 
 namespace ddprun::rendezvous::scalable {
 
 namespace {
 
-constexpr int kMaxNproc = 65536;  // as a state's member line (round_state_codec.cpp)
-
-std::vector<std::string_view> words(std::string_view s) {
-  std::vector<std::string_view> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    while (i < s.size() && s[i] == ' ') ++i;
-    size_t j = i;
-    while (j < s.size() && s[j] != ' ') ++j;
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j;
-  }
-  return out;
-}
-
-template <typename T>
-bool number(std::string_view w, T& v) {
-  auto r = std::from_chars(w.data(), w.data() + w.size(), v);
-  return r.ec == std::errc() && r.ptr == w.data() + w.size();
-}
-
-bool printable(std::string_view s) {
-  return !s.empty() && s.size() <= 256 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
-}
-
-bool addressChars(std::string_view a) {
-  return !a.empty() && a.size() <= 255 && std::all_of(a.begin(), a.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
-           c == ':' || c == '%' || c == '[' || c == ']';
-  });
-}
+using text::number;
+using text::words;
 
 [[noreturn]] void forged(const std::string& key, const std::string& value, const char* why) {
   throw StoreError("rendezvous key '" + key + "' holds '" + value.substr(0, 200) +
@@ -109,8 +81,8 @@ SlotRecord decodeRecord(const std::string& text, const std::string& key) {
   const auto w = words(text);
   SlotRecord r;
   if (w.size() != 4) forged(key, text, "not 'id addr nproc master_port'");
-  if (!printable(w[0])) forged(key, text, "the node id");
-  if (!addressChars(w[1])) forged(key, text, "the address");
+  if (!text::validId(w[0])) forged(key, text, "the node id");
+  if (!text::validAddress(w[1])) forged(key, text, "the address");
   if (!number(w[2], r.nproc) || r.nproc < 1 || r.nproc > kMaxNproc) forged(key, text, "nproc");
   if (!number(w[3], r.masterPort)) forged(key, text, "the port");
   r.id = std::string(w[0]);
@@ -132,7 +104,7 @@ Closed decodeClosed(const std::string& text, const std::string& key, int maxNode
   if (c.count.slots < 1 || c.count.slots > maxNodes) forged(key, text, "a node count outside 1..MAX");
   if (c.count.procs < c.count.slots || c.count.procs > c.count.slots * kMaxNproc)
     forged(key, text, "the world size");
-  if (!addressChars(w[2])) forged(key, text, "the master address");
+  if (!text::validAddress(w[2])) forged(key, text, "the master address");
   c.masterAddr = std::string(w[2]);
   return c;
 }
@@ -142,6 +114,41 @@ std::string nodeKey(int64_t round, int64_t slot) {
   return "r/" + std::to_string(round) + "/node/" + std::to_string(slot);
 }
 std::string closedKey(int64_t round) { return "r/" + std::to_string(round) + "/closed"; }
+
+SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes) {
+  const std::string ck = countKey(round);
+  const SlotCount mine = unpackCount(store.add(ck, kSlotUnit + self.nproc), ck);
+  if (mine.slots <= maxNodes) {
+    const std::string rec = encodeRecord(self), nk = nodeKey(round, mine.slots);
+    const std::string got = store.compareSet(nk, "", rec);
+    if (got != rec) forged(nk, got, "another node's record in this node's slot");
+  }
+  return mine;
+}
+
+SlotCount readCount(Store& store, int64_t round) {
+  const std::string ck = countKey(round);
+  return unpackCount(store.add(ck, 0), ck);
+}
+
+std::vector<SlotRecord> readRecords(Store& store, int64_t round, int64_t k, Millis wait) {
+  std::vector<std::string> keys;
+  for (int64_t s = 1; s <= k; ++s) keys.push_back(nodeKey(round, s));
+  if (keys.empty()) return {};
+  try {
+    store.wait(keys, wait);
+  } catch (const TimeoutError&) {
+    std::vector<std::string> present;
+    for (const auto& key : keys)
+      if (store.check({key})) present.push_back(key);
+    keys = std::move(present);
+    if (keys.empty()) return {};
+  }
+  const std::vector<std::string> values = store.multiGet(keys);
+  std::vector<SlotRecord> out;
+  for (size_t i = 0; i < keys.size(); ++i) out.push_back(decodeRecord(values[i], keys[i]));
+  return out;
+}
 
 Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions& o) {
   const auto deadline = Clock::now() + o.timeout;

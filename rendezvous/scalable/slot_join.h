@@ -1,22 +1,32 @@
 #pragma once
 // The slot join: joining one rendezvous round with a constant number of store round trips and
 // bytes per agent, whatever the number of nodes (issue 20; docs/rendezvous.md, "A join with
-// constant store work per agent"). A prototype: DynamicRendezvous does not use it yet;
-// `ddprun-bench rendezvous --simulate N --protocol slots` measures it and tests check it.
+// constant store work per agent").
+//
+// Two users:
+//   - DynamicRendezvous on the ddprun store (--rdzv-backend=c10d) forms its rounds with
+//     takeSlot / readCount / readRecords below; the state log (state_log.h) keeps what the
+//     rest of the protocol needs (membership, ranks kept across rounds, waiting list, restarts,
+//     the exit barrier), written once per round by the agent that closes it
+//     (transition::closeWithSlots). It does not use `closed`.
+//   - joinRound: the stand-alone join the simulation measures at 10,000 agents
+//     (`ddprun-bench rendezvous --simulate N --protocol slots`), which derives the assignment
+//     from the counter alone.
 //
 // Keys of round r (under the job's prefix):
 //   r/<r>/count       ADD 2^32 + nproc by every joiner: the reply packs its slot (high half)
 //                     and the processes of slots 1..slot (low half)
 //   r/<r>/node/<s>    the record of slot s, written once by its owner
-//   r/<r>/closed      "K P addr port": K node slots, P processes, node rank 0's address; written
-//                     once (compare-set on the missing key) by the owner of slot `target`, or by
-//                     a member whose last call ran out
-// Node rank = slot - 1, first global rank = P(slot) - nproc, world = P: dense, unique and agreed
-// because they derive from one atomic counter. A slot above K is not in the round (too late:
-// the caller queues it for the next round).
+//   r/<r>/closed      (joinRound) "K P addr port": K node slots, P processes, node rank 0's
+//                     address; written once (compare-set on the missing key) by the owner of
+//                     slot `target`, or by a member whose last call ran out
+// joinRound: node rank = slot - 1, first global rank = P(slot) - nproc, world = P: dense,
+// unique and agreed because they derive from one atomic counter. A slot above K is not in the
+// round (too late: the caller queues it for the next round).
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "rendezvous/store.h"
 
@@ -70,6 +80,21 @@ struct Assignment {
   std::string masterAddr;
   uint16_t masterPort = 0;
 };
+
+// ---- The pieces DynamicRendezvous forms its rounds with (the state log keeps the membership:
+// round_state.h, transition::closeWithSlots) ----
+
+// Takes a slot of round `round` (one ADD) and, when it is within `maxNodes`, writes this node's
+// record there (one compare-set against the missing key: a record already there is a forgery,
+// StoreError). Returns the slot and the processes of slots 1..slot.
+SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes);
+// The slots taken in round `round` so far and their processes (an ADD of 0 reads both at once).
+SlotCount readCount(Store& store, int64_t round);
+// The records of slots 1..k in slot order, waiting up to `wait` for the ones not written yet
+// (one WAIT and one MULTI_GET when all are there). A slot whose record does not appear in time
+// is left out: its holder died between its ADD and its record, or is that slow; either way it
+// is not in the round (a live one joins the next as a late arrival).
+std::vector<SlotRecord> readRecords(Store& store, int64_t round, int64_t k, Millis wait);
 
 // Joins round `o.round` as `self` and waits until it closes: 3 round trips (ADD, the record,
 // the WAIT_GET of `closed`); the closer reads slot 1's record instead of waiting.

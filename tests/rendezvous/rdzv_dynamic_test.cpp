@@ -1,5 +1,8 @@
 // Agents as threads against a real StoreServer on loopback: rounds, ranks, elasticity.
+#include <set>
+
 #include "rdzv_agents.h"
+#include "rendezvous/tcp_store.h"
 
 using namespace rdzvtest;
 using ddprun::ConfigError;
@@ -137,4 +140,67 @@ TEST_CASE("a full job keeps an arrival waiting until a place frees up", "[rdzv][
   CHECK(ra.nodeCount == 2);
   CHECK(ra.nodeRank == 0);
   CHECK(rc.nodeRank == 1);
+}
+
+// The slot join (issue 20): on the ddprun store the joiners of a round take slots and write
+// their own records; the state log gets one version per round formed, whatever the number of
+// joiners (the join of today's log cost each joiner a compare-set of the whole state).
+TEST_CASE("forming a round of 8 appends one state version: each joiner takes a slot",
+          "[rdzv][dynamic][slots]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 4, .maxNodes = 8};
+  std::vector<std::unique_ptr<Agent>> agents;
+  std::vector<Agent*> ptrs;
+  for (int i = 0; i < 8; ++i) {
+    agents.push_back(makeAgent(agentOptions(server.port(), "eight", 2 + i, lim)));
+    ptrs.push_back(agents.back().get());
+  }
+  auto rounds = allNextRound(ptrs);
+  std::set<int> ranks;
+  for (const auto& r : rounds) {
+    ranks.insert(r.nodeRank);
+    CHECK(r.nodeCount == 8);
+    CHECK(r.worldSize == 8);
+  }
+  CHECK(ranks.size() == 8);  // dense and unique: 0..7
+  CHECK(*ranks.rbegin() == 7);
+  TcpStore client({.host = "127.0.0.1", .port = server.port(), .timeout = Millis(2'000)});
+  const std::string job = "ddprun/rdzv/eight/";
+  CHECK(client.check({job + "state/1"}));
+  CHECK_FALSE(client.check({job + "state/2"}));  // nobody appended itself
+  CHECK(client.add(job + "r/0/count", 0) >> 32 == 8);
+  for (int s = 1; s <= 8; ++s) CHECK(client.check({job + "r/0/node/" + std::to_string(s)}));
+
+  // A re-form after a leave is one version to open the round and one to close it.
+  agents[0]->rdzv->leave("scaled down");
+  std::vector<Agent*> rest(ptrs.begin() + 1, ptrs.end());
+  for (Agent* a : rest) REQUIRE(a->events.next(Millis(5'000)));
+  auto again = allNextRound(rest);
+  CHECK(again[0].nodeCount == 7);
+  CHECK(client.check({job + "state/3"}));
+  CHECK_FALSE(client.check({job + "state/4"}));
+  CHECK(client.add(job + "r/1/count", 0) >> 32 == 7);
+}
+
+TEST_CASE("an expected node that dies before re-joining is evicted, and the round closes "
+          "without waiting for the last call",
+          "[rdzv][dynamic][slots]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int i = 0; i < 3; ++i) {
+    auto o = agentOptions(server.port(), "dies", 2 + i, lim);
+    o.lastCallTimeout = Millis(600'000);  // only the eviction can close the re-formed round
+    o.joinTimeout = Millis(20'000);
+    agents.push_back(makeAgent(o));
+  }
+  allNextRound({agents[0].get(), agents[1].get(), agents[2].get()});  // MAX: closes at once
+  agents[0]->rdzv->leave("scaled down");
+  REQUIRE(agents[1]->events.next(Millis(5'000)));
+  REQUIRE(agents[2]->events.next(Millis(5'000)));
+  agents[2].reset();  // its heartbeats stop: to the others it is dead, and it never re-joins
+  RoundInfo r = agents[1]->rdzv->nextRound();
+  CHECK(r.round == 1);
+  CHECK(r.nodeCount == 1);
+  CHECK(r.nodeRank == 0);
 }

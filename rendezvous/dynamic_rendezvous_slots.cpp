@@ -1,0 +1,135 @@
+// DynamicRendezvous, forming a round by the slot join (the ddprun store's dynamic backend;
+// docs/rendezvous.md, "How the agents form a round"). The joiners of round r do not append
+// themselves to the state log, which would cost k joiners O(k^2) compare-sets of an O(N) state:
+// each takes a slot (one ADD), writes its own record, and waits for the log to move. One agent
+// appends Closed(r) (transition::closeWithSlots): the holder of the slot that completes the
+// round (slotTarget), or a member whose last call ran out. Everything after the close -- the
+// waiting list, failures and restarts, departures and evictions, the exit barrier -- is the
+// state log's, as before.
+#include <algorithm>
+#include <sstream>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/scalable/slot_join.h"
+
+namespace ddprun::rendezvous {
+
+namespace {
+
+Millis until(Clock::time_point t) {
+  return std::max(Millis(0), std::chrono::duration_cast<Millis>(t - Clock::now()));
+}
+
+std::string seconds(Millis m) {
+  std::ostringstream os;
+  os << m.count() / 1000.0 << " s";
+  return os.str();
+}
+
+bool waitingIn(const RoundState& s, const std::string& id) {
+  return std::any_of(s.waiting.begin(), s.waiting.end(),
+                     [&](const NodeInfo& n) { return n.id == id; });
+}
+
+}  // namespace
+
+Versioned DynamicRendezvous::joinBySlots() {
+  const auto& lim = options_.limits;
+  const auto joinDeadline = Clock::now() + options_.joinTimeout;
+  Versioned cur = fresh();
+  for (;;) {
+    current_ = cur;
+    view_.offer(cur);
+    const RoundState& s = cur.state;
+    if (s.ended()) transition::join(s, self_, lim);  // throws JobEndedError with the reason
+    if (until(joinDeadline).count() <= 0) {
+      int64_t joined = static_cast<int64_t>(s.members.size());
+      if (s.phase == Phase::Joining) {
+        try {
+          joined = scalable::readCount(*main_.store, s.round).slots;
+        } catch (const TimeoutError&) {
+          joined = slotRound_ == s.round ? slot_ : 0;
+        }
+      }
+      throw TimeoutError("rendezvous '" + options_.runId + "' at " + options_.backend->describe() +
+                         ": round " + std::to_string(s.round) + " did not close within " +
+                         "join_timeout=" + seconds(options_.joinTimeout) + " (" +
+                         std::to_string(joined) + " node(s) joined, MIN=" +
+                         std::to_string(lim.minNodes) + ", MAX=" + std::to_string(lim.maxNodes) +
+                         ")");
+    }
+    if (s.phase == Phase::Closed) {
+      if (s.member(self_.id)) return cur;
+      if (waitingIn(s, self_.id)) {  // the job is full: wait for a place
+        if (auto v = log_->waitMarker(overKey(s.round), until(joinDeadline))) cur = log_->read(*v);
+        continue;
+      }
+      // Too late for it, or new: open the next round, or wait for a place.
+      cur = log_->update(cur, [&](const RoundState& st) {
+        return st.phase == Phase::Joining ? std::nullopt : transition::arrive(st, self_, lim);
+      }).now;
+      continue;
+    }
+    // Joining(r): take a slot once per round.
+    const int64_t r = s.round;
+    const int target = slotTarget(s, lim);
+    if (slotRound_ != r) {
+      const scalable::SlotRecord me{.id = self_.id, .addr = self_.addr, .nproc = self_.nproc,
+                                    .masterPort = self_.masterPort};
+      slot_ = scalable::takeSlot(*main_.store, r, me, lim.maxNodes).slots;
+      slotRound_ = r;
+      slotTarget_ = target;
+      // From MIN on, a member's last call closes the round with whoever has a slot by then.
+      lastCallAt_ = slot_ >= lim.minNodes && slot_ <= lim.maxNodes
+                        ? Clock::now() + options_.lastCallTimeout
+                        : Clock::time_point::max();
+      if (slot_ == target) {
+        cur = closeBySlots(cur);
+        continue;
+      }
+    } else if (target < slotTarget_ && slot_ >= target && slot_ <= lim.maxNodes) {
+      // Nodes expected back were removed while it was open: the round may be complete now.
+      slotTarget_ = target;
+      cur = closeBySlots(cur);
+      continue;
+    }
+    const auto wakeAt = std::min(lastCallAt_, joinDeadline);
+    if (auto nv = log_->waitNewer(cur, until(wakeAt))) {
+      cur = *nv;
+      continue;
+    }
+    if (Clock::now() >= lastCallAt_) {
+      lastCallAt_ = Clock::time_point::max();
+      cur = closeBySlots(cur);
+    }
+  }
+}
+
+// Closes round r (the joining round `cur` holds) with the slots taken so far, up to MAX: reads
+// their records and appends Closed(r) -- unless another agent closed it first (the log's
+// compare-set keeps one). Returns the state after.
+Versioned DynamicRendezvous::closeBySlots(const Versioned& cur) {
+  const auto& lim = options_.limits;
+  const int64_t r = cur.state.round;
+  Store& store = *main_.store;
+  const int64_t k = std::min<int64_t>(scalable::readCount(store, r).slots, lim.maxNodes);
+  // A record still missing after this long is a holder that died after its ADD (or is that
+  // slow): the round closes without it.
+  const Millis recordWait = std::clamp(options_.lastCallTimeout, Millis(2'000), Millis(10'000));
+  std::vector<NodeInfo> arrived;
+  for (const auto& rec : scalable::readRecords(store, r, k, recordWait))
+    arrived.push_back(NodeInfo{.id = rec.id, .addr = rec.addr, .nproc = rec.nproc,
+                               .masterPort = rec.masterPort});
+  auto res = log_->update(cur, [&](const RoundState& st) {
+    return transition::closeWithSlots(st, r, arrived, lim);
+  });
+  if (res.wrote) {
+    DDPRUN_LOG(DEBUG, "rendezvous") << "closed round " << r << " with " << arrived.size()
+                                    << " of " << k << " slot(s)";
+  }
+  return res.now;
+}
+
+}  // namespace ddprun::rendezvous
