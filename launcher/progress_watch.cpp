@@ -154,7 +154,7 @@ struct ProgressWatch::Impl : std::enable_shared_from_this<ProgressWatch::Impl> {
         w.fd = -1;
         continue;
       }
-      const auto sample = progress::readProgressFile(w.fd);
+      const auto sample = progress::readProgressRecord(w.fd, w.worker.localRank);
       if (!sample) continue;
       if (const auto silent = w.heartbeat.observe(now, sample->heartbeats)) {
         if (options.onSilent) options.onSilent(w.worker, pid, *silent);
