@@ -17,7 +17,11 @@
 // The machine's load average is printed before and after each rank count.
 // The ranks are processes of this binary (started with posix_spawn, environment as ddprun gives
 // it, the agent store hosted here). Prints a table with ratios; writes bench/results/allreduce.csv.
+// The shm rows also count rank 0's context switches per call (getrusage, outside the timed
+// region): a wait that yielded its core or slept shows there (CSV: impl ddprun_shm_csw /
+// shm_alt_csw, the count in median_us).
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,6 +76,14 @@ struct Options {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Context switches of the calling thread so far (voluntary + involuntary): a wait that slept or
+// yielded its core shows up here.
+long contextSwitches() {
+  rusage u{};
+  ::getrusage(RUSAGE_THREAD, &u);
+  return u.ru_nvcsw + u.ru_nivcsw;
 }
 
 template <typename Fn>
@@ -150,20 +162,29 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
         std::clamp(o.seconds * 1e6 / std::max(probe, 1.0), 5.0, 300.0))});
     rt.comm()->broadcast(iters, 0);
     std::vector<std::vector<double>> times(impls.size());
-    for (int64_t i = 0; i < iters.item<int64_t>(); ++i) {
+    std::vector<long> switches(impls.size(), 0);
+    const int64_t n_iters = iters.item<int64_t>();
+    for (int64_t i = 0; i < n_iters; ++i) {
       for (size_t k = 0; k < impls.size(); ++k) {
         const size_t which = (i + k) % impls.size();
         shmComm->barrier();
+        const long before = contextSwitches();
         times[which].push_back(timeUs(impls[which]));
+        switches[which] += contextSwitches() - before;
       }
     }
+    auto perCall = [&](size_t which) { return static_cast<double>(switches[which]) / n_iters; };
     rows.push_back({"allreduce", bytes,
                     {{"ddprun", median(times[0])},
                      {"gloo_halving_doubling", median(times[1])},
                      {"gloo_ring_chunked", median(times[2])},
-                     {"ddprun_shm", median(times[3])}}});
+                     {"ddprun_shm", median(times[3])},
+                     {"ddprun_shm_csw", perCall(3)}}});
     if (alt) rows.back().us.push_back({"ddprun_alt", median(times[4])});
-    if (shmAlt) rows.back().us.push_back({"shm_alt", median(times[alt ? 5 : 4])});
+    if (shmAlt) {
+      rows.back().us.push_back({"shm_alt", median(times[alt ? 5 : 4])});
+      rows.back().us.push_back({"shm_alt_csw", perCall(alt ? 5 : 4)});
+    }
   }
   return rows;
 }
@@ -459,8 +480,14 @@ int benchAllreduce(int argc, char** argv) {
                   << cell(best / shmUs, 2) + "x" << std::setw(10) << cell(ratio, 2) + "x";
         if (us.count("ddprun_alt")) std::cout << "   alt " << cell(us["ddprun_alt"], 0) << " us";
         if (us.count("shm_alt")) std::cout << "   shm alt " << cell(us["shm_alt"], 1) << " us";
+        std::cout << "   switches/call shm " << cell(us["ddprun_shm_csw"], 3);
+        if (us.count("shm_alt_csw")) std::cout << " alt " << cell(us["shm_alt_csw"], 3);
         std::cout << "\n";
         for (auto& [impl, t] : us) {
+          if (impl.ends_with("_csw")) {  // context switches per call on rank 0, not a time
+            csv << P << ",allreduce," << bytes << "," << impl << "," << t << ",,\n";
+            continue;
+          }
           // ratio column: the best raw Gloo time / this implementation's (> 1: faster than Gloo)
           csv << P << ",allreduce," << bytes << "," << impl << "," << t << "," << bw(t) << ","
               << best / t << "\n";

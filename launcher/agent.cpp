@@ -270,6 +270,10 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
   // A background group must not read a tty; a linked agent's stdin is its link's.
   const bool devNullStdin = link_ != nullptr || ::isatty(STDIN_FILENO) == 1;
   auto templ = env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  // The job's progress table, its records reset for this round (base/progress_file.h).
+  const std::string progressTable =
+      options_.stallWarning != 0 ? runDir_->path() + "/progress" : std::string();
+  if (!progressTable.empty()) progress::writeProgressTable(progressTable, nproc);
   std::vector<WorkerLaunch> launches;
   for (int lr = 0; lr < nproc; ++lr) {
     const int rank = round.rankOffset + lr;
@@ -278,10 +282,7 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
     l.localRank = lr;
     l.globalRank = rank;
     l.errorFile = dir + "/error.json";
-    if (options_.stallWarning != 0) {
-      l.progressFile = dir + "/progress";
-      progress::createProgressFile(l.progressFile);
-    }
+    l.progressFile = progressTable;  // this worker's record: its local rank
     const Environment overlay = workerEnvOverlay(WorkerEnvInputs{
         .base = env_, .round = round, .localRank = lr, .localWorldSize = nproc,
         .maxRestarts = options_.maxRestarts, .role = options_.role, .errorFile = l.errorFile,
@@ -290,7 +291,7 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
                            .argv = argvForRank(command_, lr),
                            .env = mergeEnvironment(env_, overlay),
                            .stdinFromDevNull = devNullStdin};
-    if (cgroup_) l.spawn.cgroup = cgroup_->makeWorkerCgroup(round.round, lr);
+    if (cgroup_) l.spawn.cgroup = cgroup_->workerCgroup();
     // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
     if (!timelineParts_.empty()) {
       l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
@@ -455,6 +456,8 @@ void Agent::Impl::stopGroup(StopReason reason, int sig) {
 }
 
 void Agent::Impl::onGroupStopped() {
+  // What a guard killed from outside could not sweep dies before anything else starts.
+  if (cgroup_) cgroup_->sweep();
   if (state_ == State::Running) {
     // Every worker exited and none failed: the job is done once the other nodes agree.
     progressWatch_.reset();

@@ -124,7 +124,7 @@ struct ProgressWatch::Impl : std::enable_shared_from_this<ProgressWatch::Impl> {
         w.fd = -1;
         continue;
       }
-      const auto sample = progress::readProgressFile(w.fd);
+      const auto sample = progress::readProgressRecord(w.fd, w.worker.localRank);
       if (!sample) continue;
       const auto event = w.tracker.observe(now, *sample);
       if (!event) continue;

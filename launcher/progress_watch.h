@@ -74,7 +74,8 @@ class ProgressWatch {
   struct Worker {
     int rank = 0;
     int localRank = 0;
-    std::string path;  // its progress file (created by the agent before the spawn)
+    std::string path;  // the progress table (written by the agent before the spawn); the
+                       // worker's record is its local rank's
   };
   struct Options {
     StallPolicy policy;

@@ -48,23 +48,26 @@ void reduceIntoT(T* dst, const T* src, size_t n, ReduceOp op) {
 }
 
 template <typename T>
-void reduceManyT(T* dst, const void* const* in, int k, size_t n, ReduceOp op) {
-  // Blocks of a local accumulator keep the loops vectorizable despite dst aliasing an input.
-  constexpr size_t kBlock = 2048;
+void divideT(T* dst, size_t n, int divisor) {
+  using A = typename Acc<T>::type;
+  const A d = static_cast<A>(divisor);
+  for (size_t i = 0; i < n; ++i) dst[i] = T(A(dst[i]) / d);
+}
+
+template <typename T>
+void reduceManyToT(void* const* out, int outs, const void* const* in, int k, size_t n,
+                   ReduceOp op, int divisor) {
+  // Blocks of a local accumulator (in L1) keep the loops vectorizable despite outputs aliasing
+  // inputs, and let one pass over memory do the reduction, the division and every store.
+  constexpr size_t kBlock = 8192 / sizeof(T) > 256 ? 8192 / sizeof(T) : 256;
   T acc[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     const size_t m = std::min(kBlock, n - base);
     std::copy_n(static_cast<const T*>(in[0]) + base, m, acc);
     for (int j = 1; j < k; ++j) reduceIntoT(acc, static_cast<const T*>(in[j]) + base, m, op);
-    std::copy_n(acc, m, dst + base);
+    if (divisor > 1) divideT(acc, m, divisor);
+    for (int o = 0; o < outs; ++o) std::copy_n(acc, m, static_cast<T*>(out[o]) + base);
   }
-}
-
-template <typename T>
-void divideT(T* dst, size_t n, int divisor) {
-  using A = typename Acc<T>::type;
-  const A d = static_cast<A>(divisor);
-  for (size_t i = 0; i < n; ++i) dst[i] = T(A(dst[i]) / d);
 }
 
 // Calls fn(T{}) with T the C++ type of `type`.
@@ -111,9 +114,15 @@ void reduceInto(void* dst, const void* src, size_t n, c10::ScalarType type, Redu
 
 void reduceMany(void* dst, const void* const* in, int k, size_t n, c10::ScalarType type,
                 ReduceOp op) {
+  void* const out[1] = {dst};
+  reduceManyTo(out, 1, in, k, n, type, op, 1);
+}
+
+void reduceManyTo(void* const* out, int outs, const void* const* in, int k, size_t n,
+                  c10::ScalarType type, ReduceOp op, int divisor) {
   dispatch(type, [&](auto tag) {
     using T = decltype(tag);
-    reduceManyT(static_cast<T*>(dst), in, k, n, op);
+    reduceManyToT<T>(out, outs, in, k, n, op, divisor);
   });
 }
 

@@ -1,11 +1,16 @@
 // The progress watch (--stall-warning): the pure tracker, and the real ddprun watching real
 // workers that report progress through the real progress file, one of them stopped from outside
 // with SIGSTOP or sleeping.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <regex>
 #include <thread>
 
 #include "ddprun_process.h"
+#include "base/progress_file.h"
 #include "launcher/progress_watch.h"
 
 using namespace ddprun::testing;
@@ -90,6 +95,55 @@ TEST_CASE("auto: a multiple of the recent step time and never below the floor",
                                          "host-b", 4242);
   CHECK(line == "rank 5 on node 2 (host-b, local rank 1, pid 4242) has made no progress for "
                 "3.5 s (step 1001; its recent steps took 0.01 s; warning after 3.0 s)");
+}
+
+TEST_CASE("the progress table: one record per local rank, reset in place, bad slots report nothing",
+          "[launcher][progress]") {
+  namespace progress = ddprun::progress;
+  TempDir dir;
+  const std::string path = dir / "progress";
+  progress::writeProgressTable(path, 3);
+  progress::ProgressWriter w0(path, 0), w2(path, 2), past(path, 3), negative(path, -1);
+  CHECK(w0.active());
+  CHECK(w2.active());
+  CHECK_FALSE(past.active());      // beyond the table: no record to map
+  CHECK_FALSE(negative.active());
+  w0.step();
+  for (int i = 0; i < 5; ++i) w2.step();
+  w2.enterWait();
+  past.step();  // no-ops
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  auto r0 = progress::readProgressRecord(fd, 0), r1 = progress::readProgressRecord(fd, 1),
+       r2 = progress::readProgressRecord(fd, 2);
+  REQUIRE(r0);
+  REQUIRE(r1);
+  REQUIRE(r2);
+  CHECK(r0->steps == 1);
+  CHECK(r1->steps == 0);  // nobody wrote slot 1: the others' steps did not leak into it
+  CHECK(r2->steps == 5);
+  CHECK(r2->waiting == 1);
+  CHECK_FALSE(progress::readProgressRecord(fd, 3));   // past the end
+  CHECK_FALSE(progress::readProgressRecord(fd, -1));
+  // The next round: the same file, the records zeroed in place (the inode stays: a writer of
+  // the old round that still maps it would write into the new round's record, which is why
+  // the agent rewrites the table only once the old group is gone).
+  struct stat before {}, after {};
+  REQUIRE(::fstat(fd, &before) == 0);
+  progress::writeProgressTable(path, 3);
+  REQUIRE(::stat(path.c_str(), &after) == 0);
+  CHECK(before.st_ino == after.st_ino);
+  CHECK(progress::readProgressRecord(fd, 2)->steps == 0);
+  CHECK(progress::readProgressRecord(fd, 2)->waiting == 0);
+  // Not a table: a record without the magic.
+  const uint64_t junk = 42;
+  const int wfd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  REQUIRE(wfd >= 0);
+  REQUIRE(::pwrite(wfd, &junk, 8, 32) == 8);
+  ::close(wfd);
+  CHECK_FALSE(progress::readProgressRecord(fd, 1));
+  CHECK_FALSE(progress::ProgressWriter(path, 1).active());
+  ::close(fd);
 }
 
 TEST_CASE("a worker stopped from outside is named once per backoff step and the others are not",

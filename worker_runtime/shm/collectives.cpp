@@ -13,20 +13,23 @@ namespace ddprun::runtime::shm {
 
 namespace {
 
-// The P input pointers of one reduction: on the stack up to 64 ranks (no allocation on the hot
-// path), on the heap beyond.
-class InputList {
+// The P input (or output) pointers of one reduction: on the stack up to 64 ranks (no allocation
+// on the hot path), on the heap beyond.
+template <typename Pointer>
+class PointerList {
  public:
-  explicit InputList(int n) {
+  explicit PointerList(int n) {
     if (n > kInline) heap_.resize(static_cast<size_t>(n));
   }
-  const void** data() { return heap_.empty() ? inline_ : heap_.data(); }
+  Pointer* data() { return heap_.empty() ? inline_ : heap_.data(); }
 
  private:
   static constexpr int kInline = 64;
-  const void* inline_[kInline];
-  std::vector<const void*> heap_;
+  Pointer inline_[kInline];
+  std::vector<Pointer> heap_;
 };
+using InputList = PointerList<const void*>;
+using OutputList = PointerList<void*>;
 
 }  // namespace
 
@@ -68,9 +71,9 @@ void Collectives::allreduceDirect(char* data, size_t count, c10::ScalarType type
   InputList list(P);
   const void** inputs = list.data();
   for (int j = 0; j < P; ++j) inputs[j] = segment_.slot(parity, j);
-  const ReduceOp kernel = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-  reduceMany(data, inputs, P, count, type, kernel);
-  if (op == ReduceOp::Avg) divideBy(data, count, type, P);
+  void* const out[1] = {data};
+  reduceManyTo(out, 1, inputs, P, count, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
+               op == ReduceOp::Avg ? P : 1);
 }
 
 void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarType type,
@@ -95,10 +98,10 @@ void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarTy
     for (int j = 0; j < P; ++j) {
       inputs[j] = (j == r ? data : segment_.slot(parity, j)) + lo(r) * es;
     }
-    char* out = data + lo(r) * es;
-    reduceMany(out, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op);
-    if (op == ReduceOp::Avg) divideBy(out, len, type, P);
-    std::memcpy(mine + lo(r) * es, out, len * es);
+    // Into our buffer and our slot (for the peers), in one pass.
+    void* const outputs[2] = {data + lo(r) * es, mine + lo(r) * es};
+    reduceManyTo(outputs, 2, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
+                 op == ReduceOp::Avg ? P : 1);
   }
   phase(deadline);
   for (int j = 0; j < P; ++j) {
@@ -152,20 +155,21 @@ bool Collectives::allreduceInPlace(char* data, size_t count, c10::ScalarType typ
   const size_t slice = ((count + P - 1) / P + line - 1) / line * line;
   auto lo = [&](int j) { return std::min(count, slice * j); };
   auto hi = [&](int j) { return std::min(count, slice * (j + 1)); };
+  // Our slice, read from every rank's tensor and written back into every one of them in the same
+  // pass, a block at a time: no rank reads or writes another's slice, so nothing races.
   if (const size_t len = hi(r) - lo(r); len > 0) {
-    InputList list(P);
-    const void** inputs = list.data();
-    for (int j = 0; j < P; ++j) inputs[j] = tensorOf(j) + lo(r) * es;
-    char* out = data + lo(r) * es;  // our own input, reduced in place
-    reduceMany(out, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op);
-    if (op == ReduceOp::Avg) divideBy(out, len, type, P);
+    InputList ins(P);
+    OutputList outs(P);
+    const void** inputs = ins.data();
+    void** outputs = outs.data();
+    for (int j = 0; j < P; ++j) {
+      inputs[j] = tensorOf(j) + lo(r) * es;  // tensorOf(r) == data: ours, in place
+      outputs[j] = tensorOf(j) + lo(r) * es;
+    }
+    reduceManyTo(outputs, P, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
+                 op == ReduceOp::Avg ? P : 1);
   }
-  phase(deadline);
-  for (int j = 0; j < P; ++j) {
-    if (j == r) continue;
-    std::memcpy(data + lo(j) * es, tensorOf(j) + lo(j) * es, (hi(j) - lo(j)) * es);
-  }
-  phase(deadline);  // every peer has its copy of our slice: the caller may write the tensor
+  phase(deadline);  // every slice is in every tensor, and nobody reads a peer's tensor any more
   return true;
 }
 

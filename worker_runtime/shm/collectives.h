@@ -16,9 +16,10 @@
 //     in memory lent by Communicator::lendSharedBuffer on every rank): no copy in. Each rank
 //     publishes where its tensor lies (RankControl::lentAt) with the phase that says its input is
 //     ready; when all agree, r reduces its own slice of the whole tensor reading every rank's
-//     tensor directly (its own in place), phase, copies the others' reduced slices from their
-//     tensors, phase (so nobody writes its tensor again while a peer still reads it): three
-//     synchronisations for the whole tensor, no chunks. When they do not agree, that first phase
+//     tensor directly (its own in place) and, in the same pass, a block at a time, writes the
+//     result into that slice of every rank's tensor (so no rank reads or writes a slice another
+//     one touches); phase, and every tensor holds the whole result: two synchronisations for the
+//     whole tensor, no chunks, no separate copy. When they do not agree, that first phase
 //     was a barrier and the chunked algorithm above follows, on every rank alike.
 // ReduceOp::Avg divides once the sum is complete (on the owner, before it is shared). Errors:
 // TimeoutError / BackendError from PhaseSync; after one, the caller must abort() (sync.h).

@@ -184,18 +184,20 @@ class ShmCommunicator final : public Communicator {
                            "since an earlier error (" + broken_ + ")");
       }
     }
-    const std::string where = std::string("shm ") + what + " of " + std::to_string(bytes) +
-                              " bytes on rank " + std::to_string(rank()) + "/" +
-                              std::to_string(size());
+    // Built only on failure: a small collective must not pay for formatting.
+    auto where = [&] {
+      return std::string("shm ") + what + " of " + std::to_string(bytes) + " bytes on rank " +
+             std::to_string(rank()) + "/" + std::to_string(size());
+    };
     try {
       fn(Clock::now() + options_.timeout);
     } catch (const TimeoutError& e) {
       fail(e.what());
-      throw TimeoutError(where + " timed out after " + std::to_string(timeout().count()) +
+      throw TimeoutError(where() + " timed out after " + std::to_string(timeout().count()) +
                          " ms: " + e.what());
     } catch (const BackendError& e) {
       fail(e.what());
-      throw BackendError(where + " failed: " + e.what());
+      throw BackendError(where() + " failed: " + e.what());
     } catch (...) {
       fail("unexpected error");
       throw;
