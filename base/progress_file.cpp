@@ -8,6 +8,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "base/errors.h"
@@ -15,10 +18,13 @@
 
 namespace ddprun::progress {
 
-void writeProgressTable(const std::string& path, int slots) {
+void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPeriodMs) {
   DDPRUN_CHECK(slots > 0 && slots <= kMaxProgressSlots, "progress table slots out of range");
   std::vector<uint64_t> words(static_cast<size_t>(slots) * kProgressRecordSize / 8, 0);
-  for (size_t i = 0; i < words.size(); i += kProgressRecordSize / 8) words[i] = kProgressMagic;
+  for (size_t i = 0; i < words.size(); i += kProgressRecordSize / 8) {
+    words[i] = kProgressMagic;
+    words[i + 3] = heartbeatPeriodMs;
+  }
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) throw Error("progress file " + path + ": " + std::strerror(errno));
   const size_t bytes = words.size() * 8;
@@ -36,7 +42,8 @@ std::optional<ProgressSample> readProgressRecord(int fd, int slot) {
   const off_t at = static_cast<off_t>(slot) * kProgressRecordSize;
   if (::pread(fd, words, sizeof words, at) != static_cast<ssize_t>(sizeof words)) return {};
   if (words[0] != kProgressMagic) return {};
-  return ProgressSample{.steps = words[1], .waiting = words[2]};
+  return ProgressSample{.steps = words[1], .waiting = words[2],
+                        .heartbeats = words[3] / kHeartbeatBeat};
 }
 
 ProgressWriter& ProgressWriter::instance() {
@@ -93,7 +100,35 @@ ProgressWriter::ProgressWriter(const std::string& path, int slot) {
 }
 
 ProgressWriter::~ProgressWriter() {
-  if (map_) ::munmap(map_, mapBytes_);
+  // A heartbeat thread uses the mapping until the process ends: it stays mapped then.
+  if (map_ && !beating_.load()) ::munmap(map_, mapBytes_);
+}
+
+uint32_t ProgressWriter::startHeartbeat() {
+  if (!words_) return 0;
+  const auto periodMs =
+      static_cast<uint32_t>(__atomic_load_n(&words_[3], __ATOMIC_RELAXED) & kHeartbeatPeriodMask);
+  if (periodMs == 0) return 0;
+  if (beating_.exchange(true)) return periodMs;
+  uint64_t* word = &words_[3];
+  try {
+    // The first beat announces the heartbeat: the agent watches it from then on.
+    std::thread([word, periodMs] {
+      const timespec period{static_cast<time_t>(periodMs / 1000),
+                            static_cast<long>(periodMs % 1000) * 1'000'000L};
+      for (;;) {
+        __atomic_fetch_add(word, kHeartbeatBeat, __ATOMIC_RELAXED);
+        ::nanosleep(&period, nullptr);
+      }
+    }).detach();
+  } catch (const std::system_error& e) {
+    // No thread (out of resources): nothing announced, so the worker is not watched for freezes.
+    beating_ = false;
+    DDPRUN_LOG(WARN, "runtime") << "no heartbeat thread (" << e.what()
+                                << "): ddprun cannot tell this worker frozen from slow";
+    return 0;
+  }
+  return periodMs;
 }
 
 void ProgressWriter::step() {

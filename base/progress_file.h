@@ -13,10 +13,18 @@
 //    0  u64 magic     kProgressMagic, written by the agent
 //    8  u64 steps     units of progress so far (an optimizer step, an evaluation batch)
 //   16  u64 waiting   collectives the worker is blocked in now (waiting for its peers)
-//   24  u64 reserved  0
-// A worker started without DDPRUN_PROGRESS_FILE (another launcher, --stall-warning=0), or whose
+//   24  u64 heartbeat bits 0-31: the heartbeat period the agent asks for, in ms (0: none),
+//                     written by the agent; bits 32-63: the beats of the worker's heartbeat
+//                     thread so far (0: it has none, yet or at all)
+// Steps say that the training moves; heartbeats only that the process is scheduled: a thread
+// of its own beats every period, through a long step, a slow data load or a long collective,
+// and stops when the whole process stops (SIGSTOP, a frozen cgroup, a debugger, a machine too
+// loaded to schedule it). The agent's --stall-warning watches the steps and only warns; its
+// --peer-timeout watches the heartbeats and kills a worker that stops beating.
+// A worker started without DDPRUN_PROGRESS_FILE (another launcher, both watches off), or whose
 // file is missing, too short for its slot or not of this layout, reports nothing; progress
 // reporting never fails. Without DDPRUN_PROGRESS_SLOT the slot is 0.
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,14 +37,19 @@ constexpr const char* kProgressFileEnv = "DDPRUN_PROGRESS_FILE";
 constexpr const char* kProgressSlotEnv = "DDPRUN_PROGRESS_SLOT";
 constexpr int kMaxProgressSlots = 1 << 16;
 
+constexpr uint64_t kHeartbeatPeriodMask = 0xffffffffULL;  // word 3: the period...
+constexpr uint64_t kHeartbeatBeat = uint64_t{1} << 32;      // ...and one beat
+
 struct ProgressSample {
   uint64_t steps = 0;
   uint64_t waiting = 0;
+  uint64_t heartbeats = 0;  // beats so far (0: the worker has no heartbeat, yet or at all)
 };
 
-// Agent side: writes `slots` records (the magic, zero counters) to `path`, creating it the first
-// time. Throws ddprun::Error naming the path when it cannot.
-void writeProgressTable(const std::string& path, int slots);
+// Agent side: writes `slots` records (the magic, zero counters, the heartbeat period the workers
+// should beat at: 0 none) to `path`, creating it the first time. Throws ddprun::Error naming
+// the path when it cannot.
+void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPeriodMs = 0);
 // Agent side: the counters of record `slot` of an open progress table, or nullopt when it is not
 // one (short, wrong magic, unreadable). Never blocks on the worker.
 std::optional<ProgressSample> readProgressRecord(int fd, int slot);
@@ -56,11 +69,18 @@ class ProgressWriter {
   void step();          // one more unit of progress
   void enterWait();     // blocked in a collective from now on...
   void leaveWait();     // ...until this
+  // Starts the heartbeat thread at the period the agent wrote in the file; idempotent, a no-op
+  // when the agent asked for none (or there is no file). The thread is detached and lives until
+  // the process ends (it only sleeps and bumps the word; the mapping then is never unmapped),
+  // so nothing at exit waits for it, and a child forked later has none (it is not the worker).
+  // Returns the period in ms (0: no heartbeat).
+  uint32_t startHeartbeat();
 
  private:
+  std::atomic<bool> beating_{false};
   void* map_ = nullptr;        // the file, from offset 0 to the end of our record
   size_t mapBytes_ = 0;
-  uint64_t* words_ = nullptr;  // our record: magic, steps, waiting, reserved
+  uint64_t* words_ = nullptr;  // our record: magic, steps, waiting, heartbeat
 };
 
 }  // namespace ddprun::progress

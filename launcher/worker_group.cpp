@@ -39,7 +39,8 @@ std::string WorkerResult::describe() const {
   if (WIFSIGNALED(waitStatus)) {
     const int sig = WTERMSIG(waitStatus);
     return "signal " + std::to_string(sig) + " (" + signalName(sig) + ")" +
-           (WCOREDUMP(waitStatus) ? ", core dumped" : "");
+           (WCOREDUMP(waitStatus) ? ", core dumped" : "") +
+           (killedBecause.empty() ? std::string() : " sent by ddprun: " + killedBecause);
   }
   return "exit code " + std::to_string(WEXITSTATUS(waitStatus));
 }
@@ -295,6 +296,16 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
       if (!s->ended && !s->reaped) releaseGuard(s->control);  // the guard's sweep (see stop())
     }
   });
+}
+
+void WorkerGroup::kill(int localRank, const std::string& why) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = *slots_[i];
+    if (results_[i].localRank != localRank || s.ended || s.reaped) continue;
+    results_[i].killedBecause = why;
+    ::kill(s.guardPid, SIGCONT);  // not reaped: its pid is still its own
+    s.control.reset();            // the guard kills the worker and every descendant, reports
+  }
 }
 
 void WorkerGroup::closeControls() {
