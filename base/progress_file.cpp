@@ -8,69 +8,127 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include "base/errors.h"
 #include "base/log.h"
 
 namespace ddprun::progress {
 
-void createProgressFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPeriodMs) {
+  DDPRUN_CHECK(slots > 0 && slots <= kMaxProgressSlots, "progress table slots out of range");
+  std::vector<uint64_t> words(static_cast<size_t>(slots) * kProgressRecordSize / 8, 0);
+  for (size_t i = 0; i < words.size(); i += kProgressRecordSize / 8) {
+    words[i] = kProgressMagic;
+    words[i + 3] = heartbeatPeriodMs;
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) throw Error("progress file " + path + ": " + std::strerror(errno));
-  uint64_t words[kProgressFileSize / 8] = {kProgressMagic, 0, 0, 0};
-  const ssize_t n = ::write(fd, words, sizeof words);
+  const size_t bytes = words.size() * 8;
+  const ssize_t n = ::pwrite(fd, words.data(), bytes, 0);
   const int err = errno;
   ::close(fd);
-  if (n != static_cast<ssize_t>(sizeof words)) {
+  if (n != static_cast<ssize_t>(bytes)) {
     throw Error("progress file " + path + ": " + (n < 0 ? std::strerror(err) : "short write"));
   }
 }
 
-std::optional<ProgressSample> readProgressFile(int fd) {
-  uint64_t words[kProgressFileSize / 8] = {};
-  if (::pread(fd, words, sizeof words, 0) != static_cast<ssize_t>(sizeof words)) return {};
+std::optional<ProgressSample> readProgressRecord(int fd, int slot) {
+  if (slot < 0 || slot >= kMaxProgressSlots) return {};
+  uint64_t words[kProgressRecordSize / 8] = {};
+  const off_t at = static_cast<off_t>(slot) * kProgressRecordSize;
+  if (::pread(fd, words, sizeof words, at) != static_cast<ssize_t>(sizeof words)) return {};
   if (words[0] != kProgressMagic) return {};
-  return ProgressSample{.steps = words[1], .waiting = words[2]};
+  return ProgressSample{.steps = words[1], .waiting = words[2],
+                        .heartbeats = words[3] / kHeartbeatBeat};
 }
 
 ProgressWriter& ProgressWriter::instance() {
-  static ProgressWriter writer([] {
-    const char* p = std::getenv(kProgressFileEnv);
-    return std::string(p ? p : "");
-  }());
+  static ProgressWriter writer(
+      [] {
+        const char* p = std::getenv(kProgressFileEnv);
+        return std::string(p ? p : "");
+      }(),
+      [] {
+        const char* s = std::getenv(kProgressSlotEnv);
+        if (s == nullptr) return 0;
+        char* end = nullptr;
+        const long v = std::strtol(s, &end, 10);
+        return end != s && *end == '\0' && v >= 0 && v < kMaxProgressSlots ? static_cast<int>(v)
+                                                                           : -1;
+      }());
   return writer;
 }
 
-ProgressWriter::ProgressWriter(const std::string& path) {
+ProgressWriter::ProgressWriter(const std::string& path, int slot) {
   if (path.empty()) return;
+  if (slot < 0 || slot >= kMaxProgressSlots) {
+    DDPRUN_LOG(DEBUG, "runtime") << kProgressSlotEnv << " is not a slot number; progress is "
+                                 << "not reported";
+    return;
+  }
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     DDPRUN_LOG(DEBUG, "runtime") << "progress file " << path << ": " << std::strerror(errno)
                                  << "; progress is not reported";
     return;
   }
+  const size_t end = (static_cast<size_t>(slot) + 1) * kProgressRecordSize;
   struct stat st {};
   void* map = MAP_FAILED;
-  if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(kProgressFileSize)) {
-    map = ::mmap(nullptr, kProgressFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= static_cast<off_t>(end)) {
+    map = ::mmap(nullptr, end, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
   ::close(fd);  // the mapping stays valid
   if (map == MAP_FAILED) {
-    DDPRUN_LOG(DEBUG, "runtime") << "progress file " << path << " cannot be mapped; "
-                                 << "progress is not reported";
+    DDPRUN_LOG(DEBUG, "runtime") << "progress file " << path << " has no record " << slot
+                                 << " that can be mapped; progress is not reported";
     return;
   }
-  auto* words = static_cast<uint64_t*>(map);
+  auto* words = reinterpret_cast<uint64_t*>(static_cast<char*>(map) + end - kProgressRecordSize);
   if (__atomic_load_n(&words[0], __ATOMIC_RELAXED) != kProgressMagic) {
-    ::munmap(map, kProgressFileSize);
+    ::munmap(map, end);
     DDPRUN_LOG(DEBUG, "runtime") << "progress file " << path << " is not one; not reported";
     return;
   }
+  map_ = map;
+  mapBytes_ = end;
   words_ = words;
 }
 
 ProgressWriter::~ProgressWriter() {
-  if (words_) ::munmap(words_, kProgressFileSize);
+  // A heartbeat thread uses the mapping until the process ends: it stays mapped then.
+  if (map_ && !beating_.load()) ::munmap(map_, mapBytes_);
+}
+
+uint32_t ProgressWriter::startHeartbeat() {
+  if (!words_) return 0;
+  const auto periodMs =
+      static_cast<uint32_t>(__atomic_load_n(&words_[3], __ATOMIC_RELAXED) & kHeartbeatPeriodMask);
+  if (periodMs == 0) return 0;
+  if (beating_.exchange(true)) return periodMs;
+  uint64_t* word = &words_[3];
+  try {
+    // The first beat announces the heartbeat: the agent watches it from then on.
+    std::thread([word, periodMs] {
+      const timespec period{static_cast<time_t>(periodMs / 1000),
+                            static_cast<long>(periodMs % 1000) * 1'000'000L};
+      for (;;) {
+        __atomic_fetch_add(word, kHeartbeatBeat, __ATOMIC_RELAXED);
+        ::nanosleep(&period, nullptr);
+      }
+    }).detach();
+  } catch (const std::system_error& e) {
+    // No thread (out of resources): nothing announced, so the worker is not watched for freezes.
+    beating_ = false;
+    DDPRUN_LOG(WARN, "runtime") << "no heartbeat thread (" << e.what()
+                                << "): ddprun cannot tell this worker frozen from slow";
+    return 0;
+  }
+  return periodMs;
 }
 
 void ProgressWriter::step() {

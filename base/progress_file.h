@@ -2,17 +2,29 @@
 // The progress file: how a worker tells its agent that it is making progress, at no cost to the
 // training step and without the agent ever waiting on the worker.
 //
-// The agent creates one small file per worker in the worker's run directory, with the magic
-// below and zero counters, and passes its path as DDPRUN_PROGRESS_FILE. The worker maps it
-// shared and bumps counters in place (a relaxed atomic add: no system call); the agent reads
-// it with pread on a timer (a page-cache read of 32 bytes), so a stalled, stopped or dead
-// worker cannot block it. Layout (host byte order; both ends are on one machine), 32 bytes:
+// The agent creates one small file per job in its run directory, the *progress table*: one
+// 32-byte record per local rank, record i at offset 32 x i, each with the magic below and zero
+// counters (rewritten in place at every round's start: no file is created per worker or per
+// round, which on ext4 costs ~0.1 ms each). It passes the path as DDPRUN_PROGRESS_FILE and the
+// worker's record as DDPRUN_PROGRESS_SLOT (its local rank). The worker maps the file shared and
+// bumps counters in its record in place (a relaxed atomic add: no system call); the agent reads
+// it with pread on a timer (a page-cache read of 32 bytes), so a stalled, stopped or dead worker
+// cannot block it. Record layout (host byte order; both ends are on one machine), 32 bytes:
 //    0  u64 magic     kProgressMagic, written by the agent
 //    8  u64 steps     units of progress so far (an optimizer step, an evaluation batch)
 //   16  u64 waiting   collectives the worker is blocked in now (waiting for its peers)
-//   24  u64 reserved  0
-// A worker started without DDPRUN_PROGRESS_FILE (another launcher, --stall-warning=0), or whose
-// file is missing or not of this layout, reports nothing; progress reporting never fails.
+//   24  u64 heartbeat bits 0-31: the heartbeat period the agent asks for, in ms (0: none),
+//                     written by the agent; bits 32-63: the beats of the worker's heartbeat
+//                     thread so far (0: it has none, yet or at all)
+// Steps say that the training moves; heartbeats only that the process is scheduled: a thread
+// of its own beats every period, through a long step, a slow data load or a long collective,
+// and stops when the whole process stops (SIGSTOP, a frozen cgroup, a debugger, a machine too
+// loaded to schedule it). The agent's --stall-warning watches the steps and only warns; its
+// --peer-timeout watches the heartbeats and kills a worker that stops beating.
+// A worker started without DDPRUN_PROGRESS_FILE (another launcher, both watches off), or whose
+// file is missing, too short for its slot or not of this layout, reports nothing; progress
+// reporting never fails. Without DDPRUN_PROGRESS_SLOT the slot is 0.
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,28 +32,35 @@
 namespace ddprun::progress {
 
 constexpr uint64_t kProgressMagic = 0x314752504e555244ULL;  // the bytes "DRUNPRG1"
-constexpr size_t kProgressFileSize = 32;
+constexpr size_t kProgressRecordSize = 32;
 constexpr const char* kProgressFileEnv = "DDPRUN_PROGRESS_FILE";
+constexpr const char* kProgressSlotEnv = "DDPRUN_PROGRESS_SLOT";
+constexpr int kMaxProgressSlots = 1 << 16;
+
+constexpr uint64_t kHeartbeatPeriodMask = 0xffffffffULL;  // word 3: the period...
+constexpr uint64_t kHeartbeatBeat = uint64_t{1} << 32;      // ...and one beat
 
 struct ProgressSample {
   uint64_t steps = 0;
   uint64_t waiting = 0;
+  uint64_t heartbeats = 0;  // beats so far (0: the worker has no heartbeat, yet or at all)
 };
 
-// Agent side: creates (or truncates) `path` with the magic and zero counters. Throws
-// ddprun::Error naming the path when it cannot.
-void createProgressFile(const std::string& path);
-// Agent side: the counters of an open progress file, or nullopt when it is not one (short,
-// wrong magic, unreadable). Never blocks on the worker.
-std::optional<ProgressSample> readProgressFile(int fd);
+// Agent side: writes `slots` records (the magic, zero counters, the heartbeat period the workers
+// should beat at: 0 none) to `path`, creating it the first time. Throws ddprun::Error naming
+// the path when it cannot.
+void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPeriodMs = 0);
+// Agent side: the counters of record `slot` of an open progress table, or nullopt when it is not
+// one (short, wrong magic, unreadable). Never blocks on the worker.
+std::optional<ProgressSample> readProgressRecord(int fd, int slot);
 
-// Worker side: the file named by DDPRUN_PROGRESS_FILE, mapped once (thread-safe). Every call is
-// a no-op when there is none.
+// Worker side: record DDPRUN_PROGRESS_SLOT of the file named by DDPRUN_PROGRESS_FILE, mapped
+// once (thread-safe). Every call is a no-op when there is none.
 class ProgressWriter {
  public:
   // The process-wide writer (opened on first use from the environment).
   static ProgressWriter& instance();
-  explicit ProgressWriter(const std::string& path);  // empty path: a no-op writer
+  ProgressWriter(const std::string& path, int slot);  // empty path: a no-op writer
   ~ProgressWriter();
   ProgressWriter(const ProgressWriter&) = delete;
   ProgressWriter& operator=(const ProgressWriter&) = delete;
@@ -50,9 +69,18 @@ class ProgressWriter {
   void step();          // one more unit of progress
   void enterWait();     // blocked in a collective from now on...
   void leaveWait();     // ...until this
+  // Starts the heartbeat thread at the period the agent wrote in the file; idempotent, a no-op
+  // when the agent asked for none (or there is no file). The thread is detached and lives until
+  // the process ends (it only sleeps and bumps the word; the mapping then is never unmapped),
+  // so nothing at exit waits for it, and a child forked later has none (it is not the worker).
+  // Returns the period in ms (0: no heartbeat).
+  uint32_t startHeartbeat();
 
  private:
-  uint64_t* words_ = nullptr;  // the mapping: magic, steps, waiting, reserved
+  std::atomic<bool> beating_{false};
+  void* map_ = nullptr;        // the file, from offset 0 to the end of our record
+  size_t mapBytes_ = 0;
+  uint64_t* words_ = nullptr;  // our record: magic, steps, waiting, heartbeat
 };
 
 }  // namespace ddprun::progress

@@ -9,6 +9,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -72,6 +73,8 @@ class Agent::Impl {
   void startWorkers(const RoundInfo& round);
   std::vector<WorkerLaunch> makeLaunches(const RoundInfo& round);
   void onWorkerExited(const WorkerResult& r);
+  // --peer-timeout: the worker stopped beating (progress_watch.h); kill it, a failure.
+  void onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silentSeconds);
   void onHandlerDecision(const JobDecision& d);
   void onGroupStopped();
   void stoppedNotRunning();  // onGroupStopped() of a group ddprun stopped
@@ -270,6 +273,14 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
   // A background group must not read a tty; a linked agent's stdin is its link's.
   const bool devNullStdin = link_ != nullptr || ::isatty(STDIN_FILENO) == 1;
   auto templ = env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  // The job's progress table, its records reset for this round (base/progress_file.h).
+  const std::string progressTable = options_.stallWarning != 0 || options_.peerTimeout > 0
+                                        ? runDir_->path() + "/progress"
+                                        : std::string();
+  if (!progressTable.empty()) {
+    progress::writeProgressTable(progressTable, nproc,
+                                 FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+  }
   std::vector<WorkerLaunch> launches;
   for (int lr = 0; lr < nproc; ++lr) {
     const int rank = round.rankOffset + lr;
@@ -278,10 +289,7 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
     l.localRank = lr;
     l.globalRank = rank;
     l.errorFile = dir + "/error.json";
-    if (options_.stallWarning != 0) {
-      l.progressFile = dir + "/progress";
-      progress::createProgressFile(l.progressFile);
-    }
+    l.progressFile = progressTable;  // this worker's record: its local rank
     const Environment overlay = workerEnvOverlay(WorkerEnvInputs{
         .base = env_, .round = round, .localRank = lr, .localWorldSize = nproc,
         .maxRestarts = options_.maxRestarts, .role = options_.role, .errorFile = l.errorFile,
@@ -290,7 +298,7 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
                            .argv = argvForRank(command_, lr),
                            .env = mergeEnvironment(env_, overlay),
                            .stdinFromDevNull = devNullStdin};
-    if (cgroup_) l.spawn.cgroup = cgroup_->makeWorkerCgroup(round.round, lr);
+    if (cgroup_) l.spawn.cgroup = cgroup_->workerCgroup();
     // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
     if (!timelineParts_.empty()) {
       l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
@@ -362,6 +370,8 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
     progressWatch_ = std::make_unique<ProgressWatch>(
         io_, ProgressWatch::Options{
                  .policy = {.thresholdSeconds = std::max(0.0, options_.stallWarning)},
+                 .warnStalls = options_.stallWarning != 0,
+                 .freeze = {.timeoutSeconds = options_.peerTimeout},
                  .nodeRank = round.nodeRank,
                  .host = hostName(),
                  .workers = std::move(watched),
@@ -372,7 +382,11 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
                      if (r.localRank == localRank) return r.ended ? 0 : r.pid;
                    }
                    return -1;
-                 }});
+                 },
+                 .onSilent =
+                     [this](const ProgressWatch::Worker& w, long pid, double silent) {
+                       guarded([&] { onWorkerSilent(w, pid, silent); });
+                     }});
   }
   // The attempt is the workers' TORCHELASTIC_RESTART_COUNT (what a trainer prints); a
   // membership change starts a new round of the same attempt.
@@ -399,6 +413,22 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
   stopGroup(StopReason::WorkerFailed, SIGTERM);
 }
 
+void Agent::Impl::onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silent) {
+  if (state_ != State::Running) return;
+  char why[160];
+  std::snprintf(why, sizeof why, "no heartbeat for %.1f s (--peer-timeout=%g)", silent,
+                options_.peerTimeout);
+  DDPRUN_LOG(ERROR, "launcher") << "rank " << w.rank << " (local rank " << w.localRank
+                                << ", pid " << pid << ") on node " << round_.nodeRank
+                                << " stopped answering: " << why
+                                << "; it is stopped or frozen, not slow (its heartbeat beats "
+                                << "through long steps): killing it (SIGKILL)";
+  events::instant("worker frozen", "agent",
+                  events::Args().add("rank", w.rank).add("pid", static_cast<int64_t>(pid))
+                      .add("silent_s", silent));
+  group_->kill(w.localRank, why);  // its exit is a failure: the group restarts as for a death
+}
+
 void Agent::Impl::onHandlerDecision(const JobDecision& d) {
   if (state_ != State::Running) return;  // other states get their decision as a completion
   switch (d.kind) {
@@ -421,7 +451,9 @@ void Agent::Impl::onHandlerDecision(const JobDecision& d) {
                                    << "; stopping what is left of its workers";
       break;
     case JobDecision::Kind::Failed:
-      DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: " << d.reason;
+      // A lost store has been reported in a line of its own (with its address and why).
+      DDPRUN_LOG(ERROR, "launcher") << "stopping the workers: "
+                                    << (d.storeLost ? "the rendezvous store is lost" : d.reason);
       break;
   }
   pending_ = d;
@@ -455,6 +487,8 @@ void Agent::Impl::stopGroup(StopReason reason, int sig) {
 }
 
 void Agent::Impl::onGroupStopped() {
+  // What a guard killed from outside could not sweep dies before anything else starts.
+  if (cgroup_) cgroup_->sweep();
   if (state_ == State::Running) {
     // Every worker exited and none failed: the job is done once the other nodes agree.
     progressWatch_.reset();

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,6 +39,17 @@ Pipe makePipe() {
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     throw Error(std::string("launcher: pipe2 failed: ") + std::strerror(errno));
   }
+  return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+// The control channel is a socket pair, not a pipe: the release byte goes out with
+// MSG_NOSIGNAL, so a guard that is already gone costs the launcher no SIGPIPE.
+Pipe makeControlChannel() {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    throw Error(std::string("launcher: socketpair failed: ") + std::strerror(errno));
+  }
+  ::shutdown(fds[0], SHUT_WR);  // the guard's end only reads
   return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 
@@ -325,6 +337,7 @@ size_t killDescendants() {
     }
     return r;  // 0: children left; -1 (ECHILD): none
   };
+  bool released = false;  // the launcher wrote kReleaseByte: it is alive and stops us on purpose
   while (true) {
     reapAll(WNOHANG);
     struct pollfd p {kGuardControlFd, POLLIN, 0};
@@ -332,15 +345,18 @@ size_t killDescendants() {
     if (rc > 0) {
       char byte;
       ssize_t n = ::read(kGuardControlFd, &byte, 1);
+      if (n == 1 && byte == kReleaseByte) released = true;
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
     }
   }
-  // 5. The sweep: the worker's cgroup at once (a cgroup.kill), then every descendant until
-  //    the guard has no child. The worker's end (by SIGKILL, usually) is reported on the way.
+  // 5. The sweep: every descendant until the guard has no child; when the launcher died, the
+  //    job's cgroup first (a cgroup.kill: every worker of the job goes, which is what the
+  //    launcher's death means). The worker's end (by SIGKILL, usually) is reported on the way.
   //    A subreaper without a child has no descendant at all (orphans below it are re-parented
-  //    to it; the cgroup holds only what the worker started), so the common end -- the
-  //    worker exited and left nothing -- neither kills nor reads /proc.
-  if (reapAll(WNOHANG) >= 0) killCgroup(cgroup);
+  //    to it), so the common end -- the worker exited and left nothing -- neither kills nor
+  //    reads /proc.
+  const bool launcherDied = !released;
+  if (launcherDied && reapAll(WNOHANG) >= 0) killCgroup(cgroup);
   while (reapAll(WNOHANG) >= 0) {  // -1 (ECHILD): no child left, so nothing below either
     const size_t alive = killDescendants();
     const pid_t r = reapAll(alive > 0 ? 0 : WNOHANG);  // the killed ones die: wait for one
@@ -350,17 +366,25 @@ size_t killDescendants() {
       ::nanosleep(&ms, nullptr);
     }
   }
-  // The cgroup: empty (or about to be), then removed (at once when it is empty); and the
-  // job's cgroup once the last worker's is gone (it is made again for the next group).
-  if (!cgroup.dir.empty()) {
-    killAndRemoveCgroup(cgroup.dir.c_str(), 2000);
-    ::rmdir(cgroup.jobDir.c_str());
-  }
+  // Without the launcher nobody else removes the job's cgroup: empty it (the other guards'
+  // workers are dying too) and remove it; whichever guard comes last finds it gone.
+  if (launcherDied && !cgroup.dir.empty()) killAndRemoveCgroup(cgroup.jobDir.c_str(), 2000);
   ::kill(0, SIGKILL);  // whatever joined the group from outside, the guard included
   ::_exit(137);
 }
 
 }  // namespace
+
+void releaseGuard(UniqueFd& control) noexcept {
+  if (control.get() < 0) return;
+  // One byte into a socket nobody else writes: never blocks. A guard already gone (EPIPE) is
+  // fine, and raises no SIGPIPE.
+  ssize_t w;
+  do {
+    w = ::send(control.get(), &kReleaseByte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (w < 0 && errno == EINTR);
+  control.reset();
+}
 
 GuardedProcess spawnGuarded(const SpawnRequest& req) {
   DDPRUN_CHECK(!req.argv.empty(), "a worker needs argv[0]");
@@ -371,7 +395,7 @@ GuardedProcess spawnGuarded(const SpawnRequest& req) {
   for (const auto& e : req.env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
-  Pipe control = makePipe(), status = makePipe(), out = makePipe(), err = makePipe();
+  Pipe control = makeControlChannel(), status = makePipe(), out = makePipe(), err = makePipe();
   // The guard starts with every signal blocked until it has set its dispositions.
   sigset_t all, old;
   sigfillset(&all);

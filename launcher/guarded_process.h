@@ -8,10 +8,12 @@
 //   ddprun ──fork──> guard (process group leader, pgid = guard pid)
 //                      └──fork+exec──> worker ──> worker's children (same process group)
 //
-// The guard holds the read end of a *control pipe* whose write end only the launcher has.
+// The guard holds the read end of a *control pipe* (a socket pair) whose write end only the
+// launcher has.
 // When that pipe reaches EOF -- the launcher closed it, or the launcher died, even by
 // SIGKILL -- the guard kills every descendant with SIGKILL, then its process group (itself
-// last). The guard is a child subreaper (PR_SET_CHILD_SUBREAPER): a descendant that left
+// last). The launcher writes kReleaseByte before it closes the pipe on purpose
+// (releaseGuard()), so a guard tells the launcher's death (EOF alone) from a stop. The guard is a child subreaper (PR_SET_CHILD_SUBREAPER): a descendant that left
 // the group (setsid) and lost its parent (double fork) is re-parented to the guard, so
 // "every descendant" is everything the worker started; the guard sweeps /proc and kills
 // until it has no child left. The guard also reaps the worker (and the orphans) and
@@ -20,8 +22,9 @@
 // stops a worker for good by closing its control pipe, not by killing the guard: a guard
 // killed from outside cannot sweep (its group still dies, escaped descendants may not; with
 // a job cgroup the launcher kills the worker's cgroup then).
-// With a job cgroup (job_cgroup.h) the worker joins its own cgroup before exec, and the
-// guard's sweep starts with that cgroup's cgroup.kill and ends by removing the cgroup.
+// With a job cgroup (job_cgroup.h) the worker starts in the job's cgroup; when the launcher
+// died, the guard's sweep starts with that cgroup's cgroup.kill and ends by removing it
+// (with the launcher alive, the launcher sweeps the cgroup once the group has stopped).
 // The guard ignores SIGINT/SIGTERM/SIGHUP/SIGQUIT: signals forwarded to the group are for
 // the worker; the guard's only way out is the control pipe (or SIGKILL).
 //
@@ -65,6 +68,13 @@ struct GuardedProcess {
   UniqueFd stdoutRead;      // the worker's stdout
   UniqueFd stderrRead;      // the worker's stderr
 };
+
+// Written on the control pipe before the launcher closes it on purpose.
+constexpr char kReleaseByte = 'R';
+
+// Stops the worker for good: the release byte, then the control pipe closed (the
+// guard kills the worker and all it started, reports, and exits). Idempotent.
+void releaseGuard(UniqueFd& control) noexcept;
 
 // Forks the guard, which forks and execs the worker. Returns at once (the Started record
 // arrives on `status`). Throws ddprun::Error naming the failed system call.

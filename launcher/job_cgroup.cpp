@@ -256,7 +256,9 @@ std::unique_ptr<JobCgroup> JobCgroup::create(const std::string& runId, bool disa
     return nullptr;
   }
   DDPRUN_LOG(DEBUG, "launcher") << "job cgroup " << dir;
-  return std::unique_ptr<JobCgroup>(new JobCgroup(dir));
+  std::unique_ptr<JobCgroup> job(new JobCgroup(dir));
+  if (!job->makeWorkersCgroup()) return nullptr;  // the destructor removes the job's
+  return job;
 }
 
 JobCgroup::~JobCgroup() {
@@ -266,24 +268,41 @@ JobCgroup::~JobCgroup() {
   }
 }
 
-WorkerCgroup JobCgroup::makeWorkerCgroup(int round, int localRank) {
-  const std::string dir =
-      dir_ + "/round-" + std::to_string(round) + "-rank-" + std::to_string(localRank);
-  for (const std::string& d : {dir_, dir}) {
-    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) {
-      if (!warned_) {
-        DDPRUN_LOG(WARN, "launcher") << "cannot create the worker cgroup " << d << ": "
-                                     << std::strerror(errno)
-                                     << "; the guards alone stop what the workers start";
-      }
-      warned_ = true;
-      return {};
-    }
+bool JobCgroup::makeWorkersCgroup() {
+  const std::string dir = dir_ + "/workers-" + std::to_string(generation_);
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    DDPRUN_LOG(WARN, "launcher") << "cannot create the workers' cgroup " << dir << ": "
+                                 << std::strerror(errno)
+                                 << "; the guards alone stop what the workers start";
+    worker_ = {};
+    return false;
   }
-  return WorkerCgroup{.dir = dir,
-                      .jobDir = dir_,
-                      .procs = dir + "/cgroup.procs",
-                      .kill = dir + "/cgroup.kill"};
+  worker_ = WorkerCgroup{.dir = dir,
+                         .jobDir = dir_,
+                         .procs = dir + "/cgroup.procs",
+                         .kill = dir_ + "/cgroup.kill"};
+  return true;
+}
+
+void JobCgroup::sweep() {
+  if (worker_.dir.empty()) return;
+  const std::string events = worker_.dir + "/cgroup.events";
+  if (cgroupEmpty(events.c_str())) return;
+  DDPRUN_LOG(DEBUG, "launcher") << "killing what the stopped group left in " << worker_.dir;
+  writeString((worker_.dir + "/cgroup.kill").c_str(), "1");
+  const long deadline = nowMs() + kSweepBoundMs;
+  while (!cgroupEmpty(events.c_str()) && nowMs() < deadline) {
+    const struct timespec ms {0, 1000000};
+    ::nanosleep(&ms, nullptr);
+  }
+  if (!cgroupEmpty(events.c_str())) {
+    DDPRUN_LOG(WARN, "launcher") << "processes the stopped workers started are still in "
+                                 << worker_.dir << " " << kSweepBoundMs / 1000.0
+                                 << " s after cgroup.kill; the next group starts anyway";
+  }
+  ::rmdir(worker_.dir.c_str());  // a killed cgroup is not reused (see the top of job_cgroup.h)
+  ++generation_;
+  makeWorkersCgroup();
 }
 
 }  // namespace ddprun::launcher

@@ -9,14 +9,23 @@
 // So where ddprun finds a writable cgroup v2 hierarchy with cgroup.kill it creates
 //
 //   <ddprun's own cgroup>/ddprun-<run id>-<pid>/     the job: no controllers, no process
-//        └── round-<round>-rank-<local rank>/        one per worker, made before its spawn
+//        └── workers-<n>/                           where every worker starts
 //
-// The worker starts in its cgroup (its guard forks it with clone3(CLONE_INTO_CGROUP), or where
-// that is refused the worker writes "0" to cgroup.procs before exec); its guard stays outside. When the guard stops its worker it writes cgroup.kill, waits
-// (bounded) until cgroup.events says "populated 0" (a zombie counts as gone), removes the
-// worker's directory and tries the job's, which succeeds once the last worker's is gone: so
-// after `kill -9` of ddprun the guards still leave nothing behind. ddprun itself kills and
-// removes the cgroup of a worker whose guard died, and at its end the job's whole cgroup.
+// once, and every worker of every round starts in workers-<n> (its guard forks it with
+// clone3(CLONE_INTO_CGROUP), or where that is refused the worker writes "0" to cgroup.procs
+// before exec); the guards and ddprun stay outside. One cgroup for all the job's workers, not
+// one per worker: creating and removing a cgroup and starting the first process in a new one
+// cost ~130 us per worker here, starting a process in an existing one ~30 us. A cgroup that
+// was killed is not reused (on some kernels cgroup.kill also kills every process started in
+// it later), so a sweep that had to kill replaces workers-<n> with workers-<n+1>.
+// Who sweeps it:
+//   - ddprun, whenever a group has stopped (every guard reaped), before the next round:
+//     sweep() kills whatever is still in workers-<n> (the escapees of a guard killed from
+//     outside), waits until it is empty and replaces it; and at its end it removes the job's.
+//   - the guards, when ddprun died (their control pipe reached EOF without the release byte,
+//     guarded_process.h): each kills the whole cgroup -- every worker of the job is being
+//     killed anyway -- waits until it is empty and removes it, so after `kill -9` of ddprun
+//     nothing is left, the directory included.
 // The graceful stop does not change (the stop signal to the worker's process group, SIGKILL
 // after --shutdown-timeout); cgroup.kill is the sweep after it, not a replacement.
 //
@@ -41,16 +50,18 @@ CgroupLookup findOwnCgroup2(std::string_view mountinfo, std::string_view procSel
 // The same from this process's /proc files.
 CgroupLookup findOwnCgroup2();
 
-// The paths one worker's cgroup needs, prepared before fork: the functions taking it are
+// The paths a worker's guard needs, prepared before fork: the functions taking it are
 // async-signal-safe (open, write, read, rmdir, getdents64 on these strings; no allocation).
 struct WorkerCgroup {
-  std::string dir;     // empty: no cgroup for this worker
-  std::string jobDir;  // its parent
-  std::string procs, kill;  // dir + "/cgroup.procs", dir + "/cgroup.kill"
+  std::string dir;     // where the worker starts (workers-<n>); empty: no cgroup for it
+  std::string jobDir;  // the job's cgroup
+  std::string procs;   // dir + "/cgroup.procs"
+  std::string kill;    // jobDir + "/cgroup.kill": every worker of the job
 };
 // In the worker, before exec: moves the calling process into the cgroup. Returns 0 or errno.
 int joinCgroup(const WorkerCgroup& cg) noexcept;
-// Writes cgroup.kill: SIGKILL to everything in the worker's cgroup, without waiting.
+// Writes the job's cgroup.kill: SIGKILL to every worker of the job and all they started,
+// without waiting.
 void killCgroup(const WorkerCgroup& cg) noexcept;
 // Removes `dir`; unless that works at once (it is empty, no child cgroup), SIGKILLs
 // everything in it and its child cgroups, waits until it is empty (at most `boundMs`) and
@@ -70,15 +81,22 @@ class JobCgroup {
   JobCgroup& operator=(const JobCgroup&) = delete;
 
   const std::string& dir() const { return dir_; }
-  // Creates the cgroup of one worker (and the job's again, which the guards remove each time
-  // the last worker of a group is gone). On failure: a warning, and a WorkerCgroup without
-  // dir (the worker runs without one).
-  WorkerCgroup makeWorkerCgroup(int round, int localRank);
+  // Where a worker starts: workers-<n> (no dir when it could not be made: a warning said so).
+  const WorkerCgroup& workerCgroup() const { return worker_; }
+  // Once a group has stopped (its guards reaped) and before the next starts: kills what is
+  // still in workers-<n>, waits until it is empty (at most kSweepBoundMs; a warning if it is
+  // not) and replaces it with workers-<n+1>. One read of cgroup.events when it is empty, the
+  // usual case.
+  void sweep();
+  static constexpr int kSweepBoundMs = 2000;
 
  private:
   explicit JobCgroup(std::string dir) : dir_(std::move(dir)) {}
+  // Creates workers-<generation_> and points worker_ at it (or at nothing, with a warning).
+  bool makeWorkersCgroup();
   std::string dir_;
-  bool warned_ = false;
+  int generation_ = 0;
+  WorkerCgroup worker_;
 };
 
 }  // namespace ddprun::launcher

@@ -64,6 +64,9 @@ constexpr Flag kFlags[] = {
     {"stall-warning", "", false, "auto",
      "warn when a worker makes no progress for this long: SECONDS, auto (10 x its step time, "
      "at least 3 s) or 0 (off)"},
+    {"peer-timeout", "", false, "5",
+     "kill a worker whose heartbeat stopped this long (it is stopped or frozen, not slow) and "
+     "restart: SECONDS or 0 (off); only workers whose runtime beats"},
     {"signals-to-handle", "", false, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "signals forwarded to the workers"},
     {"pass-local-rank", "", true, "0",
@@ -252,6 +255,17 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
     } catch (const BadValue&) {
       throw BadValue("expected auto, 0 (off) or a number of seconds (e.g. 30 or 0.5)");
     }
+  });
+  o.peerTimeout = parse("peer-timeout", [](auto& v) {
+    double s = -1;
+    try {
+      s = parseSeconds(v);
+    } catch (const BadValue&) {
+    }
+    if (s != 0 && !(s >= 0.1)) {
+      throw BadValue("expected 0 (off) or a number of seconds >= 0.1 (e.g. 5 or 0.5)");
+    }
+    return s;
   });
   o.signalsToHandle = parse("signals-to-handle", [](auto& v) { return parseSignalList(v); });
   o.passLocalRank = flag("pass-local-rank");

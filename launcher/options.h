@@ -77,6 +77,10 @@ struct LaunchOptions {
   // --stall-warning: a worker without progress for this many seconds gets a warning line
   // (progress_watch.h). -1: auto (a multiple of its step time, with a floor); 0: off.
   double stallWarning = -1;
+  // --peer-timeout: a worker whose heartbeat (worker_runtime/progress.h) stops for this many
+  // seconds is killed and counts as failed (progress_watch.h). 0: off. Workers without a
+  // heartbeat (no runtime) are never killed by it.
+  double peerTimeout = 5.0;
 
   // ---- Output ----
   std::string logDir;                    // empty: a temporary directory

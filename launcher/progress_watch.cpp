@@ -55,6 +55,25 @@ std::optional<StallTracker::Event> StallTracker::observe(SteadyTime now,
                .waiting = s.waiting > 0, .stepSeconds = stepSeconds_, .thresholdSeconds = thr};
 }
 
+uint32_t FreezePolicy::heartbeatPeriodMs(double timeoutSeconds) {
+  if (timeoutSeconds <= 0) return 0;
+  return static_cast<uint32_t>(std::clamp(timeoutSeconds * 100.0, 10.0, 500.0));
+}
+
+std::optional<double> HeartbeatTracker::observe(SteadyTime now, uint64_t heartbeats) {
+  if (policy_.timeoutSeconds <= 0 || heartbeats == 0) return {};
+  if (heartbeats != beats_) {
+    beats_ = heartbeats;
+    lastChange_ = now;
+    fired_ = false;
+    return {};
+  }
+  const double silent = std::chrono::duration<double>(now - lastChange_).count();
+  if (fired_ || silent < policy_.timeoutSeconds) return {};
+  fired_ = true;
+  return silent;
+}
+
 std::string describeStall(const StallTracker::Event& e, int rank, int localRank, int nodeRank,
                           const std::string& host, long pid) {
   char buf[512];
@@ -88,16 +107,27 @@ std::chrono::milliseconds ProgressWatch::period(const StallPolicy& p) {
   return std::chrono::milliseconds(std::clamp<int64_t>(quarter, 50, 500));
 }
 
+std::chrono::milliseconds ProgressWatch::period(const Options& o) {
+  auto p = o.warnStalls ? period(o.policy) : std::chrono::milliseconds(500);
+  if (o.freeze.timeoutSeconds > 0) {
+    const auto tenth = static_cast<int64_t>(o.freeze.timeoutSeconds * 100);
+    p = std::min(p, std::chrono::milliseconds(std::clamp<int64_t>(tenth, 50, 500)));
+  }
+  return p;
+}
+
 struct ProgressWatch::Impl : std::enable_shared_from_this<ProgressWatch::Impl> {
   struct Watched {
     ProgressWatch::Worker worker;
     int fd = -1;
     StallTracker tracker;
+    HeartbeatTracker heartbeat;
   };
   Impl(asio::io_context& io, Options o) : options(std::move(o)), timer(io) {
     for (const auto& w : options.workers) {
       watched.push_back(Watched{.worker = w, .fd = ::open(w.path.c_str(), O_RDONLY | O_CLOEXEC),
-                                .tracker = StallTracker(options.policy)});
+                                .tracker = StallTracker(options.policy),
+                                .heartbeat = HeartbeatTracker(options.freeze)});
     }
   }
   ~Impl() {
@@ -106,7 +136,7 @@ struct ProgressWatch::Impl : std::enable_shared_from_this<ProgressWatch::Impl> {
     }
   }
   void arm() {
-    timer.expires_after(period(options.policy));
+    timer.expires_after(period(options));
     timer.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
       auto self = weak.lock();
       if (ec || !self || self->stopped) return;
@@ -124,8 +154,13 @@ struct ProgressWatch::Impl : std::enable_shared_from_this<ProgressWatch::Impl> {
         w.fd = -1;
         continue;
       }
-      const auto sample = progress::readProgressFile(w.fd);
+      const auto sample = progress::readProgressRecord(w.fd, w.worker.localRank);
       if (!sample) continue;
+      if (const auto silent = w.heartbeat.observe(now, sample->heartbeats)) {
+        if (options.onSilent) options.onSilent(w.worker, pid, *silent);
+        if (stopped) return;  // the callback may end the watch (it is then being destroyed)
+      }
+      if (!options.warnStalls) continue;
       const auto event = w.tracker.observe(now, *sample);
       if (!event) continue;
       const std::string line =

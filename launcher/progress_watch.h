@@ -14,6 +14,14 @@
 // kAutoMultiple x the rank's recent step time). A rank is watched from its first step on (start
 // up, data loading and the rendezvous are not steps); only while its group runs. Acting on a
 // stall (stopping the job) is not this class's business.
+//
+// Frozen, not slow (--peer-timeout): a worker whose runtime started its heartbeat thread
+// (worker_runtime/progress.h) bumps a heartbeat counter in the same file every period; the
+// thread beats through any long step and stops only when the whole process does (SIGSTOP, a
+// debugger, a frozen cgroup). A worker whose counter has not moved for the peer timeout is
+// handed to Options::onSilent, once (the agent kills it and treats it as a failure). A worker
+// that never beat (no runtime: a Python script, a program that does not call init()) is never
+// handed over.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -64,6 +72,29 @@ class StallTracker {
   bool warned_ = false;
 };
 
+// --peer-timeout: the pure part of the freeze watch. No I/O.
+struct FreezePolicy {
+  double timeoutSeconds = 0;  // 0: off
+  static constexpr double kDefaultSeconds = 5.0;
+  // The heartbeat period asked of the workers: a tenth of the timeout, within 10..500 ms (a
+  // beat costs an atomic add and a wake-up).
+  static uint32_t heartbeatPeriodMs(double timeoutSeconds);
+};
+
+class HeartbeatTracker {
+ public:
+  explicit HeartbeatTracker(FreezePolicy policy) : policy_(policy) {}
+  // Feeds the heartbeat counter read at `now`; returns how long it has not moved, once, when
+  // that reaches the timeout. Nothing before the first beat, nor when the policy is off.
+  std::optional<double> observe(SteadyTime now, uint64_t heartbeats);
+
+ private:
+  FreezePolicy policy_;
+  uint64_t beats_ = 0;
+  SteadyTime lastChange_{};
+  bool fired_ = false;
+};
+
 // One line for an event (without the log prefix).
 std::string describeStall(const StallTracker::Event& e, int rank, int localRank, int nodeRank,
                           const std::string& host, long pid);
@@ -74,16 +105,21 @@ class ProgressWatch {
   struct Worker {
     int rank = 0;
     int localRank = 0;
-    std::string path;  // its progress file (created by the agent before the spawn)
+    std::string path;  // the progress table (written by the agent before the spawn); the
+                       // worker's record is its local rank's
   };
   struct Options {
     StallPolicy policy;
+    bool warnStalls = true;  // --stall-warning (false: 0, off)
+    FreezePolicy freeze;     // --peer-timeout
     int nodeRank = 0;      // how the lines name this node
     std::string host;
     std::vector<Worker> workers;
     // The worker's pid for the lines (-1: not known yet); 0 once it has ended: an ended worker
     // (one that finished before the others) is no longer watched.
     std::function<long(int localRank)> pidOf;
+    // A worker that stopped beating for freeze.timeoutSeconds (seconds measured), once.
+    std::function<void(const Worker& worker, long pid, double silentSeconds)> onSilent;
   };
   ProgressWatch(boost::asio::io_context& io, Options options);
   ~ProgressWatch();  // stops watching; no line comes after it
@@ -92,6 +128,9 @@ class ProgressWatch {
 
   // How often the files are read for a threshold (auto: 0.5 s).
   static std::chrono::milliseconds period(const StallPolicy& p);
+  // ... and for both watches: the shorter of the two periods (a tenth of the peer timeout,
+  // within 50..500 ms, for the freeze watch).
+  static std::chrono::milliseconds period(const Options& o);
 
  private:
   struct Impl;

@@ -34,7 +34,10 @@ Environment workerEnvOverlay(const WorkerEnvInputs& in) {
       {"NCCL_ASYNC_ERROR_HANDLING", keepOr("NCCL_ASYNC_ERROR_HANDLING", "1")},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", keepOr("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
   };
-  if (!in.progressFile.empty()) env["DDPRUN_PROGRESS_FILE"] = in.progressFile;
+  if (!in.progressFile.empty()) {
+    env["DDPRUN_PROGRESS_FILE"] = in.progressFile;
+    env["DDPRUN_PROGRESS_SLOT"] = std::to_string(in.localRank);  // its record in the table
+  }
   if (auto it = in.base.find("OMP_NUM_THREADS"); it != in.base.end()) {
     env["OMP_NUM_THREADS"] = it->second;
   } else if (setsOmpNumThreads(in.base, in.localWorldSize)) {

@@ -39,7 +39,8 @@ std::string WorkerResult::describe() const {
   if (WIFSIGNALED(waitStatus)) {
     const int sig = WTERMSIG(waitStatus);
     return "signal " + std::to_string(sig) + " (" + signalName(sig) + ")" +
-           (WCOREDUMP(waitStatus) ? ", core dumped" : "");
+           (WCOREDUMP(waitStatus) ? ", core dumped" : "") +
+           (killedBecause.empty() ? std::string() : " sent by ddprun: " + killedBecause);
   }
   return "exit code " + std::to_string(WEXITSTATUS(waitStatus));
 }
@@ -245,12 +246,8 @@ void WorkerGroup::onGuardGone(size_t i) {
   int st = 0;
   while (::waitpid(s.guardPid, &st, 0) < 0 && errno == EINTR) {
   }
-  // A guard that ended normally has removed the worker's cgroup (this finds nothing); one
-  // killed from outside could not: what its worker started, in the cgroup, dies now.
-  if (!s.cgroupDir.empty() && !killAndRemoveCgroup(s.cgroupDir.c_str(), 2000)) {
-    DDPRUN_LOG(WARN, "launcher") << "could not remove the cgroup " << s.cgroupDir << ": "
-                                 << std::strerror(errno);
-  }
+  // A guard killed from outside could not sweep: what its worker started and is still in the
+  // job's cgroup dies when the agent sweeps it, once the whole group has stopped.
   s.reaped = true;
   s.status.close();
   s.control.reset();
@@ -280,7 +277,7 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
     // A guard still setting up would drop the signal (it ignores it, and the worker does not
     // exist yet): it is sent when the Started record arrives. SIGKILL needs no such care.
     if (sig == SIGKILL) {
-      s->control.reset();  // the guard kills the worker and every descendant, then reports
+      releaseGuard(s->control);  // the guard kills the worker and every descendant, then reports
     } else if (s->started) {
       ::kill(-s->guardPid, sig);
     } else {
@@ -296,16 +293,26 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
                                  << "sending SIGKILL";
     self->stopSignal_ = SIGKILL;
     for (auto& s : self->slots_) {
-      if (!s->ended && !s->reaped) s->control.reset();  // the guard's sweep (see stop())
+      if (!s->ended && !s->reaped) releaseGuard(s->control);  // the guard's sweep (see stop())
     }
   });
+}
+
+void WorkerGroup::kill(int localRank, const std::string& why) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = *slots_[i];
+    if (results_[i].localRank != localRank || s.ended || s.reaped) continue;
+    results_[i].killedBecause = why;
+    ::kill(s.guardPid, SIGCONT);  // not reaped: its pid is still its own
+    s.control.reset();            // the guard kills the worker and every descendant, reports
+  }
 }
 
 void WorkerGroup::closeControls() {
   if (controlsClosed_) return;
   controlsClosed_ = true;
   timers_->kill.cancel();
-  for (auto& s : slots_) s->control.reset();  // each guard now kills its process group
+  for (auto& s : slots_) releaseGuard(s->control);  // each guard now kills its process group
 }
 
 void WorkerGroup::checkStopped() {
@@ -371,7 +378,7 @@ void WorkerGroup::killAll() {
   // group.
   constexpr auto kGuardSweepBound = std::chrono::seconds(5);
   for (auto& s : slots_) {
-    if (!s->reaped) s->control.reset();
+    if (!s->reaped) releaseGuard(s->control);
   }
   const auto deadline = std::chrono::steady_clock::now() + kGuardSweepBound;
   for (auto& s : slots_) {

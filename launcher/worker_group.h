@@ -52,6 +52,7 @@ struct WorkerResult {
   int execErrno = 0;          // execve failed with this errno
   bool guardLost = false;     // the guard died on its own; the group was killed
   int stopSignal = 0;         // the signal ddprun sent to stop it (0: none)
+  std::string killedBecause;  // ddprun killed this one worker (kill()): why, for describe()
   std::chrono::system_clock::time_point endTime;
   std::string errorFile;
   std::deque<std::string> stderrTail;  // complete once the group has stopped
@@ -81,6 +82,10 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   // Sends `sig` to every worker still running (its whole process group); those still
   // running after `grace` get SIGKILL.
   void stop(int sig, std::chrono::milliseconds grace);
+  // SIGKILL to one running worker and everything it started, through its guard's sweep (the
+  // guard is sent SIGCONT too, in case its process group was stopped with it). Its exit comes
+  // through Callbacks::exited as a failure that describe()s `why`. The others are left alone.
+  void kill(int localRank, const std::string& why);
   // SIGKILL to every process group and reap the guards, synchronously (teardown).
   void killAll();
 

@@ -6,4 +6,6 @@ namespace ddprun::runtime {
 
 void reportProgress() { progress::ProgressWriter::instance().step(); }
 
+void startHeartbeat() { progress::ProgressWriter::instance().startHeartbeat(); }
+
 }  // namespace ddprun::runtime

@@ -18,6 +18,7 @@
 #include "worker_runtime/gloo_communicator.h"
 #include "worker_runtime/hierarchical_communicator.h"
 #include "worker_runtime/nccl_communicator.h"
+#include "worker_runtime/progress.h"
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
 #include "worker_runtime/tcp_mesh.h"
@@ -181,6 +182,9 @@ void Runtime::shutdown() {
 }
 
 std::unique_ptr<Runtime> init(InitOptions options) {
+  // First: from here on ddprun can tell this process stopped from slow (--peer-timeout),
+  // through the store connection, the communicator set-up and every step.
+  startHeartbeat();
   WorkerEnv env = readWorkerEnv(options.env);
   log::setIdentity("rank " + std::to_string(env.rank));
   // Under `ddprun --timeline`: this rank's track (docs/timeline.md).

@@ -112,9 +112,9 @@ class Job:
         self.nodes.append(n)
         return n
 
-    def start(self):
-        self.a = self.agent("a", "127.0.0.2")
-        self.b = self.agent("b", "127.0.0.3")
+    def start(self, extra=()):
+        self.a = self.agent("a", "127.0.0.2", extra)
+        self.b = self.agent("b", "127.0.0.3", extra)
         return self
 
     def checkpoints(self):
@@ -202,7 +202,8 @@ def agent_sigstop(t, ref, at):
 
 
 def worker_sigstop(t, ref, at):
-    j = Job(t, "worker_sigstop").start()
+    # Stopped for 3 s, well under the peer timeout: only named, never killed.
+    j = Job(t, "worker_sigstop").start(["--peer-timeout=20"])
     j.wait_world2()
     j.wait_checkpoint(at)
     pid = worker_pid(j.mark, "127.0.0.3")
@@ -211,6 +212,23 @@ def worker_sigstop(t, ref, at):
     err = j.b.stderr()
     check(re.search(r"rank \d on node \d \([^,]+, local rank 0, pid %d\) has made no progress"
                     % pid, err), "worker_sigstop: b's agent names its stopped worker")
+
+
+def worker_frozen(t, ref, at):
+    # Stopped for good: its agent kills it after the peer timeout (its runtime's heartbeat
+    # stopped), the job restarts from the checkpoint and finishes with the clean accuracy.
+    j = Job(t, "worker_frozen").start(["--peer-timeout=1"])
+    j.wait_world2()
+    j.wait_checkpoint(at)
+    pid = worker_pid(j.mark, "127.0.0.3")
+    stop(pid)
+    j.expect([0, 0], ref)
+    err = j.b.stderr()
+    m = re.search(r"rank \d \(local rank 0, pid %d\) on node \d stopped answering: no heartbeat "
+                  r"for ([0-9.]+) s \(--peer-timeout=1\)" % pid, err)
+    check(m and float(m.group(1)) >= 1.0, "worker_frozen: b's agent names its frozen worker")
+    check("sent by ddprun: no heartbeat" in err, "worker_frozen: the kill is the root cause")
+    check(not alive(pid), "worker_frozen: the frozen worker is gone")
 
 
 def truncated_checkpoint(t, ref, at):
@@ -238,7 +256,7 @@ def store_host_killed(t, ref, at):
 
 
 FAULTS = [worker_kill, agent_kill_rejoin, agent_sigterm, agent_sigstop, worker_sigstop,
-          truncated_checkpoint, store_host_killed]
+          worker_frozen, truncated_checkpoint, store_host_killed]
 
 
 def fault_series(t):

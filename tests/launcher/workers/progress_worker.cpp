@@ -1,20 +1,29 @@
 // A worker for the progress-watch tests: reports a step of progress every STEP_MS milliseconds
 // through the real writer (base/progress_file.h, as the runtime's DDP does), STEPS times, then
 // exits 0. Prints "rank R pid P" first, so a test can stop it from outside.
-//   progress_worker STEPS STEP_MS [SLEEP_RANK SLEEP_AT_STEP SLEEP_SECONDS]
+//   progress_worker [--heartbeat] STEPS STEP_MS [SLEEP_RANK SLEEP_AT_STEP SLEEP_SECONDS]
 // With the last three, rank SLEEP_RANK sleeps SLEEP_SECONDS before step SLEEP_AT_STEP.
+// --heartbeat: starts the heartbeat thread first, as the runtime's init() does
+// (ddprun::runtime::startHeartbeat() is this call), and prints its period.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "base/progress_file.h"
 
 int main(int argc, char** argv) {
+  const bool heartbeat = argc > 1 && std::string(argv[1]) == "--heartbeat";
+  if (heartbeat) {
+    --argc;
+    ++argv;
+  }
   if (argc != 3 && argc != 6) {
-    std::fprintf(stderr, "usage: progress_worker STEPS STEP_MS [SLEEP_RANK AT SECONDS]\n");
+    std::fprintf(stderr,
+                 "usage: progress_worker [--heartbeat] STEPS STEP_MS [SLEEP_RANK AT SECONDS]\n");
     return 2;
   }
   const int steps = std::atoi(argv[1]);
@@ -23,8 +32,10 @@ int main(int argc, char** argv) {
   const int rank = rankEnv ? std::atoi(rankEnv) : 0;
   const bool sleeps = argc == 6 && std::atoi(argv[3]) == rank;
   auto& progress = ddprun::progress::ProgressWriter::instance();
-  std::printf("rank %d pid %d progress %s\n", rank, static_cast<int>(::getpid()),
-              progress.active() ? "reported" : "not reported");
+  const unsigned long long beatMs = heartbeat ? progress.startHeartbeat() : 0;
+  std::printf("rank %d pid %d progress %s, heartbeat %llu ms\n", rank,
+              static_cast<int>(::getpid()), progress.active() ? "reported" : "not reported",
+              beatMs);
   std::fflush(stdout);
   for (int s = 0; s < steps; ++s) {
     if (sleeps && s == std::atoi(argv[4])) {
