@@ -144,6 +144,7 @@ class DynamicRendezvous {
   // The ddprun store's dynamic backend forms rounds by the slot join (dynamic_rendezvous_slots.cpp).
   Versioned joinBySlots();
   Versioned closeBySlots(const Versioned& joining);
+  AfterSuccess finishBySlots(int64_t round);
   // Arms (round >= 0) or disarms (-1) the watcher; disarming makes a pending event stale.
   void watch(int64_t round);
   void watcherLoop();

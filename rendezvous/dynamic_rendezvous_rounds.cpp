@@ -162,6 +162,7 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   watch(-1);
   inRound_ = false;
   const int64_t r = round_.round;
+  if (options_.backend->slotJoin()) return finishBySlots(r);
   current_ = log_->update(current_, [&](const RoundState& s) {
     return transition::nodeDone(s, r, self_.id);
   }).now;

@@ -5,7 +5,8 @@
 // appends Closed(r) (transition::closeWithSlots): the holder of the slot that completes the
 // round (slotTarget), or a member whose last call ran out. Everything after the close -- the
 // waiting list, failures and restarts, departures and evictions, the exit barrier -- is the
-// state log's, as before.
+// state log's, as before -- but for the exit barrier, where each done node counts itself with an
+// ADD instead of a compare-set on the state (finishBySlots).
 #include <algorithm>
 #include <sstream>
 
@@ -130,6 +131,59 @@ Versioned DynamicRendezvous::closeBySlots(const Versioned& cur) {
                                     << " of " << k << " slot(s)";
   }
   return res.now;
+}
+
+// The exit barrier of round r on the slot join: this node counts itself done (ADD r/<r>/done,
+// and its id in r/<r>/done/<d>); the first marks the round finishing in the log (nodeDone: from
+// then on arrivals wait and departures are lost), and whoever can see that every member is done
+// or lost -- the K-th done node, or after a removal a done node that counts again -- appends
+// Finished (transition::finishWithDone). k nodes finishing together cost O(k) store work, not
+// the O(k^2) compare-sets of each appending itself.
+DynamicRendezvous::AfterSuccess DynamicRendezvous::finishBySlots(int64_t r) {
+  const auto deadline = Clock::now() + options_.exitBarrierTimeout;
+  const int64_t k = round_.nodeCount;
+  const Millis recordWait = std::clamp(options_.lastCallTimeout, Millis(2'000), Millis(10'000));
+  Store& store = *main_.store;
+  const int64_t d = scalable::markDone(store, r, self_.id);
+  if (d == 1) {
+    current_ = log_->update(current_, [&](const RoundState& s) {
+      return transition::nodeDone(s, r, self_.id);
+    }).now;
+  }
+  auto tryFinish = [&](int64_t count) {
+    const RoundState& s = current_.state;
+    if (s.phase != Phase::Closed || s.round != r) return;
+    if (count + static_cast<int64_t>(s.lost.size()) < k) return;  // someone is still running
+    const std::vector<std::string> ids = scalable::readDone(store, r, count, recordWait);
+    current_ = log_->update(current_, [&](const RoundState& st) {
+      return transition::finishWithDone(st, r, ids);
+    }).now;
+  };
+  tryFinish(d);
+  view_.offer(current_);
+  while (current_.state.phase == Phase::Closed && current_.state.round == r) {
+    const size_t lost = current_.state.lost.size();
+    auto nv = log_->waitNewer(current_, until(deadline));
+    if (!nv) {
+      throw TimeoutError("rendezvous '" + options_.runId + "': exit barrier of round " +
+                         std::to_string(r) + ": only " +
+                         std::to_string(scalable::readDoneCount(store, r)) + " of " +
+                         std::to_string(k) + " nodes had finished when " +
+                         "exit_barrier_timeout=" + seconds(options_.exitBarrierTimeout) +
+                         " ran out");
+    }
+    current_ = *nv;
+    view_.offer(current_);
+    // A member was lost meanwhile: the others may all be done now.
+    if (current_.state.lost.size() > lost) tryFinish(scalable::readDoneCount(store, r));
+  }
+  const RoundState& s = current_.state;
+  if (s.phase == Phase::Failed) {
+    jobExitCode_ = s.exitCode;
+    jobFailure_ = s.reason;
+    return AfterSuccess::JobFailed;
+  }
+  return s.phase == Phase::Finished ? AfterSuccess::Finished : AfterSuccess::Rejoin;
 }
 
 }  // namespace ddprun::rendezvous

@@ -127,13 +127,14 @@ bool KeyTable::writeOnce(std::string_view key) {
   if (slash == 0 || slash == std::string_view::npos) return false;
   key.remove_prefix(slash);
   if (take(key, "/state/")) return allDigits(key);
-  // The slot join (rendezvous/scalable/slot_join.h): r/<r>/node/<s>, r/<r>/closed, r/<r>/over.
-  // r/<r>/count is a counter (ADD), not write-once.
+  // The slot join (rendezvous/scalable/slot_join.h): r/<r>/node/<s>, r/<r>/done/<d>,
+  // r/<r>/closed, r/<r>/over. r/<r>/count and r/<r>/done are counters (ADD), not write-once.
   if (!take(key, "/r/")) return false;
   const size_t end = key.find('/');
   if (end == std::string_view::npos || !allDigits(key.substr(0, end))) return false;
   key.remove_prefix(end);
   if (take(key, "/node/")) return allDigits(key);
+  if (take(key, "/done/")) return allDigits(key);  // the exit barrier's records (r/<r>/done: ADD)
   return key == "/closed" || key == "/over";
 }
 

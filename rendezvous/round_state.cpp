@@ -331,6 +331,20 @@ std::optional<RoundState> nodeDone(const RoundState& s, int64_t round, const std
   return finishIfAllDone(std::move(next));
 }
 
+std::optional<RoundState> finishWithDone(const RoundState& s, int64_t round,
+                                         const std::vector<std::string>& doneIds) {
+  if (s.phase != Phase::Closed || s.round != round) return std::nullopt;
+  RoundState next = s;
+  for (const auto& id : doneIds)
+    if (s.member(id) && !contains(next.done, id)) next.done.push_back(id);
+  next.lost.erase(std::remove_if(next.lost.begin(), next.lost.end(),
+                                 [&](const std::string& id) { return contains(next.done, id); }),
+                  next.lost.end());
+  next = finishIfAllDone(std::move(next));
+  if (next.phase != Phase::Finished) return std::nullopt;
+  return next;
+}
+
 std::optional<RoundState> finish(const RoundState& s, int64_t round) {
   if (s.phase != Phase::Closed || s.round != round) return std::nullopt;
   RoundState next = s;

@@ -156,6 +156,12 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
 // when round `round` is over.
 std::optional<RoundState> nodeDone(const RoundState& s, int64_t round, const std::string& id);
 
+// The slot join's exit barrier: `doneIds` are the members whose workers succeeded in round
+// `round`, as counted outside the log (r/<r>/done). Finished when with them every member is
+// done or lost (a done node counted as lost too is done); otherwise nullopt (nothing written).
+std::optional<RoundState> finishWithDone(const RoundState& s, int64_t round,
+                                         const std::vector<std::string>& doneIds);
+
 // Every node's workers succeeded in round `round`: the job is Finished.
 std::optional<RoundState> finish(const RoundState& s, int64_t round);
 

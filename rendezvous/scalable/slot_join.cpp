@@ -150,6 +150,53 @@ std::vector<SlotRecord> readRecords(Store& store, int64_t round, int64_t k, Mill
   return out;
 }
 
+namespace {
+std::string doneKey(int64_t round) { return "r/" + std::to_string(round) + "/done"; }
+std::string doneRecordKey(int64_t round, int64_t d) { return doneKey(round) + "/" + std::to_string(d); }
+}  // namespace
+
+int64_t markDone(Store& store, int64_t round, const std::string& id) {
+  const std::string dk = doneKey(round);
+  const int64_t d = store.add(dk, 1);
+  if (d < 1) forged(dk, std::to_string(d), "a done count below 1");
+  const std::string rk = doneRecordKey(round, d);
+  const std::string got = store.compareSet(rk, "", id);
+  if (got != id) forged(rk, got, "another node's id in this node's done record");
+  return d;
+}
+
+int64_t readDoneCount(Store& store, int64_t round) {
+  const std::string dk = doneKey(round);
+  const int64_t d = store.add(dk, 0);
+  if (d < 0) forged(dk, std::to_string(d), "a negative done count");
+  return d;
+}
+
+// Keeps the keys of `keys` that exist within `wait` (all of them, usually, at the first WAIT).
+std::vector<std::string> present(Store& store, std::vector<std::string> keys, Millis wait) {
+  if (keys.empty()) return keys;
+  try {
+    store.wait(keys, wait);
+    return keys;
+  } catch (const TimeoutError&) {
+  }
+  std::vector<std::string> out;
+  for (const auto& key : keys)
+    if (store.check({key})) out.push_back(key);
+  return out;
+}
+
+std::vector<std::string> readDone(Store& store, int64_t round, int64_t d, Millis wait) {
+  std::vector<std::string> keys;
+  for (int64_t i = 1; i <= d; ++i) keys.push_back(doneRecordKey(round, i));
+  keys = present(store, std::move(keys), wait);
+  if (keys.empty()) return {};
+  std::vector<std::string> ids = store.multiGet(keys);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (!text::validId(ids[i])) forged(keys[i], ids[i], "not a node id");
+  return ids;
+}
+
 Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions& o) {
   const auto deadline = Clock::now() + o.timeout;
   const std::string ck = countKey(o.round), closed = closedKey(o.round);

@@ -96,6 +96,15 @@ SlotCount readCount(Store& store, int64_t round);
 // is not in the round (a live one joins the next as a late arrival).
 std::vector<SlotRecord> readRecords(Store& store, int64_t round, int64_t k, Millis wait);
 
+// The exit barrier of round `round`: r/<r>/done counts the members whose workers succeeded
+// (ADD 1 each, once), r/<r>/done/<d> (write-once) names the d-th.
+// Counts this node done; returns d (this node is the d-th).
+int64_t markDone(Store& store, int64_t round, const std::string& id);
+int64_t readDoneCount(Store& store, int64_t round);
+// The ids of done nodes 1..d (one WAIT and one MULTI_GET), waiting up to `wait` for records
+// still being written; one that does not appear in time is left out.
+std::vector<std::string> readDone(Store& store, int64_t round, int64_t d, Millis wait);
+
 // Joins round `o.round` as `self` and waits until it closes: 3 round trips (ADD, the record,
 // the WAIT_GET of `closed`); the closer reads slot 1's record instead of waiting.
 Assignment joinRound(Store& store, const SlotRecord& self, const SlotJoinOptions& o);

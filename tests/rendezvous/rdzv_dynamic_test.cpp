@@ -145,7 +145,7 @@ TEST_CASE("a full job keeps an arrival waiting until a place frees up", "[rdzv][
 // The slot join (issue 20): on the ddprun store the joiners of a round take slots and write
 // their own records; the state log gets one version per round formed, whatever the number of
 // joiners (the join of today's log cost each joiner a compare-set of the whole state).
-TEST_CASE("forming a round of 8 appends one state version: each joiner takes a slot",
+TEST_CASE("forming a round of 8 appends one state version, each joiner takes a slot, the exit barrier counts",
           "[rdzv][dynamic][slots]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 4, .maxNodes = 8};
@@ -180,6 +180,16 @@ TEST_CASE("forming a round of 8 appends one state version: each joiner takes a s
   CHECK(client.check({job + "state/3"}));
   CHECK_FALSE(client.check({job + "state/4"}));
   CHECK(client.add(job + "r/1/count", 0) >> 32 == 7);
+
+  // The exit barrier: 7 nodes done at once count themselves (r/1/done) instead of each
+  // appending itself: at most two more versions (finishing, Finished), and every node Finished.
+  std::vector<std::future<DynamicRendezvous::AfterSuccess>> done;
+  for (Agent* a : rest)
+    done.push_back(std::async(std::launch::async, [a] { return a->rdzv->finishRound(); }));
+  for (auto& f : done) CHECK(f.get() == DynamicRendezvous::AfterSuccess::Finished);
+  CHECK_FALSE(client.check({job + "state/6"}));
+  CHECK(client.add(job + "r/1/done", 0) == 7);
+  for (int d = 1; d <= 7; ++d) CHECK(client.check({job + "r/1/done/" + std::to_string(d)}));
 }
 
 TEST_CASE("an expected node that dies before re-joining is evicted, and the round closes "

@@ -385,6 +385,8 @@ TEST_CASE("the slot join's records and round keys are write-once, its counter is
   CHECK(KeyTable::writeOnce("ddprun/rdzv/job/r/3/node/17"));
   CHECK(KeyTable::writeOnce("ddprun/rdzv/job/r/3/closed"));
   CHECK(KeyTable::writeOnce("ddprun/rdzv/job/r/3/over"));
+  CHECK(KeyTable::writeOnce("ddprun/rdzv/job/r/3/done/2"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/3/done"));
   CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/3/count"));
   CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/x/closed"));
   CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/r/3/node/"));
