@@ -304,7 +304,9 @@ void WorkerGroup::kill(int localRank, const std::string& why) {
     if (results_[i].localRank != localRank || s.ended || s.reaped) continue;
     results_[i].killedBecause = why;
     ::kill(s.guardPid, SIGCONT);  // not reaped: its pid is still its own
-    s.control.reset();            // the guard kills the worker and every descendant, reports
+    releaseGuard(s.control);      // the guard kills the worker and every descendant, reports
+                                  // (the release byte: a stop, not the launcher's death, so
+                                  // the job's cgroup and the other workers are left alone)
   }
 }
 

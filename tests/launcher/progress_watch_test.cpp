@@ -278,6 +278,7 @@ TEST_CASE("a worker SIGSTOPped with its heartbeat on is killed, named, and the j
           "and finishes", "[launcher][progress][peer-timeout]") {
   Ddprun d({"--standalone", "--nproc-per-node=2", "--max-restarts=1", "--peer-timeout=1",
             kWorker, "--heartbeat", "150", "20"});
+  const pid_t rank0 = waitForPid(d, 0);
   const pid_t pid = waitForPid(d, 1);
   std::this_thread::sleep_for(300ms);  // it beats for a while
   REQUIRE(::kill(pid, SIGSTOP) == 0);
@@ -297,6 +298,8 @@ TEST_CASE("a worker SIGSTOPped with its heartbeat on is killed, named, and the j
                                   "(SIGKILL) sent by ddprun: no heartbeat for"));
   CHECK_THAT(err, !Catch::Contains("rank 0 (local rank 0, pid"));  // only the frozen one named
   CHECK_FALSE(alive(pid));
+  // Only the frozen worker was killed: rank 0 was stopped as a survivor, with SIGTERM.
+  CHECK_THAT(d.out(), Catch::Contains("rank 0 pid " + std::to_string(rank0) + " got SIGTERM"));
 }
 
 TEST_CASE("a worker asleep in a long step with its heartbeat on is not killed",

@@ -1,6 +1,7 @@
 // A worker for the progress-watch tests: reports a step of progress every STEP_MS milliseconds
 // through the real writer (base/progress_file.h, as the runtime's DDP does), STEPS times, then
-// exits 0. Prints "rank R pid P" first, so a test can stop it from outside.
+// exits 0. Prints "rank R pid P" first, so a test can stop it from outside, and "rank R pid P
+// got SIGTERM" when SIGTERM ends it (exit 143).
 //   progress_worker [--heartbeat] STEPS STEP_MS [SLEEP_RANK SLEEP_AT_STEP SLEEP_SECONDS]
 // With the last three, rank SLEEP_RANK sleeps SLEEP_SECONDS before step SLEEP_AT_STEP.
 // --heartbeat: starts the heartbeat thread first, as the runtime's init() does
@@ -8,12 +9,23 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
 
 #include "base/progress_file.h"
+
+namespace {
+char termLine[96];
+size_t termLineLen = 0;
+// Says that SIGTERM (ddprun stopping the survivors of a failure) arrived, not a SIGKILL.
+void onTerm(int) {
+  (void)!::write(STDOUT_FILENO, termLine, termLineLen);
+  ::_exit(143);
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   const bool heartbeat = argc > 1 && std::string(argv[1]) == "--heartbeat";
@@ -37,6 +49,10 @@ int main(int argc, char** argv) {
               static_cast<int>(::getpid()), progress.active() ? "reported" : "not reported",
               beatMs);
   std::fflush(stdout);
+  termLineLen = static_cast<size_t>(std::snprintf(termLine, sizeof termLine,
+                                                  "rank %d pid %d got SIGTERM\n", rank,
+                                                  static_cast<int>(::getpid())));
+  std::signal(SIGTERM, onTerm);
   for (int s = 0; s < steps; ++s) {
     if (sleeps && s == std::atoi(argv[4])) {
       std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(argv[5])));
