@@ -280,6 +280,9 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
       releaseGuard(s->control);  // the guard kills the worker and every descendant, then reports
     } else if (s->started) {
       ::kill(-s->guardPid, sig);
+      // A stopped (SIGSTOP, frozen) worker would keep the signal pending until continued and
+      // hold the job for the whole grace period: continue it so it gets the signal now.
+      ::kill(-s->guardPid, SIGCONT);
     } else {
       s->pendingSignal = sig;
     }

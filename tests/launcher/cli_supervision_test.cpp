@@ -118,6 +118,27 @@ TEST_CASE("workers that ignore the stop signal get SIGKILL after --shutdown-time
   }
 }
 
+TEST_CASE("a stopped (SIGSTOP) worker gets the stop signal too, not SIGKILL after the grace",
+          "[launcher][cli][signals]") {
+  // A stop signal sent to a stopped process stays pending until it is continued: ddprun sends
+  // SIGCONT after it, so a frozen worker ends by SIGTERM at once instead of holding the job
+  // for --shutdown-timeout (60 s here) and then being killed.
+  TempDir dir;
+  Ddprun d({"--standalone", "--nproc-per-node=2", "--shutdown-timeout=60", "--peer-timeout=0",
+            "sh", "-c", "echo $$$$ > " + dir.path() + "/pid.$RANK.tmp; mv " + dir.path() +
+                            "/pid.$RANK.tmp " + dir.path() + "/pid.$RANK; exec sleep 1000"});
+  REQUIRE(waitUntil([&] {
+    return std::filesystem::exists(dir / "pid.0") && std::filesystem::exists(dir / "pid.1");
+  }));
+  const pid_t frozen = std::stoi(readFile(dir / "pid.1"));
+  REQUIRE(::kill(frozen, SIGSTOP) == 0);
+  REQUIRE(waitUntil([&] { return processState(frozen) == 'T'; }));
+  d.signal(SIGTERM);
+  CHECK(d.wait(std::chrono::seconds(20)) == 143);  // far less than the 60 s grace
+  CHECK_THAT(d.err(), !Catch::Contains("sending SIGKILL"));
+  CHECK_FALSE(processRunning(frozen));
+}
+
 TEST_CASE("a second signal kills the workers at once", "[launcher][cli][signals]") {
   TempDir dir;
   Ddprun d({"--standalone", "--nproc-per-node=2", "sh", "-c",

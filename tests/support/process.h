@@ -60,6 +60,15 @@ inline bool processRunning(pid_t pid) {
   return close != std::string::npos && close + 2 < content.size() && content[close + 2] != 'Z';
 }
 
+// The state letter of `pid` in /proc/<pid>/stat (R, S, T for stopped, Z, ...), or 0 when gone.
+inline char processState(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return 0;
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close = content.rfind(')');
+  return close != std::string::npos && close + 2 < content.size() ? content[close + 2] : 0;
+}
+
 // The shell's view of a wait status: the exit code, or 128 + the signal number.
 inline int exitCodeOf(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
