@@ -145,6 +145,9 @@ class DynamicRendezvous {
   Versioned joinBySlots();
   Versioned closeBySlots(const Versioned& joining);
   AfterSuccess finishBySlots(int64_t round);
+  // What finishRound() returns once current_ holds the round after the exit barrier (and
+  // remembers a failed job's exit code and reason).
+  AfterSuccess outcomeAfterBarrier();
   // Arms (round >= 0) or disarms (-1) the watcher; disarming makes a pending event stale.
   void watch(int64_t round);
   void watcherLoop();

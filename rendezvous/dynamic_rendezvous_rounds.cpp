@@ -178,6 +178,10 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   }
   current_ = log_->read(*v);
   view_.offer(current_);
+  return outcomeAfterBarrier();
+}
+
+DynamicRendezvous::AfterSuccess DynamicRendezvous::outcomeAfterBarrier() {
   const RoundState& s = current_.state;
   if (s.phase == Phase::Failed) {
     jobExitCode_ = s.exitCode;

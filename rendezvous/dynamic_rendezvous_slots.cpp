@@ -177,13 +177,7 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishBySlots(int64_t r) {
     // A member was lost meanwhile: the others may all be done now.
     if (current_.state.lost.size() > lost) tryFinish(scalable::readDoneCount(store, r));
   }
-  const RoundState& s = current_.state;
-  if (s.phase == Phase::Failed) {
-    jobExitCode_ = s.exitCode;
-    jobFailure_ = s.reason;
-    return AfterSuccess::JobFailed;
-  }
-  return s.phase == Phase::Finished ? AfterSuccess::Finished : AfterSuccess::Rejoin;
+  return outcomeAfterBarrier();
 }
 
 }  // namespace ddprun::rendezvous
