@@ -36,6 +36,21 @@ void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPe
   }
 }
 
+void resetProgressRecord(const std::string& path, int slot, uint32_t heartbeatPeriodMs) {
+  DDPRUN_CHECK(slot >= 0 && slot < kMaxProgressSlots, "progress record out of range");
+  uint64_t words[kProgressRecordSize / 8] = {};
+  words[0] = kProgressMagic;
+  words[3] = heartbeatPeriodMs;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) throw Error("progress file " + path + ": " + std::strerror(errno));
+  const ssize_t n = ::pwrite(fd, words, sizeof words, static_cast<off_t>(slot) * kProgressRecordSize);
+  const int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof words)) {
+    throw Error("progress file " + path + ": " + (n < 0 ? std::strerror(err) : "short write"));
+  }
+}
+
 std::optional<ProgressSample> readProgressRecord(int fd, int slot) {
   if (slot < 0 || slot >= kMaxProgressSlots) return {};
   uint64_t words[kProgressRecordSize / 8] = {};

@@ -50,6 +50,9 @@ struct ProgressSample {
 // should beat at: 0 none) to `path`, creating it the first time. Throws ddprun::Error naming
 // the path when it cannot.
 void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPeriodMs = 0);
+// Agent side: rewrites record `slot` alone of an existing table (as writeProgressTable does), for
+// a worker that replaces a dead one while the others keep counting in theirs.
+void resetProgressRecord(const std::string& path, int slot, uint32_t heartbeatPeriodMs = 0);
 // Agent side: the counters of record `slot` of an open progress table, or nullopt when it is not
 // one (short, wrong magic, unreadable). Never blocks on the worker.
 std::optional<ProgressSample> readProgressRecord(int fd, int slot);

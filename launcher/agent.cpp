@@ -25,6 +25,8 @@
 #include "launcher/timeline/exchange.h"
 #include "launcher/timeline/merge.h"
 #include "launcher/worker_group.h"
+#include "rendezvous/recovery_keys.h"
+#include "rendezvous/store_server.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/progress_file.h"
@@ -72,7 +74,17 @@ class Agent::Impl {
   void nextRound();
   void startWorkers(const RoundInfo& round);
   std::vector<WorkerLaunch> makeLaunches(const RoundInfo& round);
+  // Local rank `lr`'s launch in `round`; `generation` > 0: a replacement (in-process recovery).
+  WorkerLaunch makeLaunch(const RoundInfo& round, int lr, int generation);
+  std::string progressTablePath() const;
+  // --stall-warning / --peer-timeout over the group's workers as they are now.
+  void watchProgress();
   void onWorkerExited(const WorkerResult& r);
+  // In-process recovery (docs/recovery.md): whether the death of `r` can be healed without
+  // stopping the others, then the budget, then the replacement and the new generation.
+  bool canRecoverInProcess(const WorkerResult& r);
+  void recoverInProcess(const WorkerResult& r);
+  void replaceWorker(const WorkerResult& r, const JobDecision& d);
   // --peer-timeout: the worker stopped beating (progress_watch.h); kill it, a failure.
   void onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silentSeconds);
   void onHandlerDecision(const JobDecision& d);
@@ -145,6 +157,14 @@ class Agent::Impl {
   int signal_ = 0;
   std::optional<WorkerResult> rootCause_;
   JobDecision pending_;  // StopReason::Decision: what to do once the group has stopped
+  // In-process recovery: the group's generation (0 at each start of the group), the
+  // generation each local rank's current process was started in, a budget decision pending,
+  // and a failure whose budget decision was taken before the group was stopped.
+  int generation_ = 0;
+  std::vector<int> startedGeneration_;
+  bool recoveryPending_ = false;
+  int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
+  std::optional<JobDecision> decidedFailure_;
   int exitCode_ = 1;
   std::exception_ptr error_;
   std::string errorRecord_;  // ddprun's own error file, when the job fails
@@ -268,62 +288,82 @@ void Agent::Impl::nextRound() {
   });
 }
 
+std::string Agent::Impl::progressTablePath() const {
+  // The job's progress table (base/progress_file.h), when a watch reads it.
+  return options_.stallWarning != 0 || options_.peerTimeout > 0 ? runDir_->path() + "/progress"
+                                                                 : std::string();
+}
+
 std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
+  // The job's progress table, its records reset for this round.
+  const std::string progressTable = progressTablePath();
+  if (!progressTable.empty()) {
+    progress::writeProgressTable(progressTable, options_.nprocPerNode,
+                                 FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+  }
+  std::vector<WorkerLaunch> launches;
+  for (int lr = 0; lr < options_.nprocPerNode; ++lr) launches.push_back(makeLaunch(round, lr, 0));
+  return launches;
+}
+
+WorkerLaunch Agent::Impl::makeLaunch(const RoundInfo& round, int lr, int generation) {
   const int nproc = options_.nprocPerNode;
   // A background group must not read a tty; a linked agent's stdin is its link's.
   const bool devNullStdin = link_ != nullptr || ::isatty(STDIN_FILENO) == 1;
   auto templ = env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
-  // The job's progress table, its records reset for this round (base/progress_file.h).
-  const std::string progressTable = options_.stallWarning != 0 || options_.peerTimeout > 0
-                                        ? runDir_->path() + "/progress"
-                                        : std::string();
-  if (!progressTable.empty()) {
-    progress::writeProgressTable(progressTable, nproc,
-                                 FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+  const std::string progressTable = progressTablePath();
+  const int rank = round.rankOffset + lr;
+  std::string dir = runDir_->workerDir(round.round, lr);
+  if (generation > 0) {
+    // A replacement keeps its own error file and logs next to the dead worker's.
+    dir += "/generation_" + std::to_string(generation);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
   }
-  std::vector<WorkerLaunch> launches;
-  for (int lr = 0; lr < nproc; ++lr) {
-    const int rank = round.rankOffset + lr;
-    const std::string dir = runDir_->workerDir(round.round, lr);
-    WorkerLaunch l;
-    l.localRank = lr;
-    l.globalRank = rank;
-    l.errorFile = dir + "/error.json";
-    l.progressFile = progressTable;  // this worker's record: its local rank
-    const Environment overlay = workerEnvOverlay(WorkerEnvInputs{
-        .base = env_, .round = round, .localRank = lr, .localWorldSize = nproc,
-        .maxRestarts = options_.maxRestarts, .role = options_.role, .errorFile = l.errorFile,
-        .progressFile = l.progressFile});
-    l.spawn = SpawnRequest{.executable = command_.executable,
-                           .argv = argvForRank(command_, lr),
-                           .env = mergeEnvironment(env_, overlay),
-                           .stdinFromDevNull = devNullStdin};
-    if (cgroup_) l.spawn.cgroup = cgroup_->workerCgroup();
-    // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
-    if (!timelineParts_.empty()) {
-      l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
-                            std::to_string(round.round));  // = timelineGroup() of the round
-    }
+  WorkerLaunch l;
+  l.localRank = lr;
+  l.globalRank = rank;
+  l.errorFile = dir + "/error.json";
+  l.progressFile = progressTable;  // this worker's record: its local rank
+  const Environment overlay = workerEnvOverlay(WorkerEnvInputs{
+      .base = env_, .round = round, .localRank = lr, .localWorldSize = nproc,
+      .maxRestarts = options_.maxRestarts, .role = options_.role, .errorFile = l.errorFile,
+      .progressFile = l.progressFile});
+  l.spawn = SpawnRequest{.executable = command_.executable,
+                         .argv = argvForRank(command_, lr),
+                         .env = mergeEnvironment(env_, overlay),
+                         .stdinFromDevNull = devNullStdin};
+  if (cgroup_) l.spawn.cgroup = cgroup_->workerCgroup();
+  // docs/recovery.md: what the runtime's elastic run does after a peer's death, and which
+  // generation of the group a replacement joins.
+  const char* recovery = options_.recovery == LaunchOptions::Recovery::Restart     ? "restart"
+                         : options_.recovery == LaunchOptions::Recovery::InProcess ? "in-process"
+                                                                                   : "auto";
+  l.spawn.env.push_back(std::string("DDPRUN_RECOVERY=") + recovery);
+  if (generation > 0) l.spawn.env.push_back("DDPRUN_GENERATION=" + std::to_string(generation));
+  // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
+  if (!timelineParts_.empty()) {
+    l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
+                          std::to_string(round.round));  // = timelineGroup() of the round
+  }
 
-    const std::string prefix =
-        link_ ? link_->linePrefix(round.nodeRank, rank, lr)
-              : linePrefix(templ != env_.end() ? &templ->second : nullptr, options_.role, rank,
-                           lr, round.worldSize);
-    const bool filteredOut =
-        !options_.localRanksFilter.empty() && options_.localRanksFilter.count(lr) == 0;
-    auto targets = [&](uint8_t bit, int consoleFd, const char* file, size_t tail) {
-      const StreamRoute route = routeStream(bit, options_.redirects.forRank(lr),
-                                            options_.tee.forRank(lr), filteredOut);
-      return StreamTargets{.consoleFd = route.console ? consoleFd : -1,
-                           .prefix = prefix,
-                           .filePath = route.file ? dir + "/" + file : "",
-                           .tailLines = tail};
-    };
-    l.stdoutTargets = targets(kStdOut, STDOUT_FILENO, "stdout.log", 0);
-    l.stderrTargets = targets(kStdErr, STDERR_FILENO, "stderr.log", WorkerGroup::kTailLines);
-    launches.push_back(std::move(l));
-  }
-  return launches;
+  const std::string prefix =
+      link_ ? link_->linePrefix(round.nodeRank, rank, lr)
+            : linePrefix(templ != env_.end() ? &templ->second : nullptr, options_.role, rank, lr,
+                         round.worldSize);
+  const bool filteredOut =
+      !options_.localRanksFilter.empty() && options_.localRanksFilter.count(lr) == 0;
+  auto targets = [&](uint8_t bit, int consoleFd, const char* file, size_t tail) {
+    const StreamRoute route = routeStream(bit, options_.redirects.forRank(lr),
+                                          options_.tee.forRank(lr), filteredOut);
+    return StreamTargets{.consoleFd = route.console ? consoleFd : -1,
+                         .prefix = prefix,
+                         .filePath = route.file ? dir + "/" + file : "",
+                         .tailLines = tail};
+  };
+  l.stdoutTargets = targets(kStdOut, STDOUT_FILENO, "stdout.log", 0);
+  l.stderrTargets = targets(kStdErr, STDERR_FILENO, "stderr.log", WorkerGroup::kTailLines);
+  return l;
 }
 
 void Agent::Impl::startWorkers(const RoundInfo& round) {
@@ -331,10 +371,11 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   timelineStore_ = handler_->sharedStore(round);
   timelineShipped_ = false;
   auto launches = makeLaunches(round);
-  std::vector<ProgressWatch::Worker> watched;
-  for (const auto& l : launches) {
-    if (!l.progressFile.empty()) watched.push_back({l.globalRank, l.localRank, l.progressFile});
-  }
+  generation_ = 0;
+  startedGeneration_.assign(launches.size(), 0);
+  recoveryPending_ = false;
+  recoveryRestarts_ = round.restartCount;
+  decidedFailure_.reset();
   auto group = std::make_shared<WorkerGroup>(
       io_, WorkerGroup::Callbacks{
                .exited = [this](const WorkerResult& r) { guarded([&] { onWorkerExited(r); }); },
@@ -366,28 +407,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
                           .add("round", round.round)
                           .add("attempt", round.restartCount));
   }
-  if (!watched.empty()) {
-    progressWatch_ = std::make_unique<ProgressWatch>(
-        io_, ProgressWatch::Options{
-                 .policy = {.thresholdSeconds = std::max(0.0, options_.stallWarning)},
-                 .warnStalls = options_.stallWarning != 0,
-                 .freeze = {.timeoutSeconds = options_.peerTimeout},
-                 .nodeRank = round.nodeRank,
-                 .host = hostName(),
-                 .workers = std::move(watched),
-                 .pidOf = [g = std::weak_ptr<WorkerGroup>(group_)](int localRank) -> long {
-                   auto group = g.lock();
-                   if (!group) return -1;
-                   for (const auto& r : group->results()) {
-                     if (r.localRank == localRank) return r.ended ? 0 : r.pid;
-                   }
-                   return -1;
-                 },
-                 .onSilent =
-                     [this](const ProgressWatch::Worker& w, long pid, double silent) {
-                       guarded([&] { onWorkerSilent(w, pid, silent); });
-                     }});
-  }
+  watchProgress();
   // The attempt is the workers' TORCHELASTIC_RESTART_COUNT (what a trainer prints); a
   // membership change starts a new round of the same attempt.
   DDPRUN_LOG(INFO, "launcher") << "started " << options_.nprocPerNode << " worker(s) of "
@@ -395,6 +415,38 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
                                << ", round " << round.round << ": " << round.restartCount << "/"
                                << options_.maxRestarts << " restarts used; "
                                << handler_->describe() << ")";
+}
+
+void Agent::Impl::watchProgress() {
+  progressWatch_.reset();
+  const std::string table = progressTablePath();
+  if (table.empty() || !group_) return;
+  std::vector<ProgressWatch::Worker> watched;
+  for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
+    watched.push_back({round_.rankOffset + lr, lr, table});
+  }
+  progressWatch_ = std::make_unique<ProgressWatch>(
+      io_, ProgressWatch::Options{
+               .policy = {.thresholdSeconds = std::max(0.0, options_.stallWarning)},
+               .warnStalls = options_.stallWarning != 0,
+               .freeze = {.timeoutSeconds = options_.peerTimeout},
+               .nodeRank = round_.nodeRank,
+               .host = hostName(),
+               .workers = std::move(watched),
+               .pidOf = [g = std::weak_ptr<WorkerGroup>(group_)](int localRank) -> long {
+                 auto group = g.lock();
+                 if (!group) return -1;
+                 // The newest process of the local rank (a replacement comes after the dead).
+                 const auto& all = group->results();
+                 for (auto r = all.rbegin(); r != all.rend(); ++r) {
+                   if (r->localRank == localRank) return r->ended ? 0 : r->pid;
+                 }
+                 return -1;
+               },
+               .onSilent =
+                   [this](const ProgressWatch::Worker& w, long pid, double silent) {
+                     guarded([&] { onWorkerSilent(w, pid, silent); });
+                   }});
 }
 
 void Agent::Impl::onWorkerExited(const WorkerResult& r) {
@@ -406,11 +458,130 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
                         .add("stopped_by_ddprun", r.stopSignal != 0 ? 1 : 0)
                         .add("result", r.describe()));
   if (state_ != State::Running || !r.failed()) return;
+  if (canRecoverInProcess(r)) {
+    recoverInProcess(r);
+    return;
+  }
   rootCause_ = r;
   DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
                                 << ", pid " << r.pid << ") failed: " << r.describe()
                                 << "; stopping the other workers";
   stopGroup(StopReason::WorkerFailed, SIGTERM);
+}
+
+bool Agent::Impl::canRecoverInProcess(const WorkerResult& r) {
+  if (options_.recovery == LaunchOptions::Recovery::Restart) return false;
+  const bool asked = options_.recovery == LaunchOptions::Recovery::InProcess;
+  auto refuse = [&](const std::string& why) {
+    if (asked) {
+      DDPRUN_LOG(WARN, "launcher") << "--recovery=in-process: " << why
+                                   << "; restarting the group instead";
+    }
+    return false;
+  };
+  rendezvous::StoreServer* store = handler_->workerStore();
+  if (store == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
+    return refuse("only a single node whose workers use the agent's store recovers in process");
+  }
+  if (recoveryPending_) return refuse("another recovery is being decided");
+  // Every worker the recovery relies on holds the training state of its current process: the
+  // dead one's rank (so its program runs the elastic loop) and each one still running (the
+  // survivors heal the replacement from their memory).
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  auto holdsState = [&](const WorkerResult& w) {
+    const auto v = store->get(prefix + rendezvous::recovery::announceKey(w.globalRank));
+    if (!v) return false;
+    const size_t lr = static_cast<size_t>(w.localRank);
+    const int since = lr < startedGeneration_.size() ? startedGeneration_[lr] : 0;
+    return std::atoi(v->c_str()) >= since;
+  };
+  if (!holdsState(r)) {
+    return refuse("rank " + std::to_string(r.globalRank) + " had not announced in-process "
+                  "recovery (its program does not run the runtime's elastic loop, or it died "
+                  "before it held the training state)");
+  }
+  int survivors = 0;
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.pid == r.pid) continue;
+    if (!holdsState(w)) {
+      return refuse("rank " + std::to_string(w.globalRank) + " (pid " + std::to_string(w.pid) +
+                    ") does not hold the training state yet");
+    }
+    ++survivors;
+  }
+  if (survivors == 0) return refuse("no worker survived to heal a replacement from");
+  return true;
+}
+
+void Agent::Impl::recoverInProcess(const WorkerResult& r) {
+  recoveryPending_ = true;
+  const std::string what = "rank " + std::to_string(r.globalRank) + " failed (" + r.describe() + ")";
+  const ErrorFile ef = readErrorFile(r.errorFile);
+  const bool retryable = ef.retryable.value_or(true);
+  // The budget first (--max-restarts counts each recovery): NextRound means one was left.
+  handler_->asyncReportFailure(
+      r.exitCode(), retryable ? what : what + ": " + ef.message, retryable,
+      [this, r](std::exception_ptr e, JobDecision d) {
+        guarded([&] {
+          recoveryPending_ = false;
+          if (state_ != State::Running) return;
+          if (e) std::rethrow_exception(e);
+          if (d.kind == JobDecision::Kind::NextRound && group_->runningCount() > 0) {
+            replaceWorker(r, d);
+            return;
+          }
+          // The budget is spent (or the error cannot be retried), or every other worker ended
+          // meanwhile: the group stops as after any failure, with this death as its root cause,
+          // and the decision taken stands (no second restart counted): a restart, or the end.
+          rootCause_ = r;
+          decidedFailure_ = d;
+          DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank "
+                                        << r.localRank << ", pid " << r.pid << ") failed: "
+                                        << r.describe() << "; stopping the other workers";
+          stopGroup(StopReason::WorkerFailed, SIGTERM);
+        });
+      });
+}
+
+void Agent::Impl::replaceWorker(const WorkerResult& r, const JobDecision& d) {
+  const int generation = ++generation_;
+  recoveryRestarts_ = d.restartCount;
+  const int lr = r.localRank;
+  const std::string table = progressTablePath();
+  if (!table.empty()) {
+    progress::resetProgressRecord(table, lr, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+  }
+  group_->add(makeLaunch(round_, lr, generation));
+  startedGeneration_[static_cast<size_t>(lr)] = generation;
+  const std::string cause = "rank " + std::to_string(r.globalRank) + " (pid " +
+                            std::to_string(r.pid) + ") failed: " + r.describe();
+  handler_->workerStore()->set(
+      rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
+          rendezvous::recovery::generationKey(generation),
+      rendezvous::recovery::formatGenerationRecord(
+          {.generation = generation, .replaced = {r.globalRank}, .cause = cause}));
+  const pid_t newPid = group_->results().back().pid;
+  events::instant("recovery", "agent",
+                  events::Args()
+                      .add("cause", cause)
+                      .add("generation", generation)
+                      .add("rank", r.globalRank)
+                      .add("restarts_spent", d.restartCount));
+  events::instant("worker start", "agent",
+                  events::Args()
+                      .add("rank", r.globalRank)
+                      .add("local_rank", lr)
+                      .add("pid", static_cast<int64_t>(newPid))
+                      .add("round", round_.round)
+                      .add("attempt", round_.restartCount)
+                      .add("generation", generation));
+  DDPRUN_LOG(WARN, "launcher") << "rank " << r.globalRank << " (local rank " << lr << ", pid "
+                               << r.pid << ") failed: " << r.describe()
+                               << "; recovering in process (generation " << generation
+                               << "): the other workers keep running, a new rank "
+                               << r.globalRank << " is starting (restart " << d.restartCount
+                               << " of " << options_.maxRestarts << " spent)";
+  watchProgress();  // the new process is watched from its first beat
 }
 
 void Agent::Impl::onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silent) {
@@ -534,7 +705,12 @@ void Agent::Impl::stoppedNotRunning() {
     case StopReason::WorkerFailed: {
       // The group's results now carry the complete stderr tails.
       for (const auto& r : group_->results()) {
-        if (r.localRank == rootCause_->localRank) rootCause_ = r;
+        if (r.localRank == rootCause_->localRank && r.pid == rootCause_->pid) rootCause_ = r;
+      }
+      if (decidedFailure_) {
+        // In-process recovery asked the budget already: that decision stands.
+        afterLocalFailure(*decidedFailure_);
+        break;
       }
       std::string what = "rank " + std::to_string(rootCause_->globalRank) + " failed (" +
                          rootCause_->describe() + ")";
@@ -603,7 +779,7 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
   if (d.kind == JobDecision::Kind::Failed) {
     FailureReport report{.program = options_.program,
                          .host = hostName(),
-                         .restartCount = round_.restartCount,
+                         .restartCount = std::max(round_.restartCount, recoveryRestarts_),
                          .round = round_.round,
                          .maxRestarts = options_.maxRestarts,
                          .rootCause = rc,

@@ -43,6 +43,7 @@ class LocalRendezvous final : public RendezvousHandler {
   void asyncLeave(const std::string& reason, DoneHandler done) override;
   void asyncShutdown(DoneHandler done) override;
   std::string describe() const override;
+  rendezvous::StoreServer* workerStore() override { return store_.get(); }
 
   // The hosted store's port (0 when there is none).
   uint16_t storePort() const;

@@ -67,6 +67,10 @@ constexpr Flag kFlags[] = {
     {"peer-timeout", "", false, "5",
      "kill a worker whose heartbeat stopped this long (it is stopped or frozen, not slow) and "
      "restart: SECONDS or 0 (off); only workers whose runtime beats"},
+    {"recovery", "", false, "auto",
+     "after a worker's death: restart (every worker starts again), in-process (the others keep "
+     "running, a replacement heals from their memory) or auto (in-process when every worker's "
+     "runtime supports it, else restart); one node"},
     {"signals-to-handle", "", false, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "signals forwarded to the workers"},
     {"pass-local-rank", "", true, "0",
@@ -267,6 +271,12 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
     }
     return s;
   });
+  {
+    const std::string r = oneOf("recovery", {"restart", "in-process", "auto"});
+    o.recovery = r == "restart"      ? LaunchOptions::Recovery::Restart
+                 : r == "in-process" ? LaunchOptions::Recovery::InProcess
+                                     : LaunchOptions::Recovery::Auto;
+  }
   o.signalsToHandle = parse("signals-to-handle", [](auto& v) { return parseSignalList(v); });
   o.passLocalRank = flag("pass-local-rank");
   o.agentStore = !flag("no-agent-store");

@@ -81,6 +81,13 @@ struct LaunchOptions {
   // seconds is killed and counts as failed (progress_watch.h). 0: off. Workers without a
   // heartbeat (no runtime) are never killed by it.
   double peerTimeout = 5.0;
+  // --recovery (docs/recovery.md): what a worker's death costs the others. Restart: every
+  // worker is stopped and the group started again (torchrun's way). InProcess: the others keep
+  // running, a replacement takes the dead rank and heals from their memory, when every worker's
+  // runtime announced it can (else restart). Auto: the same, without the warning line when
+  // restart it is. One node with the agent's store only; elsewhere restart.
+  enum class Recovery { Restart, InProcess, Auto };
+  Recovery recovery = Recovery::Auto;
 
   // ---- Output ----
   std::string logDir;                    // empty: a temporary directory

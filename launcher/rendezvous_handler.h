@@ -30,6 +30,10 @@ namespace boost::asio {
 class io_context;
 }
 
+namespace ddprun::rendezvous {
+class StoreServer;
+}
+
 namespace ddprun::launcher {
 
 struct LaunchOptions;
@@ -126,6 +130,9 @@ class RendezvousHandler {
     (void)round;
     return std::nullopt;
   }
+  // The workers' store when this agent hosts it for all of them (one node, the agent store):
+  // in-process recovery publishes its generations there (docs/recovery.md). Null otherwise.
+  virtual rendezvous::StoreServer* workerStore() { return nullptr; }
 };
 
 // Picks the handler for the options: LocalRendezvous for a single node; multi-node backends

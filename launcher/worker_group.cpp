@@ -115,6 +115,24 @@ void WorkerGroup::start(std::vector<WorkerLaunch> launches) {
   }
 }
 
+void WorkerGroup::add(WorkerLaunch l) {
+  DDPRUN_CHECK(!controlsClosed_ && stopSignal_ == 0 && runningCount() > 0,
+               "a worker is added to a group that is stopping");
+  StreamSink outSink(std::move(l.stdoutTargets)), errSink(std::move(l.stderrTargets));
+  GuardedProcess p = spawnGuarded(l.spawn);
+  slots_.push_back(std::make_unique<Slot>(io_, std::move(p), std::move(outSink), std::move(errSink)));
+  slots_.back()->cgroupDir = l.spawn.cgroup.dir;
+  WorkerResult r;
+  r.localRank = l.localRank;
+  r.globalRank = l.globalRank;
+  r.errorFile = l.errorFile;
+  results_.push_back(std::move(r));
+  const size_t i = slots_.size() - 1;
+  readStatus(i);
+  readOutput(i, false);
+  readOutput(i, true);
+}
+
 void WorkerGroup::readStatus(size_t i) {
   Slot& s = *slots_[i];
   s.status.async_read_some(

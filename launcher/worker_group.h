@@ -79,6 +79,11 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
 
   // Spawns every worker. On failure, kills the ones already started and rethrows.
   void start(std::vector<WorkerLaunch> launches);
+  // Starts one more worker while the others run: a replacement for one that died (in-process
+  // recovery, docs/recovery.md). It gets a slot and a result of its own (results() keeps the
+  // dead one's); its exit comes through Callbacks::exited like any other. Only before the
+  // group has begun to close (some worker still running). Throws what the spawn throws.
+  void add(WorkerLaunch launch);
   // Sends `sig` to every worker still running (its whole process group); those still
   // running after `grace` get SIGKILL.
   void stop(int sig, std::chrono::milliseconds grace);

@@ -173,6 +173,18 @@ StoreServer::~StoreServer() { impl_->stop(); }
 uint16_t StoreServer::port() const { return impl_->port_; }
 const std::string& StoreServer::host() const { return impl_->options_.host; }
 const std::string& StoreServer::instanceId() const { return impl_->instanceId; }
+
+void StoreServer::set(const std::string& key, const std::string& value) {
+  KeyTable::Woken woken;
+  impl_->table.set(key, value, woken);
+  impl_->wake(woken);
+}
+
+std::optional<std::string> StoreServer::get(const std::string& key) const {
+  const std::string* v = impl_->table.get(key);
+  if (v == nullptr) return std::nullopt;
+  return *v;
+}
 void StoreServer::stop() { impl_->stop(); }
 StoreServerStats StoreServer::stats() const { return impl_->stats(); }
 

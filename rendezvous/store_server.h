@@ -66,6 +66,12 @@ class StoreServer {
   void stop();
   StoreServerStats stats() const;
 
+  // The host's own access to the keys, without a connection: for the process that runs the
+  // server (an agent publishing to its workers). Call on the io_context's thread only; a SET
+  // wakes the clients waiting for the key, as a client's would.
+  void set(const std::string& key, const std::string& value);
+  std::optional<std::string> get(const std::string& key) const;
+
   class Impl;
 
  private:

@@ -17,6 +17,8 @@
 #include "trainers/training_plan.h"
 #include "worker_runtime/checkpoint.h"
 #include "worker_runtime/ddp.h"
+#include "worker_runtime/elastic/elastic_run.h"
+#include "worker_runtime/elastic/elastic_state.h"
 #include "worker_runtime/sampler.h"
 
 namespace ddprun::trainers {
@@ -113,7 +115,6 @@ class TrainingRun {
       : config_(config),
         data_(data),
         rt_(rt),
-        comm_(*rt.comm()),
         master_(rt.isMaster()),
         device_(chooseDevice(config, rt)),
         autocast_(config.mixed_precision && device_.is_cuda()),
@@ -133,15 +134,53 @@ class TrainingRun {
       DDPRUN_LOG(INFO, "trainer") << "mixed_precision applies on CUDA only; training in float32";
     }
     resume();
+    // What a recovery rolls back to and heals a replacement with (docs/recovery.md): weights,
+    // momentum, and the counters the loop continues from.
+    state_.addModule(model_);
+    state_.addOptimizer(optimizer_);
+    state_.addCounter("step", &step_);
+    state_.addCounter("epoch", &position_.epoch);
+    state_.addCounter("position", &position_.position);
+    state_.addCounter("reference_batch", &referenceBatch_);
+    state_.addCounter("reference_world_size", &referenceWorldSize_);
+    state_.addCounter("resumed_from", &result_.resumedFrom);
+    state_.addCounter("test_accuracy", &result_.testAccuracy);
+    position_ = {.epoch = resumeAt_.epoch, .position = static_cast<int64_t>(resumeAt_.position)};
     planRun();
-    // DDP is built after the checkpoint is loaded, so its initial broadcast from rank 0 starts
-    // every rank from the restored weights.
-    ddp_.emplace(model_, rt.comm());
     if (master_) openMetrics();
   }
 
+  // Under ddprun --recovery=in-process|auto the loop survives a peer's death in this process
+  // (runtime::runElastic): a commit after every step, and after a recovery the loop runs again
+  // from the last one. Elsewhere it runs once.
   TrainResult run() {
-    if (master_) {
+    runtime::runElastic(rt_, state_, {.reset = [this] { reset(); }, .body = [this] { loop(); }});
+    return result_;
+  }
+
+ private:
+  runtime::Communicator& comm() { return *rt_.comm(); }
+
+  // The state is in place (loaded, restored or healed): the position, the plan, and DDP on the
+  // current communicator. DDP is built after the checkpoint is loaded, so its initial broadcast
+  // from rank 0 starts every rank from the restored weights.
+  void reset() {
+    resumeAt_ = {.epoch = position_.epoch, .position = static_cast<size_t>(position_.position),
+                 .datasetSize = static_cast<size_t>(datasetSize_)};
+    planRun();
+    ddp_.reset();  // its hooks go before the new one's come
+    ddp_.emplace(model_, rt_.comm());
+  }
+
+  void commit() {
+    const auto s = sampler_.state();
+    position_ = {.epoch = s.epoch, .position = static_cast<int64_t>(s.position)};
+    state_.commit();
+  }
+
+  void loop() {
+    if (master_ && !announced_) {
+      announced_ = true;
       std::cout << "training " << config_.model << " on " << datasetSize_ << " examples, "
                 << rt_.worldSize() << " rank(s) x batch " << config_.batch_size << ", "
                 << stepsInSegment(datasetSize_, 0, rt_.worldSize(), config_.batch_size)
@@ -149,7 +188,7 @@ class TrainingRun {
                 << std::endl;
     }
     startStep_ = step_;
-    comm_.barrier();  // time from a common start, as bench/ddp_mnist.py does
+    comm().barrier();  // time from a common start, as bench/ddp_mnist.py does
     stats_ = StepStats();
     for (int64_t epoch = resumeAt_.epoch; epoch < config_.epochs; ++epoch) {
       ddprun::timeline::Scope epochSpan("epoch", "trainer");
@@ -176,14 +215,14 @@ class TrainingRun {
         if (config_.evaluate && (epochDone || last)) evaluateNow(epoch);
         const bool due = config_.checkpoint_interval > 0 && step_ % config_.checkpoint_interval == 0;
         if (checkpoints_ && master_ && (due || epochDone || last)) checkpoint(epoch, epochDone);
+        commit();
       }
       if (last) break;
     }
-    comm_.barrier();
-    return finish();
+    comm().barrier();
+    finish();
   }
 
- private:
   static std::shared_ptr<Classifier> makeSeededModel(const TrainConfig& c, torch::Device device) {
     // Same seed on every rank: identical initial weights (DDP broadcasts rank 0's anyway).
     torch::manual_seed(c.seed);
@@ -204,7 +243,7 @@ class TrainingRun {
                       .maxSteps = config_.max_steps,
                       .warmupSteps = config_.warmup_steps,
                       .referenceBatch = referenceBatch_,
-                      .referenceWorldSize = referenceWorldSize_});
+                      .referenceWorldSize = static_cast<int>(referenceWorldSize_)});
     if (stepsInSegment(datasetSize_, 0, rt_.worldSize(), config_.batch_size) == 0) {
       throw ConfigError("batch_size = " + std::to_string(config_.batch_size) +
                         " is larger than a rank's share of the training data (" +
@@ -232,7 +271,9 @@ class TrainingRun {
     resumeAt_ = {.epoch = 0, .position = 0, .datasetSize = static_cast<size_t>(datasetSize_)};
     if (config_.checkpoint_dir.empty()) return;
     checkpoints_.emplace(runtime::CheckpointOptions{.directory = config_.checkpoint_dir, .keep = 2});
-    auto state = checkpoints_->loadLatest(*model_, &optimizer_, &comm_);
+    // A replacement (in-process recovery) heals from a survivor's memory instead.
+    if (rt_.generation() > 0) return;
+    auto state = checkpoints_->loadLatest(*model_, &optimizer_, rt_.comm().get());
     if (!state) return;
     step_ = state->step;
     resumeAt_ = state->sampler;
@@ -298,7 +339,7 @@ class TrainingRun {
 
   // A progress line (rank 0) with the loss averaged over ranks and the interval's steps.
   void report(int64_t epoch, double lr, int64_t seen) {
-    const double loss = averageOverRanks(stats_.intervalMeanLoss(), comm_);
+    const double loss = averageOverRanks(stats_.intervalMeanLoss(), comm());
     const double rate = stats_.intervalSamplesPerSec(globalBatch_);
     const double perStep = stats_.trainSeconds() / static_cast<double>(step_ - startStep_);
     if (master_) {
@@ -320,7 +361,7 @@ class TrainingRun {
     ddprun::timeline::Scope span("evaluation", "trainer");
     span.args().add("epoch", epoch + 1);
     Stopwatch time;
-    const auto ev = evaluate(*model_, data_.test, device_, comm_);
+    const auto ev = evaluate(*model_, data_.test, device_, comm());
     stats_.addPause(time.seconds());
     result_.testAccuracy = ev.accuracy;
     if (!master_) return;
@@ -351,14 +392,14 @@ class TrainingRun {
     checkpoints_->save(*model_, &optimizer_, state);
   }
 
-  TrainResult finish() {
+  void finish() {
     result_.steps = step_;
     result_.trainSeconds = stats_.trainSeconds();
     const int64_t samples = (step_ - startStep_) * globalBatch_;
     result_.samplesPerSec =
         result_.trainSeconds > 0 ? static_cast<double>(samples) / result_.trainSeconds : 0;
-    result_.finalLoss = averageOverRanks(stats_.recentMeanLoss(), comm_);
-    if (!master_) return result_;
+    result_.finalLoss = averageOverRanks(stats_.recentMeanLoss(), comm());
+    if (!master_) return;
     if (!config_.save_weights.empty()) saveWeights(*model_, config_.save_weights);
     if (metrics_) {
       metrics_->write({{"kind", "summary"}, {"trainer", "ddprun"}, {"model", config_.model},
@@ -368,13 +409,11 @@ class TrainingRun {
                        {"final_loss", result_.finalLoss}, {"test_accuracy", result_.testAccuracy},
                        {"resumed_from", result_.resumedFrom}});
     }
-    return result_;
   }
 
   const TrainConfig& config_;
   const TrainData& data_;
   runtime::Runtime& rt_;
-  runtime::Communicator& comm_;
   const bool master_;
   const torch::Device device_;
   const bool autocast_;
@@ -389,13 +428,20 @@ class TrainingRun {
   std::optional<MetricsFile> metrics_;
 
   int64_t referenceBatch_ = 0;  // per rank and world size when the job started (training_plan.h)
-  int referenceWorldSize_ = 0;
+  int64_t referenceWorldSize_ = 0;
   TrainingPlan plan_;
   int64_t totalSteps_ = 0;  // announced: steps done + steps to the end at this world size
   LrScheduleOptions schedule_;
   double lrScale_ = 1.0;    // lr_scaling = linear: global batch / reference global batch
   int64_t step_ = 0, startStep_ = 0;  // optimizer steps done; where this attempt started
   runtime::SamplerState resumeAt_;    // where this attempt starts
+  // The sampler's position at the last commit (the elastic state's counters).
+  struct {
+    int64_t epoch = 0;
+    int64_t position = 0;
+  } position_;
+  runtime::ElasticState state_;
+  bool announced_ = false;  // the "training ..." line was printed
   StepStats stats_;
   TrainResult result_;
 };

@@ -5,6 +5,8 @@
 #include "worker_runtime/checkpoint.h"
 #include "worker_runtime/communicator.h"
 #include "worker_runtime/ddp.h"
+#include "worker_runtime/elastic/elastic_run.h"
+#include "worker_runtime/elastic/elastic_state.h"
 #include "worker_runtime/env.h"
 #include "worker_runtime/error_file.h"
 #include "worker_runtime/gloo_communicator.h"

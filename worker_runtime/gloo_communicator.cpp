@@ -128,6 +128,10 @@ class GlooCommunicator final : public Communicator {
   }
 
   ThreadCounts threadCounts() const override { return queue_.counts(); }
+  void abort() override {
+    fail("aborted by this rank (in-process recovery)");
+    if (allreduce_) allreduce_->abort();
+  }
 
   torch::Tensor allgather(const torch::Tensor& input) override {
     checkCollectiveTensor(input, *this, "allgather");

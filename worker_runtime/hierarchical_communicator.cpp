@@ -53,6 +53,11 @@ class HierarchicalCommunicator final : public Communicator {
   torch::Device device() const override { return torch::kCPU; }
   Millis timeout() const override { return options_.timeout; }
   ThreadCounts threadCounts() const override { return queue_.counts(); }
+  void abort() override {
+    for (const auto& c : {world_, local_, leaders_}) {
+      if (c) c->abort();
+    }
+  }
 
   std::shared_ptr<Work> allreduceAsync(torch::Tensor tensor, ReduceOp op) override {
     checkAllreduce(tensor, op);

@@ -70,6 +70,8 @@ class MeshAllreduce {
   void halvingDoubling(const ReduceBuffer& buf, ReduceOp op, TcpMesh::Clock::time_point deadline,
                        const RingTuning& tuning = {});
   int size() const { return mesh_->size(); }
+  // Shuts the mesh's connections down (TcpMesh::abort).
+  void abort() { mesh_->abort(); }
 
  private:
   // Queues this rank's header to every peer and the receipt of theirs, each checked on

@@ -13,6 +13,7 @@
 #include "rendezvous/clock_offset.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/prefix_store.h"
+#include "rendezvous/recovery_keys.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
 #include "worker_runtime/gloo_communicator.h"
@@ -142,14 +143,166 @@ std::shared_ptr<rendezvous::Store> connectAgentStore(const WorkerEnv& env, Milli
   return connect(env, timeout, StoreDialect::Current);
 }
 
+// The communicator of `generation` over `store` (the attempt's store; generation g > 0: its keys
+// under gen/<g>/, recovery_keys.h), as the environment and options choose it (runtime.h).
+std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
+                                               std::shared_ptr<rendezvous::Store> attemptStore,
+                                               const InitOptions& options, int generation) {
+  const Millis timeout = timeoutFrom(options);
+  const Backend requested = backendFrom(options);
+  const std::optional<std::string> token = jobToken(options);
+  // A proof made in one generation is worthless in another, as across attempts.
+  const std::string secretScope =
+      generation == 0 ? env.runId : env.runId + "/gen" + std::to_string(generation);
+  std::shared_ptr<rendezvous::Store> store =
+      generation == 0 ? attemptStore
+                      : std::make_shared<rendezvous::PrefixStore>(
+                            rendezvous::recovery::generationScope(generation), attemptStore);
+  int gpus = 0;
+  if (ncclBuilt()) gpus = std::min<int>(visibleGpuCount(), torch::cuda::device_count());
+  const BackendChoice choice = chooseBackend(requested, ncclBuilt(), gpus);
+  if (env.rank == 0 && generation == 0) {
+    DDPRUN_LOG(INFO, "runtime") << "backend " << toString(choice.backend) << " (" << choice.reason
+                                << "), world size " << env.worldSize;
+  }
+  std::shared_ptr<Communicator> comm;
+  if (choice.backend == Backend::Nccl) {
+    comm = makeNcclCommunicator(store, {.rank = env.rank,
+                                        .size = env.worldSize,
+                                        .device = env.localRank % gpus,
+                                        .timeout = timeout});
+  } else if (const shm::TransportChoice t = shm::chooseTransport(
+                 transportFrom(options), env.worldSize, env.localWorldSize, env.groupWorldSize,
+                 [&] {
+                   return shm::nodesOnOneHost(*store, {.rank = env.rank,
+                                                       .size = env.worldSize,
+                                                       .node = env.groupRank,
+                                                       .localRank = env.localRank,
+                                                       .localSize = env.localWorldSize});
+                 });
+             t.transport == shm::Transport::Shm) {
+    if (env.rank == 0 && generation == 0) DDPRUN_LOG(INFO, "runtime") << "transport shm (" << t.reason << ")";
+    const auto prefix = options.env("DDPRUN_SHM_PREFIX");  // tests look for leftovers with it
+    const std::string shmPrefix = prefix && !prefix->empty() ? *prefix : std::string("ddprun");
+    if (t.acrossNodes) {
+      comm = makeHierarchicalCommunicator(
+          store, {.rank = env.rank,
+                  .size = env.worldSize,
+                  .node = env.groupRank,
+                  .nodes = env.groupWorldSize,
+                  .localRank = env.localRank,
+                  .localSize = env.localWorldSize,
+                  .timeout = timeout,
+                  .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : "",
+                  .meshSecret = token ? meshSecret(*token, secretScope, env.restartCount)
+                                      : std::string(),
+                  .shmPrefix = shmPrefix});
+    } else {
+      comm = shm::makeShmCommunicator(store, {.rank = env.rank,
+                                              .size = env.worldSize,
+                                              .timeout = timeout,
+                                              .namePrefix = shmPrefix});
+    }
+  } else {
+    if (env.rank == 0 && generation == 0 && env.worldSize > 1) {
+      DDPRUN_LOG(INFO, "runtime") << "transport tcp (" << t.reason << ")";
+    }
+    comm = makeGlooCommunicator(store, {.rank = env.rank,
+                                        .size = env.worldSize,
+                                        .timeout = timeout,
+                                        .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : "",
+                                        .meshSecret = token ? meshSecret(*token, secretScope,
+                                                                         env.restartCount)
+                                                            : std::string()});
+  }
+  return comm;
+}
+
 }  // namespace
 
 Runtime::Runtime(WorkerEnv env, std::shared_ptr<rendezvous::Store> store,
-                 std::shared_ptr<Communicator> comm, std::shared_ptr<void> hostedStore)
+                 std::shared_ptr<Communicator> comm, std::shared_ptr<void> hostedStore,
+                 InitOptions options, int generation)
     : env_(std::move(env)),
       store_(std::move(store)),
       comm_(std::move(comm)),
-      hostedStore_(std::move(hostedStore)) {}
+      hostedStore_(std::move(hostedStore)),
+      options_(std::move(options)),
+      generation_(generation) {}
+
+bool Runtime::inProcessRecovery() const {
+  const auto mode = options_.env("DDPRUN_RECOVERY");
+  if (!mode || (*mode != "in-process" && *mode != "auto")) return false;
+  return env_.useAgentStore && env_.groupWorldSize == 1 && env_.worldSize > 1 && store_;
+}
+
+Millis Runtime::recoveryTimeout() const {
+  const auto v = options_.env("DDPRUN_RECOVERY_TIMEOUT");
+  if (!v || v->empty()) return Millis(60'000);
+  errno = 0;
+  char* end = nullptr;
+  const double s = std::strtod(v->c_str(), &end);
+  if (errno != 0 || *end != '\0' || !(s > 0) || s > 24 * 3600.0) {
+    throw ConfigError("DDPRUN_RECOVERY_TIMEOUT='" + *v +
+                      "' is not valid: expected a number of seconds > 0 (default 60)");
+  }
+  return Millis(static_cast<int64_t>(s * 1000));
+}
+
+int Runtime::awaitNextGeneration(Millis bound) {
+  namespace keys = rendezvous::recovery;
+  int g = generation_ + 1;
+  try {
+    store_->wait({keys::generationKey(g)}, bound);
+  } catch (const TimeoutError&) {
+    throw TimeoutError("rank " + std::to_string(env_.rank) + " waited " +
+                       std::to_string(bound.count() / 1000.0).substr(0, 5) +
+                       " s (DDPRUN_RECOVERY_TIMEOUT) for the launcher's generation " +
+                       std::to_string(g) + " of the group, and none came: the launcher is "
+                       "restarting the group (a restart, not an in-process recovery), or it is "
+                       "not ddprun --recovery=in-process|auto");
+  }
+  // Two deaths in a row: go straight to the newest generation.
+  while (store_->check({keys::generationKey(g + 1)})) ++g;
+  return g;
+}
+
+std::string Runtime::generationCause(int g) {
+  try {
+    const auto record = rendezvous::recovery::parseGenerationRecord(
+        store_->get(rendezvous::recovery::generationKey(g)));
+    return record ? record->cause : std::string();
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+void Runtime::reform(int g) {
+  DDPRUN_CHECK(g > generation_, "reform() goes to a newer generation");
+  const int64_t start = ddprun::timeline::nowUs();
+  if (comm_) comm_->abort();
+  // The old communicator lives on as long as something (DDP) holds it; it is broken.
+  comm_.reset();
+  auto comm = makeCommunicator(env_, store_, options_, g);
+  ddprun::timeline::span("communicator setup", "runtime", start, ddprun::timeline::nowUs() - start,
+                         ddprun::timeline::Args()
+                             .add("backend", comm->backend())
+                             .add("world_size", env_.worldSize)
+                             .add("generation", g));
+  if (ddprun::timeline::enabled()) {
+    const auto group = options_.env("DDPRUN_TIMELINE_GROUP");
+    comm = makeTracedCommunicator(
+        std::move(comm), (group ? *group : "attempt " + std::to_string(env_.restartCount)) +
+                             " gen " + std::to_string(g));
+  }
+  comm_ = std::move(comm);
+  generation_ = g;
+}
+
+void Runtime::announceState() {
+  if (!store_) return;
+  store_->set(rendezvous::recovery::announceKey(env_.rank), std::to_string(generation_));
+}
 
 Runtime::~Runtime() {
   try {
@@ -194,8 +347,6 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   }
   const int64_t initStart = ddprun::timeline::nowUs();
   const Millis timeout = timeoutFrom(options);
-  const Backend requested = backendFrom(options);
-
   const std::optional<std::string> token = jobToken(options);
   std::shared_ptr<void> hosted;
   std::shared_ptr<rendezvous::Store> base;
@@ -240,63 +391,18 @@ std::unique_ptr<Runtime> init(InitOptions options) {
     }
   }
 
-  int gpus = 0;
-  if (ncclBuilt()) gpus = std::min<int>(visibleGpuCount(), torch::cuda::device_count());
-  const BackendChoice choice = chooseBackend(requested, ncclBuilt(), gpus);
-  if (env.rank == 0) {
-    DDPRUN_LOG(INFO, "runtime") << "backend " << toString(choice.backend) << " (" << choice.reason
-                                << "), world size " << env.worldSize;
-  }
-  std::shared_ptr<Communicator> comm;
-  if (choice.backend == Backend::Nccl) {
-    comm = makeNcclCommunicator(store, {.rank = env.rank,
-                                        .size = env.worldSize,
-                                        .device = env.localRank % gpus,
-                                        .timeout = timeout});
-  } else if (const shm::TransportChoice t = shm::chooseTransport(
-                 transportFrom(options), env.worldSize, env.localWorldSize, env.groupWorldSize,
-                 [&] {
-                   return shm::nodesOnOneHost(*store, {.rank = env.rank,
-                                                       .size = env.worldSize,
-                                                       .node = env.groupRank,
-                                                       .localRank = env.localRank,
-                                                       .localSize = env.localWorldSize});
-                 });
-             t.transport == shm::Transport::Shm) {
-    if (env.rank == 0) DDPRUN_LOG(INFO, "runtime") << "transport shm (" << t.reason << ")";
-    const auto prefix = options.env("DDPRUN_SHM_PREFIX");  // tests look for leftovers with it
-    const std::string shmPrefix = prefix && !prefix->empty() ? *prefix : std::string("ddprun");
-    if (t.acrossNodes) {
-      comm = makeHierarchicalCommunicator(
-          store, {.rank = env.rank,
-                  .size = env.worldSize,
-                  .node = env.groupRank,
-                  .nodes = env.groupWorldSize,
-                  .localRank = env.localRank,
-                  .localSize = env.localWorldSize,
-                  .timeout = timeout,
-                  .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : "",
-                  .meshSecret = token ? meshSecret(*token, env.runId, env.restartCount)
-                                      : std::string(),
-                  .shmPrefix = shmPrefix});
-    } else {
-      comm = shm::makeShmCommunicator(store, {.rank = env.rank,
-                                              .size = env.worldSize,
-                                              .timeout = timeout,
-                                              .namePrefix = shmPrefix});
+  // A replacement started by in-process recovery joins the generation that replaced the dead.
+  int generation = 0;
+  if (const auto g = options.env("DDPRUN_GENERATION"); g && !g->empty()) {
+    char* end = nullptr;
+    const long v = std::strtol(g->c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > (1 << 30)) {
+      throw ConfigError("DDPRUN_GENERATION='" + *g + "' is not valid: expected a number >= 0 "
+                        "(ddprun sets it for a replacement worker)");
     }
-  } else {
-    if (env.rank == 0 && env.worldSize > 1) {
-      DDPRUN_LOG(INFO, "runtime") << "transport tcp (" << t.reason << ")";
-    }
-    comm = makeGlooCommunicator(store, {.rank = env.rank,
-                                        .size = env.worldSize,
-                                        .timeout = timeout,
-                                        .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : "",
-                                        .meshSecret = token ? meshSecret(*token, env.runId,
-                                                                         env.restartCount)
-                                                            : std::string()});
+    generation = static_cast<int>(v);
   }
+  std::shared_ptr<Communicator> comm = makeCommunicator(env, store, options, generation);
   ddprun::timeline::span("communicator setup", "runtime", storeConnected,
                          ddprun::timeline::nowUs() - storeConnected,
                          ddprun::timeline::Args()
@@ -304,11 +410,13 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                              .add("world_size", env.worldSize));
   if (ddprun::timeline::enabled()) {
     const auto group = options.env("DDPRUN_TIMELINE_GROUP");
-    comm = makeTracedCommunicator(std::move(comm), group ? *group : std::string("attempt ") +
-                                                                        std::to_string(env.restartCount));
+    comm = makeTracedCommunicator(
+        std::move(comm),
+        (group ? *group : std::string("attempt ") + std::to_string(env.restartCount)) +
+            (generation > 0 ? " gen " + std::to_string(generation) : std::string()));
   }
   return std::make_unique<Runtime>(std::move(env), std::move(store), std::move(comm),
-                                   std::move(hosted));
+                                   std::move(hosted), std::move(options), generation);
 }
 
 }  // namespace ddprun::runtime

@@ -42,7 +42,8 @@ struct InitOptions {
 class Runtime {
  public:
   Runtime(WorkerEnv env, std::shared_ptr<rendezvous::Store> store,
-          std::shared_ptr<Communicator> comm, std::shared_ptr<void> hostedStore);
+          std::shared_ptr<Communicator> comm, std::shared_ptr<void> hostedStore,
+          InitOptions options = {}, int generation = 0);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -61,6 +62,30 @@ class Runtime {
   // Where tensors for comm() must live: CPU for Gloo, cuda:LOCAL_RANK for NCCL.
   torch::Device device() const { return comm_->device(); }
 
+  // ---- In-process recovery (docs/recovery.md; worker_runtime/elastic/ uses these) ----
+  // The generation of the worker group this process is in: 0 from the group's start; a
+  // replacement started by ddprun --recovery=in-process begins in the generation that
+  // replaced the dead rank (DDPRUN_GENERATION), survivors move on with reform().
+  int generation() const { return generation_; }
+  // Whether the launcher may keep this process alive after a peer's death and start a
+  // replacement: DDPRUN_RECOVERY=in-process|auto, the agent's store, one node, > 1 rank.
+  bool inProcessRecovery() const;
+  // Waits, at most `bound`, for the launcher's next generation after generation(); returns the
+  // newest one published by then (two deaths in a row: the second). Throws TimeoutError saying
+  // that none came (the launcher is restarting the group, or it is not ddprun).
+  int awaitNextGeneration(Millis bound);
+  // One line of why generation `g` exists (the agent's record), or empty.
+  std::string generationCause(int g);
+  // Leaves the current communicator (abort(): peers waiting on this rank wake at once) and
+  // builds generation `g`'s, under keys of its own, with the ranks that are in it then.
+  void reform(int g);
+  // Tells the agent that this process holds the training state in generation() (it committed
+  // or healed): from then on its death, or a peer's, can be recovered in process.
+  void announceState();
+  // DDPRUN_RECOVERY_TIMEOUT seconds, else 60: the bound of every wait of a recovery outside a
+  // collective (the collectives keep their own timeout).
+  Millis recoveryTimeout() const;
+
   // Leaves the job in order: every rank announces it is done, and the rank hosting the store (if
   // any) waits, bounded by the timeout, until all have, so it never takes the store away from a
   // rank still using it. Idempotent; the destructor calls it and swallows its errors (logged).
@@ -71,6 +96,8 @@ class Runtime {
   std::shared_ptr<rendezvous::Store> store_;
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<void> hostedStore_;  // a rendezvous::ThreadedStoreServer on rank 0, or null
+  InitOptions options_;                // what reform() builds the next communicator from
+  int generation_ = 0;
   bool shutDown_ = false;
 };
 

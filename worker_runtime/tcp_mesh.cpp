@@ -416,6 +416,12 @@ TcpMesh::~TcpMesh() {
   }
 }
 
+void TcpMesh::abort() {
+  for (auto& p : peers_) {
+    if (p.fd >= 0) ::shutdown(p.fd, SHUT_RDWR);
+  }
+}
+
 void TcpMesh::postSend(int peer, const void* data, size_t bytes) {
   if (bytes == 0) return;
   peers_[peer].sends.push_back({static_cast<const char*>(data), bytes});

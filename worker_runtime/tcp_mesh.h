@@ -66,6 +66,9 @@ class TcpMesh {
   void postRecv(int peer, void* data, size_t bytes, std::function<void()> done = {});
   // Moves data until every posted send and receive completed.
   void progress(Clock::time_point deadline);
+  // Shuts every connection down (both directions): a peer blocked on this rank sees the
+  // connection end at once. The mesh must not be used afterwards. Never blocks.
+  void abort();
 
  private:
   struct Send {

@@ -94,6 +94,7 @@ class TracedCommunicator final : public Communicator {
     return out;
   }
   ThreadCounts threadCounts() const override { return inner_->threadCounts(); }
+  void abort() override { inner_->abort(); }
   AllreduceBytes allreduceBytes() const override { return inner_->allreduceBytes(); }
   torch::Tensor lendSharedBuffer(size_t bytes) override { return inner_->lendSharedBuffer(bytes); }
 

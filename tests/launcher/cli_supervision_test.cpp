@@ -68,6 +68,35 @@ TEST_CASE("a restarted group that succeeds ends the job with 0", "[launcher][cli
   CHECK(std::count(attempts.begin(), attempts.end(), "2") == 0);
 }
 
+TEST_CASE("--recovery=in-process: a program without ddprun's runtime still gets a restart",
+          "[launcher][cli][recovery]") {
+  TempDir dir;
+  const std::string log = dir / "attempts";
+  // Rank 1 dies in the first attempt; the other rank is still running then (it sleeps), and
+  // nothing announced in-process recovery (no runtime): the whole group restarts.
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                      "--recovery=in-process", "sh", "-c",
+                      "echo $TORCHELASTIC_RESTART_COUNT.$RANK.$DDPRUN_RECOVERY >> " + log +
+                          "; [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ] && exit 3; "
+                          "sleep 0.5; exit 0"});
+  INFO(r.err);
+  CHECK(r.code == 0);
+  auto attempts = lines(readFile(log));
+  std::sort(attempts.begin(), attempts.end());
+  CHECK((attempts == std::vector<std::string>{"0.0.in-process", "0.1.in-process", "1.0.in-process",
+                                              "1.1.in-process"}));
+  CHECK_THAT(r.err, Catch::Contains("--recovery=in-process: rank 1 had not announced in-process "
+                                    "recovery"));
+  CHECK_THAT(r.err, Catch::Contains("restarting the worker group after rank 1 failed"));
+  CHECK_THAT(r.err, !Catch::Contains("recovering in process"));
+}
+
+TEST_CASE("--recovery takes restart, in-process or auto", "[launcher][cli][recovery]") {
+  auto r = runDdprun({"--standalone", "--recovery=sometimes", "true"});
+  CHECK(r.code != 0);
+  CHECK_THAT(r.err, Catch::Contains("--recovery=sometimes: expected one of restart, in-process, auto"));
+}
+
 namespace {
 
 // Workers that record the signal they get in DIR/sig.<rank>, after announcing DIR/ready.<rank>.

@@ -182,7 +182,9 @@ TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-ident
   {
     // Rank 1 is SIGKILLed from outside once step 40 has been checkpointed, at whatever point of
     // its step it is; the steps after the newest checkpoint are lost and redone.
-    Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1"}), {}, dir / "log");
+    // Restart semantics (in-process recovery has tests of its own below).
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1", "--recovery=restart"}),
+            {}, dir / "log");
     REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
     killedAfter = newestCheckpoint(dir / "ckpt");
     killWorker(job, 1);
@@ -263,6 +265,87 @@ TEST_CASE("a job stopped with SIGTERM and started again continues from the newes
     if (j["kind"] == "train") steps.push_back(j["step"].get<int64_t>());
   }
   CHECK((steps == std::vector<int64_t>{32, 64, 96, 128, 160, 192, 224, 256}));
+}
+
+// ---- In-process recovery (docs/recovery.md): the survivor keeps its process ----
+
+// The worker of `rank` once it is another process than `not` (the replacement), or -1 when the
+// job ended first or the deadline passed.
+pid_t waitForReplacement(Job& job, int rank, pid_t notThis) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
+    const pid_t p = workerPid(job.pid(), rank, "mnist_mlp");
+    if (p > 0 && p != notThis) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+// SIGKILLs rank `victim` mid-run under --recovery=in-process; the other rank must keep its pid.
+void inProcessKill(int victim) {
+  const auto& reference = referenceRun();
+  TempDir dir;
+  const int survivor = 1 - victim;
+  std::string output;
+  {
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1", "--recovery=in-process"}),
+            {}, dir / "log");
+    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+    const pid_t survivorPid = workerPid(job.pid(), survivor, "mnist_mlp");
+    const pid_t victimPid = workerPid(job.pid(), victim, "mnist_mlp");
+    REQUIRE(survivorPid > 0);
+    REQUIRE(victimPid > 0);
+    REQUIRE(::kill(victimPid, SIGKILL) == 0);
+    const pid_t replacement = waitForReplacement(job, victim, victimPid);
+    // The survivor is the same process after the death and while the replacement runs.
+    const pid_t survivorNow = workerPid(job.pid(), survivor, "mnist_mlp");
+    const int code = job.wait(kJobTimeout);
+    output = job.output();
+    INFO(output);
+    REQUIRE(code == 0);
+    CHECK(replacement > 0);
+    CHECK(survivorNow == survivorPid);
+    CHECK_THAT(output, Contains("rank " + std::to_string(survivor) + " recovered in process"));
+  }
+  INFO(output);
+  CHECK_THAT(output, Contains("signal 9 (SIGKILL); recovering in process (generation 1)"));
+  CHECK_THAT(output, Contains("restart 1 of 1 spent"));
+  CHECK_THAT(output, Contains("rank " + std::to_string(victim) + " joined generation 1 and healed "
+                              "from rank " + std::to_string(survivor) + "'s memory"));
+  // Nothing restarted: one start of the group, no second attempt, no state read from disk.
+  CHECK_THAT(output, !Contains("attempt 1"));
+  CHECK_THAT(output, !Contains("resumed from checkpoint"));
+  CHECK_THAT(output, Contains("done: 256 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("in-process recovery: rank 1 SIGKILLed, the survivor keeps its process, weights "
+          "bit-identical", "[elastic][recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  inProcessKill(1);
+}
+
+TEST_CASE("in-process recovery: rank 0 SIGKILLed, the replacement heals from rank 1, weights "
+          "bit-identical", "[elastic][recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  inProcessKill(0);
+}
+
+TEST_CASE("in-process recovery: a death with no restart left ends the job with its root cause",
+          "[elastic][recovery]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=0", "--recovery=in-process"}),
+          {}, dir / "log");
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 10));
+  killWorker(job, 1);
+  const int code = job.wait(kJobTimeout);
+  INFO(job.output());
+  CHECK(code == 128 + SIGKILL);
+  CHECK_THAT(job.output(), Contains("Root cause (first observed failure)"));
+  CHECK_THAT(job.output(), Contains("signal 9 (SIGKILL)"));
+  CHECK_THAT(job.output(), !Contains("recovering in process"));
+  CHECK_FALSE(fs::exists(dir / "final.pt"));
 }
 
 TEST_CASE("2 workers match 1 worker with the same global batch", "[elastic][slow]") {

@@ -79,6 +79,7 @@ class ShmCommunicator final : public Communicator {
   }
 
   ThreadCounts threadCounts() const override { return queue_.counts(); }
+  void abort() override { fail("aborted by this rank (in-process recovery)"); }
   AllreduceBytes allreduceBytes() const override {
     return {.staged = collectives_->stagedBytes(), .inPlace = collectives_->inPlaceBytes()};
   }

@@ -1,0 +1,169 @@
+// ElasticState (worker_runtime/elastic/): commit and restore are bit-exact, SGD's momentum that
+// a rolled-back step created is dropped, and broadcast heals a fresh rank (no momentum yet) from
+// a trained one over real communicators (ranks as threads on one MemoryStore, Gloo and shm).
+// The generation record of rendezvous/recovery_keys.h is parsed by a pure function: bad text
+// never passes.
+#include "tests/support/catch_torch.h"
+
+#include "base/errors.h"
+#include "rendezvous/memory_store.h"
+#include "rendezvous/recovery_keys.h"
+#include "tests/worker_runtime/rank_threads.h"
+#include "worker_runtime/elastic/elastic_state.h"
+#include "worker_runtime/gloo_communicator.h"
+#include "worker_runtime/shm/shm_communicator.h"
+
+using namespace ddprun::runtime;
+using ddprun::runtime::test::runRanks;
+
+namespace {
+
+struct Trainee {
+  explicit Trainee(int64_t width = 8) {
+    torch::manual_seed(3);
+    model = std::make_shared<torch::nn::LinearImpl>(4, width);
+    optimizer = std::make_unique<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    state.addModule(model);
+    state.addOptimizer(*optimizer);
+    state.addCounter("step", &step);
+    state.addCounter("loss", &loss);
+    state.enable();
+  }
+  void train(int seed) {
+    torch::manual_seed(seed);
+    optimizer->zero_grad();
+    auto l = model->forward(torch::randn({5, 4})).pow(2).mean();
+    l.backward();
+    optimizer->step();
+    loss = l.item<double>();
+    ++step;
+  }
+  std::vector<torch::Tensor> snapshot() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+    for (const auto& [k, s] : optimizer->state()) {
+      (void)k;
+      out.push_back(static_cast<torch::optim::SGDParamState&>(*s).momentum_buffer().clone());
+    }
+    return out;
+  }
+  std::shared_ptr<torch::nn::LinearImpl> model;
+  std::unique_ptr<torch::optim::SGD> optimizer;
+  ElasticState state;
+  int64_t step = 0;
+  double loss = 0;
+};
+
+bool same(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("elastic state: a rolled-back run computes exactly what an uninterrupted one does",
+          "[runtime][elastic]") {
+  Trainee straight, rolled;
+  for (int s = 1; s <= 3; ++s) straight.train(s);
+
+  rolled.state.commit();  // before any step: no momentum yet
+  rolled.train(1);
+  rolled.train(99);       // a step that "fails" after it ran
+  REQUIRE(rolled.optimizer->state().size() == 2);
+  rolled.state.restore();
+  CHECK(rolled.step == 0);
+  CHECK(rolled.optimizer->state().empty());  // the rolled-back steps' momentum is gone
+  for (int s = 1; s <= 2; ++s) rolled.train(s);
+  rolled.state.commit();
+  rolled.train(7);
+  rolled.state.restore();
+  CHECK(rolled.step == 2);
+  rolled.train(3);
+  CHECK(same(rolled.snapshot(), straight.snapshot()));
+  CHECK(rolled.loss == straight.loss);
+  CHECK(rolled.state.commits() == 2);
+}
+
+TEST_CASE("elastic state: commits do nothing until enabled, restore needs a commit",
+          "[runtime][elastic]") {
+  auto model = std::make_shared<torch::nn::LinearImpl>(2, 2);
+  ElasticState state;
+  state.addModule(model);
+  state.commit();
+  CHECK_FALSE(state.committed());
+  CHECK_THROWS_AS(state.restore(), ddprun::ConfigError);
+  torch::optim::Adam adam(model->parameters());
+  CHECK_THROWS_WITH(state.addOptimizer(adam), Catch::Contains("only torch::optim::SGD"));
+}
+
+TEST_CASE("elastic state: broadcast heals a fresh rank from a trained one", "[runtime][elastic]") {
+  for (const bool shmTransport : {false, true}) {
+    INFO("transport " << (shmTransport ? "shm" : "gloo"));
+    auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
+    std::vector<std::vector<torch::Tensor>> after(2);
+    std::vector<int64_t> steps(2);
+    std::vector<double> losses(2);
+    runRanks(2, [&](int r) {
+      auto comm = shmTransport
+                      ? shm::makeShmCommunicator(store, {.rank = r, .size = 2,
+                                                         .timeout = std::chrono::seconds(20),
+                                                         .namePrefix = "ddprun-test-elastic"})
+                      : makeGlooCommunicator(store, {.rank = r, .size = 2,
+                                                     .timeout = std::chrono::seconds(20),
+                                                     .hostname = "127.0.0.1"});
+      Trainee t;
+      if (r == 1) {  // the survivor: trained, momentum and all
+        for (int s = 1; s <= 4; ++s) t.train(s);
+      }
+      t.state.broadcast(*comm, /*root=*/1);
+      after[r] = t.snapshot();
+      steps[r] = t.step;
+      losses[r] = t.loss;
+    });
+    CHECK(steps[0] == 4);
+    CHECK(losses[0] == losses[1]);
+    CHECK(after[0].size() == 4);  // weight, bias and their momentum
+    CHECK(same(after[0], after[1]));
+  }
+}
+
+TEST_CASE("elastic state: ranks with different state fail naming it", "[runtime][elastic]") {
+  auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
+  std::vector<std::string> errors(2);
+  runRanks(2, [&](int r) {
+    auto comm = makeGlooCommunicator(
+        store, {.rank = r, .size = 2, .timeout = std::chrono::seconds(20), .hostname = "127.0.0.1"});
+    Trainee t(r == 0 ? 8 : 9);
+    try {
+      t.state.broadcast(*comm, 0);
+    } catch (const ddprun::ConfigError& e) {
+      errors[r] = e.what();
+    }
+  });
+  CHECK_THAT(errors[0], Catch::Contains("another rank's state differs from rank 0's"));
+  CHECK_THAT(errors[1], Catch::Contains("tensor 0: 32 elements there, 36 here"));
+}
+
+TEST_CASE("recovery keys: the generation record round-trips and refuses bad text",
+          "[runtime][elastic]") {
+  namespace keys = ddprun::rendezvous::recovery;
+  const std::string text =
+      keys::formatGenerationRecord({.generation = 3, .replaced = {1, 4}, .cause = "rank 1 died"});
+  const auto r = keys::parseGenerationRecord(text);
+  REQUIRE(r);
+  CHECK(r->generation == 3);
+  CHECK(r->replaced == std::vector<int>{1, 4});
+  CHECK(r->cause == "rank 1 died");
+  for (const char* bad : {"", "generation=0 replaced=1", "generation=2 replaced=", "generation=x replaced=1",
+                          "generation=2 replaced=1,,2", "generation=2 replaced=-1", "replaced=1 generation=2",
+                          "generation=2"}) {
+    INFO(bad);
+    CHECK_FALSE(keys::parseGenerationRecord(bad));
+  }
+  CHECK(keys::generationKey(2) == "ddprun/generation/2");
+  CHECK(keys::attemptPrefix(1) == "/worker/attempt_1");
+}

@@ -1,0 +1,134 @@
+#include "worker_runtime/elastic/elastic_run.h"
+
+#include <chrono>
+#include <exception>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/timeline.h"
+
+namespace ddprun::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double msSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+std::string whatOf(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// The ranks agree on who holds the state (allgather of one flag each); the lowest that does is
+// the root every rank's state is broadcast from. Survivors roll back to their commit first.
+// Throws BackendError when nobody holds one.
+int heal(Runtime& rt, ElasticState& state) {
+  Communicator& comm = *rt.comm();
+  const bool holds = state.committed();
+  auto flag = torch::tensor(std::vector<int64_t>{holds ? 1 : 0}, torch::kInt64).to(comm.device());
+  const auto all = comm.allgather(flag).to(torch::kCPU).reshape({-1});
+  int root = -1;
+  for (int r = 0; r < all.size(0); ++r) {
+    if (all[r].item<int64_t>() != 0) {
+      root = r;
+      break;
+    }
+  }
+  if (root < 0) {
+    throw BackendError("in-process recovery: no rank of generation " +
+                       std::to_string(rt.generation()) + " holds the training state (every "
+                       "survivor died too): the group must restart");
+  }
+  if (holds) state.restore();
+  state.broadcast(comm, root);
+  return root;
+}
+
+// A collective's failure: the kind in-process recovery answers. Anything else propagates.
+template <typename Fn>
+std::exception_ptr collectiveFailure(Fn&& fn) {
+  try {
+    fn();
+  } catch (const BackendError&) {
+    return std::current_exception();
+  } catch (const TimeoutError&) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& loop) {
+  ElasticRunStats stats;
+  if (!rt.inProcessRecovery()) {
+    loop.reset();
+    loop.body();
+    return stats;
+  }
+  state.enable();
+  const bool replacement = rt.generation() > 0;
+  std::exception_ptr failure;
+  // Start: a replacement heals first (from its own generation's communicator, built by init).
+  failure = collectiveFailure([&] {
+    if (replacement) {
+      const auto start = Clock::now();
+      const int root = heal(rt, state);
+      stats.healed = true;
+      DDPRUN_LOG(INFO, "runtime") << "rank " << rt.rank() << " joined generation "
+                                  << rt.generation() << " and healed from rank " << root
+                                  << "'s memory (" << state.bytes() << " bytes) in "
+                                  << static_cast<int64_t>(msSince(start)) << " ms";
+    }
+    loop.reset();
+    state.commit();
+    rt.announceState();
+  });
+  for (;;) {
+    if (!failure) {
+      failure = collectiveFailure([&] { loop.body(); });
+      if (!failure) return stats;
+    }
+    // A peer died (or a collective failed): wait for the agent's next generation, bounded.
+    const std::string why = whatOf(failure);
+    const auto start = Clock::now();
+    const int64_t startUs = ddprun::timeline::nowUs();
+    const Millis bound = rt.recoveryTimeout();
+    DDPRUN_LOG(WARN, "runtime") << "rank " << rt.rank() << " (generation " << rt.generation()
+                                << "): " << why << ": waiting up to " << bound.count() / 1000.0
+                                << " s for the launcher's next generation (in-process recovery)";
+    if (rt.comm()) rt.comm()->abort();
+    int g = 0;
+    try {
+      g = rt.awaitNextGeneration(bound);
+    } catch (const TimeoutError& e) {
+      throw BackendError(why + "; " + e.what());
+    }
+    failure = collectiveFailure([&] {
+      rt.reform(g);
+      heal(rt, state);
+      loop.reset();
+      state.commit();
+      rt.announceState();
+    });
+    if (failure) continue;  // a death during the recovery: the next generation
+    ++stats.recoveries;
+    const std::string cause = rt.generationCause(g);
+    ddprun::timeline::span("recovery", "runtime", startUs, ddprun::timeline::nowUs() - startUs,
+                           ddprun::timeline::Args().add("generation", g).add("cause", cause));
+    DDPRUN_LOG(WARN, "runtime") << "rank " << rt.rank() << " recovered in process in "
+                                << static_cast<int64_t>(msSince(start)) << " ms: generation " << g
+                                << (cause.empty() ? std::string() : " (" + cause + ")")
+                                << ", back to commit " << state.commits() - 1
+                                << "; this process keeps running";
+  }
+}
+
+}  // namespace ddprun::runtime

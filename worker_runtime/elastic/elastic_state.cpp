@@ -1,0 +1,236 @@
+#include "worker_runtime/elastic/elastic_state.h"
+
+#include <cstring>
+
+#include "base/errors.h"
+
+namespace ddprun::runtime {
+namespace {
+
+std::string stateKey(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+torch::optim::SGDParamState* sgdState(torch::optim::Optimizer& o, const torch::Tensor& p) {
+  auto it = o.state().find(stateKey(p));
+  if (it == o.state().end()) return nullptr;
+  return static_cast<torch::optim::SGDParamState*>(it->second.get());
+}
+
+}  // namespace
+
+void ElasticState::addModule(std::shared_ptr<torch::nn::Module> module) {
+  DDPRUN_CHECK(module != nullptr, "ElasticState::addModule: null module");
+  modules_.push_back(std::move(module));
+}
+
+void ElasticState::addOptimizer(torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer) == nullptr) {
+    throw ConfigError(
+        "ElasticState::addOptimizer: only torch::optim::SGD is supported; register the state "
+        "of another optimizer yourself (its tensors as a module's buffers, its counters with "
+        "addCounter), or run with ddprun --recovery=restart");
+  }
+  Optimizer o{.optimizer = &optimizer, .params = {}};
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) o.params.push_back(p);
+  }
+  optimizers_.push_back(std::move(o));
+}
+
+void ElasticState::addCounter(std::string name, int64_t* value) {
+  DDPRUN_CHECK(value != nullptr, "ElasticState::addCounter: null");
+  counters_.push_back({.name = std::move(name), .i = value});
+}
+
+void ElasticState::addCounter(std::string name, double* value) {
+  DDPRUN_CHECK(value != nullptr, "ElasticState::addCounter: null");
+  counters_.push_back({.name = std::move(name), .d = value});
+}
+
+std::vector<int64_t> ElasticState::optimizerStateMask() const {
+  std::vector<int64_t> mask;
+  for (const auto& o : optimizers_) {
+    for (const auto& p : o.params) mask.push_back(sgdState(*o.optimizer, p) ? 1 : 0);
+  }
+  return mask;
+}
+
+void ElasticState::matchOptimizerState(const std::vector<int64_t>& mask) {
+  size_t i = 0;
+  for (auto& o : optimizers_) {
+    for (const auto& p : o.params) {
+      DDPRUN_CHECK(i < mask.size(), "optimizer state mask too short");
+      const bool want = mask[i++] != 0;
+      const bool have = sgdState(*o.optimizer, p) != nullptr;
+      if (want && !have) {
+        // Its values come from the commit or the root right after.
+        auto st = std::make_unique<torch::optim::SGDParamState>();
+        st->momentum_buffer(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+        o.optimizer->state()[stateKey(p)] = std::move(st);
+      } else if (!want && have) {
+        // Not there at the commit (created by a step rolled back): SGD's next step creates it
+        // as its first step does.
+        o.optimizer->state().erase(stateKey(p));
+      }
+    }
+  }
+}
+
+std::vector<torch::Tensor> ElasticState::liveTensors() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& m : modules_) {
+    for (const auto& p : m->parameters()) out.push_back(p);
+    for (const auto& b : m->buffers()) out.push_back(b);
+  }
+  for (const auto& o : optimizers_) {
+    for (const auto& p : o.params) {
+      if (auto* st = sgdState(*o.optimizer, p); st && st->momentum_buffer().defined()) {
+        out.push_back(st->momentum_buffer());
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> ElasticState::counterValues() const {
+  std::vector<int64_t> v;
+  for (const auto& c : counters_) {
+    int64_t x = 0;
+    if (c.i) x = *c.i;
+    else std::memcpy(&x, c.d, sizeof x);
+    v.push_back(x);
+  }
+  return v;
+}
+
+void ElasticState::setCounters(const std::vector<int64_t>& values) {
+  DDPRUN_CHECK(values.size() == counters_.size(), "counter count");
+  for (size_t i = 0; i < counters_.size(); ++i) {
+    if (counters_[i].i) *counters_[i].i = values[i];
+    else std::memcpy(counters_[i].d, &values[i], sizeof(double));
+  }
+}
+
+size_t ElasticState::bytes() const {
+  size_t n = counters_.size() * sizeof(int64_t);
+  for (const auto& t : liveTensors()) n += t.nbytes();
+  return n;
+}
+
+void ElasticState::commit() {
+  if (!enabled_) return;
+  torch::NoGradGuard noGrad;
+  const auto live = liveTensors();
+  bool same = live.size() == saved_.size();
+  for (size_t i = 0; same && i < live.size(); ++i) {
+    same = saved_[i].sizes() == live[i].sizes() && saved_[i].dtype() == live[i].dtype() &&
+           saved_[i].device() == live[i].device();
+  }
+  if (!same) {
+    // First commit, or the optimizer created its state: buffers allocated once more.
+    saved_.clear();
+    for (const auto& t : live) saved_.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
+  }
+  for (size_t i = 0; i < live.size(); ++i) saved_[i].copy_(live[i]);
+  savedMask_ = optimizerStateMask();
+  savedCounters_ = counterValues();
+  ++commits_;
+}
+
+void ElasticState::restore() {
+  if (commits_ == 0) throw ConfigError("ElasticState::restore: nothing was committed");
+  torch::NoGradGuard noGrad;
+  matchOptimizerState(savedMask_);
+  const auto live = liveTensors();
+  DDPRUN_CHECK(live.size() == saved_.size(), "the state's tensors changed since the commit");
+  for (size_t i = 0; i < live.size(); ++i) live[i].copy_(saved_[i]);
+  setCounters(savedCounters_);
+}
+
+void ElasticState::broadcast(Communicator& comm, int root) {
+  torch::NoGradGuard noGrad;
+  const auto device = comm.device();
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64);
+  // Every rank throws when one found a difference (the others would wait for it in vain).
+  auto agree = [&](const std::string& problem) {
+    auto ok = torch::tensor(std::vector<int64_t>{problem.empty() ? 1 : 0}, i64).to(device);
+    comm.allreduce(ok, ReduceOp::Min);
+    if (!problem.empty()) throw ConfigError(problem);
+    if (ok.to(torch::kCPU).item<int64_t>() == 0) {
+      throw ConfigError("elastic state: another rank's state differs from rank " +
+                        std::to_string(root) + "'s (its error names it)");
+    }
+  };
+  // 1. Which optimizer state exists on root: this rank creates or drops its own to match.
+  {
+    const auto mask = optimizerStateMask();
+    auto count = torch::tensor(std::vector<int64_t>{static_cast<int64_t>(mask.size())}, i64).to(device);
+    comm.broadcast(count, root);
+    const int64_t rootCount = count.to(torch::kCPU).item<int64_t>();
+    agree(rootCount == static_cast<int64_t>(mask.size())
+              ? std::string()
+              : "elastic state: rank " + std::to_string(root) + " has " + std::to_string(rootCount) +
+                    " optimizer parameters, rank " + std::to_string(comm.rank()) + " " +
+                    std::to_string(mask.size()) + " (the ranks must register the same state)");
+    if (!mask.empty()) {
+      auto m = torch::tensor(mask, i64).to(device);
+      comm.broadcast(m, root);
+      auto cpu = m.to(torch::kCPU);
+      matchOptimizerState(std::vector<int64_t>(cpu.data_ptr<int64_t>(),
+                                               cpu.data_ptr<int64_t>() + cpu.numel()));
+    }
+  }
+  // 2. The sizes, so that a different program fails naming the tensor instead of corrupting.
+  const auto live = liveTensors();
+  std::vector<int64_t> sizes{static_cast<int64_t>(live.size()),
+                             static_cast<int64_t>(counters_.size())};
+  for (const auto& t : live) sizes.push_back(t.numel());
+  {
+    auto count = torch::tensor(std::vector<int64_t>{static_cast<int64_t>(sizes.size())}, i64).to(device);
+    comm.broadcast(count, root);
+    std::string problem;
+    if (count.to(torch::kCPU).item<int64_t>() != static_cast<int64_t>(sizes.size())) {
+      problem = "elastic state: rank " + std::to_string(comm.rank()) + " holds " +
+                std::to_string(live.size()) + " tensors and " + std::to_string(counters_.size()) +
+                " counters, rank " + std::to_string(root) + " another number";
+    }
+    agree(problem);
+    auto mine = torch::tensor(sizes, i64);
+    auto theirs = mine.to(device);
+    comm.broadcast(theirs, root);
+    theirs = theirs.to(torch::kCPU);
+    const auto* a = theirs.data_ptr<int64_t>();
+    for (size_t i = 0; i < sizes.size() && problem.empty(); ++i) {
+      if (a[i] == sizes[i]) continue;
+      problem = "elastic state: rank " + std::to_string(comm.rank()) + "'s tensors differ from rank " +
+                std::to_string(root) + "'s";
+      if (i < 2) {
+        problem += " (" + std::to_string(a[0]) + " tensors and " + std::to_string(a[1]) +
+                   " counters there, " + std::to_string(sizes[0]) + " and " +
+                   std::to_string(sizes[1]) + " here)";
+      } else {
+        problem += " (tensor " + std::to_string(i - 2) + ": " + std::to_string(a[i]) +
+                   " elements there, " + std::to_string(sizes[i]) + " here)";
+      }
+    }
+    agree(problem);
+  }
+  // 3. The values: in place where a tensor may be broadcast as it is, else through a copy.
+  for (const auto& t : live) {
+    if (t.numel() == 0) continue;
+    if (t.is_contiguous() && t.device() == device) {
+      comm.broadcast(t, root);
+    } else {
+      auto tmp = t.contiguous().to(device);
+      comm.broadcast(tmp, root);
+      t.copy_(tmp);
+    }
+  }
+  if (!counters_.empty()) {
+    auto c = torch::tensor(counterValues(), i64).to(device);
+    comm.broadcast(c, root);
+    auto cpu = c.to(torch::kCPU);
+    setCounters(std::vector<int64_t>(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()));
+  }
+}
+
+}  // namespace ddprun::runtime

@@ -1,0 +1,90 @@
+#pragma once
+// ElasticState: what a training loop needs to go back to after a peer's death without leaving
+// its process (in-process recovery, docs/recovery.md), in memory.
+//
+//   runtime::ElasticState state;
+//   state.addModule(model);                 // parameters and buffers
+//   state.addOptimizer(optimizer);          // torch::optim::SGD: its momentum buffers
+//   state.addCounter("step", &step);        // the loop's own counters (sampler position, ...)
+//   ... every step, once the step is complete: state.commit();
+//
+// commit() copies every tensor into buffers of its own, allocated at the first commit (again
+// only when the set of tensors changes: an optimizer creates its state at its first step), and
+// the counters; restore() copies them back, so the live state is bit for bit what it was at
+// the commit. broadcast() makes every rank's live state rank `root`'s: how a replacement heals
+// from a survivor's memory over the communicator (never from disk). Commits cost a memory copy
+// of the state; they do nothing until enable() (the elastic run enables them only when the
+// launcher may recover in process, so a restart-mode job pays nothing).
+//
+// The set of tensors is read anew at each call, in a fixed order: the modules' parameters and
+// buffers (registration order), then each optimizer's per-parameter state, then the counters.
+// Every rank must register the same things in the same order. Not thread-safe.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "worker_runtime/communicator.h"
+
+namespace ddprun::runtime {
+
+class ElasticState {
+ public:
+  void addModule(std::shared_ptr<torch::nn::Module> module);
+  // Only torch::optim::SGD is understood (its momentum buffers; its other state is its
+  // options, which the program sets itself): anything else is a ConfigError naming it. Its
+  // state may appear later (at the first step): commit/restore/broadcast create or drop
+  // per-parameter state so that it matches what was committed or what the root holds.
+  void addOptimizer(torch::optim::Optimizer& optimizer);
+  void addCounter(std::string name, int64_t* value);
+  void addCounter(std::string name, double* value);  // bit for bit, as an int64
+
+  void enable() { enabled_ = true; }
+  bool enabled() const { return enabled_; }
+
+  // Snapshot of the live state (no-op until enable()).
+  void commit();
+  // Back to the last commit. Throws ConfigError when there is none.
+  void restore();
+  bool committed() const { return commits_ > 0; }
+  int64_t commits() const { return commits_; }
+  // Bytes a commit copies (tensors and counters).
+  size_t bytes() const;
+
+  // Every rank's live state becomes rank `root`'s. Collective on `comm`: every rank calls it
+  // with the same registrations. A rank whose tensors differ from root's in number or size
+  // throws ConfigError naming the first difference (the programs differ).
+  void broadcast(Communicator& comm, int root);
+
+ private:
+  struct Optimizer {
+    torch::optim::Optimizer* optimizer;
+    std::vector<torch::Tensor> params;  // in param_groups order
+  };
+  struct Counter {
+    std::string name;
+    int64_t* i = nullptr;
+    double* d = nullptr;
+  };
+  // Which parameters of each optimizer have state now (1/0 per parameter, all optimizers).
+  std::vector<int64_t> optimizerStateMask() const;
+  // Creates (zeros) or drops per-parameter state so that it matches `mask`.
+  void matchOptimizerState(const std::vector<int64_t>& mask);
+  std::vector<torch::Tensor> liveTensors() const;
+  std::vector<int64_t> counterValues() const;
+  void setCounters(const std::vector<int64_t>& values);
+
+  std::vector<std::shared_ptr<torch::nn::Module>> modules_;
+  std::vector<Optimizer> optimizers_;
+  std::vector<Counter> counters_;
+  bool enabled_ = false;
+  int64_t commits_ = 0;
+  std::vector<torch::Tensor> saved_;  // the last commit's tensors
+  std::vector<int64_t> savedMask_;
+  std::vector<int64_t> savedCounters_;
+};
+
+}  // namespace ddprun::runtime
