@@ -52,7 +52,8 @@ TEST_CASE("each worker gets the launcher's environment plus torchrun's variables
           "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
           "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
           "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-          "DDPRUN_PROGRESS_FILE", "DDPRUN_PROGRESS_SLOT"};  // --stall-warning's (progress_watch.h)
+          "DDPRUN_PROGRESS_FILE", "DDPRUN_PROGRESS_SLOT",  // --stall-warning's (progress_watch.h)
+          "DDPRUN_RECOVERY"};  // --recovery (docs/recovery.md)
       if (nproc > 1) expected.insert("OMP_NUM_THREADS");
       CHECK(added == expected);
       for (const auto& [k, v] : baseEnv()) CHECK(env[k] == v);

@@ -176,7 +176,7 @@ def rank_killed(tmp):
     ckpt = os.path.join(tmp, "ckpt")
     job = Job(tmp, "rank_killed", ["--train-limit", "4096", "--test-limit", "500", "--epochs", "1",
                                    "--batch-size", "16", "--checkpoint-dir", ckpt,
-                                   "--checkpoint-interval", "20"], extra=["--max-restarts=1"])
+                                   "--checkpoint-interval", "20"], extra=["--max-restarts=1", "--recovery=restart"])
     victim = worker_pid(job.mark, 1)
     deadline = time.time() + 60
     while not (os.path.isdir(ckpt) and any(n.endswith(".ddpck") for n in os.listdir(ckpt))):
