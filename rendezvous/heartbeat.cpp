@@ -163,12 +163,11 @@ void HeartbeatMonitor::run() {
     int failures = 0;  // consecutive store failures that were not cancels
     while (!stopping_) {
       const Versioned v = view_.get();
-      const std::vector<std::string> ids = v.state.allIds();
-      const bool inRing = std::binary_search(ids.begin(), ids.end(), self_);
-      const std::string target = inRing ? ringSuccessor(ids, self_) : std::string();
       // Read under connMu_, as onViewChange() counts and cancels in one critical section.
       const uint64_t cancels = cancelCount();
       try {
+        // A compact state (the slot join) names its lists: the successor is read (O(1)).
+        const std::string target = ringTarget(store(), v.state, self_);
         if (target.empty()) {
           if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
           continue;

@@ -112,8 +112,10 @@ TEST_CASE("a swarm of agents arriving at random forms one round, and re-forms af
       CHECK(results[1].reform.medianRoundTrips <= results[0].reform.medianRoundTrips + 1);
       CHECK(results[1].form.maxRoundTrips <= results[0].form.maxRoundTrips + 2);
       CHECK(results[1].reform.maxRoundTrips <= results[0].reform.maxRoundTrips + 2);
-      CHECK(results[1].form.maxRoundTrips <= 16);
-      CHECK(results[1].reform.maxRoundTrips <= 16);
+      // The max is the closer's: it also loads the list of nodes expected back and writes the
+      // member list (rendezvous/state_log.h, spilled lists) -- a constant, whatever N.
+      CHECK(results[1].form.maxRoundTrips <= 20);
+      CHECK(results[1].reform.maxRoundTrips <= 20);
     }
   }
 }
