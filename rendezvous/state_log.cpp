@@ -77,10 +77,18 @@ std::string ringTarget(Store& store, const RoundState& s, const std::string& sel
   const bool members = s.phase != Phase::Joining;
   const ListRef& ref = members ? s.membersList : s.expectedList;
   if (ref.ref == 0) {
-    if (s.compact()) return {};  // (a joining round with no list: nobody expected back)
-    const std::vector<std::string> ids = s.allIds();
-    if (!std::binary_search(ids.begin(), ids.end(), self)) return {};
-    return ringSuccessor(ids, self);
+    if (s.phase == Phase::Joining && !s.members.empty()) {
+      // The state-log join (members append themselves): the ids the state mentions, sorted.
+      const std::vector<std::string> ids = s.allIds();
+      if (!std::binary_search(ids.begin(), ids.end(), self)) return {};
+      return ringSuccessor(ids, self);
+    }
+    // A loaded state of the slot join: the same ring as on its compact form (list order), so
+    // that the agent that wrote it and those that read it agree on who watches whom.
+    const auto& list = members ? s.members : s.expected;
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].id == self) return list.size() < 2 ? "" : list[(i + 1) % list.size()].id;
+    return {};
   }
   if (ref.count < 2) return {};
   const auto p = position(store, s, members, self);
