@@ -29,10 +29,6 @@ std::string seconds(Millis m) {
   return os.str();
 }
 
-bool waitingIn(const RoundState& s, const std::string& id) {
-  return std::any_of(s.waiting.begin(), s.waiting.end(),
-                     [&](const NodeInfo& n) { return n.id == id; });
-}
 
 }  // namespace
 
@@ -63,7 +59,8 @@ Versioned DynamicRendezvous::joinBySlots() {
     }
     if (s.phase == Phase::Closed) {
       if (findSelf(s)) return cur;
-      if (waitingIn(s, self_.id)) {  // the job is full: wait for a place
+      if (position(*main_.store, s, RoundState::List::Waiting, self_.id)) {
+        // the job is full: wait for a place
         if (auto v = log_->waitMarker(overKey(s.round), until(joinDeadline))) cur = log_->read(*v);
         continue;
       }
@@ -112,7 +109,7 @@ bool DynamicRendezvous::findSelf(const RoundState& s) {
   selfAt_.reset();
   // A member of a round closed by the slot join took a slot of it.
   if (s.membersList.ref != 0 && slotRound_ != s.round) return false;
-  selfAt_ = position(*main_.store, s, /*members=*/true, self_.id);
+  selfAt_ = position(*main_.store, s, RoundState::List::Members, self_.id);
   return selfAt_.has_value();
 }
 

@@ -83,15 +83,27 @@ struct RoundState {
   // is then empty and kept in the store instead (StateLog::hydrate loads it). With membersList:
   // the round's world size and node rank 0's address and port, so that a member needs only its
   // own entry (StateLog::position) besides this.
-  ListRef membersList, expectedList;
+  ListRef membersList, waitingList, expectedList;
   int64_t worldSize = 0;
   std::string masterAddr;
   uint16_t masterPort = 0;
 
-  bool compact() const { return membersList.ref != 0 || expectedList.ref != 0; }
+  bool compact() const {
+    return membersList.ref != 0 || waitingList.ref != 0 || expectedList.ref != 0;
+  }
   int64_t memberCount() const {
     return membersList.ref ? membersList.count : static_cast<int64_t>(members.size());
   }
+  // The three lists of nodes by kind, and the refs that stand for them in a compact state.
+  enum class List { Members, Waiting, Expected };
+  std::vector<NodeInfo>& list(List l) {
+    return l == List::Members ? members : l == List::Waiting ? waiting : expected;
+  }
+  const std::vector<NodeInfo>& list(List l) const { return const_cast<RoundState*>(this)->list(l); }
+  ListRef& listRef(List l) {
+    return l == List::Members ? membersList : l == List::Waiting ? waitingList : expectedList;
+  }
+  const ListRef& listRef(List l) const { return const_cast<RoundState*>(this)->listRef(l); }
   int64_t expectedCount() const {
     return expectedList.ref ? expectedList.count : static_cast<int64_t>(expected.size());
   }
@@ -127,8 +139,8 @@ RoundState decodeState(const std::string& text, const std::string& what);
 void validateState(const RoundState& s, const JobLimits& lim, const std::string& what);
 // One entry of a spilled list, as the state encodes it ("member ..." / "expected ..."), and
 // the parse of such entries back (decodeState's checks; StoreError naming `what`).
-std::string encodeNodeLine(const NodeInfo& n, bool expected);
-std::vector<NodeInfo> decodeNodeLines(const std::vector<std::string>& lines, bool expected,
+std::string encodeNodeLine(const NodeInfo& n, RoundState::List list);
+std::vector<NodeInfo> decodeNodeLines(const std::vector<std::string>& lines, RoundState::List list,
                                       const std::string& what);
 
 namespace transition {

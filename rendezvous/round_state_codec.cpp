@@ -21,7 +21,7 @@ namespace ddprun::rendezvous {
 //   expected <id> <prevRank>
 //   done|lost <id>             (a finishing round: members in the exit barrier / lost since)
 //   members-list <ref> <count> <world> <masterAddr> <masterPort>   (a compact state: the
-//   expected-list <ref> <count>     lists are in the store, see StateLog; round_state.h ListRef)
+//   waiting-list|expected-list <ref> <count>  lists are in the store, see StateLog; ListRef)
 // Hand-written both ways: a state is re-read on every lost compare-set, so it must be cheap.
 namespace {
 constexpr std::string_view kMagic = "ddprun-rendezvous-state 1";
@@ -84,6 +84,13 @@ std::string encodeState(const RoundState& s) {
     put(out, s.masterPort);
     out += '\n';
   }
+  if (s.waitingList.ref) {
+    out.append("waiting-list ");
+    put(out, s.waitingList.ref);
+    out += ' ';
+    put(out, s.waitingList.count);
+    out += '\n';
+  }
   if (s.expectedList.ref) {
     out.append("expected-list ");
     put(out, s.expectedList.ref);
@@ -94,21 +101,23 @@ std::string encodeState(const RoundState& s) {
   return out;
 }
 
-std::string encodeNodeLine(const NodeInfo& n, bool expected) {
+std::string encodeNodeLine(const NodeInfo& n, RoundState::List list) {
   std::string out;
-  if (expected) {
+  if (list == RoundState::List::Expected) {
     out.append("expected ").append(n.id).append(" ");
     put(out, n.prevRank);
   } else {
-    encodeNode(out, "member", n);
+    encodeNode(out, list == RoundState::List::Members ? "member" : "waiting", n);
     out.pop_back();  // the newline
   }
   return out;
 }
 
-std::vector<NodeInfo> decodeNodeLines(const std::vector<std::string>& lines, bool expected,
+std::vector<NodeInfo> decodeNodeLines(const std::vector<std::string>& lines, RoundState::List list,
                                       const std::string& what) {
-  const std::string_view tag = expected ? "expected " : "member ";
+  const std::string_view tag = list == RoundState::List::Expected  ? "expected "
+                               : list == RoundState::List::Members ? "member "
+                                                                   : "waiting ";
   std::string text(kMagic);
   text.append("\nround 0\nphase joining\n");
   for (const auto& l : lines) {
@@ -119,7 +128,7 @@ std::vector<NodeInfo> decodeNodeLines(const std::vector<std::string>& lines, boo
     text.append(l).append("\n");
   }
   RoundState s = decodeState(text, what);
-  return expected ? std::move(s.expected) : std::move(s.members);
+  return std::move(s.list(list));
 }
 
 RoundState decodeState(const std::string& text, const std::string& what) {
@@ -205,18 +214,19 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       }
       s.masterAddr = std::string(w[4]);
       s.masterPort = static_cast<uint16_t>(port);
-    } else if (tag == "expected-list") {
-      if (w.size() != 3 || !number(w[1], s.expectedList.ref) ||
-          !number(w[2], s.expectedList.count) || s.expectedList.ref < 1 ||
-          s.expectedList.count < 1 || !s.expected.empty()) {
-        throw bad("expected-list record '" + std::string(line) + "'");
+    } else if (tag == "expected-list" || tag == "waiting-list") {
+      ListRef& ref = tag == "expected-list" ? s.expectedList : s.waitingList;
+      if (w.size() != 3 || !number(w[1], ref.ref) || !number(w[2], ref.count) || ref.ref < 1 ||
+          ref.count < 1) {
+        throw bad(std::string(tag) + " record '" + std::string(line) + "'");
       }
     } else {
       throw bad("unknown record '" + std::string(tag) + "'");
     }
   }
   if (!seenRound || !seenPhase) throw bad("round or phase missing");
-  if ((s.membersList.ref && !s.members.empty()) || (s.expectedList.ref && !s.expected.empty()))
+  if ((s.membersList.ref && !s.members.empty()) || (s.expectedList.ref && !s.expected.empty()) ||
+      (s.waitingList.ref && !s.waiting.empty()))
     throw bad("a list both inline and in the store");
   return s;
 }

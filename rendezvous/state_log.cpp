@@ -47,11 +47,12 @@ std::optional<std::string> tryGet(Store& store, const std::string& key) {
 
 }  // namespace
 
-std::optional<ListPosition> position(Store& store, const RoundState& s, bool members,
+std::optional<ListPosition> position(Store& store, const RoundState& s, RoundState::List which,
                                      const std::string& id) {
-  const ListRef& ref = members ? s.membersList : s.expectedList;
+  const bool members = which == RoundState::List::Members;
+  const ListRef& ref = s.listRef(which);
   if (ref.ref == 0) {
-    const auto& list = members ? s.members : s.expected;
+    const auto& list = s.list(which);
     ListPosition p;
     for (const auto& n : list) {
       if (n.id == id) return p;
@@ -74,8 +75,9 @@ std::optional<ListPosition> position(Store& store, const RoundState& s, bool mem
 }
 
 std::string ringTarget(Store& store, const RoundState& s, const std::string& self) {
-  const bool members = s.phase != Phase::Joining;
-  const ListRef& ref = members ? s.membersList : s.expectedList;
+  const RoundState::List which =
+      s.phase != Phase::Joining ? RoundState::List::Members : RoundState::List::Expected;
+  const ListRef& ref = s.listRef(which);
   if (ref.ref == 0) {
     if (s.phase == Phase::Joining && !s.members.empty()) {
       // The state-log join (members append themselves): the ids the state mentions, sorted.
@@ -85,22 +87,24 @@ std::string ringTarget(Store& store, const RoundState& s, const std::string& sel
     }
     // A loaded state of the slot join: the same ring as on its compact form (list order), so
     // that the agent that wrote it and those that read it agree on who watches whom.
-    const auto& list = members ? s.members : s.expected;
+    const auto& list = s.list(which);
     for (size_t i = 0; i < list.size(); ++i)
       if (list[i].id == self) return list.size() < 2 ? "" : list[(i + 1) % list.size()].id;
     return {};
   }
   if (ref.count < 2) return {};
-  const auto p = position(store, s, members, self);
+  const auto p = position(store, s, which, self);
   if (!p) return {};
   const std::string key = listKey(ref.ref, (p->index + 1) % ref.count);
-  const auto nodes = decodeNodeLines({store.get(key)}, !members, "'" + key + "'");
+  const auto nodes = decodeNodeLines({store.get(key)}, which, "'" + key + "'");
   return nodes.at(0).id;
 }
 
 void StateLog::hydrate(RoundState& s) {
-  for (const bool members : {true, false}) {
-    ListRef& ref = members ? s.membersList : s.expectedList;
+  using L = RoundState::List;
+  for (const L which : {L::Members, L::Waiting, L::Expected}) {
+    const bool members = which == L::Members;
+    ListRef& ref = s.listRef(which);
     if (ref.ref == 0) continue;
     std::vector<std::string> keys;
     keys.reserve(ref.count);
@@ -109,7 +113,7 @@ void StateLog::hydrate(RoundState& s) {
     // for it would hold the agent for the store's timeout.
     if (!store_.check(keys)) forgedList(keys.back(), "a version names entries never written");
     const std::string what = "'l/" + std::to_string(ref.ref) + "'";
-    auto nodes = decodeNodeLines(store_.multiGet(keys), !members, what);
+    auto nodes = decodeNodeLines(store_.multiGet(keys), which, what);
     if (members) {
       int64_t world = 0;
       for (const auto& n : nodes) world += n.nproc;
@@ -122,7 +126,7 @@ void StateLog::hydrate(RoundState& s) {
       s.masterAddr.clear();
       s.masterPort = 0;
     } else {
-      s.expected = std::move(nodes);
+      s.list(which) = std::move(nodes);
     }
     ref = {};
   }
@@ -131,12 +135,14 @@ void StateLog::hydrate(RoundState& s) {
 
 void StateLog::spill(RoundState& next, const RoundState& beforeFull,
                      const RoundState& beforeCompact) {
-  for (const bool members : {true, false}) {
-    auto& list = members ? next.members : next.expected;
+  using L = RoundState::List;
+  for (const L which : {L::Members, L::Waiting, L::Expected}) {
+    const bool members = which == L::Members;
+    auto& list = next.list(which);
     if (list.empty()) continue;
-    ListRef& ref = members ? next.membersList : next.expectedList;
-    const ListRef& old = members ? beforeCompact.membersList : beforeCompact.expectedList;
-    if (old.ref != 0 && list == (members ? beforeFull.members : beforeFull.expected)) {
+    ListRef& ref = next.listRef(which);
+    const ListRef& old = beforeCompact.listRef(which);
+    if (old.ref != 0 && list == beforeFull.list(which)) {
       ref = old;  // unchanged: the entries are in the store already
     } else {
       ref.ref = store_.add(kListsCounter, 1);
@@ -148,7 +154,7 @@ void StateLog::spill(RoundState& next, const RoundState& beforeFull,
       int64_t offset = 0;
       for (size_t i = 0; i < list.size(); ++i) {
         keys.push_back(listKey(ref.ref, static_cast<int64_t>(i)));
-        values.push_back(encodeNodeLine(list[i], !members));
+        values.push_back(encodeNodeLine(list[i], which));
         if (seen.insert(list[i].id).second) {
           keys.push_back(listIdKey(ref.ref, list[i].id));
           values.push_back(std::to_string(i) + " " + std::to_string(offset));

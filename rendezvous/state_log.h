@@ -15,7 +15,7 @@
 // keeps written versions write-once (KeyTable::writeOnce): nobody deletes or rewrites one.
 //
 // Spilled lists (the slot join, issue 20): with `spill`, a version does not carry the round's
-// member list nor the list of nodes expected back: the writer stores each list once, before the
+// member list, its waiting list nor the list of nodes expected back: the writer stores each list once, before the
 // version, as write-once keys l/<ref>/<i> (entry i, encodeNodeLine) and l/<ref>/id/<id> ("<i>
 // <first global rank>"), ref from an ADD on `lists`, and the version names it with its length
 // (and the world size and node rank 0's address). A version is then O(1) bytes, and an agent
@@ -89,14 +89,14 @@ class StateLog {
   bool spill_ = false;
 };
 
-// Where node `id` is in a state's member list (`members`) or list of nodes expected back: its
-// index (the node rank, for members) and first global rank. On a compact state one round trip
+// Where node `id` is in one of a state's lists (members, the waiting list, the nodes expected
+// back): its index (the node rank, for members) and first global rank (the sum of nproc before). On a compact state one round trip
 // (a compare-set that reads and never writes), on a loaded one a scan. nullopt when absent.
 struct ListPosition {
   int64_t index = 0;
   int64_t rankOffset = 0;
 };
-std::optional<ListPosition> position(Store& store, const RoundState& s, bool members,
+std::optional<ListPosition> position(Store& store, const RoundState& s, RoundState::List which,
                                      const std::string& id);
 // The node the heartbeat ring has `self` watch in state `s`: on a loaded state its successor
 // among allIds(); on a compact one the next entry of the member list (the expected list while

@@ -153,7 +153,7 @@ TEST_CASE("spilled lists: a version names the member list, readers get their own
   // Each member's own entry: its node rank and first global rank; a stranger has none.
   int offset = 0;
   for (size_t i = 0; i < full.size(); ++i) {
-    auto p = position(*store, c.state, true, full[i].id);
+    auto p = position(*store, c.state, RoundState::List::Members, full[i].id);
     REQUIRE(p);
     CHECK(p->index == static_cast<int64_t>(i));
     CHECK(p->rankOffset == offset);
@@ -162,12 +162,25 @@ TEST_CASE("spilled lists: a version names the member list, readers get their own
     CHECK(ringTarget(*store, c.state, full[i].id) == full[(i + 1) % full.size()].id);
     CHECK(ringTarget(*store, v.state, full[i].id) == full[(i + 1) % full.size()].id);
   }
-  CHECK_FALSE(position(*store, c.state, true, "stranger"));
+  CHECK_FALSE(position(*store, c.state, RoundState::List::Members, "stranger"));
   CHECK(ringTarget(*store, c.state, "stranger") == "");
   // Loading the lists gives the state back.
   RoundState h = c.state;
   reader.hydrate(h);
   CHECK(h == v.state);
+  // The job is full: a ninth node waits, on a spilled waiting list (the members keep their list).
+  const NodeInfo ninth{.id = "n8", .addr = "10.0.0.9"};
+  Versioned w = log.update(c, [&](const RoundState& s) {
+    return transition::arrive(s, ninth, lim);
+  }).now;
+  Versioned wc = reader.read(w.version);
+  CHECK(wc.state.waiting.empty());
+  CHECK(wc.state.waitingList.count == 1);
+  CHECK(wc.state.membersList == c.state.membersList);
+  CHECK(position(*store, wc.state, RoundState::List::Waiting, "n8"));
+  CHECK_FALSE(position(*store, wc.state, RoundState::List::Waiting, full[0].id));
+  CHECK(store->get(stateKey(w.version)).find("waiting ") == std::string::npos);
+  c = wc;
   // A transition that leaves the members alone keeps the list's ref (nothing rewritten).
   const int64_t lists = store->add("lists", 0);
   Versioned d = log.update(c, [&](const RoundState& s) {
@@ -208,6 +221,6 @@ TEST_CASE("a version naming a list that was never written, or another list, is r
   Versioned g = log.read(v.version + 2);
   CHECK_THROWS_WITH(log.hydrate(g.state), Catch::Contains("world size"));
   // And a record that is not a state's line.
-  CHECK_THROWS_AS(decodeNodeLines({"member a"}, false, "'l/1'"), StoreError);
-  CHECK_THROWS_AS(decodeNodeLines({"expected a 0"}, false, "'l/1'"), StoreError);
+  CHECK_THROWS_AS(decodeNodeLines({"member a"}, RoundState::List::Members, "'l/1'"), StoreError);
+  CHECK_THROWS_AS(decodeNodeLines({"expected a 0"}, RoundState::List::Members, "'l/1'"), StoreError);
 }
