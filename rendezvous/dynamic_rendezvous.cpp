@@ -71,7 +71,8 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
       .view = view_,
       .first = *main_.store,
       .connect = [this] { return connect(); },
-      .onError = [this](std::exception_ptr e) { onBackgroundError(e); }});
+      .onError = [this](std::exception_ptr e) { onBackgroundError(e); },
+      .spill = options_.backend->slotJoin()});
   watcher_ = std::thread([this] { watcherLoop(); });
   DDPRUN_LOG(INFO, "rendezvous") << "node " << self_.id << " connected to rendezvous '"
                                  << options_.runId << "' at " << options_.backend->describe();

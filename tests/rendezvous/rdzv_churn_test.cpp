@@ -96,6 +96,21 @@ TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keep
     if (action == 2) rounds.push_back(newcomer.get());
   }
   REQUIRE(check(rounds) == "");
+  {
+    // Every version of the job -- closes, arrivals, departures, evictions by the heartbeat ring,
+    // failures -- names its lists instead of carrying them: O(1) bytes whatever N.
+    TcpStore raw(TcpStoreOptions{.host = "127.0.0.1", .port = server.port()});
+    const std::string prefix = "ddprun/rdzv/churn/";
+    int64_t versions = 0;
+    for (int64_t v = 1; raw.check({prefix + stateKey(v)}); ++v, ++versions) {
+      const std::string text = raw.get(prefix + stateKey(v));
+      INFO("version " << v << ":\n" << text);
+      CHECK(text.find("\nmember ") == std::string::npos);
+      CHECK(text.find("\nexpected ") == std::string::npos);
+      CHECK(text.find("\nwaiting ") == std::string::npos);
+    }
+    CHECK(versions >= 20);
+  }
   std::vector<std::future<DynamicRendezvous::AfterSuccess>> done;
   for (auto& a : live)
     done.push_back(std::async(std::launch::async, [p = a.get()] { return p->rdzv->finishRound(); }));
