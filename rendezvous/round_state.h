@@ -64,6 +64,9 @@ const char* phaseName(Phase p);
 struct ListRef {
   int64_t ref = 0;
   int64_t count = 0;
+  // The list of nodes expected back only: it is the member list `ref` of the round before, each
+  // entry expected with its node rank (a restart after a failure writes no new list).
+  bool ofMembers = false;
   bool operator==(const ListRef&) const = default;
 };
 

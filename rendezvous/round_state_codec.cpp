@@ -96,6 +96,7 @@ std::string encodeState(const RoundState& s) {
     put(out, s.expectedList.ref);
     out += ' ';
     put(out, s.expectedList.count);
+    if (s.expectedList.ofMembers) out.append(" members");
     out += '\n';
   }
   return out;
@@ -216,8 +217,9 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       s.masterPort = static_cast<uint16_t>(port);
     } else if (tag == "expected-list" || tag == "waiting-list") {
       ListRef& ref = tag == "expected-list" ? s.expectedList : s.waitingList;
-      if (w.size() != 3 || !number(w[1], ref.ref) || !number(w[2], ref.count) || ref.ref < 1 ||
-          ref.count < 1) {
+      ref.ofMembers = w.size() == 4 && tag == "expected-list" && w[3] == "members";
+      if (w.size() != (ref.ofMembers ? 4u : 3u) || !number(w[1], ref.ref) ||
+          !number(w[2], ref.count) || ref.ref < 1 || ref.count < 1) {
         throw bad(std::string(tag) + " record '" + std::string(line) + "'");
       }
     } else {

@@ -96,7 +96,9 @@ std::string ringTarget(Store& store, const RoundState& s, const std::string& sel
   const auto p = position(store, s, which, self);
   if (!p) return {};
   const std::string key = listKey(ref.ref, (p->index + 1) % ref.count);
-  const auto nodes = decodeNodeLines({store.get(key)}, which, "'" + key + "'");
+  const auto nodes = decodeNodeLines({store.get(key)},
+                                     ref.ofMembers ? RoundState::List::Members : which,
+                                     "'" + key + "'");
   return nodes.at(0).id;
 }
 
@@ -113,7 +115,12 @@ void StateLog::hydrate(RoundState& s) {
     // for it would hold the agent for the store's timeout.
     if (!store_.check(keys)) forgedList(keys.back(), "a version names entries never written");
     const std::string what = "'l/" + std::to_string(ref.ref) + "'";
-    auto nodes = decodeNodeLines(store_.multiGet(keys), which, what);
+    auto nodes = decodeNodeLines(store_.multiGet(keys),
+                                 ref.ofMembers ? L::Members : which, what);
+    if (ref.ofMembers) {  // the member list of the round before: each expected with its rank
+      for (size_t i = 0; i < nodes.size(); ++i)
+        nodes[i] = NodeInfo{.id = nodes[i].id, .prevRank = static_cast<int>(i)};
+    }
     if (members) {
       int64_t world = 0;
       for (const auto& n : nodes) world += n.nproc;
@@ -144,6 +151,18 @@ void StateLog::spill(RoundState& next, const RoundState& beforeFull,
     const ListRef& old = beforeCompact.listRef(which);
     if (old.ref != 0 && list == beforeFull.list(which)) {
       ref = old;  // unchanged: the entries are in the store already
+    } else if (which == L::Expected && beforeCompact.membersList.ref != 0 &&
+               list.size() == beforeFull.members.size() &&
+               [&] {
+                 for (size_t i = 0; i < list.size(); ++i)
+                   if (list[i] != NodeInfo{.id = beforeFull.members[i].id,
+                                           .prevRank = static_cast<int>(i)})
+                     return false;
+                 return true;
+               }()) {
+      // Every member expected back with its rank (a restart): the member list says it all.
+      ref = beforeCompact.membersList;
+      ref.ofMembers = true;
     } else {
       ref.ref = store_.add(kListsCounter, 1);
       ref.count = static_cast<int64_t>(list.size());

@@ -224,3 +224,47 @@ TEST_CASE("a version naming a list that was never written, or another list, is r
   CHECK_THROWS_AS(decodeNodeLines({"member a"}, RoundState::List::Members, "'l/1'"), StoreError);
   CHECK_THROWS_AS(decodeNodeLines({"expected a 0"}, RoundState::List::Members, "'l/1'"), StoreError);
 }
+
+TEST_CASE("spilled lists: a restart expects the member list back without writing a new one",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const JobLimits lim{.minNodes = 4, .maxNodes = 4, .maxRestarts = 2};
+  StateLog log(*store, lim, /*spill=*/true);
+  Versioned v = log.latest();
+  for (int i = 0; i < 4; ++i) {
+    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
+    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
+  }
+  REQUIRE(v.state.phase == Phase::Closed);
+  const std::vector<NodeInfo> members = v.state.members;
+  StateLog reader(*store, lim);
+  const Versioned closed = reader.read(v.version);
+  const int64_t lists = store->add("lists", 0);
+  Versioned f = log.update(closed, [&](const RoundState& s) {
+    return transition::failWorkers(s, s.round, "n2", 1, "boom", lim);
+  }).now;
+  REQUIRE(f.state.phase == Phase::Joining);
+  CHECK(store->add("lists", 0) == lists);  // nothing written but the version
+  const Versioned joining = reader.read(f.version);
+  CHECK(joining.state.expectedList.ref == closed.state.membersList.ref);
+  CHECK(joining.state.expectedList.ofMembers);
+  CHECK(joining.state.expectedCount() == 4);
+  CHECK(slotTarget(joining.state, lim) == 4);
+  CHECK(store->get(stateKey(f.version)).find("expected-list") != std::string::npos);
+  // Loaded, it is the state the transition made: each member expected with its node rank.
+  RoundState h = joining.state;
+  reader.hydrate(h);
+  CHECK(h == f.state);
+  REQUIRE(h.expected.size() == 4);
+  for (int i = 0; i < 4; ++i) {
+    CHECK(h.expected[i].id == members[i].id);
+    CHECK(h.expected[i].prevRank == i);
+  }
+  // The ring while it is joining: the expected nodes in that order.
+  for (int i = 0; i < 4; ++i) {
+    CHECK(ringTarget(*store, joining.state, members[i].id) == members[(i + 1) % 4].id);
+    const auto p = position(*store, joining.state, RoundState::List::Expected, members[i].id);
+    REQUIRE(p);
+    CHECK(p->index == i);
+  }
+}
