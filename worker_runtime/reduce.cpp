@@ -1,6 +1,12 @@
 #include "worker_runtime/reduce.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -56,7 +62,7 @@ void divideT(T* dst, size_t n, int divisor) {
 
 template <typename T>
 void reduceManyToT(void* const* out, int outs, const void* const* in, int k, size_t n,
-                   ReduceOp op, int divisor) {
+                   ReduceOp op, int divisor, int streamFrom) {
   // Blocks of a local accumulator (in L1) keep the loops vectorizable despite outputs aliasing
   // inputs, and let one pass over memory do the reduction, the division and every store.
   constexpr size_t kBlock = 8192 / sizeof(T) > 256 ? 8192 / sizeof(T) : 256;
@@ -66,7 +72,13 @@ void reduceManyToT(void* const* out, int outs, const void* const* in, int k, siz
     std::copy_n(static_cast<const T*>(in[0]) + base, m, acc);
     for (int j = 1; j < k; ++j) reduceIntoT(acc, static_cast<const T*>(in[j]) + base, m, op);
     if (divisor > 1) divideT(acc, m, divisor);
-    for (int o = 0; o < outs; ++o) std::copy_n(acc, m, static_cast<T*>(out[o]) + base);
+    for (int o = 0; o < outs; ++o) {
+      if (streamFrom >= 0 && o >= streamFrom) {
+        streamCopy(static_cast<T*>(out[o]) + base, acc, m * sizeof(T));
+      } else {
+        std::copy_n(acc, m, static_cast<T*>(out[o]) + base);
+      }
+    }
   }
 }
 
@@ -119,11 +131,42 @@ void reduceMany(void* dst, const void* const* in, int k, size_t n, c10::ScalarTy
 }
 
 void reduceManyTo(void* const* out, int outs, const void* const* in, int k, size_t n,
-                  c10::ScalarType type, ReduceOp op, int divisor) {
+                  c10::ScalarType type, ReduceOp op, int divisor, int streamFrom) {
   dispatch(type, [&](auto tag) {
     using T = decltype(tag);
-    reduceManyToT<T>(out, outs, in, k, n, op, divisor);
+    reduceManyToT<T>(out, outs, in, k, n, op, divisor, streamFrom);
   });
+}
+
+void streamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  if (bytes >= 1024) {
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    // The part before the first cache line boundary of dst, then whole lines (SSE2: in every
+    // x86-64; the write-combining buffers merge the four 16-byte stores of a line), the rest.
+    const size_t head = (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    bytes -= head;
+    const size_t lines = bytes / 64;
+    for (size_t i = 0; i < lines; ++i, d += 64, s += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+    }
+    std::memcpy(d, s, bytes % 64);
+    _mm_sfence();  // the streamed stores are weakly ordered: before whatever publishes them
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
 }
 
 void divideBy(void* dst, size_t n, c10::ScalarType type, int divisor) {
