@@ -307,6 +307,9 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--spread-ms", spreadMs, "--simulate: arrivals spread uniformly over this");
   app.add_option("--cap", capS, "--simulate: seconds a phase may take; larger N are skipped after");
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
+  std::string realCsv = ddprun::bench::resultsPath("rendezvous.csv");
+  app.add_option("--real-csv", realCsv,
+                 "--simulate: the agent-process results drawn on the plot (form+run rows)");
   app.add_option("--protocol", sim.protocols,
                  "--simulate: agents (DynamicRendezvous as the agents run it: slots form "
                  "rounds, the state log keeps the rest), log (the state-log join it replaced), "
@@ -324,7 +327,7 @@ int benchRendezvous(int argc, char** argv) {
     sim.storeBinary = ddprun::bench::programDir() + "/ddprun-store";
     sim.csv = csv;
     if (!noPlot) sim.png = ddprun::bench::resultsPath("rendezvous_simulate.png");
-    sim.realCsv = ddprun::bench::resultsPath("rendezvous.csv");
+    sim.realCsv = realCsv;
     return ddprun::bench::simulate(sim);
   }
   const bool etcd = backend == "etcd-v3";

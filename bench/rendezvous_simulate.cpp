@@ -51,7 +51,8 @@ void plot(const std::string& csv, const std::string& realCsv, const std::string&
   }
   if (!realCsv.empty() && std::ifstream(realCsv).good()) {
     gp << ", \\\n     '" << realCsv << "' using (strcol(1) eq 'form+run' ? $2 : 1/0):3 every ::1 "
-       << "with points pt 7 ps 1.5 title 'form+run, agent processes (rendezvous.csv)'";
+       << "with points pt 7 ps 1.5 title 'form+run, agent processes ("
+       << realCsv.substr(realCsv.rfind('/') + 1) << ")'";
   }
   gp << "\n";
   gp.close();
@@ -66,11 +67,25 @@ void plot(const std::string& csv, const std::string& realCsv, const std::string&
 int simulate(const SimulateOptions& o) {
   log::setLevel(log::Level::Warn);  // thousands of agents' "round closed" lines otherwise
   const std::string csvPath = o.csv.empty() ? resultsPath("rendezvous_simulate.csv") : o.csv;
+  // The rows of protocols not run this time are kept from the file (one plot, several runs).
+  std::vector<std::string> kept;
+  {
+    std::ifstream old(csvPath);
+    std::string line;
+    for (bool header = true; std::getline(old, line); header = false) {
+      if (header || line.empty()) continue;
+      bool rerun = false;
+      for (const auto& p : o.protocols)
+        rerun = rerun || line.rfind("simulate-" + p + ",", 0) == 0;
+      if (!rerun) kept.push_back(line);
+    }
+  }
   std::ofstream out(csvPath);
   out << "scenario,agents,form_s,reform_s,form_store_cpu_s,reform_store_cpu_s,"
          "form_round_trips_median,form_round_trips_max,form_bytes_median,form_bytes_max,"
          "reform_round_trips_median,reform_round_trips_max,reform_bytes_median,reform_bytes_max,"
          "seed,spread_ms,note\n";
+  for (const auto& line : kept) out << line << "\n";
   std::printf("simulated agents against one ddprun-store (seed %llu, arrivals spread over %lld ms)\n",
               static_cast<unsigned long long>(o.seed), static_cast<long long>(o.spread.count()));
   std::printf("%-6s %7s | %8s %8s | %7s %7s | %-17s %-19s | %-17s %-19s | %s\n", "proto", "agents", "form",

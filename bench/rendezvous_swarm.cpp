@@ -123,6 +123,17 @@ std::string checkRound(const std::vector<RoundInfo>& rounds, const std::vector<N
   return "";
 }
 
+std::vector<NodeInfo> membersOfRound(const TcpStoreOptions& store, const std::string& runId,
+                                     const JobLimits& limits, int64_t round) {
+  PrefixStore conn("ddprun/rdzv/" + runId, std::make_shared<TcpStore>(store));
+  StateLog log(conn, limits);
+  const auto v = log.waitMarker(closedKey(round), Millis(0));
+  if (!v) throw StoreError("round " + std::to_string(round) + " never closed");
+  Versioned closed = log.read(*v);
+  log.hydrate(closed.state);
+  return closed.state.members;
+}
+
 Cost costOf(std::vector<StoreTraffic::Snapshot> v) {
   Cost c;
   if (v.empty()) return c;
@@ -297,7 +308,13 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     cost.push_back(a.atFormed - a.atStart);
     last = std::max(last, a.formedAt);
   }
-  r.error = checkRound(rounds);
+  std::vector<NodeInfo> members;
+  try {
+    members = membersOfRound(storeOptions, runId, limits, rounds[0].round);
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  if (r.error.empty()) r.error = checkRound(rounds, &members);
   if (!r.error.empty()) {
     finish();
     return r;
@@ -311,7 +328,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   Clock::time_point tEvict;
   try {
     PrefixStore conn("ddprun/rdzv/" + runId, std::make_shared<TcpStore>(storeOptions));
-    StateLog log(conn, limits);
+    StateLog log(conn, limits, /*spill=*/o.protocol == "agents");
     const std::string why = "node " + agents[victim].id + " simulated lost";
     auto w = log.update(log.refresh(log.latest()), [&](const RoundState& s) {
       return transition::remove(s, agents[victim].id, why, limits);
@@ -337,9 +354,14 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       cost.push_back(agents[i].atReformed - agents[i].atFormed);
       last = std::max(last, agents[i].reformedAt);
     }
-    r.error = checkRound(rounds);
-    if (r.error.empty() && static_cast<int>(rounds[0].nodes.size()) != n - 1)
-      r.error = "the re-formed round has " + std::to_string(rounds[0].nodes.size()) + " members";
+    try {
+      members = membersOfRound(storeOptions, runId, limits, rounds[0].round);
+    } catch (const std::exception& e) {
+      r.error = e.what();
+    }
+    if (r.error.empty()) r.error = checkRound(rounds, &members);
+    if (r.error.empty() && static_cast<int>(members.size()) != n - 1)
+      r.error = "the re-formed round has " + std::to_string(members.size()) + " members";
     if (r.error.empty()) {
       r.reformSeconds = seconds(last - tEvict);
       r.reformStoreCpu = store.cpuSeconds() - cpu1;

@@ -53,6 +53,14 @@ class StoreProcess {
 std::string checkRound(const std::vector<rendezvous::RoundInfo>& rounds,
                        const std::vector<rendezvous::NodeInfo>* membership = nullptr);
 
+// The members of round `round` by node rank, as the store keeps them: the version that closed
+// it, its lists loaded (a checker's O(N) read; the slot join's agents read only their own entry).
+// Throws StoreError when round `round` never closed.
+std::vector<rendezvous::NodeInfo> membersOfRound(const rendezvous::TcpStoreOptions& store,
+                                                 const std::string& runId,
+                                                 const rendezvous::JobLimits& limits,
+                                                 int64_t round);
+
 // Per-agent cost of one phase: median and max over the agents.
 struct Cost {
   int64_t medianRoundTrips = 0, maxRoundTrips = 0;

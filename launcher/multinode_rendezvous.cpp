@@ -337,7 +337,10 @@ void MultiNodeRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) 
                        .masterPort = r.masterPort,
                        .useAgentStore = agentStore_,
                        .runId = options_.runId};
-      for (const auto& n : r.nodes) info.nodeWorkers.push_back(n.nproc);
+      // The slot join's agents know only their own entry; node rank 0 (the timeline's writer,
+      // which checks what each node's bundle may hold) reads every node's worker count.
+      const auto nodes = r.nodes.empty() && r.nodeRank == 0 ? protocol().roundMembers() : r.nodes;
+      for (const auto& n : nodes) info.nodeWorkers.push_back(n.nproc);
     } catch (const rdzv::JobEndedError& e) {
       const int code = e.failed() ? e.exitCode() : 0;
       error = std::make_exception_ptr(JobEnded(e.what(), code, summary(e.failed(), code, e.reason())));

@@ -61,7 +61,7 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
   self_.fixedRank = options_.fixedRank;
 
   main_ = connect();
-  log_ = std::make_unique<StateLog>(*main_.store, lim);
+  log_ = std::make_unique<StateLog>(*main_.store, lim, options_.backend->slotJoin());
   checkSettings();
   // The background threads connect on their own threads, off the join's critical path.
   liveness_ = options_.backend->startLiveness(LivenessContext{
@@ -71,7 +71,8 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
       .view = view_,
       .first = *main_.store,
       .connect = [this] { return connect(); },
-      .onError = [this](std::exception_ptr e) { onBackgroundError(e); }});
+      .onError = [this](std::exception_ptr e) { onBackgroundError(e); },
+      .spill = options_.backend->slotJoin()});
   watcher_ = std::thread([this] { watcherLoop(); });
   DDPRUN_LOG(INFO, "rendezvous") << "node " << self_.id << " connected to rendezvous '"
                                  << options_.runId << "' at " << options_.backend->describe();
@@ -123,7 +124,7 @@ void DynamicRendezvous::reconnectIfInterrupted(bool leaving) {
   refuse();
   if (!interrupted_.exchange(false)) return;
   auto fresh = connect();
-  auto log = std::make_unique<StateLog>(*fresh.store, options_.limits);
+  auto log = std::make_unique<StateLog>(*fresh.store, options_.limits, options_.backend->slotJoin());
   {
     std::lock_guard<std::mutex> g(mainMu_);
     std::swap(main_, fresh);

@@ -129,6 +129,11 @@ class DynamicRendezvous {
   // is leaving (a signal), even if that came before the call it was meant to cut short started.
   void interruptForLeave();
 
+  // The current round's members by node rank (RoundInfo::nodes when it has them). The slot
+  // join's agents do not read the membership (O(N)); this does, for the one that needs it (node
+  // rank 0 writes the job's timeline). Call after nextRound(), on the agent's thread.
+  std::vector<NodeInfo> roundMembers();
+
   const NodeInfo& self() const { return self_; }
   const DynamicRendezvousOptions& options() const { return options_; }
   int jobExitCode() const { return jobExitCode_; }
@@ -144,6 +149,9 @@ class DynamicRendezvous {
   // The ddprun store's dynamic backend forms rounds by the slot join (dynamic_rendezvous_slots.cpp).
   Versioned joinBySlots();
   Versioned closeBySlots(const Versioned& joining);
+  // Whether this node is a member of closed state `s`; remembers its position (selfAt_). On a
+  // compact state one round trip, and only when it took a slot of that round.
+  bool findSelf(const RoundState& s);
   AfterSuccess finishBySlots(int64_t round);
   // What finishRound() returns once current_ holds the round after the exit barrier (and
   // remembers a failed job's exit code and reason).
@@ -176,6 +184,7 @@ class DynamicRendezvous {
   int64_t slot_ = 0;
   int slotTarget_ = 0;
   Clock::time_point lastCallAt_ = Clock::time_point::max();
+  std::optional<ListPosition> selfAt_;  // this node's entry in the closed round (findSelf)
   bool left_ = false;
   bool closed_ = false;
   int jobExitCode_ = 0;

@@ -117,6 +117,16 @@ RoundInfo DynamicRendezvous::roundInfo(const RoundState& s) const {
   RoundInfo r;
   r.round = s.round;
   r.restartCount = s.restarts;
+  if (s.membersList.ref != 0) {  // a compact state: this node's own entry (findSelf)
+    DDPRUN_CHECK(selfAt_, "node " << self_.id << " is not in round " << s.round);
+    r.nodeRank = static_cast<int>(selfAt_->index);
+    r.nodeCount = static_cast<int>(s.membersList.count);
+    r.rankOffset = static_cast<int>(selfAt_->rankOffset);
+    r.worldSize = static_cast<int>(s.worldSize);
+    r.masterAddr = s.masterAddr;
+    r.masterPort = s.masterPort;
+    return r;  // r.nodes stays empty: reading it would cost O(N)
+  }
   r.nodeRank = s.rankOf(self_.id);
   DDPRUN_CHECK(r.nodeRank >= 0, "node " << self_.id << " is not in round " << s.round);
   r.nodeCount = static_cast<int>(s.members.size());
@@ -128,6 +138,14 @@ RoundInfo DynamicRendezvous::roundInfo(const RoundState& s) const {
   r.masterPort = s.members[0].masterPort;
   r.nodes = s.members;
   return r;
+}
+
+std::vector<NodeInfo> DynamicRendezvous::roundMembers() {
+  if (!round_.nodes.empty()) return round_.nodes;
+  RoundState s = current_.state;
+  if (s.round != round_.round || s.phase == Phase::Joining) return {};
+  if (s.compact()) log_->hydrate(s);
+  return s.members;
 }
 
 DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
@@ -218,7 +236,9 @@ void DynamicRendezvous::closeJob() {
       if (options_.isHost) {
         // The store must outlive every node's last read of it (pytorch#118891).
         std::vector<std::string> keys;
-        for (const auto& id : end.state.allIds())
+        RoundState all = end.state;
+        if (all.compact()) log_->hydrate(all);  // O(N), on the host only
+        for (const auto& id : all.allIds())
           if (id != self_.id) keys.push_back(endedKey(id));
         try {
           if (!keys.empty()) store.wait(keys, options_.closeTimeout);

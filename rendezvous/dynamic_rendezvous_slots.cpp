@@ -29,10 +29,6 @@ std::string seconds(Millis m) {
   return os.str();
 }
 
-bool waitingIn(const RoundState& s, const std::string& id) {
-  return std::any_of(s.waiting.begin(), s.waiting.end(),
-                     [&](const NodeInfo& n) { return n.id == id; });
-}
 
 }  // namespace
 
@@ -46,7 +42,7 @@ Versioned DynamicRendezvous::joinBySlots() {
     const RoundState& s = cur.state;
     if (s.ended()) transition::join(s, self_, lim);  // throws JobEndedError with the reason
     if (until(joinDeadline).count() <= 0) {
-      int64_t joined = static_cast<int64_t>(s.members.size());
+      int64_t joined = s.memberCount();
       if (s.phase == Phase::Joining) {
         try {
           joined = scalable::readCount(*main_.store, s.round).slots;
@@ -62,8 +58,9 @@ Versioned DynamicRendezvous::joinBySlots() {
                          ")");
     }
     if (s.phase == Phase::Closed) {
-      if (s.member(self_.id)) return cur;
-      if (waitingIn(s, self_.id)) {  // the job is full: wait for a place
+      if (findSelf(s)) return cur;
+      if (position(*main_.store, s, RoundState::List::Waiting, self_.id)) {
+        // the job is full: wait for a place
         if (auto v = log_->waitMarker(overKey(s.round), until(joinDeadline))) cur = log_->read(*v);
         continue;
       }
@@ -106,6 +103,14 @@ Versioned DynamicRendezvous::joinBySlots() {
       cur = closeBySlots(cur);
     }
   }
+}
+
+bool DynamicRendezvous::findSelf(const RoundState& s) {
+  selfAt_.reset();
+  // A member of a round closed by the slot join took a slot of it.
+  if (s.membersList.ref != 0 && slotRound_ != s.round) return false;
+  selfAt_ = position(*main_.store, s, RoundState::List::Members, self_.id);
+  return selfAt_.has_value();
 }
 
 // Closes round r (the joining round `cur` holds) with the slots taken so far, up to MAX: reads

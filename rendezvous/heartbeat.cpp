@@ -122,9 +122,10 @@ void HeartbeatWriter::stop(bool clear) {
 // ---- HeartbeatMonitor ----
 
 HeartbeatMonitor::HeartbeatMonitor(ConnectFn connect, std::string self, HeartbeatOptions options,
-                                   JobLimits limits, StateView& view, ErrorFn onError)
+                                   JobLimits limits, StateView& view, ErrorFn onError,
+                                   bool spill)
     : connect_(std::move(connect)), self_(std::move(self)), options_(options), limits_(limits),
-      view_(view), onError_(std::move(onError)) {
+      spill_(spill), view_(view), onError_(std::move(onError)) {
   view_.onChange([this] { onViewChange(); });
   thread_ = std::thread([this] { run(); });
 }
@@ -163,12 +164,11 @@ void HeartbeatMonitor::run() {
     int failures = 0;  // consecutive store failures that were not cancels
     while (!stopping_) {
       const Versioned v = view_.get();
-      const std::vector<std::string> ids = v.state.allIds();
-      const bool inRing = std::binary_search(ids.begin(), ids.end(), self_);
-      const std::string target = inRing ? ringSuccessor(ids, self_) : std::string();
       // Read under connMu_, as onViewChange() counts and cancels in one critical section.
       const uint64_t cancels = cancelCount();
       try {
+        // A compact state (the slot join) names its lists: the successor is read (O(1)).
+        const std::string target = ringTarget(store(), v.state, self_);
         if (target.empty()) {
           if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
           continue;
@@ -217,7 +217,7 @@ bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion) {
 void HeartbeatMonitor::evict(const std::string& target) {
   const std::string reason = "node " + target + " was evicted: no heartbeat for " +
                              std::to_string(options_.timeout().count()) + " ms";
-  StateLog log(store(), limits_);
+  StateLog log(store(), limits_, spill_);
   auto r = log.update(view_.get(), [&](const RoundState& s) {
     return transition::remove(s, target, reason, limits_);
   });
@@ -233,6 +233,6 @@ HeartbeatRing::HeartbeatRing(const LivenessContext& ctx, HeartbeatOptions option
     : writer_(std::make_unique<HeartbeatWriter>(ctx.connect, ctx.first, ctx.self, options,
                                                 ctx.onError)),
       monitor_(std::make_unique<HeartbeatMonitor>(ctx.connect, ctx.self, options, ctx.limits,
-                                                  ctx.view, ctx.onError)) {}
+                                                  ctx.view, ctx.onError, ctx.spill)) {}
 
 }  // namespace ddprun::rendezvous

@@ -84,8 +84,9 @@ class HeartbeatMonitor {
   // progress is cut short (cancelCall), so the ring is re-read at once -- a node that must now
   // be watched is watched from that moment, not after the old target's next beat. (A change
   // landing between two calls is seen before the next WAIT, or after the next beat.)
+  // `spill`: its evictions write versions with spilled lists, as the agents' (state_log.h).
   HeartbeatMonitor(ConnectFn connect, std::string self, HeartbeatOptions options,
-                   JobLimits limits, StateView& view, ErrorFn onError);
+                   JobLimits limits, StateView& view, ErrorFn onError, bool spill = false);
   ~HeartbeatMonitor();
   void stop();
 
@@ -102,6 +103,7 @@ class HeartbeatMonitor {
   std::string self_;
   HeartbeatOptions options_;
   JobLimits limits_;
+  bool spill_ = false;
   StateView& view_;
   ErrorFn onError_;
   std::mutex connMu_;  // conn_ is set once by the monitor's thread, cut short by others

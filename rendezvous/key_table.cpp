@@ -127,6 +127,14 @@ bool KeyTable::writeOnce(std::string_view key) {
   if (slash == 0 || slash == std::string_view::npos) return false;
   key.remove_prefix(slash);
   if (take(key, "/state/")) return allDigits(key);
+  // Spilled lists (state_log.h): l/<ref>/<i> and l/<ref>/id/<id>; `lists` is a counter (ADD).
+  if (take(key, "/l/")) {
+    const size_t end = key.find('/');
+    if (end == std::string_view::npos || !allDigits(key.substr(0, end))) return false;
+    key.remove_prefix(end);
+    if (take(key, "/id/")) return !key.empty();
+    return take(key, "/") && allDigits(key);
+  }
   // The slot join (rendezvous/scalable/slot_join.h): r/<r>/node/<s>, r/<r>/done/<d>,
   // r/<r>/closed, r/<r>/over. r/<r>/count and r/<r>/done are counters (ADD), not write-once.
   if (!take(key, "/r/")) return false;

@@ -39,6 +39,7 @@ struct LivenessContext {
   Store& first;       // this agent's own connection: the first announcement is made on it
   ConnectFn connect;  // connections for the liveness threads
   std::function<void(std::exception_ptr)> onError;  // the store is lost
+  bool spill = false;  // evictions write versions with spilled lists (state_log.h; the slot join)
 };
 
 class Liveness {

@@ -356,8 +356,9 @@ std::optional<RoundState> finish(const RoundState& s, int64_t round) {
 }  // namespace transition
 
 int slotTarget(const RoundState& s, const JobLimits& lim) {
-  if (s.expected.empty()) return lim.maxNodes;
-  return std::clamp(static_cast<int>(s.expected.size()), lim.minNodes, lim.maxNodes);
+  const int64_t expected = s.expectedCount();
+  if (expected == 0) return lim.maxNodes;
+  return static_cast<int>(std::clamp<int64_t>(expected, lim.minNodes, lim.maxNodes));
 }
 
 std::string lastCallKey(int64_t round) { return "round/" + std::to_string(round) + "/last_call"; }

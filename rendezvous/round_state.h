@@ -58,6 +58,18 @@ struct NodeInfo {
 enum class Phase : uint8_t { Joining, Closed, Finished, Failed };
 const char* phaseName(Phase p);
 
+// A list of nodes kept outside the state version (the slot join's compact states, StateLog's
+// "spilled" lists: docs/rendezvous.md, "Keys"): the version names it by `ref` (keys l/<ref>/...)
+// and carries its length, so that an agent reads O(1) bytes per version. ref 0: no such list.
+struct ListRef {
+  int64_t ref = 0;
+  int64_t count = 0;
+  // The list of nodes expected back only: it is the member list `ref` of the round before, each
+  // entry expected with its node rank (a restart after a failure writes no new list).
+  bool ofMembers = false;
+  bool operator==(const ListRef&) const = default;
+};
+
 struct RoundState {
   int64_t round = 0;
   Phase phase = Phase::Joining;
@@ -70,6 +82,34 @@ struct RoundState {
                                   // Joining: nodes removed while it was open
   int exitCode = 0;               // Failed: the root cause's exit code
   std::string reason;             // why this round was opened / the job ended (one line)
+  // A compact state (read from a version written with spilled lists): `members` or `expected`
+  // is then empty and kept in the store instead (StateLog::hydrate loads it). With membersList:
+  // the round's world size and node rank 0's address and port, so that a member needs only its
+  // own entry (StateLog::position) besides this.
+  ListRef membersList, waitingList, expectedList;
+  int64_t worldSize = 0;
+  std::string masterAddr;
+  uint16_t masterPort = 0;
+
+  bool compact() const {
+    return membersList.ref != 0 || waitingList.ref != 0 || expectedList.ref != 0;
+  }
+  int64_t memberCount() const {
+    return membersList.ref ? membersList.count : static_cast<int64_t>(members.size());
+  }
+  // The three lists of nodes by kind, and the refs that stand for them in a compact state.
+  enum class List { Members, Waiting, Expected };
+  std::vector<NodeInfo>& list(List l) {
+    return l == List::Members ? members : l == List::Waiting ? waiting : expected;
+  }
+  const std::vector<NodeInfo>& list(List l) const { return const_cast<RoundState*>(this)->list(l); }
+  ListRef& listRef(List l) {
+    return l == List::Members ? membersList : l == List::Waiting ? waitingList : expectedList;
+  }
+  const ListRef& listRef(List l) const { return const_cast<RoundState*>(this)->listRef(l); }
+  int64_t expectedCount() const {
+    return expectedList.ref ? expectedList.count : static_cast<int64_t>(expected.size());
+  }
 
   // Some node's workers have succeeded: the round will not be re-formed.
   bool finishing() const { return !done.empty(); }
@@ -100,6 +140,11 @@ RoundState decodeState(const std::string& text, const std::string& what);
 // cannot overflow), a closed round with members. Throws StoreError naming `what`: the state
 // is corrupt or forged (without a token, anyone who reaches the store can write one).
 void validateState(const RoundState& s, const JobLimits& lim, const std::string& what);
+// One entry of a spilled list, as the state encodes it ("member ..." / "expected ..."), and
+// the parse of such entries back (decodeState's checks; StoreError naming `what`).
+std::string encodeNodeLine(const NodeInfo& n, RoundState::List list);
+std::vector<NodeInfo> decodeNodeLines(const std::vector<std::string>& lines, RoundState::List list,
+                                      const std::string& what);
 
 namespace transition {
 

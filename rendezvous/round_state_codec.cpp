@@ -20,6 +20,8 @@ namespace ddprun::rendezvous {
 //   member|waiting <id> <addr> <nproc> <masterPort> <fixedRank> <prevRank>
 //   expected <id> <prevRank>
 //   done|lost <id>             (a finishing round: members in the exit barrier / lost since)
+//   members-list <ref> <count> <world> <masterAddr> <masterPort>   (a compact state: the
+//   waiting-list|expected-list <ref> <count>  lists are in the store, see StateLog; ListRef)
 // Hand-written both ways: a state is re-read on every lost compare-set, so it must be cheap.
 namespace {
 constexpr std::string_view kMagic = "ddprun-rendezvous-state 1";
@@ -71,7 +73,63 @@ std::string encodeState(const RoundState& s) {
   }
   for (const auto& id : s.done) out.append("done ").append(id).append("\n");
   for (const auto& id : s.lost) out.append("lost ").append(id).append("\n");
+  if (s.membersList.ref) {
+    out.append("members-list ");
+    put(out, s.membersList.ref);
+    out += ' ';
+    put(out, s.membersList.count);
+    out += ' ';
+    put(out, s.worldSize);
+    out.append(" ").append(s.masterAddr).append(" ");
+    put(out, s.masterPort);
+    out += '\n';
+  }
+  if (s.waitingList.ref) {
+    out.append("waiting-list ");
+    put(out, s.waitingList.ref);
+    out += ' ';
+    put(out, s.waitingList.count);
+    out += '\n';
+  }
+  if (s.expectedList.ref) {
+    out.append("expected-list ");
+    put(out, s.expectedList.ref);
+    out += ' ';
+    put(out, s.expectedList.count);
+    if (s.expectedList.ofMembers) out.append(" members");
+    out += '\n';
+  }
   return out;
+}
+
+std::string encodeNodeLine(const NodeInfo& n, RoundState::List list) {
+  std::string out;
+  if (list == RoundState::List::Expected) {
+    out.append("expected ").append(n.id).append(" ");
+    put(out, n.prevRank);
+  } else {
+    encodeNode(out, list == RoundState::List::Members ? "member" : "waiting", n);
+    out.pop_back();  // the newline
+  }
+  return out;
+}
+
+std::vector<NodeInfo> decodeNodeLines(const std::vector<std::string>& lines, RoundState::List list,
+                                      const std::string& what) {
+  const std::string_view tag = list == RoundState::List::Expected  ? "expected "
+                               : list == RoundState::List::Members ? "member "
+                                                                   : "waiting ";
+  std::string text(kMagic);
+  text.append("\nround 0\nphase joining\n");
+  for (const auto& l : lines) {
+    if (l.substr(0, tag.size()) != tag || l.find('\n') != std::string::npos) {
+      throw StoreError("rendezvous list " + what + " is corrupt or forged (entry '" +
+                       l.substr(0, 80) + "'): is another program writing to this rendezvous id?");
+    }
+    text.append(l).append("\n");
+  }
+  RoundState s = decodeState(text, what);
+  return std::move(s.list(list));
 }
 
 RoundState decodeState(const std::string& text, const std::string& what) {
@@ -147,11 +205,31 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       }
       n.id = std::string(w[1]);
       s.expected.push_back(std::move(n));
+    } else if (tag == "members-list") {
+      int port = 0;
+      if (w.size() != 6 || !number(w[1], s.membersList.ref) || !number(w[2], s.membersList.count) ||
+          !number(w[3], s.worldSize) || !validAddress(w[4]) || !number(w[5], port) ||
+          s.membersList.ref < 1 || s.membersList.count < 1 || s.worldSize < 1 || port < 0 ||
+          port > 65535 || !s.members.empty()) {
+        throw bad("members-list record '" + std::string(line) + "'");
+      }
+      s.masterAddr = std::string(w[4]);
+      s.masterPort = static_cast<uint16_t>(port);
+    } else if (tag == "expected-list" || tag == "waiting-list") {
+      ListRef& ref = tag == "expected-list" ? s.expectedList : s.waitingList;
+      ref.ofMembers = w.size() == 4 && tag == "expected-list" && w[3] == "members";
+      if (w.size() != (ref.ofMembers ? 4u : 3u) || !number(w[1], ref.ref) ||
+          !number(w[2], ref.count) || ref.ref < 1 || ref.count < 1) {
+        throw bad(std::string(tag) + " record '" + std::string(line) + "'");
+      }
     } else {
       throw bad("unknown record '" + std::string(tag) + "'");
     }
   }
   if (!seenRound || !seenPhase) throw bad("round or phase missing");
+  if ((s.membersList.ref && !s.members.empty()) || (s.expectedList.ref && !s.expected.empty()) ||
+      (s.waitingList.ref && !s.waiting.empty()))
+    throw bad("a list both inline and in the store");
   return s;
 }
 
@@ -160,7 +238,7 @@ void validateState(const RoundState& s, const JobLimits& lim, const std::string&
     throw StoreError("rendezvous state " + what + " is corrupt or forged (" + why +
                      "): is another program writing to this rendezvous id?");
   };
-  const int64_t members = static_cast<int64_t>(s.members.size());
+  const int64_t members = s.memberCount();
   if (members > lim.maxNodes) {
     bad(std::to_string(members) + " members, more than MAX=" + std::to_string(lim.maxNodes));
   }
@@ -180,6 +258,8 @@ void validateState(const RoundState& s, const JobLimits& lim, const std::string&
     }
     ids.push_back(m.id);
   }
+  if (s.membersList.ref) world = s.worldSize;
+  if (s.membersList.ref && s.worldSize < members) bad("world size below the node count");
   if (world > static_cast<int64_t>(lim.maxNodes) * kMaxNproc || world > INT32_MAX) {
     bad("world size " + std::to_string(world) + " out of range");
   }

@@ -1,6 +1,11 @@
 #include "rendezvous/state_log.h"
 
+#include <algorithm>
+#include <set>
+
 #include "base/errors.h"
+#include "rendezvous/heartbeat.h"
+#include "rendezvous/text_fields.h"
 
 namespace ddprun::rendezvous {
 
@@ -17,7 +22,175 @@ int64_t parseVersion(const std::string& value, const std::string& key) {
   throw StoreError("rendezvous key '" + key + "' holds '" + value +
                    "', not a state version: is another program using this rendezvous id?");
 }
+
+std::string listKey(int64_t ref, int64_t i) {
+  return "l/" + std::to_string(ref) + "/" + std::to_string(i);
+}
+std::string listIdKey(int64_t ref, const std::string& id) {
+  return "l/" + std::to_string(ref) + "/id/" + id;
+}
+constexpr const char* kListsCounter = "lists";
+// The value no list key holds: a compare-set expecting it reads a key without waiting for it
+// and never writes (a missing key returns the expectation; an existing one its value).
+constexpr const char* kAbsent = "?";
+
+std::optional<std::string> tryGet(Store& store, const std::string& key) {
+  std::string v = store.compareSet(key, kAbsent, kAbsent);
+  if (v == kAbsent) return std::nullopt;
+  return v;
+}
+
+[[noreturn]] void forgedList(const std::string& key, const std::string& why) {
+  throw StoreError("rendezvous list key '" + key + "' is corrupt or forged (" + why +
+                   "): is another program writing to this rendezvous id?");
+}
+
 }  // namespace
+
+std::optional<ListPosition> position(Store& store, const RoundState& s, RoundState::List which,
+                                     const std::string& id) {
+  const bool members = which == RoundState::List::Members;
+  const ListRef& ref = s.listRef(which);
+  if (ref.ref == 0) {
+    const auto& list = s.list(which);
+    ListPosition p;
+    for (const auto& n : list) {
+      if (n.id == id) return p;
+      ++p.index;
+      p.rankOffset += n.nproc;
+    }
+    return std::nullopt;
+  }
+  const std::string key = listIdKey(ref.ref, id);
+  const auto v = tryGet(store, key);
+  if (!v) return std::nullopt;
+  ListPosition p;
+  const auto w = text::words(*v);
+  if (w.size() != 2 || !text::number(w[0], p.index) || !text::number(w[1], p.rankOffset) ||
+      p.index < 0 || p.index >= ref.count || p.rankOffset < 0 ||
+      (members && p.rankOffset >= s.worldSize)) {
+    forgedList(key, "'" + v->substr(0, 80) + "'");
+  }
+  return p;
+}
+
+std::string ringTarget(Store& store, const RoundState& s, const std::string& self) {
+  const RoundState::List which =
+      s.phase != Phase::Joining ? RoundState::List::Members : RoundState::List::Expected;
+  const ListRef& ref = s.listRef(which);
+  if (ref.ref == 0) {
+    if (s.phase == Phase::Joining && !s.members.empty()) {
+      // The state-log join (members append themselves): the ids the state mentions, sorted.
+      const std::vector<std::string> ids = s.allIds();
+      if (!std::binary_search(ids.begin(), ids.end(), self)) return {};
+      return ringSuccessor(ids, self);
+    }
+    // A loaded state of the slot join: the same ring as on its compact form (list order), so
+    // that the agent that wrote it and those that read it agree on who watches whom.
+    const auto& list = s.list(which);
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].id == self) return list.size() < 2 ? "" : list[(i + 1) % list.size()].id;
+    return {};
+  }
+  if (ref.count < 2) return {};
+  const auto p = position(store, s, which, self);
+  if (!p) return {};
+  const std::string key = listKey(ref.ref, (p->index + 1) % ref.count);
+  const auto nodes = decodeNodeLines({store.get(key)},
+                                     ref.ofMembers ? RoundState::List::Members : which,
+                                     "'" + key + "'");
+  return nodes.at(0).id;
+}
+
+void StateLog::hydrate(RoundState& s) {
+  using L = RoundState::List;
+  for (const L which : {L::Members, L::Waiting, L::Expected}) {
+    const bool members = which == L::Members;
+    ListRef& ref = s.listRef(which);
+    if (ref.ref == 0) continue;
+    std::vector<std::string> keys;
+    keys.reserve(ref.count);
+    for (int64_t i = 0; i < ref.count; ++i) keys.push_back(listKey(ref.ref, i));
+    // A version names only lists written before it: a missing entry is a forgery, and waiting
+    // for it would hold the agent for the store's timeout.
+    if (!store_.check(keys)) forgedList(keys.back(), "a version names entries never written");
+    const std::string what = "'l/" + std::to_string(ref.ref) + "'";
+    auto nodes = decodeNodeLines(store_.multiGet(keys),
+                                 ref.ofMembers ? L::Members : which, what);
+    if (ref.ofMembers) {  // the member list of the round before: each expected with its rank
+      for (size_t i = 0; i < nodes.size(); ++i)
+        nodes[i] = NodeInfo{.id = nodes[i].id, .prevRank = static_cast<int>(i)};
+    }
+    if (members) {
+      int64_t world = 0;
+      for (const auto& n : nodes) world += n.nproc;
+      if (world != s.worldSize || nodes.empty() || nodes[0].addr != s.masterAddr ||
+          nodes[0].masterPort != s.masterPort) {
+        forgedList(keys.front(), "its world size or master does not match the version's");
+      }
+      s.members = std::move(nodes);
+      s.worldSize = 0;
+      s.masterAddr.clear();
+      s.masterPort = 0;
+    } else {
+      s.list(which) = std::move(nodes);
+    }
+    ref = {};
+  }
+  validateState(s, limits_, "with its lists");
+}
+
+void StateLog::spill(RoundState& next, const RoundState& beforeFull,
+                     const RoundState& beforeCompact) {
+  using L = RoundState::List;
+  for (const L which : {L::Members, L::Waiting, L::Expected}) {
+    const bool members = which == L::Members;
+    auto& list = next.list(which);
+    if (list.empty()) continue;
+    ListRef& ref = next.listRef(which);
+    const ListRef& old = beforeCompact.listRef(which);
+    if (old.ref != 0 && list == beforeFull.list(which)) {
+      ref = old;  // unchanged: the entries are in the store already
+    } else if (which == L::Expected && beforeCompact.membersList.ref != 0 &&
+               list.size() == beforeFull.members.size() &&
+               [&] {
+                 for (size_t i = 0; i < list.size(); ++i)
+                   if (list[i] != NodeInfo{.id = beforeFull.members[i].id,
+                                           .prevRank = static_cast<int>(i)})
+                     return false;
+                 return true;
+               }()) {
+      // Every member expected back with its rank (a restart): the member list says it all.
+      ref = beforeCompact.membersList;
+      ref.ofMembers = true;
+    } else {
+      ref.ref = store_.add(kListsCounter, 1);
+      ref.count = static_cast<int64_t>(list.size());
+      std::vector<std::string> keys, values;
+      keys.reserve(2 * list.size());
+      values.reserve(2 * list.size());
+      std::set<std::string> seen;
+      int64_t offset = 0;
+      for (size_t i = 0; i < list.size(); ++i) {
+        keys.push_back(listKey(ref.ref, static_cast<int64_t>(i)));
+        values.push_back(encodeNodeLine(list[i], which));
+        if (seen.insert(list[i].id).second) {
+          keys.push_back(listIdKey(ref.ref, list[i].id));
+          values.push_back(std::to_string(i) + " " + std::to_string(offset));
+        }
+        offset += list[i].nproc;
+      }
+      store_.multiSet(keys, values);
+    }
+    if (members) {
+      next.worldSize = 0;
+      for (const auto& n : list) next.worldSize += n.nproc;
+      next.masterAddr = list[0].addr;
+      next.masterPort = list[0].masterPort;
+    }
+    list.clear();
+  }
+}
 
 Versioned StateLog::read(int64_t version) {
   if (version == 0) return {};
@@ -58,6 +231,9 @@ Versioned StateLog::refresh(Versioned known) {
 StateLog::Result StateLog::update(Versioned known, const Transition& fn) {
   Versioned cur = std::move(known);
   for (;;) {
+    // The transitions are pure functions of the whole state: load the lists of a compact one.
+    const RoundState compactCur = cur.state;
+    if (cur.state.compact()) hydrate(cur.state);
     std::optional<RoundState> next = fn(cur.state);
     if (!next) {
       // A no-op is only an answer on the newest state.
@@ -67,7 +243,19 @@ StateLog::Result StateLog::update(Versioned known, const Transition& fn) {
       continue;
     }
     const std::string key = stateKey(cur.version + 1);
-    const std::string blob = encodeState(*next);
+    std::string blob;
+    if (spill_) {
+      // Lists are written before the version that names them; not for a version already taken.
+      if (store_.check({key})) {
+        cur = refresh(cur);
+        continue;
+      }
+      RoundState compactNext = *next;
+      spill(compactNext, cur.state, compactCur);
+      blob = encodeState(compactNext);
+    } else {
+      blob = encodeState(*next);
+    }
     std::string got = store_.compareSet(key, "", blob);
     if (got == blob) {
       cur = {cur.version + 1, std::move(*next)};

@@ -14,6 +14,15 @@
 // naming the key, so the agent fails the round at once instead of waiting on it. The store
 // keeps written versions write-once (KeyTable::writeOnce): nobody deletes or rewrites one.
 //
+// Spilled lists (the slot join, issue 20): with `spill`, a version does not carry the round's
+// member list, its waiting list nor the list of nodes expected back: the writer stores each list once, before the
+// version, as write-once keys l/<ref>/<i> (entry i, encodeNodeLine) and l/<ref>/id/<id> ("<i>
+// <first global rank>"), ref from an ADD on `lists`, and the version names it with its length
+// (and the world size and node rank 0's address). A version is then O(1) bytes, and an agent
+// reads its own entry (position(): one round trip). A list that a transition leaves unchanged
+// keeps its ref. Writers (update) load the lists first (hydrate: O(N) for that one agent) since
+// the transitions are pure functions of the whole state.
+//
 // A StateLog uses the one Store it is given; give each thread its own connection.
 #include <condition_variable>
 #include <functional>
@@ -37,7 +46,12 @@ class StateLog {
  public:
   using Transition = std::function<std::optional<RoundState>(const RoundState&)>;
 
-  StateLog(Store& store, JobLimits limits) : store_(store), limits_(limits) {}
+  StateLog(Store& store, JobLimits limits, bool spill = false)
+      : store_(store), limits_(limits), spill_(spill) {}
+
+  // Loads the lists a compact state names into it (members, expected), checks them against the
+  // version's counts and the job's limits (StoreError naming the key when forged). O(N).
+  void hydrate(RoundState& s);
 
   // A recent version: the one the hint names (possibly a few versions behind).
   Versioned latest();
@@ -67,9 +81,27 @@ class StateLog {
   RoundState decode(const std::string& text, const std::string& key) const;
   int64_t existing(int64_t version, const std::string& namedBy);
 
+  // Writes next's lists as spilled lists (reusing `before`'s refs when a list is unchanged).
+  void spill(RoundState& next, const RoundState& beforeFull, const RoundState& beforeCompact);
+
   Store& store_;
   JobLimits limits_;
+  bool spill_ = false;
 };
+
+// Where node `id` is in one of a state's lists (members, the waiting list, the nodes expected
+// back): its index (the node rank, for members) and first global rank (the sum of nproc before). On a compact state one round trip
+// (a compare-set that reads and never writes), on a loaded one a scan. nullopt when absent.
+struct ListPosition {
+  int64_t index = 0;
+  int64_t rankOffset = 0;
+};
+std::optional<ListPosition> position(Store& store, const RoundState& s, RoundState::List which,
+                                     const std::string& id);
+// The node the heartbeat ring has `self` watch in state `s`: on a loaded state its successor
+// among allIds(); on a compact one the next entry of the member list (the expected list while
+// the round is joining). Empty when none (alone, or not in the ring). O(1) round trips.
+std::string ringTarget(Store& store, const RoundState& s, const std::string& self);
 
 // StateView: the newest state one agent has seen, shared by its threads. The heartbeat
 // monitor picks the node it watches from it, and waits on it for changes.

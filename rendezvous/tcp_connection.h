@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -41,14 +42,16 @@ class TcpStore::Connection {
   void write(const std::string& bytes) {
     size_t off = 0;
     while (off < bytes.size()) {
-      applyTimeout(SO_SNDTIMEO, sndTimeout_);
-      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      const bool late = !applyTimeout(SO_SNDTIMEO, sndTimeout_);
+      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off,
+                         MSG_NOSIGNAL | (late ? MSG_DONTWAIT : 0));
       if (n > 0) {
         off += static_cast<size_t>(n);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (late) throw IoFailure{true, "send timed out"};
         retryOrThrow(sndTimeout_, "send timed out");
         continue;
       }
@@ -66,8 +69,8 @@ class TcpStore::Connection {
       }
       if (buf_.size() - end_ < n - (end_ - start_) || buf_.size() - end_ < 4096)
         buf_.resize(std::max(buf_.size() * 2, end_ + n + 4096));
-      applyTimeout(SO_RCVTIMEO, rcvTimeout_);
-      ssize_t r = ::recv(fd_, buf_.data() + end_, buf_.size() - end_, 0);
+      const bool late = !applyTimeout(SO_RCVTIMEO, rcvTimeout_);
+      ssize_t r = ::recv(fd_, buf_.data() + end_, buf_.size() - end_, late ? MSG_DONTWAIT : 0);
       if (r > 0) {
         end_ += static_cast<size_t>(r);
         continue;
@@ -75,6 +78,7 @@ class TcpStore::Connection {
       if (r == 0) throw IoFailure{false, "the server closed the connection"};
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (late) throw IoFailure{true, "no reply in time"};
         retryOrThrow(rcvTimeout_, "no reply in time");
         continue;
       }
@@ -85,14 +89,16 @@ class TcpStore::Connection {
   // Blocks until a byte can be read or the deadline passes (then throws a timeout), with
   // poll()'s precise timer: a socket timeout (SO_RCVTIMEO) runs on the kernel's coarse timer
   // wheel and fires up to ~12% late on waits of seconds. Used before long waits (WAIT).
+  // The socket is always polled once, even past the deadline: when this process was paused
+  // (stopped, descheduled) until after it, a reply that arrived meanwhile is still taken.
   void awaitReadable() {
     while (end_ == start_) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline_ - Clock::now() + std::chrono::microseconds(999));
-      if (left.count() <= 0) throw IoFailure{true, "no reply in time"};
       pollfd p{fd_, POLLIN, 0};
-      const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX)));
+      const int rc = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT32_MAX)));
       if (rc > 0) return;  // readable, or an error/hang-up that the next recv reports
+      if (rc == 0 && left.count() <= 0) throw IoFailure{true, "no reply in time"};
       if (rc < 0 && errno != EINTR) {
         throw IoFailure{false, std::string("poll failed: ") + std::strerror(errno)};
       }
@@ -120,17 +126,20 @@ class TcpStore::Connection {
   // Sets the socket timeout to the time left until the deadline, unless the current setting
   // is already within a small slack of it: then the common round trip costs no setsockopt.
   // A recv that times out before the deadline re-arms and retries (see retryOrThrow).
-  void applyTimeout(int which, std::chrono::microseconds& current) {
+  // Returns false when the deadline has already passed: the caller then makes one
+  // non-blocking attempt (what already arrived is taken; nothing more is waited for).
+  bool applyTimeout(int which, std::chrono::microseconds& current) {
     using std::chrono::microseconds;
     auto left = std::chrono::duration_cast<microseconds>(deadline_ - Clock::now());
-    if (left.count() <= 0) throw IoFailure{true, "deadline passed"};
+    if (left.count() <= 0) return false;
     const microseconds slack = current / 64 + microseconds(1000);
-    if (current.count() != 0 && left > current - slack && left < current + slack) return;
+    if (current.count() != 0 && left > current - slack && left < current + slack) return true;
     timeval tv{};
     tv.tv_sec = static_cast<time_t>(left.count() / 1'000'000);
     tv.tv_usec = static_cast<suseconds_t>(left.count() % 1'000'000);
     ::setsockopt(fd_, SOL_SOCKET, which, &tv, sizeof tv);
     current = left;
+    return true;
   }
   // After EAGAIN: retry when the deadline is still ahead (the setting was stale), else throw.
   void retryOrThrow(std::chrono::microseconds& current, const char* what) {

@@ -83,6 +83,12 @@ def main():
                   "reason workers of node a failed\nmember a 127.0.0.2 1 41873 0 -1\n",
         "finished": "ddprun-rendezvous-state 1\nround 0\nphase finished\nrestarts 0\nexit 0\n"
                     "reason done\nmember a 10.0.0.1 8 29500 -1 -1\n",
+        # Compact states (spilled lists, rendezvous/state_log.h).
+        "compact_closed": "ddprun-rendezvous-state 1\nround 2\nphase closed\nrestarts 0\nexit 0\n"
+                          "reason first round\nmembers-list 3 256 731 127.0.0.2 41873\ndone a\n",
+        "compact_joining_restart": "ddprun-rendezvous-state 1\nround 3\nphase joining\nrestarts 1\n"
+                                   "exit 0\nreason workers of node a failed: boom (restart 1 of 2)\n"
+                                   "expected-list 4 256 members\nwaiting-list 5 2\n",
     }
     for name, text in states.items():
         write("state_codec", name, text.encode())

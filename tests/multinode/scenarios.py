@@ -288,13 +288,19 @@ def wrong_store(t):
     check(first.wait(30) == 128 + signal.SIGTERM, "the first job's agent left on SIGTERM")
 
 
+def store_host_and_other(t, job):
+    """Starts agent a (which hosts the store, at the endpoint) and agent b, and waits for their
+    round of 2; returns a, b and the pids of b's workers."""
+    a = t.agent("a", "127.0.0.2", "2", job, ["--finish-at-world", "99"])
+    b = t.agent("b", "127.0.0.3", "2", job, ["--finish-at-world", "99"])
+    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    return a, b, [r["pid"] for r in t.starts(node="b")]
+
+
 def store_host_lost(t):
     """Losing the store host: every other agent fails within its timeout, naming the endpoint,
     and stops its workers."""
-    a = t.agent("a", "127.0.0.2", "2", "hostless", ["--finish-at-world", "99"])
-    b = t.agent("b", "127.0.0.3", "2", "hostless", ["--finish-at-world", "99"])
-    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
-    workers = [r["pid"] for r in t.starts(node="b")]
+    a, b, workers = store_host_and_other(t, "hostless")
     killed = time.time()
     a.signal(signal.SIGKILL)
     code = b.wait(30)
@@ -323,10 +329,7 @@ def store_host_frozen(t):
     """The agent hosting the store (and the agent store) is stopped (SIGSTOP): the other agent
     reports the store stopped answering, naming its address, within the keep-alive bound (it
     measures the silence), fails and stops its workers."""
-    a = t.agent("a", "127.0.0.2", "2", "frozen", ["--finish-at-world", "99"])
-    b = t.agent("b", "127.0.0.3", "2", "frozen", ["--finish-at-world", "99"])
-    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
-    workers = [r["pid"] for r in t.starts(node="b")]
+    a, b, workers = store_host_and_other(t, "frozen")
     frozen = time.time()
     a.signal(signal.SIGSTOP)
     try:

@@ -44,10 +44,16 @@ TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keep
   ptrs.clear();
   for (auto& a : live) ptrs.push_back(a.get());
   std::vector<RoundInfo> rounds = allNextRound(ptrs);
+  // The slot join's agents do not read the membership: the checker reads it from the store.
+  auto check = [&](const std::vector<RoundInfo>& rs) {
+    const TcpStoreOptions store{.host = "127.0.0.1", .port = server.port()};
+    const auto members = ddprun::bench::membersOfRound(store, "churn", lim, rs.at(0).round);
+    return ddprun::bench::checkRound(rs, &members);
+  };
   int restarts = 0;
   for (int step = 0; step < 20; ++step) {
     INFO("step " << step);
-    REQUIRE(ddprun::bench::checkRound(rounds) == "");
+    REQUIRE(check(rounds) == "");
     REQUIRE(rounds[0].nodeCount == static_cast<int>(live.size()));
     for (const auto& r : rounds) CHECK(r.restartCount == restarts);
     const int n = static_cast<int>(live.size());
@@ -89,7 +95,22 @@ TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keep
     rounds = allNextRound(joiners);
     if (action == 2) rounds.push_back(newcomer.get());
   }
-  REQUIRE(ddprun::bench::checkRound(rounds) == "");
+  REQUIRE(check(rounds) == "");
+  {
+    // Every version of the job -- closes, arrivals, departures, evictions by the heartbeat ring,
+    // failures -- names its lists instead of carrying them: O(1) bytes whatever N.
+    TcpStore raw(TcpStoreOptions{.host = "127.0.0.1", .port = server.port()});
+    const std::string prefix = "ddprun/rdzv/churn/";
+    int64_t versions = 0;
+    for (int64_t v = 1; raw.check({prefix + stateKey(v)}); ++v, ++versions) {
+      const std::string text = raw.get(prefix + stateKey(v));
+      INFO("version " << v << ":\n" << text);
+      CHECK(text.find("\nmember ") == std::string::npos);
+      CHECK(text.find("\nexpected ") == std::string::npos);
+      CHECK(text.find("\nwaiting ") == std::string::npos);
+    }
+    CHECK(versions >= 20);
+  }
   std::vector<std::future<DynamicRendezvous::AfterSuccess>> done;
   for (auto& a : live)
     done.push_back(std::async(std::launch::async, [p = a.get()] { return p->rdzv->finishRound(); }));

@@ -125,3 +125,146 @@ TEST_CASE("a forged state is refused field by field, a forged hint at once", "[r
   StateLog log(*store, lim);
   CHECK_THROWS_WITH(log.latest(), Catch::Contains("names version 7, which was never written"));
 }
+
+TEST_CASE("spilled lists: a version names the member list, readers get their own entry",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const JobLimits lim{.minNodes = 8, .maxNodes = 8};
+  StateLog log(*store, lim, /*spill=*/true);
+  Versioned v = log.latest();
+  for (int i = 0; i < 8; ++i) {
+    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1),
+                .nproc = i + 1, .masterPort = static_cast<uint16_t>(1000 + i)};
+    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
+  }
+  REQUIRE(v.state.phase == Phase::Closed);
+  REQUIRE(v.state.members.size() == 8);  // the writer holds the whole state
+  const std::vector<NodeInfo> full = v.state.members;
+  // A reader gets the compact version: no member lines, the count, world size and master.
+  StateLog reader(*store, lim);
+  Versioned c = reader.read(v.version);
+  CHECK(c.state.compact());
+  CHECK(c.state.members.empty());
+  CHECK(c.state.memberCount() == 8);
+  CHECK(c.state.worldSize == 36);
+  CHECK(c.state.masterAddr == full[0].addr);
+  CHECK(c.state.masterPort == full[0].masterPort);
+  CHECK(store->get(stateKey(v.version)).find("member ") == std::string::npos);
+  // Each member's own entry: its node rank and first global rank; a stranger has none.
+  int offset = 0;
+  for (size_t i = 0; i < full.size(); ++i) {
+    auto p = position(*store, c.state, RoundState::List::Members, full[i].id);
+    REQUIRE(p);
+    CHECK(p->index == static_cast<int64_t>(i));
+    CHECK(p->rankOffset == offset);
+    offset += full[i].nproc;
+    // The heartbeat ring: the next member by node rank, the same on the loaded state.
+    CHECK(ringTarget(*store, c.state, full[i].id) == full[(i + 1) % full.size()].id);
+    CHECK(ringTarget(*store, v.state, full[i].id) == full[(i + 1) % full.size()].id);
+  }
+  CHECK_FALSE(position(*store, c.state, RoundState::List::Members, "stranger"));
+  CHECK(ringTarget(*store, c.state, "stranger") == "");
+  // Loading the lists gives the state back.
+  RoundState h = c.state;
+  reader.hydrate(h);
+  CHECK(h == v.state);
+  // The job is full: a ninth node waits, on a spilled waiting list (the members keep their list).
+  const NodeInfo ninth{.id = "n8", .addr = "10.0.0.9"};
+  Versioned w = log.update(c, [&](const RoundState& s) {
+    return transition::arrive(s, ninth, lim);
+  }).now;
+  Versioned wc = reader.read(w.version);
+  CHECK(wc.state.waiting.empty());
+  CHECK(wc.state.waitingList.count == 1);
+  CHECK(wc.state.membersList == c.state.membersList);
+  CHECK(position(*store, wc.state, RoundState::List::Waiting, "n8"));
+  CHECK_FALSE(position(*store, wc.state, RoundState::List::Waiting, full[0].id));
+  CHECK(store->get(stateKey(w.version)).find("waiting ") == std::string::npos);
+  c = wc;
+  // A transition that leaves the members alone keeps the list's ref (nothing rewritten).
+  const int64_t lists = store->add("lists", 0);
+  Versioned d = log.update(c, [&](const RoundState& s) {
+    return transition::nodeDone(s, s.round, full[3].id);
+  }).now;
+  CHECK(store->add("lists", 0) == lists);
+  CHECK(reader.read(d.version).state.membersList == c.state.membersList);
+  // A member leaving: the next round expects the other seven, a new list.
+  Versioned e = log.update(reader.read(d.version), [&](const RoundState& s) {
+    return transition::remove(s, full[5].id, "left", lim);
+  }).now;
+  (void)e;
+}
+
+TEST_CASE("a version naming a list that was never written, or another list, is refused",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const JobLimits lim{.minNodes = 1, .maxNodes = 1};
+  StateLog log(*store, lim, /*spill=*/true);
+  Versioned v = log.update(log.latest(), [&](const RoundState& s) {
+    return transition::join(s, NodeInfo{.id = "a", .addr = "10.0.0.1", .nproc = 2}, lim);
+  }).now;
+  REQUIRE(v.state.phase == Phase::Closed);
+  const std::string text = store->get(stateKey(v.version));
+  // The next version, forged: names list 99 (never written).
+  std::string forged = text;
+  const size_t at = forged.find("members-list ");
+  REQUIRE(at != std::string::npos);
+  forged = forged.substr(0, at) + "members-list 99 1 2 10.0.0.1 0\n";
+  store->set(stateKey(v.version + 1), forged);
+  Versioned f = log.read(v.version + 1);  // the version itself is well-formed
+  CHECK_THROWS_WITH(log.hydrate(f.state), Catch::Contains("l/99/0") && Catch::Contains("forged"));
+  // Names the real list with another world size: refused too.
+  const std::string real = text.substr(at);
+  const auto w = real.substr(13, real.find(' ', 13) - 13);
+  store->set(stateKey(v.version + 2),
+             text.substr(0, at) + "members-list " + w + " 1 3 10.0.0.1 0\n");
+  Versioned g = log.read(v.version + 2);
+  CHECK_THROWS_WITH(log.hydrate(g.state), Catch::Contains("world size"));
+  // And a record that is not a state's line.
+  CHECK_THROWS_AS(decodeNodeLines({"member a"}, RoundState::List::Members, "'l/1'"), StoreError);
+  CHECK_THROWS_AS(decodeNodeLines({"expected a 0"}, RoundState::List::Members, "'l/1'"), StoreError);
+}
+
+TEST_CASE("spilled lists: a restart expects the member list back without writing a new one",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const JobLimits lim{.minNodes = 4, .maxNodes = 4, .maxRestarts = 2};
+  StateLog log(*store, lim, /*spill=*/true);
+  Versioned v = log.latest();
+  for (int i = 0; i < 4; ++i) {
+    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
+    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
+  }
+  REQUIRE(v.state.phase == Phase::Closed);
+  const std::vector<NodeInfo> members = v.state.members;
+  StateLog reader(*store, lim);
+  const Versioned closed = reader.read(v.version);
+  const int64_t lists = store->add("lists", 0);
+  Versioned f = log.update(closed, [&](const RoundState& s) {
+    return transition::failWorkers(s, s.round, "n2", 1, "boom", lim);
+  }).now;
+  REQUIRE(f.state.phase == Phase::Joining);
+  CHECK(store->add("lists", 0) == lists);  // nothing written but the version
+  const Versioned joining = reader.read(f.version);
+  CHECK(joining.state.expectedList.ref == closed.state.membersList.ref);
+  CHECK(joining.state.expectedList.ofMembers);
+  CHECK(joining.state.expectedCount() == 4);
+  CHECK(slotTarget(joining.state, lim) == 4);
+  CHECK(store->get(stateKey(f.version)).find("expected-list") != std::string::npos);
+  // Loaded, it is the state the transition made: each member expected with its node rank.
+  RoundState h = joining.state;
+  reader.hydrate(h);
+  CHECK(h == f.state);
+  REQUIRE(h.expected.size() == 4);
+  for (int i = 0; i < 4; ++i) {
+    CHECK(h.expected[i].id == members[i].id);
+    CHECK(h.expected[i].prevRank == i);
+  }
+  // The ring while it is joining: the expected nodes in that order.
+  for (int i = 0; i < 4; ++i) {
+    CHECK(ringTarget(*store, joining.state, members[i].id) == members[(i + 1) % 4].id);
+    const auto p = position(*store, joining.state, RoundState::List::Expected, members[i].id);
+    REQUIRE(p);
+    CHECK(p->index == i);
+  }
+}

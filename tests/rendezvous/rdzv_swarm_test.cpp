@@ -112,8 +112,18 @@ TEST_CASE("a swarm of agents arriving at random forms one round, and re-forms af
       CHECK(results[1].reform.medianRoundTrips <= results[0].reform.medianRoundTrips + 1);
       CHECK(results[1].form.maxRoundTrips <= results[0].form.maxRoundTrips + 2);
       CHECK(results[1].reform.maxRoundTrips <= results[0].reform.maxRoundTrips + 2);
-      CHECK(results[1].form.maxRoundTrips <= 16);
-      CHECK(results[1].reform.maxRoundTrips <= 16);
+      // Nor their bytes (median: the agents that do not close): a version names the member
+      // list instead of carrying it, and each agent reads its own entry. Allowed: the digits of
+      // larger slots, refs and ids' positions.
+      INFO("bytes at 32 / 128 (median): form " << results[0].form.medianBytes << " / "
+           << results[1].form.medianBytes << "; re-form " << results[0].reform.medianBytes
+           << " / " << results[1].reform.medianBytes);
+      CHECK(results[1].form.medianBytes <= results[0].form.medianBytes + 128);
+      CHECK(results[1].reform.medianBytes <= results[0].reform.medianBytes + 128);
+      // The max is the closer's: it also loads the list of nodes expected back and writes the
+      // member list (rendezvous/state_log.h, spilled lists) -- a constant, whatever N.
+      CHECK(results[1].form.maxRoundTrips <= 20);
+      CHECK(results[1].reform.maxRoundTrips <= 20);
     }
   }
 }

@@ -499,3 +499,41 @@ TEST_CASE("INFO names the store and its job", "[server][info]") {
   raw.send(f);
   CHECK(raw.closedByPeer());
 }
+
+TEST_CASE("spilled lists' entries are write-once, their ref counter is not", "[server][writeonce]") {
+  using rendezvous::KeyTable;
+  CHECK(KeyTable::writeOnce("ddprun/rdzv/job/l/7/0"));
+  CHECK(KeyTable::writeOnce("ddprun/rdzv/job/l/7/255"));
+  CHECK(KeyTable::writeOnce("ddprun/rdzv/job/l/7/id/127.0.0.2-1-ab"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/lists"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/l/x/0"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/l/7/"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/l/7/id/"));
+  CHECK_FALSE(KeyTable::writeOnce("ddprun/rdzv/job/l/7/1a"));
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const TcpStoreOptions o{.host = "127.0.0.1", .port = server.port(), .timeout = Millis(5'000)};
+  TcpStore s(o);
+  const std::string entry = "ddprun/rdzv/job/l/7/0", byId = "ddprun/rdzv/job/l/7/id/a";
+  s.multiSet({entry, byId}, {"member a 127.0.0.2 2 29500 -1 -1", "0 0"});
+  for (const auto& key : {entry, byId}) {
+    TcpStore a(o);
+    bool refused = false;
+    try {
+      a.set(key, "1 1");
+      a.ping();
+    } catch (const ddprun::Error&) {
+      refused = true;
+    }
+    CHECK(refused);
+    TcpStore d(o);
+    CHECK_THROWS_AS(d.deleteKey(key), ddprun::Error);
+  }
+  CHECK(s.get(entry) == "member a 127.0.0.2 2 29500 -1 -1");
+  CHECK(s.get(byId) == "0 0");
+  // The read that agents make of an entry (a compare-set expecting "?") never writes.
+  CHECK(s.compareSet(byId, "?", "?") == "0 0");
+  CHECK(s.compareSet("ddprun/rdzv/job/l/7/id/b", "?", "?") == "?");
+  CHECK_FALSE(s.check({"ddprun/rdzv/job/l/7/id/b"}));
+  CHECK(s.add("ddprun/rdzv/job/lists", 1) == 1);
+  CHECK(s.add("ddprun/rdzv/job/lists", 1) == 2);
+}
