@@ -68,8 +68,8 @@ struct Options {
   // Optional second ddprun communicator with other settings, interleaved with the rest: an A/B
   // test of tunings under the same load ("SEGMENT,WINDOW,DIRECT_MAX[,PREFER_HD]").
   std::string alt;
-  // Optional second shm communicator with other wait settings ("SPIN_US,YIELD_US", ShmOptions'
-  // spinMicros / yieldMicros), interleaved with the rest: an A/B test of the shm waits.
+  // Optional second shm communicator with other settings ("SPIN_US,YIELD_US[,STREAM 0|1]",
+  // ShmOptions' spinMicros / yieldMicros / streamStores), interleaved with the rest: an A/B test.
   std::string shmAlt;
 };
 
@@ -136,6 +136,7 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     char comma;
     std::istringstream in(o.shmAlt);
     in >> so.spinMicros >> comma >> so.yieldMicros;
+    if (int stream = 1; in >> comma >> stream) so.streamStores = stream != 0;
     shmAlt = shm::makeShmCommunicator(rt.store(), so);
   }
   std::vector<Row> rows;
@@ -422,7 +423,7 @@ int benchAllreduce(int argc, char** argv) {
   app.add_option("--ring-window", o.tuning.ringWindow, "tuning: ring receives posted ahead");
   app.add_option("--alt", o.alt, "tuning A/B: also time ddprun with SEGMENT,WINDOW,DIRECT_MAX[,HD 0|1]");
   app.add_option("--shm-alt", o.shmAlt,
-                 "wait A/B: also time ddprun's shm with SPIN_US,YIELD_US (sync.h)");
+                 "A/B: also time ddprun's shm with SPIN_US,YIELD_US[,STREAM 0|1] (sync.h, collectives.h)");
   app.add_flag("--worker", isWorker, "internal: run as one rank")->group("");
   CLI11_PARSE(app, argc, argv);
   if (isWorker) return worker(o);
