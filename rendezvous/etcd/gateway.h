@@ -50,6 +50,7 @@ struct RangeRequest {
   std::string rangeEnd;  // empty: just `key`
   bool countOnly = false;
   int64_t limit = 0;
+  int64_t maxCreateRevision = 0;  // > 0: only keys created at or before this revision
 };
 
 struct PutRequest {
