@@ -161,7 +161,11 @@ void EtcdLiveness::evaluate(EtcdClient& c, Store& store, StateLog& log) {
     // The versions name their lists: each agent watches its successor in list order, as the
     // heartbeat ring does, O(1) reads per version. Two dead in a row: evicting the first
     // makes the second this agent's successor in the next version, evaluated in turn.
-    const std::string target = ringTarget(store, v.state, self_);
+    if (ringVersion_ != v.version) {  // alive/ events come often; versions rarely
+      ringTarget_ = ringTarget(store, v.state, self_);
+      ringVersion_ = v.version;
+    }
+    const std::string target = ringTarget_;
     if (target.empty() || !isDead(c, target)) return;
     const std::string reason = "node " + target + " was evicted: its etcd lease expired (lease_ttl=" +
                                secondsText(options_.leaseTtl) + ")";

@@ -87,6 +87,9 @@ class EtcdLiveness final : public Liveness {
   InterruptibleStore evictConn_;
 
   std::set<std::string> alive_, dead_;  // the watcher thread's view of alive/
+  // The ring successor on a compact state, read once per version (the watcher thread's).
+  int64_t ringVersion_ = -1;
+  std::string ringTarget_;
   std::thread keeper_;
   std::thread watcher_;
 };

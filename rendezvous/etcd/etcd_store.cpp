@@ -222,9 +222,14 @@ int64_t EtcdStore::takeTicket(const std::string& counter, const std::string& mem
     throw StoreError("rendezvous key '" + k + "' holds '" + (kv ? kv->value.substr(0, 200) : "") +
                      "', which is corrupt or forged (not this member's ticket)");
   }
-  // Taken before (a retried request): its number is the count of tickets created up to its own.
-  return client_.range({.key = dir, .rangeEnd = prefixEnd(dir), .countOnly = true,
-                        .maxCreateRevision = kv->createRevision}).count;
+  // Taken before (a retried request, rare): its number is the count of tickets created up to its
+  // own -- the keys themselves, as etcd does not apply max_create_revision to a count (O(number)
+  // bytes, on this path only).
+  const RangeReply upTo = client_.range({.key = dir, .rangeEnd = prefixEnd(dir), .keysOnly = true,
+                                         .maxCreateRevision = kv->createRevision});
+  return static_cast<int64_t>(std::count_if(upTo.kvs.begin(), upTo.kvs.end(), [&](const KeyValue& t) {
+    return t.createRevision <= kv->createRevision;
+  }));
 }
 
 int64_t EtcdStore::ticketCount(const std::string& counter) {
