@@ -68,8 +68,8 @@ struct Options {
   // Optional second ddprun communicator with other settings, interleaved with the rest: an A/B
   // test of tunings under the same load ("SEGMENT,WINDOW,DIRECT_MAX[,PREFER_HD]").
   std::string alt;
-  // Optional second shm communicator with other wait settings ("SPIN_US,YIELD_US", ShmOptions'
-  // spinMicros / yieldMicros), interleaved with the rest: an A/B test of the shm waits.
+  // Optional second shm communicator with other settings ("SPIN_US,YIELD_US[,STREAM 0|1]",
+  // ShmOptions' spinMicros / yieldMicros / streamStores), interleaved with the rest: an A/B test.
   std::string shmAlt;
 };
 
@@ -130,12 +130,18 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     if (in >> comma >> hd) ao.preferHalvingDoubling = hd != 0;
     alt = makeGlooCommunicator(rt.store(), ao);
   }
+  // The barrier before each timed call has a communicator of its own, so that no timed one is
+  // the communicator that has just synchronised (which made shm's calls ~1.3 us slower at 4 KiB
+  // than the same settings on another communicator: an A/B would compare unequal positions).
+  auto barrierComm = shm::makeShmCommunicator(
+      rt.store(), {.rank = rt.rank(), .size = P, .timeout = std::chrono::minutes(5)});
   std::shared_ptr<Communicator> shmAlt;
   if (!o.shmAlt.empty()) {
     shm::ShmOptions so{.rank = rt.rank(), .size = P, .timeout = std::chrono::minutes(5)};
     char comma;
     std::istringstream in(o.shmAlt);
     in >> so.spinMicros >> comma >> so.yieldMicros;
+    if (int stream = 1; in >> comma >> stream) so.streamStores = stream != 0;
     shmAlt = shm::makeShmCommunicator(rt.store(), so);
   }
   std::vector<Row> rows;
@@ -167,7 +173,7 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     for (int64_t i = 0; i < n_iters; ++i) {
       for (size_t k = 0; k < impls.size(); ++k) {
         const size_t which = (i + k) % impls.size();
-        shmComm->barrier();
+        barrierComm->barrier();
         const long before = contextSwitches();
         times[which].push_back(timeUs(impls[which]));
         switches[which] += contextSwitches() - before;
@@ -422,7 +428,7 @@ int benchAllreduce(int argc, char** argv) {
   app.add_option("--ring-window", o.tuning.ringWindow, "tuning: ring receives posted ahead");
   app.add_option("--alt", o.alt, "tuning A/B: also time ddprun with SEGMENT,WINDOW,DIRECT_MAX[,HD 0|1]");
   app.add_option("--shm-alt", o.shmAlt,
-                 "wait A/B: also time ddprun's shm with SPIN_US,YIELD_US (sync.h)");
+                 "A/B: also time ddprun's shm with SPIN_US,YIELD_US[,STREAM 0|1] (sync.h, collectives.h)");
   app.add_flag("--worker", isWorker, "internal: run as one rank")->group("");
   CLI11_PARSE(app, argc, argv);
   if (isWorker) return worker(o);

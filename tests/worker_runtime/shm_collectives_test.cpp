@@ -9,7 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "base/errors.h"
 #include "rendezvous/memory_store.h"
@@ -20,6 +22,7 @@
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
 #include "worker_runtime/hierarchical_communicator.h"
+#include "worker_runtime/reduce.h"
 
 using namespace ddprun::runtime;
 using ddprun::rendezvous::MemoryStore;
@@ -85,6 +88,26 @@ std::vector<std::shared_ptr<Communicator>> makeGroup(int P, shm::ShmOptions base
 }
 
 }  // namespace
+
+TEST_CASE("streamCopy copies every byte, at any alignment, below, at and above its threshold "
+          "and leaves the bytes around the destination alone", "[shm]") {
+  const size_t kMax = 200 << 10;
+  std::vector<unsigned char> src(kMax + 128), dst(kMax + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{4097}, (size_t{32} << 10) - 1,
+                       size_t{32} << 10, (size_t{32} << 10) + 1, size_t{100003}, kMax}) {
+    for (size_t srcOff : {0, 1, 17, 64}) {
+      for (size_t dstOff : {64, 65, 100, 127}) {
+        std::fill(dst.begin(), dst.end(), 0xAB);
+        streamCopy(dst.data() + dstOff, src.data() + srcOff, bytes);
+        INFO("bytes " << bytes << " src +" << srcOff << " dst +" << dstOff);
+        REQUIRE(std::memcmp(dst.data() + dstOff, src.data() + srcOff, bytes) == 0);
+        for (size_t i = 0; i < dstOff; ++i) REQUIRE(dst[i] == 0xAB);
+        for (size_t i = dstOff + bytes; i < dst.size(); ++i) REQUIRE(dst[i] == 0xAB);
+      }
+    }
+  }
+}
 
 TEST_CASE("shm allreduce equals the reference bit for bit on every rank for every dtype op "
           "size and chunking", "[shm]") {

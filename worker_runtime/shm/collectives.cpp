@@ -66,11 +66,12 @@ void Collectives::allreduceDirect(char* data, size_t count, c10::ScalarType type
   const int P = size();
   const int parity = nextParity();
   const size_t n = count * c10::elementSize(type);
-  std::memcpy(segment_.slot(parity, rank()), data, n);
+  copyOut(segment_.slot(parity, rank()), data, n);
   phase(deadline);
   InputList list(P);
   const void** inputs = list.data();
-  for (int j = 0; j < P; ++j) inputs[j] = segment_.slot(parity, j);
+  // Ours read in place (the same bytes as our slot's; the slot's were streamed out of cache).
+  for (int j = 0; j < P; ++j) inputs[j] = j == rank() ? data : segment_.slot(parity, j);
   void* const out[1] = {data};
   reduceManyTo(out, 1, inputs, P, count, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
                op == ReduceOp::Avg ? P : 1);
@@ -89,8 +90,8 @@ void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarTy
   auto hi = [&](int j) { return std::min(count, slice * (j + 1)); };
   char* mine = segment_.slot(parity, r);
   // The parts the others own; our own slice is read in place.
-  std::memcpy(mine, data, lo(r) * es);
-  std::memcpy(mine + hi(r) * es, data + hi(r) * es, (count - hi(r)) * es);
+  copyOut(mine, data, lo(r) * es);
+  copyOut(mine + hi(r) * es, data + hi(r) * es, (count - hi(r)) * es);
   phase(deadline);
   if (const size_t len = hi(r) - lo(r); len > 0) {
     InputList list(P);
@@ -101,12 +102,20 @@ void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarTy
     // Into our buffer and our slot (for the peers), in one pass.
     void* const outputs[2] = {data + lo(r) * es, mine + lo(r) * es};
     reduceManyTo(outputs, 2, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
-                 op == ReduceOp::Avg ? P : 1);
+                 op == ReduceOp::Avg ? P : 1, options_.streamStores ? 1 : -1);
   }
   phase(deadline);
   for (int j = 0; j < P; ++j) {
     if (j == r) continue;
     std::memcpy(data + lo(j) * es, segment_.slot(parity, j) + lo(j) * es, (hi(j) - lo(j)) * es);
+  }
+}
+
+void Collectives::copyOut(char* slot, const void* from, size_t bytes) const {
+  if (options_.streamStores) {
+    streamCopy(slot, from, bytes);
+  } else {
+    std::memcpy(slot, from, bytes);
   }
 }
 
@@ -162,12 +171,14 @@ bool Collectives::allreduceInPlace(char* data, size_t count, c10::ScalarType typ
     OutputList outs(P);
     const void** inputs = ins.data();
     void** outputs = outs.data();
-    for (int j = 0; j < P; ++j) {
-      inputs[j] = tensorOf(j) + lo(r) * es;  // tensorOf(r) == data: ours, in place
-      outputs[j] = tensorOf(j) + lo(r) * es;
+    for (int j = 0; j < P; ++j) inputs[j] = tensorOf(j) + lo(r) * es;  // ours (r): data
+    // Ours first, stored through the cache; the peers' streamed (they read them next).
+    outputs[0] = data + lo(r) * es;
+    for (int j = 0, o = 1; j < P; ++j) {
+      if (j != r) outputs[o++] = tensorOf(j) + lo(r) * es;
     }
     reduceManyTo(outputs, P, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
-                 op == ReduceOp::Avg ? P : 1);
+                 op == ReduceOp::Avg ? P : 1, options_.streamStores ? 1 : -1);
   }
   phase(deadline);  // every slice is in every tensor, and nobody reads a peer's tensor any more
   return true;
@@ -181,7 +192,7 @@ void Collectives::broadcast(void* data, size_t bytes, int root, Clock::time_poin
   for (size_t done = 0; done < bytes; done += chunk) {
     const size_t n = std::min(chunk, bytes - done);
     const int parity = nextParity();
-    if (rank() == root) std::memcpy(segment_.slot(parity, root), p + done, n);
+    if (rank() == root) copyOut(segment_.slot(parity, root), p + done, n);
     phase(deadline);
     if (rank() != root) std::memcpy(p + done, segment_.slot(parity, root), n);
   }
@@ -198,7 +209,7 @@ void Collectives::allgather(const void* in, size_t bytes, void* out, Clock::time
   for (size_t done = 0; done < bytes; done += chunk) {
     const size_t n = std::min(chunk, bytes - done);
     const int parity = nextParity();
-    std::memcpy(segment_.slot(parity, rank()), i + done, n);
+    copyOut(segment_.slot(parity, rank()), i + done, n);
     phase(deadline);
     for (int j = 0; j < size(); ++j) {
       if (j != rank()) std::memcpy(o + j * bytes + done, segment_.slot(parity, j), n);

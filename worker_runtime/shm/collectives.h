@@ -4,7 +4,9 @@
 // rank refills its slot only after every peer has posted a later phase (and so has finished
 // reading the chunk before).
 //   allreduce, small (chunk bytes <= directMaxBytes): every rank copies its chunk into its slot,
-//     one phase, then every rank reduces all P slots in rank order: one synchronisation.
+//     one phase, then every rank reduces the P inputs in rank order (its own read in place, the
+//     others' from their slots): one synchronisation, and a rank's only wait is for its peers'
+//     flags (RankControl::step), nothing handed to another thread.
 //   allreduce, large: reduce-scatter then all-gather. Rank r copies the parts the others own into
 //     its slot; phase; r reduces its own slice of the chunk from every slot (its own input read in
 //     place) in rank order, writes it to its buffer and its slot; phase; r copies the others'
@@ -38,6 +40,10 @@ namespace ddprun::runtime::shm {
 
 struct CollectiveOptions {
   size_t directMaxBytes = 16u << 10;
+  // Bytes meant for peers (a slot's, a peer's tensor in lent memory) are stored with streamCopy
+  // (reduce.h), not through this core's cache: the peers' copies of those lines are then not
+  // fetched line by line first. False: memcpy (for A/B runs).
+  bool streamStores = true;
   SyncOptions sync;
 };
 
@@ -71,6 +77,8 @@ class Collectives {
   // Posts the next phase and waits for every peer to post it.
   void phase(Clock::time_point deadline) { sync_.waitAll(sync_.post(), deadline); }
   int nextParity() { return static_cast<int>(chunks_++ & 1); }
+  // Copies into a slot (streamStores: streamCopy).
+  void copyOut(char* slot, const void* from, size_t bytes) const;
   void allreduceDirect(char* data, size_t count, c10::ScalarType type, ReduceOp op,
                        Clock::time_point deadline);
   void allreduceScatterGather(char* data, size_t count, c10::ScalarType type, ReduceOp op,

@@ -53,6 +53,7 @@ class ShmCommunicator final : public Communicator {
     const int spin = options_.spinMicros >= 0 ? options_.spinMicros : defaultSpin(options_.size);
     collectives_ = std::make_unique<Collectives>(
         *segment_, CollectiveOptions{.directMaxBytes = options_.directMaxBytes,
+                                     .streamStores = options_.streamStores,
                                      .sync = {.spinMicros = spin,
                                               .yieldMicros = options_.yieldMicros >= 0
                                                                  ? options_.yieldMicros

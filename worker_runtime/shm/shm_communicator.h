@@ -38,6 +38,7 @@ struct ShmOptions {
   int spinMicros = -1;
   int yieldMicros = -1;
   int pollMillis = 10;  // liveness and deadline checks while asleep
+  bool streamStores = true;  // CollectiveOptions::streamStores (collectives.h)
   std::string namePrefix = "ddprun";  // of the segment's name in /dev/shm (segment.h)
 };
 
