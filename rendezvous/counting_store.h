@@ -91,6 +91,19 @@ class CountingStore final : public Store {
     count(key.size() + value.size());
     inner_->append(key, value);
   }
+  bool hasTickets() const override { return inner_->hasTickets(); }
+  int64_t takeTicket(const std::string& counter, const std::string& member) override {
+    count(counter.size() + member.size());
+    const int64_t v = inner_->takeTicket(counter, member);
+    t_->bytes += 8;
+    return v;
+  }
+  int64_t ticketCount(const std::string& counter) override {
+    count(counter.size());
+    const int64_t v = inner_->ticketCount(counter);
+    t_->bytes += 8;
+    return v;
+  }
 
  private:
   static size_t sizes(const std::vector<std::string>& v) {

@@ -29,6 +29,13 @@ class PrefixStore final : public Store {
   void append(const std::string& key, const std::string& value) override;
   // Sets the inner store's per-call timeout too (it applies it).
   void setTimeout(Millis t) override;
+  bool hasTickets() const override { return inner_->hasTickets(); }
+  int64_t takeTicket(const std::string& counter, const std::string& member) override {
+    return inner_->takeTicket(join(counter), member);
+  }
+  int64_t ticketCount(const std::string& counter) override {
+    return inner_->ticketCount(join(counter));
+  }
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& inner() const { return inner_; }

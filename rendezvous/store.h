@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
+
 namespace ddprun::rendezvous {
 
 using Clock = std::chrono::steady_clock;
@@ -52,6 +54,18 @@ class Store {
   // Appends to the value (creating the key when missing).
   virtual void append(const std::string& key, const std::string& value) = 0;
 
+  // Tickets: each distinct `member` that takes a ticket of `counter` gets a number 1, 2, ...:
+  // dense, unique, in the order the store saw them, and the same number again if it asks again.
+  // A store offers them (hasTickets) when it can do so in a bounded number of round trips however
+  // many members take one at once -- the etcd store, whose ADD is a read-modify-write retried
+  // once per concurrent writer (O(k) round trips for k at once), numbers a ticket by its key's
+  // creation revision instead. The slot join (scalable/slot_join.h) uses tickets where offered,
+  // else an ADD. A store without them throws StoreError.
+  virtual bool hasTickets() const { return false; }
+  virtual int64_t takeTicket(const std::string& counter, const std::string& member);
+  // How many tickets of `counter` were taken.
+  virtual int64_t ticketCount(const std::string& counter);
+
   Millis timeout() const { return timeout_; }
   // Virtual: a store that wraps another (PrefixStore) passes it on.
   virtual void setTimeout(Millis t) { timeout_ = t; }
@@ -62,6 +76,13 @@ class Store {
  private:
   Millis timeout_;
 };
+
+inline int64_t Store::takeTicket(const std::string& counter, const std::string&) {
+  throw StoreError("this store has no tickets (key '" + counter + "'): use ADD");
+}
+inline int64_t Store::ticketCount(const std::string& counter) {
+  throw StoreError("this store has no tickets (key '" + counter + "'): use ADD");
+}
 
 // The default per-call timeout, as PyTorch's (300 s).
 inline constexpr Millis kDefaultStoreTimeout{300'000};

@@ -24,6 +24,9 @@ class EtcdBackend final : public RendezvousBackend {
   InterruptibleStore connect(const std::string& runId) const override;
   std::unique_ptr<Liveness> startLiveness(LivenessContext ctx) const override;
   std::string localAddress() const override;
+  // Rounds form by the slot join, as on the ddprun store; a slot is a ticket
+  // (EtcdStore::takeTicket: one txn, no retry however many nodes join at once).
+  bool slotJoin() const override { return true; }
   // "<key_prefix>/<runId>/": every key of the job starts with it.
   std::string jobPrefix(const std::string& runId) const;
 

@@ -75,6 +75,7 @@ std::string EtcdClient::callOnce(size_t member, const std::string& target,
                                  const std::string& body, Clock::time_point deadline) {
   const std::string who = "member " + options_.endpoints[member].text();
   HttpConnection::Reply r;
+  ++requests_;
   try {
     r = connectionTo(member).post(target, body, deadline);
   } catch (const HttpConnection::Failure& f) {

@@ -80,6 +80,8 @@ class EtcdClient {
   void cancelCall();
 
   const EtcdClientOptions& options() const { return options_; }
+  // HTTP requests sent so far (every attempt, failover included): the cost a test bounds.
+  int64_t requests() const { return requests_.load(); }
   void setTimeout(Millis t) { options_.timeout = t; }
   std::string describe() const { return describeCluster(options_); }
 
@@ -98,6 +100,7 @@ class EtcdClient {
   std::unique_ptr<HttpConnection> conn_;
   std::atomic<bool> interrupted_{false};
   std::atomic<uint64_t> cancels_{0};
+  std::atomic<int64_t> requests_{0};
 };
 
 }  // namespace ddprun::rendezvous::etcd

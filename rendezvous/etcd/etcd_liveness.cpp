@@ -27,7 +27,8 @@ std::string evictorOf(const std::vector<std::string>& ids, const std::set<std::s
 }
 
 EtcdLiveness::EtcdLiveness(EtcdLivenessOptions options, const LivenessContext& ctx)
-    : options_(std::move(options)), self_(ctx.self), limits_(ctx.limits), view_(ctx.view),
+    : options_(std::move(options)), self_(ctx.self), limits_(ctx.limits), spill_(ctx.spill),
+      view_(ctx.view),
       connect_(ctx.connect), onError_(ctx.onError) {
   EtcdClient c(options_.client);
   announce(c);
@@ -95,7 +96,7 @@ void EtcdLiveness::watch() {
       watcherClient_ = client;
       evictConn_ = conn;
     }
-    StateLog log(*conn.store, limits_);
+    StateLog log(*conn.store, limits_, spill_);
     const std::string prefix = options_.prefix + kAlivePrefix;
     for (;;) {
       RangeReply r = client->range({.key = prefix, .rangeEnd = prefixEnd(prefix)});
@@ -117,7 +118,7 @@ void EtcdLiveness::watch() {
       } clear{this};
       try {
         for (;;) {
-          evaluate(*client, log);
+          evaluate(*client, *conn.store, log);
           for (const Event& e : w.next(Clock::now() + kForever)) {
             const std::string id = e.kv.key.substr(prefix.size());
             if (e.type == Event::Type::Put) {
@@ -141,13 +142,40 @@ void EtcdLiveness::watch() {
   }
 }
 
-void EtcdLiveness::evaluate(EtcdClient& c, StateLog& log) {
+bool EtcdLiveness::isDead(EtcdClient& c, const std::string& id) {
+  if (dead_.count(id)) return true;
+  if (alive_.count(id)) return false;
+  const bool alive = c.range({.key = options_.prefix + aliveKey(id), .countOnly = true}).count > 0;
+  (alive ? alive_ : dead_).insert(id);
+  return !alive;
+}
+
+void EtcdLiveness::evaluate(EtcdClient& c, Store& store, StateLog& log) {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (stopWatching_) return;
   }
   const Versioned v = view_.get();
   if (v.state.phase == Phase::Finished || v.state.phase == Phase::Failed) return;
+  if (v.state.compact()) {
+    // The versions name their lists: each agent watches its successor in list order, as the
+    // heartbeat ring does, O(1) reads per version. Two dead in a row: evicting the first
+    // makes the second this agent's successor in the next version, evaluated in turn.
+    if (ringVersion_ != v.version) {  // alive/ events come often; versions rarely
+      ringTarget_ = ringTarget(store, v.state, self_);
+      ringVersion_ = v.version;
+    }
+    const std::string target = ringTarget_;
+    if (target.empty() || !isDead(c, target)) return;
+    const std::string reason = "node " + target + " was evicted: its etcd lease expired (lease_ttl=" +
+                               secondsText(options_.leaseTtl) + ")";
+    auto r = log.update(v, [&](const RoundState& s) {
+      return transition::remove(s, target, reason, limits_);
+    });
+    if (r.wrote) DDPRUN_LOG(WARN, "rendezvous") << reason << " (round " << r.now.state.round << ")";
+    view_.offer(r.now);
+    return;
+  }
   const std::vector<std::string> ids = v.state.allIds();
   // Nodes we have no news of yet (their key's PUT may still be on its way in the watch): each
   // announced itself before joining, so one fresh read of alive/ tells, for all of them.

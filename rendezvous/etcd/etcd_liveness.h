@@ -59,13 +59,18 @@ class EtcdLiveness final : public Liveness {
   void announce(EtcdClient& c);
   void keep();
   void watch();
-  // Evicts every dead node this agent is the evictor of; `c` reads unknown nodes' keys.
-  void evaluate(EtcdClient& c, StateLog& log);
+  // Evicts every dead node this agent is the evictor of; `c` reads unknown nodes' keys. On a
+  // compact state (the slot join: the version names its lists) the ring is the heartbeat
+  // ring's (ringTarget, read from `store` in O(1)): this agent evicts its successor when dead.
+  void evaluate(EtcdClient& c, Store& store, StateLog& log);
+  // Whether node `id` is dead, reading its key when the watch has told nothing of it yet.
+  bool isDead(EtcdClient& c, const std::string& id);
   void report(std::exception_ptr e);
 
   EtcdLivenessOptions options_;
   std::string self_;
   JobLimits limits_;
+  bool spill_ = false;  // evictions write spilled lists (LivenessContext::spill)
   StateView& view_;
   ConnectFn connect_;
   std::function<void(std::exception_ptr)> onError_;
@@ -82,6 +87,9 @@ class EtcdLiveness final : public Liveness {
   InterruptibleStore evictConn_;
 
   std::set<std::string> alive_, dead_;  // the watcher thread's view of alive/
+  // The ring successor on a compact state, read once per version (the watcher thread's).
+  int64_t ringVersion_ = -1;
+  std::string ringTarget_;
   std::thread keeper_;
   std::thread watcher_;
 };

@@ -1,5 +1,6 @@
 #include "rendezvous/etcd/etcd_store.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "base/errors.h"
@@ -53,12 +54,20 @@ std::pair<std::vector<std::optional<std::string>>, int64_t> EtcdStore::read(
     if (!r.kvs.empty()) values[0] = std::move(r.kvs[0].value);
     return {std::move(values), r.header.revision};
   }
-  TxnRequest t;  // no compare: the success branch always runs, at one revision
-  for (const auto& k : keys) t.success.push_back(rangeOp(prefix_ + k));
-  TxnReply r = client_.txn(t, true);
-  for (size_t i = 0; i < keys.size() && i < r.responses.size(); ++i)
-    if (!r.responses[i].range.kvs.empty()) values[i] = std::move(r.responses[i].range.kvs[0].value);
-  return {std::move(values), r.header.revision};
+  // One txn per kMaxTxnOps keys (etcd refuses more). The revision returned is the first txn's,
+  // the oldest: a watch from it never misses a PUT of a key some later txn found missing.
+  int64_t revision = 0;
+  for (size_t from = 0; from < keys.size(); from += kMaxTxnOps) {
+    const size_t to = std::min(keys.size(), from + kMaxTxnOps);
+    TxnRequest t;  // no compare: the success branch always runs, at one revision
+    for (size_t i = from; i < to; ++i) t.success.push_back(rangeOp(prefix_ + keys[i]));
+    TxnReply r = client_.txn(t, true);
+    if (from == 0) revision = r.header.revision;
+    for (size_t i = from; i < to && i - from < r.responses.size(); ++i)
+      if (!r.responses[i - from].range.kvs.empty())
+        values[i] = std::move(r.responses[i - from].range.kvs[0].value);
+  }
+  return {std::move(values), revision};
 }
 
 void EtcdStore::watchFor(const std::string& key, int64_t revision, Clock::time_point deadline,
@@ -144,9 +153,12 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys,
     throw StoreError(describe() + ": multiSet with " + std::to_string(keys.size()) +
                      " keys but " + std::to_string(values.size()) + " values");
   }
-  TxnRequest t;
-  for (size_t i = 0; i < keys.size(); ++i) t.success.push_back(putOp(prefix_ + keys[i], values[i]));
-  client_.txn(t, true);
+  for (size_t from = 0; from < keys.size(); from += kMaxTxnOps) {
+    TxnRequest t;
+    for (size_t i = from; i < std::min(keys.size(), from + kMaxTxnOps); ++i)
+      t.success.push_back(putOp(prefix_ + keys[i], values[i]));
+    client_.txn(t, true);
+  }
 }
 
 bool EtcdStore::deleteKey(const std::string& key) {
@@ -184,6 +196,45 @@ std::string EtcdStore::compareSet(const std::string& key, const std::string& exp
     // The key exists with the value "" and we expected "": swap it, on its mod revision.
     cmp = Compare{.key = k, .target = Compare::Target::Mod, .number = kv->modRevision};
   }
+}
+
+// A ticket of `counter` is the key `<counter>.t/<member>` (value: the member). Its number is
+// the count of ticket keys created before it plus one, read in the txn that creates it: one
+// request, O(1) bytes back, whatever the number of members taking one at the same moment (etcd
+// serializes the txns; none retries). Tickets are never deleted while the job runs, so the
+// numbers are dense and unique.
+int64_t EtcdStore::takeTicket(const std::string& counter, const std::string& member) {
+  const std::string dir = prefix_ + counter + ".t/", k = dir + member;
+  if (member.empty()) throw StoreError(describe() + ": a ticket of '" + dir + "' for no member");
+  const RequestOp countBefore =
+      RequestOp::rangeOf({.key = dir, .rangeEnd = prefixEnd(dir), .countOnly = true});
+  TxnRequest t{.compare = {Compare{.key = k, .target = Compare::Target::Create, .number = 0}},
+               .success = {countBefore, putOp(k, member)},
+               .failure = {rangeOp(k)}};
+  // Idempotent: applied twice, the second application takes the failure branch, below.
+  TxnReply r = client_.txn(t, true);
+  if (r.succeeded) {
+    if (r.responses.empty()) throw StoreError(describe() + ": no count in the reply for '" + k + "'");
+    return r.responses[0].range.count + 1;
+  }
+  const KeyValue* kv = firstKv(r);
+  if (!kv || kv->value != member) {
+    throw StoreError("rendezvous key '" + k + "' holds '" + (kv ? kv->value.substr(0, 200) : "") +
+                     "', which is corrupt or forged (not this member's ticket)");
+  }
+  // Taken before (a retried request, rare): its number is the count of tickets created up to its
+  // own -- the keys themselves, as etcd does not apply max_create_revision to a count (O(number)
+  // bytes, on this path only).
+  const RangeReply upTo = client_.range({.key = dir, .rangeEnd = prefixEnd(dir), .keysOnly = true,
+                                         .maxCreateRevision = kv->createRevision});
+  return static_cast<int64_t>(std::count_if(upTo.kvs.begin(), upTo.kvs.end(), [&](const KeyValue& t) {
+    return t.createRevision <= kv->createRevision;
+  }));
+}
+
+int64_t EtcdStore::ticketCount(const std::string& counter) {
+  const std::string dir = prefix_ + counter + ".t/";
+  return client_.range({.key = dir, .rangeEnd = prefixEnd(dir), .countOnly = true}).count;
 }
 
 std::string EtcdStore::readModifyWrite(const std::string& key, const char* op, const Update& fn) {

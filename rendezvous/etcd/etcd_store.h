@@ -4,14 +4,19 @@
 // unchanged on a replicated cluster instead of one agent's memory.
 //
 // Store key K is etcd key `prefix + K`. How each operation maps onto etcd:
-//   set, multiSet        put; one txn of puts (atomic)
-//   get, multiGet        wait until the keys exist, then range (one txn for several keys)
+//   set, multiSet        put; one txn of puts (atomic up to kMaxTxnOps keys, then one per
+//                        kMaxTxnOps: etcd refuses longer txns)
+//   get, multiGet        wait until the keys exist, then range (one txn per kMaxTxnOps keys)
 //   compareSet           one txn: compare the value (or, for "", that the key is absent:
 //                        create_revision == 0), put on success, range on failure -- so a
 //                        loser gets the winner's value in the same round trip
 //   add, append          read-modify-write: a txn comparing the key's mod_revision with the
 //                        one read, retried on the newer value until it wins
 //   check, numKeys       range (count only)
+//   takeTicket           one txn: if `<counter>.t/<member>` is absent, count the keys under
+//                        `<counter>.t/` and create it -- its number is that count + 1, with no
+//                        retry however many members take one at once (an ADD would retry once
+//                        per concurrent writer); ticketCount: range (count only)
 //   wait                 range; for a missing key, a watch from the revision of that read + 1
 //                        for its PUT (no polling, no event lost between read and watch)
 //   deleteKey            deleterange
@@ -28,6 +33,9 @@
 #include "rendezvous/store.h"
 
 namespace ddprun::rendezvous::etcd {
+
+// etcd's default --max-txn-ops: the most operations one txn may hold.
+inline constexpr size_t kMaxTxnOps = 128;
 
 class EtcdStore final : public Store {
  public:
@@ -48,6 +56,9 @@ class EtcdStore final : public Store {
   void multiSet(const std::vector<std::string>& keys,
                 const std::vector<std::string>& values) override;
   void append(const std::string& key, const std::string& value) override;
+  bool hasTickets() const override { return true; }
+  int64_t takeTicket(const std::string& counter, const std::string& member) override;
+  int64_t ticketCount(const std::string& counter) override;
 
   // Any thread: the call in progress and every later one fail with NetworkError.
   void interrupt();

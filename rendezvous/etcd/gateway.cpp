@@ -136,6 +136,8 @@ json rangeJson(const RangeRequest& r) {
   if (!r.rangeEnd.empty()) j["range_end"] = base64Encode(r.rangeEnd);
   if (r.countOnly) j["count_only"] = true;
   if (r.limit > 0) j["limit"] = std::to_string(r.limit);
+  if (r.keysOnly) j["keys_only"] = true;
+  if (r.maxCreateRevision > 0) j["max_create_revision"] = std::to_string(r.maxCreateRevision);
   return j;
 }
 

@@ -50,6 +50,9 @@ struct RangeRequest {
   std::string rangeEnd;  // empty: just `key`
   bool countOnly = false;
   int64_t limit = 0;
+  bool keysOnly = false;          // kvs without their values
+  int64_t maxCreateRevision = 0;  // > 0: only keys created at or before this revision (etcd
+                                  // filters the kvs, not `count`: use with kvs, not countOnly)
 };
 
 struct PutRequest {

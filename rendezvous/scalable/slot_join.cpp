@@ -117,7 +117,10 @@ std::string closedKey(int64_t round) { return "r/" + std::to_string(round) + "/c
 
 SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes) {
   const std::string ck = countKey(round);
-  const SlotCount mine = unpackCount(store.add(ck, kSlotUnit + self.nproc), ck);
+  const SlotCount mine = store.hasTickets()
+                             ? SlotCount{.slots = store.takeTicket(ck, self.id)}
+                             : unpackCount(store.add(ck, kSlotUnit + self.nproc), ck);
+  if (mine.slots < 1) forged(ck, std::to_string(mine.slots), "a slot below 1");
   if (mine.slots <= maxNodes) {
     const std::string rec = encodeRecord(self), nk = nodeKey(round, mine.slots);
     const std::string got = store.compareSet(nk, "", rec);
@@ -128,6 +131,7 @@ SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxN
 
 SlotCount readCount(Store& store, int64_t round) {
   const std::string ck = countKey(round);
+  if (store.hasTickets()) return {.slots = store.ticketCount(ck)};
   return unpackCount(store.add(ck, 0), ck);
 }
 
@@ -157,7 +161,7 @@ std::string doneRecordKey(int64_t round, int64_t d) { return doneKey(round) + "/
 
 int64_t markDone(Store& store, int64_t round, const std::string& id) {
   const std::string dk = doneKey(round);
-  const int64_t d = store.add(dk, 1);
+  const int64_t d = store.hasTickets() ? store.takeTicket(dk, id) : store.add(dk, 1);
   if (d < 1) forged(dk, std::to_string(d), "a done count below 1");
   const std::string rk = doneRecordKey(round, d);
   const std::string got = store.compareSet(rk, "", id);
@@ -167,7 +171,7 @@ int64_t markDone(Store& store, int64_t round, const std::string& id) {
 
 int64_t readDoneCount(Store& store, int64_t round) {
   const std::string dk = doneKey(round);
-  const int64_t d = store.add(dk, 0);
+  const int64_t d = store.hasTickets() ? store.ticketCount(dk) : store.add(dk, 0);
   if (d < 0) forged(dk, std::to_string(d), "a negative done count");
   return d;
 }

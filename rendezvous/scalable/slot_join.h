@@ -15,7 +15,10 @@
 //
 // Keys of round r (under the job's prefix):
 //   r/<r>/count       ADD 2^32 + nproc by every joiner: the reply packs its slot (high half)
-//                     and the processes of slots 1..slot (low half)
+//                     and the processes of slots 1..slot (low half). On a store with tickets
+//                     (Store::hasTickets: etcd, where a contended ADD retries) the slot is the
+//                     joiner's ticket of r/<r>/count instead (r/<r>/count.t/<id>), and
+//                     takeSlot/readCount return no process count (procs 0)
 //   r/<r>/node/<s>    the record of slot s, written once by its owner
 //   r/<r>/closed      (joinRound) "K P addr port": K node slots, P processes, node rank 0's
 //                     address; written once (compare-set on the missing key) by the owner of
@@ -84,7 +87,7 @@ struct Assignment {
 // ---- The pieces DynamicRendezvous forms its rounds with (the state log keeps the membership:
 // round_state.h, transition::closeWithSlots) ----
 
-// Takes a slot of round `round` (one ADD) and, when it is within `maxNodes`, writes this node's
+// Takes a slot of round `round` (one ADD, or one ticket) and, when it is within `maxNodes`, writes this node's
 // record there (one compare-set against the missing key: a record already there is a forgery,
 // StoreError). Returns the slot and the processes of slots 1..slot.
 SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes);
@@ -97,7 +100,8 @@ SlotCount readCount(Store& store, int64_t round);
 std::vector<SlotRecord> readRecords(Store& store, int64_t round, int64_t k, Millis wait);
 
 // The exit barrier of round `round`: r/<r>/done counts the members whose workers succeeded
-// (ADD 1 each, once), r/<r>/done/<d> (write-once) names the d-th.
+// (ADD 1 each, once; a ticket where the store has them), r/<r>/done/<d> (write-once) names the
+// d-th.
 // Counts this node done; returns d (this node is the d-th).
 int64_t markDone(Store& store, int64_t round, const std::string& id);
 int64_t readDoneCount(Store& store, int64_t round);

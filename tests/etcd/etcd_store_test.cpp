@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "etcd_cluster.h"
@@ -92,6 +93,43 @@ TEST_CASE("etcd store: racing writers -- adds never lost, one compare-set winner
   EtcdStore s(sharedCluster().clientOptions(), prefix);
   CHECK(s.get("counter") == std::to_string(kThreads * kAdds));
   CHECK(winners == 1);
+}
+
+TEST_CASE("etcd store: tickets -- k members at once get 1..k with one request each, the "
+          "same number again on a retry, a forged ticket refused",
+          "[etcd][store][tickets]") {
+  const std::string prefix = uniquePrefix();
+  constexpr int k = 24;
+  std::vector<std::unique_ptr<EtcdStore>> stores;
+  for (int i = 0; i < k; ++i)
+    stores.push_back(std::make_unique<EtcdStore>(sharedCluster().clientOptions(), prefix));
+  std::vector<int64_t> got(k), requests(k);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < k; ++i) {
+    threads.emplace_back([&, i] {
+      while (!go) std::this_thread::yield();
+      const int64_t before = stores[i]->client().requests();
+      got[i] = stores[i]->takeTicket("r/1/count", "node-" + std::to_string(i));
+      requests[i] = stores[i]->client().requests() - before;
+    });
+  }
+  go = true;
+  for (auto& th : threads) th.join();
+  std::set<int64_t> numbers(got.begin(), got.end());
+  CHECK(numbers.size() == static_cast<size_t>(k));  // unique ...
+  CHECK(*numbers.begin() == 1);                     // ... and dense: 1..k
+  CHECK(*numbers.rbegin() == k);
+  for (int i = 0; i < k; ++i) CHECK(requests[i] == 1);  // no retry, however many at once
+  CHECK(stores[0]->ticketCount("r/1/count") == k);
+  CHECK(stores[0]->ticketCount("r/2/count") == 0);
+  // Asked again (a retried request), a member gets its own number back.
+  CHECK(stores[7]->takeTicket("r/1/count", "node-7") == got[7]);
+  CHECK(stores[0]->ticketCount("r/1/count") == k);
+  // A ticket key holding another value is a forgery, named.
+  stores[0]->set("r/1/count.t/intruder", "someone-else");
+  CHECK_THROWS_WITH(stores[0]->takeTicket("r/1/count", "intruder"),
+                    Catch::Contains("corrupt or forged") && Catch::Contains("r/1/count.t/intruder"));
 }
 
 TEST_CASE("etcd store: a WAIT returns when another client sets the key", "[etcd][store]") {
