@@ -42,9 +42,12 @@ struct Trainee {
   std::vector<torch::Tensor> snapshot() const {
     std::vector<torch::Tensor> out;
     for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
-    for (const auto& [k, s] : optimizer->state()) {
-      (void)k;
-      out.push_back(static_cast<torch::optim::SGDParamState&>(*s).momentum_buffer().clone());
+    // Momentum in parameter order: the optimizer's state map is keyed by the parameters'
+    // addresses, so its iteration order differs from one model to another.
+    for (const auto& p : model->parameters()) {
+      auto it = optimizer->state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      if (it == optimizer->state().end()) continue;
+      out.push_back(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone());
     }
     return out;
   }
