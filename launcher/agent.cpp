@@ -325,22 +325,23 @@ WorkerLaunch Agent::Impl::makeLaunch(const RoundInfo& round, int lr, int generat
   l.globalRank = rank;
   l.errorFile = dir + "/error.json";
   l.progressFile = progressTable;  // this worker's record: its local rank
-  const Environment overlay = workerEnvOverlay(WorkerEnvInputs{
+  Environment overlay = workerEnvOverlay(WorkerEnvInputs{
       .base = env_, .round = round, .localRank = lr, .localWorldSize = nproc,
       .maxRestarts = options_.maxRestarts, .role = options_.role, .errorFile = l.errorFile,
       .progressFile = l.progressFile});
+  // docs/recovery.md: what the runtime's elastic run does after a peer's death, and which
+  // generation of the group a replacement joins. In the overlay, so that they replace a value
+  // of the same name in ddprun's own environment instead of coming after it.
+  overlay["DDPRUN_RECOVERY"] =
+      options_.recovery == LaunchOptions::Recovery::Restart     ? "restart"
+      : options_.recovery == LaunchOptions::Recovery::InProcess ? "in-process"
+                                                                : "auto";
+  if (generation > 0) overlay["DDPRUN_GENERATION"] = std::to_string(generation);
   l.spawn = SpawnRequest{.executable = command_.executable,
                          .argv = argvForRank(command_, lr),
                          .env = mergeEnvironment(env_, overlay),
                          .stdinFromDevNull = devNullStdin};
   if (cgroup_) l.spawn.cgroup = cgroup_->workerCgroup();
-  // docs/recovery.md: what the runtime's elastic run does after a peer's death, and which
-  // generation of the group a replacement joins.
-  const char* recovery = options_.recovery == LaunchOptions::Recovery::Restart     ? "restart"
-                         : options_.recovery == LaunchOptions::Recovery::InProcess ? "in-process"
-                                                                                   : "auto";
-  l.spawn.env.push_back(std::string("DDPRUN_RECOVERY=") + recovery);
-  if (generation > 0) l.spawn.env.push_back("DDPRUN_GENERATION=" + std::to_string(generation));
   // The worker group a rank's collectives belong to (ddprun-trace compares their calls).
   if (!timelineParts_.empty()) {
     l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +

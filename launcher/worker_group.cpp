@@ -89,21 +89,22 @@ WorkerGroup::WorkerGroup(asio::io_context& io, Callbacks callbacks)
 
 WorkerGroup::~WorkerGroup() { killAll(); }
 
+void WorkerGroup::spawnSlot(WorkerLaunch& l) {
+  // Sinks first: a log file that cannot be created fails before this worker runs.
+  StreamSink outSink(std::move(l.stdoutTargets)), errSink(std::move(l.stderrTargets));
+  GuardedProcess p = spawnGuarded(l.spawn);
+  slots_.push_back(std::make_unique<Slot>(io_, std::move(p), std::move(outSink), std::move(errSink)));
+  slots_.back()->cgroupDir = l.spawn.cgroup.dir;
+  WorkerResult r;
+  r.localRank = l.localRank;
+  r.globalRank = l.globalRank;
+  r.errorFile = l.errorFile;
+  results_.push_back(std::move(r));
+}
+
 void WorkerGroup::start(std::vector<WorkerLaunch> launches) {
   try {
-    for (auto& l : launches) {
-      // Sinks first: a log file that cannot be created fails before this worker runs.
-      StreamSink outSink(std::move(l.stdoutTargets)), errSink(std::move(l.stderrTargets));
-      GuardedProcess p = spawnGuarded(l.spawn);
-      slots_.push_back(
-          std::make_unique<Slot>(io_, std::move(p), std::move(outSink), std::move(errSink)));
-      slots_.back()->cgroupDir = l.spawn.cgroup.dir;
-      WorkerResult r;
-      r.localRank = l.localRank;
-      r.globalRank = l.globalRank;
-      r.errorFile = l.errorFile;
-      results_.push_back(std::move(r));
-    }
+    for (auto& l : launches) spawnSlot(l);
   } catch (...) {
     killAll();
     throw;
@@ -118,15 +119,7 @@ void WorkerGroup::start(std::vector<WorkerLaunch> launches) {
 void WorkerGroup::add(WorkerLaunch l) {
   DDPRUN_CHECK(!controlsClosed_ && stopSignal_ == 0 && runningCount() > 0,
                "a worker is added to a group that is stopping");
-  StreamSink outSink(std::move(l.stdoutTargets)), errSink(std::move(l.stderrTargets));
-  GuardedProcess p = spawnGuarded(l.spawn);
-  slots_.push_back(std::make_unique<Slot>(io_, std::move(p), std::move(outSink), std::move(errSink)));
-  slots_.back()->cgroupDir = l.spawn.cgroup.dir;
-  WorkerResult r;
-  r.localRank = l.localRank;
-  r.globalRank = l.globalRank;
-  r.errorFile = l.errorFile;
-  results_.push_back(std::move(r));
+  spawnSlot(l);
   const size_t i = slots_.size() - 1;
   readStatus(i);
   readOutput(i, false);

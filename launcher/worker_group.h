@@ -100,6 +100,8 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   std::vector<pid_t> workerPids() const;
 
  private:
+  // Starts one worker with its output sinks; its slot and result are appended (not yet read).
+  void spawnSlot(WorkerLaunch& launch);
   struct Slot;
   void readStatus(size_t i);
   void readOutput(size_t i, bool isStderr);

@@ -25,7 +25,8 @@ WRAPPER = os.path.join(HERE, "..", "..", "bench", "torchrun_wrapper.py")
 DDPRUN = os.path.join(os.environ["DDPRUN_BIN"], "ddprun")
 BASE = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "FOO": "bar"}
 # ddprun adds these: the newer NCCL variable, and the progress file of --stall-warning.
-DDPRUN_ONLY = {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "DDPRUN_PROGRESS_FILE", "DDPRUN_PROGRESS_SLOT"}
+DDPRUN_ONLY = {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "DDPRUN_PROGRESS_FILE", "DDPRUN_PROGRESS_SLOT",
+               "DDPRUN_RECOVERY"}
 
 
 def free_port():
