@@ -43,6 +43,23 @@ bool eventually(ThreadedStoreServer& s, Pred pred) {
 
 }  // namespace
 
+// A write-once key: another client's overwrite is refused (the store drops it) and so is its
+// delete; the caller then checks that the first value is intact.
+static void checkWriteOnce(const TcpStoreOptions& o, const std::string& key,
+                           const std::string& forged) {
+  TcpStore a(o);
+  bool refused = false;
+  try {
+    a.set(key, forged);
+    a.ping();
+  } catch (const ddprun::Error&) {
+    refused = true;
+  }
+  CHECK(refused);
+  TcpStore d(o);
+  CHECK_THROWS_AS(d.deleteKey(key), ddprun::Error);
+}
+
 TEST_CASE("basic operations through the TCP client", "[server]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   auto s = client(server.port());
@@ -400,19 +417,7 @@ TEST_CASE("the slot join's records and round keys are write-once, its counter is
   CHECK(s.compareSet(closed, "", "4 9 127.0.0.2 29500") == "4 9 127.0.0.2 29500");
   CHECK(s.compareSet(closed, "4 9 127.0.0.2 29500", "1 1 evil 1") == "4 9 127.0.0.2 29500");
   CHECK(s.compareSet(node, "", "a 127.0.0.2 2 29500") == "a 127.0.0.2 2 29500");
-  for (const auto& key : {closed, node}) {
-    TcpStore a(o);
-    bool refused = false;
-    try {
-      a.set(key, "1 1 evil 1");
-      a.ping();
-    } catch (const ddprun::Error&) {
-      refused = true;
-    }
-    CHECK(refused);
-    TcpStore d(o);
-    CHECK_THROWS_AS(d.deleteKey(key), ddprun::Error);
-  }
+  for (const auto& key : {closed, node}) checkWriteOnce(o, key, "1 1 evil 1");
   CHECK(s.get(closed) == "4 9 127.0.0.2 29500");
   CHECK(s.get(node) == "a 127.0.0.2 2 29500");
   CHECK(s.add("ddprun/rdzv/job/r/3/count", 5) == 5);  // the counter stays a counter
@@ -515,19 +520,7 @@ TEST_CASE("spilled lists' entries are write-once, their ref counter is not", "[s
   TcpStore s(o);
   const std::string entry = "ddprun/rdzv/job/l/7/0", byId = "ddprun/rdzv/job/l/7/id/a";
   s.multiSet({entry, byId}, {"member a 127.0.0.2 2 29500 -1 -1", "0 0"});
-  for (const auto& key : {entry, byId}) {
-    TcpStore a(o);
-    bool refused = false;
-    try {
-      a.set(key, "1 1");
-      a.ping();
-    } catch (const ddprun::Error&) {
-      refused = true;
-    }
-    CHECK(refused);
-    TcpStore d(o);
-    CHECK_THROWS_AS(d.deleteKey(key), ddprun::Error);
-  }
+  for (const auto& key : {entry, byId}) checkWriteOnce(o, key, "1 1");
   CHECK(s.get(entry) == "member a 127.0.0.2 2 29500 -1 -1");
   CHECK(s.get(byId) == "0 0");
   // The read that agents make of an entry (a compare-set expecting "?") never writes.
