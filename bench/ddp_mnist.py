@@ -9,11 +9,19 @@ the C++ trainer, fed the usual way: TensorDataset + DistributedSampler + DataLoa
 Rank 0 appends one JSON line to --metrics when done, in the same shape as the C++ trainer's
 summary line: {"kind": "summary", "steps", "samples", "train_seconds", "samples_per_sec",
 "final_loss", ...}. final_loss is rank 0's mean training loss over the last (up to) 50 steps.
+
+With --checkpoint-dir (and --checkpoint-interval N), rank 0 saves model, optimizer and position
+every N steps (torch.save to a temporary name, then os.replace: a file under its final name is
+complete; the newest two are kept), and every rank resumes from the newest at start, as a
+torchrun user's script does to survive --max_restarts (ddprun-bench recovery).
 """
 import argparse
+import glob
 import gzip
+import itertools
 import json
 import os
+import re
 import struct
 import time
 
@@ -86,6 +94,28 @@ class ResidualCnn(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+def newest_checkpoint(directory):
+    """The path of the newest ckpt-<step>.pt in directory, or None."""
+    found = []
+    for path in glob.glob(os.path.join(directory, "ckpt-*.pt")):
+        m = re.fullmatch(r"ckpt-(\d+)\.pt", os.path.basename(path))
+        if m:
+            found.append((int(m.group(1)), path))
+    return max(found)[1] if found else None
+
+
+def save_checkpoint(directory, state, keep=2):
+    """Atomically writes ckpt-<step>.pt, then drops all but the newest `keep`."""
+    path = os.path.join(directory, f"ckpt-{state['step']}.pt")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    steps = sorted(int(re.fullmatch(r"ckpt-(\d+)\.pt", os.path.basename(p)).group(1))
+                   for p in glob.glob(os.path.join(directory, "ckpt-*.pt")))
+    for old in steps[:-keep]:
+        os.remove(os.path.join(directory, f"ckpt-{old}.pt"))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
@@ -99,6 +129,8 @@ def main():
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps in total")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--metrics", default="")
+    p.add_argument("--checkpoint-dir", default="")
+    p.add_argument("--checkpoint-interval", type=int, default=0, help="steps; 0: none")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -110,16 +142,29 @@ def main():
                                  seed=args.seed, drop_last=True)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     model = Mlp(args.hidden) if args.model == "mlp" else ResidualCnn(args.width)
+    step, epoch, skip = 0, 0, 0  # skip: batches of `epoch` already trained
+    resumed = None
+    if args.checkpoint_dir:
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
+        latest = newest_checkpoint(args.checkpoint_dir)
+        if latest:
+            resumed = torch.load(latest)
+            model.load_state_dict(resumed["model"])
+            step, epoch, skip = resumed["step"], resumed["epoch"], resumed["batch"]
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    if resumed:
+        opt.load_state_dict(resumed["optimizer"])
+        if rank == 0:
+            print(f"resumed from checkpoint at step {step}", flush=True)
 
     recent = []
-    step, epoch = 0, 0
     dist.barrier()
     start = time.perf_counter()
     while step < args.steps:
         sampler.set_epoch(epoch)
-        for x, y in loader:
+        batch = skip
+        for x, y in itertools.islice(loader, skip, None):
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(ddp(x), y)
             loss.backward()
@@ -127,8 +172,14 @@ def main():
             recent.append(loss.item())
             del recent[:-50]
             step += 1
+            batch += 1
+            if rank == 0 and args.checkpoint_interval and step % args.checkpoint_interval == 0:
+                save_checkpoint(args.checkpoint_dir,
+                                {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                 "step": step, "epoch": epoch, "batch": batch})
             if step >= args.steps:
                 break
+        skip = 0
         epoch += 1
     dist.barrier()
     seconds = time.perf_counter() - start

@@ -163,6 +163,9 @@ class Agent::Impl {
   int generation_ = 0;
   std::vector<int> startedGeneration_;
   bool recoveryPending_ = false;
+  // Another worker died while that decision was pending: the group restarts on the decision
+  // already taken (one restart for the window, not two).
+  bool restartOnDecision_ = false;
   int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
   std::optional<JobDecision> decidedFailure_;
   int exitCode_ = 1;
@@ -375,6 +378,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   generation_ = 0;
   startedGeneration_.assign(launches.size(), 0);
   recoveryPending_ = false;
+  restartOnDecision_ = false;
   recoveryRestarts_ = round.restartCount;
   decidedFailure_.reset();
   auto group = std::make_shared<WorkerGroup>(
@@ -459,6 +463,15 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
                         .add("stopped_by_ddprun", r.stopSignal != 0 ? 1 : 0)
                         .add("result", r.describe()));
   if (state_ != State::Running || !r.failed()) return;
+  if (recoveryPending_) {
+    // A second failure in the window of one recovery's budget decision: that decision (one
+    // restart) covers both; the group restarts on it (recoverInProcess).
+    restartOnDecision_ = true;
+    DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
+                                  << ", pid " << r.pid << ") failed too: " << r.describe()
+                                  << "; the group restarts instead of recovering in process";
+    return;
+  }
   if (canRecoverInProcess(r)) {
     recoverInProcess(r);
     return;
@@ -484,7 +497,6 @@ bool Agent::Impl::canRecoverInProcess(const WorkerResult& r) {
   if (store == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
     return refuse("only a single node whose workers use the agent's store recovers in process");
   }
-  if (recoveryPending_) return refuse("another recovery is being decided");
   // Every worker the recovery relies on holds the training state of its current process: the
   // dead one's rank (so its program runs the elastic loop) and each one still running (the
   // survivors heal the replacement from their memory).
@@ -527,12 +539,13 @@ void Agent::Impl::recoverInProcess(const WorkerResult& r) {
           recoveryPending_ = false;
           if (state_ != State::Running) return;
           if (e) std::rethrow_exception(e);
-          if (d.kind == JobDecision::Kind::NextRound && group_->runningCount() > 0) {
+          if (d.kind == JobDecision::Kind::NextRound && group_->runningCount() > 0 &&
+              !restartOnDecision_) {
             replaceWorker(r, d);
             return;
           }
           // The budget is spent (or the error cannot be retried), or every other worker ended
-          // meanwhile: the group stops as after any failure, with this death as its root cause,
+          // or another one died meanwhile: the group stops as after any failure, with this death as its root cause,
           // and the decision taken stands (no second restart counted): a restart, or the end.
           rootCause_ = r;
           decidedFailure_ = d;

@@ -342,7 +342,9 @@ class TrainingRun {
     const double loss = averageOverRanks(stats_.intervalMeanLoss(), comm());
     const double rate = stats_.intervalSamplesPerSec(globalBatch_);
     const double perStep = stats_.trainSeconds() / static_cast<double>(step_ - startStep_);
-    if (master_) {
+    // A step redone after an in-process rollback was reported already: once is enough.
+    if (master_ && step_ > reportedUpTo_) {
+      reportedUpTo_ = step_;
       const Progress p{.epoch = epoch + 1, .epochs = config_.epochs, .step = step_,
                        .totalSteps = totalSteps_, .loss = loss, .lr = lr, .samplesPerSec = rate,
                        .etaSeconds = perStep * static_cast<double>(totalSteps_ - step_)};
@@ -434,6 +436,7 @@ class TrainingRun {
   LrScheduleOptions schedule_;
   double lrScale_ = 1.0;    // lr_scaling = linear: global batch / reference global batch
   int64_t step_ = 0, startStep_ = 0;  // optimizer steps done; where this attempt started
+  int64_t reportedUpTo_ = 0;          // the last step this process printed (not rolled back)
   runtime::SamplerState resumeAt_;    // where this attempt starts
   // The sampler's position at the last commit (the elastic state's counters).
   struct {

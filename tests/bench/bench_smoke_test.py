@@ -4,7 +4,7 @@ naming both ddprun and its peer (or a ratio), and every measured number finite a
 
 Speed is not checked here (that is what the benchmarks are for); only that they run and
 report. Usage: bench_smoke_test.py BENCHMARK   (store, launch, rendezvous, rendezvous-simulate,
-allreduce, train)
+allreduce, train, recovery)
 """
 import csv
 import math
@@ -25,6 +25,9 @@ ARGS = {
     "allreduce": ["--ranks", "2", "--min-bytes", "4096", "--max-bytes", "16384",
                   "--seconds", "0.05"],
     "train": ["--model", "mlp", "--nproc", "2", "--steps", "20", "--repeat", "1", "--timeline"],
+    # one kill of a 2-rank job, ddprun restarting and torchrun restarting (both lose seconds)
+    "recovery": ["--nproc", "2", "--modes", "restart,torchrun", "--repeats", "1", "--kills", "1",
+                 "--steps", "60", "--checkpoint-interval", "10", "--train-limit", "4096"],
 }
 # Words that name ddprun's side and the peer's in each benchmark's CSV.
 PEERS = {
@@ -34,6 +37,7 @@ PEERS = {
     "rendezvous-simulate": ("simulate-log", "simulate-slots"),
     "allreduce": ("ddprun", "gloo"),
     "train": ("ddprun", "pytorch"),
+    "recovery": ("ddprun-restart", "torchrun"),
 }
 
 
@@ -52,7 +56,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, f"{name}.csv")
         cmd = [BENCH, name.split("-")[0], *ARGS[name], "--csv", out]
-        if name == "train":
+        if name in ("train", "recovery"):
             cmd += ["--work-dir", os.path.join(tmp, "work")]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
         print(proc.stdout[-3000:])

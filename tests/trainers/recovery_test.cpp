@@ -1,0 +1,312 @@
+// End to end: in-process recovery (docs/recovery.md) when the failure is harder than one clean
+// death -- the real mnist_mlp under the real ddprun --recovery=in-process, real signals.
+//
+//   - two of three ranks SIGKILLed at once;
+//   - a second death during a recovery: the replacement SIGKILLed right after it starts, before
+//     it healed;
+//   - a frozen rank (SIGSTOP): noticed by --peer-timeout, killed, recovered in process;
+//   - rank 0 SIGKILLed while it writes a checkpoint: recovered in process, and with no restart
+//     left the job ends and a new start resumes from the newest complete checkpoint.
+// Each ends with the weights of an uninterrupted run (bit for bit), or with a bounded failure
+// naming its root cause; no survivor waits for ever (every job wait is bounded, the test fails
+// on a timeout).
+#include "tests/support/catch_torch.h"
+
+#include <sys/inotify.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "job_runner.h"
+#include "test_files.h"
+#include "tests/support/skip.h"
+#include "trainers/mnist_data.h"
+#include "trainers/models.h"
+
+using namespace ddprun::trainers;
+using namespace ddprun::trainers::testing;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = DDPRUN_BIN_DIR;
+constexpr auto kJobTimeout = std::chrono::seconds(180);
+
+// 4096 examples, `nproc` ranks x 16, 2 epochs; a checkpoint every 10 steps.
+std::vector<std::string> trainerArgs(const std::string& dir) {
+  return {kBin + "/mnist_mlp",   "--train-limit", "4096",  "--test-limit", "1000",
+          "--batch-size",        "16",            "--epochs", "2",          "--seed", "11",
+          "--lr",                "0.05",          "--log-interval", "32",
+          "--checkpoint-dir",    dir + "/ckpt",   "--checkpoint-interval", "10",
+          "--save-weights",      dir + "/final.pt"};
+}
+
+std::vector<std::string> underDdprun(int nproc, const std::string& dir,
+                                     std::vector<std::string> launcherFlags) {
+  std::vector<std::string> argv = {kBin + "/ddprun", "--standalone",
+                                   "--nproc-per-node=" + std::to_string(nproc)};
+  argv.insert(argv.end(), launcherFlags.begin(), launcherFlags.end());
+  const auto trainer = trainerArgs(dir);
+  argv.insert(argv.end(), trainer.begin(), trainer.end());
+  return argv;
+}
+
+std::vector<torch::Tensor> loadWeights(const std::string& path) {
+  REQUIRE(fs::exists(path));
+  auto model = makeModel("mlp", 512, 0);
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  model->load(archive);
+  return model->parameters();
+}
+
+bool bitIdentical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+// The uninterrupted run of `nproc` ranks (once per test process and size).
+const TempDir& referenceRun(int nproc) {
+  static std::map<int, std::unique_ptr<TempDir>> runs;
+  auto& dir = runs[nproc];
+  if (dir) return *dir;
+  dir = std::make_unique<TempDir>();
+  Job job(underDdprun(nproc, dir->path(), {}), {}, *dir / "log");
+  const int code = job.wait(kJobTimeout);
+  INFO(job.output());
+  REQUIRE(code == 0);
+  REQUIRE_THAT(job.output(), Contains("done: "));
+  REQUIRE_THAT(job.output(), !Contains("resumed from checkpoint"));
+  return *dir;
+}
+
+// The "done: N steps" line of the uninterrupted run of `nproc` ranks.
+std::string doneLine(int nproc) {
+  std::ifstream in(referenceRun(nproc) / "log");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::smatch m;
+  const std::string s = text.str();
+  REQUIRE(std::regex_search(s, m, std::regex(R"(done: \d+ steps)")));
+  return m[0];
+}
+
+int64_t newestCheckpoint(const std::string& dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  const std::regex name(R"(ckpt-(\d+)\.ddpck)");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, name)) newest = std::max<int64_t>(newest, std::stoll(m[1]));
+  }
+  return newest;
+}
+
+bool waitForCheckpoint(Job& job, const std::string& dir, int64_t step) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (newestCheckpoint(dir) < step) {
+    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+pid_t waitForWorker(Job& job, int rank, pid_t notThis = -1) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
+    const pid_t p = workerPid(job.pid(), rank, "mnist_mlp");
+    if (p > 0 && p != notThis) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return -1;
+}
+
+int finish(Job& job) {
+  const int code = job.wait(kJobTimeout);
+  INFO(job.output());
+  return code;
+}
+
+bool haveData() { return fs::exists(mnistFilePath(kDefaultDataDir, Split::Train, false)); }
+
+void skipWithoutData() {
+  ddprun::testing::skipUnlessCi("Fashion-MNIST is not installed in " +
+                                std::string(kDefaultDataDir) +
+                                " (Debian package dataset-fashion-mnist)");
+}
+
+// Watches a checkpoint directory for a temporary file being created (a save in progress) and
+// returns the writer's pid and the step, from its name "ckpt-<step>.ddpck.tmp-<host>-<pid>-<hex>"
+// (worker_runtime/checkpoint.h); {-1, -1} when the job ended or the deadline passed.
+std::pair<pid_t, int64_t> waitForSave(Job& job, const std::string& dir, int64_t fromStep) {
+  const int fd = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::inotify_add_watch(fd, dir.c_str(), IN_CREATE) >= 0);
+  const std::regex name(R"(ckpt-(\d+)\.ddpck\.tmp-.*-(\d+)-[0-9a-f]+)");
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  alignas(inotify_event) char buf[4096];
+  std::pair<pid_t, int64_t> found{-1, -1};
+  while (found.first < 0 && std::chrono::steady_clock::now() < deadline && !job.exited()) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    for (ssize_t at = 0; at < n;) {
+      const auto* e = reinterpret_cast<const inotify_event*>(buf + at);
+      at += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+      std::smatch m;
+      const std::string file = e->len > 0 ? std::string(e->name) : std::string();
+      if (std::regex_match(file, m, name) && std::stoll(m[1]) >= fromStep) {
+        found = {static_cast<pid_t>(std::stol(m[2])), std::stoll(m[1])};
+        break;
+      }
+    }
+  }
+  ::close(fd);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("in-process recovery: two of three ranks SIGKILLed at once, weights bit-identical",
+          "[recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(3);
+  TempDir dir;
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
+          dir / "log");
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
+  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
+  REQUIRE(one > 0);
+  REQUIRE(two > 0);
+  REQUIRE(::kill(one, SIGKILL) == 0);
+  REQUIRE(::kill(two, SIGKILL) == 0);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("rank 1 (local rank 1, pid " + std::to_string(one) + ") failed"));
+  CHECK_THAT(out, Contains("rank 2 (local rank 2, pid " + std::to_string(two) + ") failed"));
+  // Recovered in process (both ranks in one generation), or the group restarted from its newest
+  // checkpoint; either way the same weights, and no restart counted twice for one window.
+  CHECK_THAT(out, Contains(doneLine(3)));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("in-process recovery: the replacement SIGKILLed before it healed, weights "
+          "bit-identical", "[recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(2);
+  TempDir dir;
+  Job job(underDdprun(2, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
+          dir / "log");
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+  const pid_t first = workerPid(job.pid(), 1, "mnist_mlp");
+  REQUIRE(first > 0);
+  REQUIRE(::kill(first, SIGKILL) == 0);
+  // The replacement, as soon as it runs (it takes about a second to load LibTorch and the data
+  // and heal): the survivor is waiting for it in generation 1.
+  const pid_t replacement = waitForWorker(job, 1, first);
+  REQUIRE(replacement > 0);
+  REQUIRE(::kill(replacement, SIGKILL) == 0);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("recovering in process (generation 1)"));
+  CHECK_THAT(out, Contains("pid " + std::to_string(replacement) + ") failed"));
+  CHECK_THAT(out, !Contains("joined generation 1 and healed"));
+  CHECK_THAT(out, Contains("done: 256 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("in-process recovery: a frozen rank (SIGSTOP) is killed after --peer-timeout and "
+          "recovered in process, weights bit-identical", "[recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(2);
+  TempDir dir;
+  Job job(underDdprun(2, dir.path(),
+                      {"--max-restarts=1", "--recovery=in-process", "--peer-timeout=2"}),
+          {}, dir / "log");
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+  const pid_t frozen = workerPid(job.pid(), 1, "mnist_mlp");
+  const pid_t survivor = workerPid(job.pid(), 0, "mnist_mlp");
+  REQUIRE(frozen > 0);
+  REQUIRE(survivor > 0);
+  REQUIRE(::kill(frozen, SIGSTOP) == 0);
+  const pid_t replacement = waitForWorker(job, 1, frozen);
+  const pid_t survivorNow = workerPid(job.pid(), 0, "mnist_mlp");
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK(replacement > 0);
+  CHECK(survivorNow == survivor);
+  CHECK_THAT(out, Contains("rank 1 (local rank 1, pid " + std::to_string(frozen) +
+                           ") on node 0 stopped answering"));
+  CHECK_THAT(out, Contains("recovering in process (generation 1)"));
+  CHECK_THAT(out, Contains("rank 0 recovered in process"));
+  CHECK_THAT(out, Contains("joined generation 1 and healed from rank 0's memory"));
+  CHECK_THAT(out, !Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains("done: 256 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("rank 0 SIGKILLed while it writes a checkpoint: recovered in process; with no restart "
+          "left, a new start resumes from the newest complete checkpoint", "[recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(2);
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  fs::create_directories(ckpt);
+  int64_t secondKill = -1;
+  {
+    // One restart: the first kill (a save of step 40 or later) is recovered in process, the
+    // second (a save of step 120 or later) ends the job.
+    Job job(underDdprun(2, dir.path(), {"--max-restarts=1", "--recovery=in-process"}), {},
+            dir / "log1");
+    const auto [writer, step] = waitForSave(job, ckpt, 40);
+    REQUIRE(writer > 0);
+    REQUIRE(writer == workerPid(job.pid(), 0, "mnist_mlp"));  // rank 0 saves
+    REQUIRE(::kill(writer, SIGKILL) == 0);
+    const auto [writer2, step2] = waitForSave(job, ckpt, std::max<int64_t>(step + 10, 120));
+    REQUIRE(writer2 > 0);
+    REQUIRE(writer2 != writer);
+    REQUIRE(::kill(writer2, SIGKILL) == 0);
+    secondKill = step2;
+    const int code = finish(job);
+    const std::string out = job.output();
+    INFO(out);
+    CHECK(code == 128 + SIGKILL);
+    CHECK_THAT(out, Contains("rank 0 (local rank 0, pid " + std::to_string(writer) +
+                             ") failed: signal 9 (SIGKILL); recovering in process (generation 1)"));
+    CHECK_THAT(out, Contains("joined generation 1 and healed from rank 1's memory"));
+    CHECK_THAT(out, Contains("Root cause (first observed failure)"));
+    CHECK_FALSE(fs::exists(dir / "final.pt"));
+  }
+  // What the second kill left: the complete checkpoints before it (its own save may have been
+  // renamed into place just before the signal landed, never half of it).
+  const int64_t newest = newestCheckpoint(ckpt);
+  REQUIRE(newest >= 40);
+  REQUIRE(newest <= secondKill);
+  Job again(underDdprun(2, dir.path(), {"--max-restarts=0"}), {}, dir / "log2");
+  const int code = finish(again);
+  const std::string out = again.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("resumed from checkpoint at step " + std::to_string(newest)));
+  CHECK_THAT(out, !Contains("skipping"));  // no torn file was met
+  CHECK_THAT(out, Contains("done: 256 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  // The killed writers' temporary files are gone: a later save removes those of dead writers.
+  for (const auto& e : fs::directory_iterator(ckpt)) {
+    CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
+  }
+}
