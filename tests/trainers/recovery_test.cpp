@@ -259,8 +259,9 @@ TEST_CASE("in-process recovery: a frozen rank (SIGSTOP) is killed after --peer-t
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
-TEST_CASE("rank 0 SIGKILLed while it writes a checkpoint: recovered in process; with no restart "
-          "left, a new start resumes from the newest complete checkpoint", "[recovery][slow]") {
+TEST_CASE("rank 0 SIGKILLed while it writes a checkpoint is recovered in process, and with no "
+          "restart left a new start resumes from the newest complete checkpoint",
+          "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun(2);
   TempDir dir;
