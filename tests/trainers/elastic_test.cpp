@@ -29,10 +29,10 @@ constexpr auto kJobTimeout = std::chrono::seconds(120);
 
 // One training job's settings: 4096 examples, global batch 32 -> 128 steps per epoch, 2 epochs.
 // Checkpoints every 10 steps; none of the runs differs in anything that reaches the weights.
-std::vector<std::string> trainerArgs(const std::string& dir, int perRankBatch) {
+std::vector<std::string> trainerArgs(const std::string& dir, int perRankBatch, int epochs = 2) {
   return {kBin + "/mnist_mlp",   "--train-limit",    "4096",      "--test-limit",
           "1000",                "--batch-size",     std::to_string(perRankBatch),
-          "--epochs",            "2",                "--seed",    "11",
+          "--epochs",            std::to_string(epochs), "--seed", "11",
           "--lr",                "0.05",             "--log-interval", "32",
           "--checkpoint-dir",    dir + "/ckpt",      "--checkpoint-interval", "10",
           "--metrics",           dir + "/metrics.jsonl", "--save-weights", dir + "/final.pt"};
@@ -350,6 +350,24 @@ TEST_CASE("in-process recovery: a death with no restart left ends the job with i
 
 // ---- Hot spares (ddprun --spares, docs/recovery.md#hot-spares) ----
 
+// 4 epochs (512 steps): a spare starts once both workers announced (after their first step) and
+// must be ready well before the end, however loaded the machine.
+constexpr int kSpareEpochs = 4;
+
+// The uninterrupted run of the spare tests' length (run once per test process).
+const TempDir& spareReferenceRun() {
+  static TempDir dir;
+  static const bool done = [] {
+    const auto r = runJob(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs)), dir / "log");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    REQUIRE_THAT(r.output, Contains("done: 512 steps"));
+    return true;
+  }();
+  (void)done;
+  return dir;
+}
+
 // Waits until the job's output holds `text`; false when the job ended first or the deadline
 // passed.
 bool waitForOutput(Job& job, const std::string& text) {
@@ -397,13 +415,13 @@ bool alive(pid_t pid) {
 TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and heals, the survivor "
           "keeps its process, weights bit-identical", "[elastic][recovery][spares][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun();
+  const auto& reference = spareReferenceRun();
   TempDir dir;
   std::string output;
   pid_t spare = -1, nextSpare = -1;
   int nextPolicy = -1;
   {
-    Job job(underDdprun(2, trainerArgs(dir.path(), 16),
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
                         {"--max-restarts=1", "--recovery=in-process", "--spares=1"}),
             {}, dir / "log");
     // The spare starts once both workers announced in-process recovery; killed once it waits.
@@ -446,19 +464,19 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
   CHECK_THAT(output, Contains("starting spare 1 in the background (SCHED_IDLE)"));
   CHECK_THAT(output, !Contains("attempt 1"));
   CHECK_THAT(output, !Contains("resumed from checkpoint"));
-  CHECK_THAT(output, Contains("done: 256 steps"));
+  CHECK_THAT(output, Contains("done: 512 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
 TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers are not touched "
           "and no restart is spent", "[elastic][recovery][spares][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun();
+  const auto& reference = spareReferenceRun();
   TempDir dir;
   std::string output;
   {
     // --max-restarts=0: a restart (or an in-process recovery) spent would end the job.
-    Job job(underDdprun(2, trainerArgs(dir.path(), 16),
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
                         {"--max-restarts=0", "--recovery=in-process", "--spares=1"}),
             {}, dir / "log");
     REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank"));
@@ -488,7 +506,7 @@ TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers 
   CHECK_THAT(output, !Contains("recovering in process"));
   CHECK_THAT(output, !Contains("restarting the worker group"));
   CHECK_THAT(output, !Contains("attempt 1"));
-  CHECK_THAT(output, Contains("done: 256 steps"));
+  CHECK_THAT(output, Contains("done: 512 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
