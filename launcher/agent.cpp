@@ -92,6 +92,8 @@ class Agent::Impl {
   // The pid of a waiting spare to give a dead rank to (a ready one first), or -1.
   pid_t pickSpare(int& id);
   void onWorkerStarted(const WorkerResult& r);
+  // Moves the waiting spares out of SCHED_IDLE (before they are stopped).
+  void unidleSpares();
   std::string progressTablePath() const;
   // --stall-warning / --peer-timeout over the group's workers as they are now.
   void watchProgress();
@@ -506,6 +508,9 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
     onSpareExited(r);
     return;
   }
+  // The last worker: the group closes now and kills its waiting spares; one under SCHED_IDLE
+  // would on a busy node wait long for the CPU time its own exit takes, holding the job's end.
+  if (group_->runningCount() == 0) unidleSpares();
   events::instant("worker exit", "agent",
                     events::Args()
                         .add("rank", r.globalRank)
@@ -767,6 +772,14 @@ void Agent::Impl::onSpareExited(const WorkerResult& r) {
   startSpare(/*idle=*/idleSpares_ == 1);
 }
 
+void Agent::Impl::unidleSpares() {
+  if (!group_) return;
+  for (const auto& s : group_->waitingSpares()) {
+    std::string error;
+    if (s.pid > 0) leaveIdlePriority(s.pid, error);  // best effort: they are killed next
+  }
+}
+
 void Agent::Impl::onWorkerStarted(const WorkerResult& r) {
   if (r.spare) {
     events::instant("spare start", "agent",
@@ -856,6 +869,7 @@ bool Agent::Impl::workersAlreadyGone() const {
 
 void Agent::Impl::stopGroup(StopReason reason, int sig) {
   progressWatch_.reset();
+  unidleSpares();  // they are stopped with the group: their exit must not wait for idle CPU
   stopReason_ = reason;
   if (reason == StopReason::Signal) signal_ = sig;
   state_ = State::Stopping;
