@@ -18,6 +18,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/recovery_keys.h"
+#include "rendezvous/superseded_store.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
 #include "worker_runtime/gloo_communicator.h"
@@ -158,10 +159,14 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
   // A proof made in one generation is worthless in another, as across attempts.
   const std::string secretScope =
       generation == 0 ? env.runId : env.runId + "/gen" + std::to_string(generation);
+  // Generation g > 0: its set-up gives up when generation g+1 is published (a peer of g died
+  // before it joined; superseded_store.h), instead of waiting the collective timeout.
   std::shared_ptr<rendezvous::Store> store =
       generation == 0 ? attemptStore
-                      : std::make_shared<rendezvous::PrefixStore>(
-                            rendezvous::recovery::generationScope(generation), attemptStore);
+                      : std::make_shared<rendezvous::SupersededStore>(
+                            std::make_shared<rendezvous::PrefixStore>(
+                                rendezvous::recovery::generationScope(generation), attemptStore),
+                            attemptStore, generation);
   int gpus = 0;
   if (ncclBuilt()) gpus = std::min<int>(visibleGpuCount(), torch::cuda::device_count());
   const BackendChoice choice = chooseBackend(requested, ncclBuilt(), gpus);
