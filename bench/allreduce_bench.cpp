@@ -28,6 +28,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <chrono>
 #include <fstream>
@@ -68,9 +69,15 @@ struct Options {
   // Optional second ddprun communicator with other settings, interleaved with the rest: an A/B
   // test of tunings under the same load ("SEGMENT,WINDOW,DIRECT_MAX[,PREFER_HD]").
   std::string alt;
-  // Optional second shm communicator with other settings ("SPIN_US,YIELD_US[,STREAM 0|1]",
-  // ShmOptions' spinMicros / yieldMicros / streamStores), interleaved with the rest: an A/B test.
+  // Optional second shm communicator with other settings
+  // ("SPIN_US,YIELD_US[,STREAM 0|1[,STREAM_MIN_KIB[,SLOT_KIB]]]", ShmOptions' spinMicros /
+  // yieldMicros / streamStores / streamMinBytes / slotBytes), interleaved with the rest: an A/B.
   std::string shmAlt;
+  // Time ddprun's shm communicator (and its A/B) alone, not interleaved with the TCP mesh and raw
+  // Gloo: each call then starts with the caches as the previous shm call left them, as in
+  // OpenMPI's program (which runs alone) and in a training loop.
+  bool shmOnly = false;
+  int rounds = 1;  // ddprun's ranks and OpenMPI alternately, this many times (medianRows)
 };
 
 double median(std::vector<double> v) {
@@ -142,6 +149,8 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     std::istringstream in(o.shmAlt);
     in >> so.spinMicros >> comma >> so.yieldMicros;
     if (int stream = 1; in >> comma >> stream) so.streamStores = stream != 0;
+    if (size_t kib = 0; in >> comma >> kib) so.streamMinBytes = kib << 10;
+    if (size_t kib = 0; in >> comma >> kib) so.slotBytes = kib << 10;
     shmAlt = shm::makeShmCommunicator(rt.store(), so);
   }
   std::vector<Row> rows;
@@ -153,17 +162,20 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     gloo::AllreduceRingChunked<float> rc(raw, {rcBuf.data()}, static_cast<int>(n));
     torch::Tensor altBuf = torch::ones({static_cast<int64_t>(n)});
     torch::Tensor shmBuf = torch::ones({static_cast<int64_t>(n)});
+    // Timed in this order (the rows below read them by position); with shmOnly the first three
+    // do nothing and are not timed.
     std::vector<std::function<void()>> impls{[&] { comm->allreduce(ours); },
                                              [&] { hd.run(); }, [&] { rc.run(); },
                                              [&] { shmComm->allreduce(shmBuf); }};
+    const size_t firstTimed = o.shmOnly ? 3 : 0;
     if (alt) impls.push_back([&] { alt->allreduce(altBuf); });
     torch::Tensor shmAltBuf = torch::ones({static_cast<int64_t>(n)});
     if (shmAlt) impls.push_back([&] { shmAlt->allreduce(shmAltBuf); });
     // Iterations: from a probe of the slowest implementation, within the time budget; the same
     // count on every rank (rank 0 decides).
-    for (auto& f : impls) f();
+    for (size_t k = firstTimed; k < impls.size(); ++k) impls[k]();
     double probe = 0;
-    for (auto& f : impls) probe = std::max(probe, timeUs(f));
+    for (size_t k = firstTimed; k < impls.size(); ++k) probe = std::max(probe, timeUs(impls[k]));
     torch::Tensor iters = torch::tensor({static_cast<int64_t>(
         std::clamp(o.seconds * 1e6 / std::max(probe, 1.0), 5.0, 300.0))});
     rt.comm()->broadcast(iters, 0);
@@ -173,6 +185,7 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
     for (int64_t i = 0; i < n_iters; ++i) {
       for (size_t k = 0; k < impls.size(); ++k) {
         const size_t which = (i + k) % impls.size();
+        if (which < firstTimed) continue;
         barrierComm->barrier();
         const long before = contextSwitches();
         times[which].push_back(timeUs(impls[which]));
@@ -180,12 +193,12 @@ std::vector<Row> allreduceRows(Runtime& rt, const Options& o) {
       }
     }
     auto perCall = [&](size_t which) { return static_cast<double>(switches[which]) / n_iters; };
-    rows.push_back({"allreduce", bytes,
-                    {{"ddprun", median(times[0])},
-                     {"gloo_halving_doubling", median(times[1])},
-                     {"gloo_ring_chunked", median(times[2])},
-                     {"ddprun_shm", median(times[3])},
-                     {"ddprun_shm_csw", perCall(3)}}});
+    rows.push_back({"allreduce", bytes, {{"ddprun_shm", median(times[3])}, {"ddprun_shm_csw", perCall(3)}}});
+    if (!o.shmOnly) {
+      rows.back().us.insert(rows.back().us.end(), {{"ddprun", median(times[0])},
+                                                   {"gloo_halving_doubling", median(times[1])},
+                                                   {"gloo_ring_chunked", median(times[2])}});
+    }
     if (alt) rows.back().us.push_back({"ddprun_alt", median(times[4])});
     if (shmAlt) {
       rows.back().us.push_back({"shm_alt", median(times[alt ? 5 : 4])});
@@ -336,6 +349,47 @@ std::vector<std::string> runRanks(int P, const std::vector<std::string>& args) {
   return lines;
 }
 
+// With --rounds K: ddprun's ranks and OpenMPI's program run alternately K times, and each time
+// (each impl of each row, each size of OpenMPI) is the median of the K rounds' medians. On these
+// virtual machines the host moves the two vCPUs between cores, and a placement lasts seconds:
+// one program's run can land on a fast placement and the next one's on a slow one (1 MiB took
+// 102-375 us for ddprun and 174-529 us for OpenMPI in consecutive runs); alternating rounds
+// gives both the same mix.
+std::vector<std::string> medianRows(const std::vector<std::vector<std::string>>& rounds) {
+  std::vector<std::string> keys;  // "what bytes", in the first round's order
+  std::map<std::string, std::map<std::string, std::vector<double>>> times;
+  for (const auto& lines : rounds) {
+    for (const auto& line : lines) {
+      std::istringstream in(line);
+      std::string what, bytes;
+      in >> what >> bytes;
+      const std::string key = what + " " + bytes;
+      if (!times.count(key)) keys.push_back(key);
+      for (std::string kv; in >> kv;) {
+        times[key][kv.substr(0, kv.find('='))].push_back(std::stod(kv.substr(kv.find('=') + 1)));
+      }
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& key : keys) {
+    std::ostringstream line;
+    line << key;
+    for (const auto& [impl, t] : times[key]) line << " " << impl << "=" << median(t);
+    out.push_back(line.str());
+  }
+  return out;
+}
+
+std::map<size_t, double> medianMpi(const std::vector<std::map<size_t, double>>& rounds) {
+  std::map<size_t, std::vector<double>> times;
+  for (const auto& round : rounds) {
+    for (const auto& [bytes, t] : round) times[bytes].push_back(t);
+  }
+  std::map<size_t, double> out;
+  for (const auto& [bytes, t] : times) out[bytes] = median(t);
+  return out;
+}
+
 std::string loadAverage() {
   double l[3] = {0, 0, 0};
   if (::getloadavg(l, 3) < 0) return "?";
@@ -427,8 +481,15 @@ int benchAllreduce(int argc, char** argv) {
   app.add_option("--ring-segment-bytes", o.tuning.ringSegmentBytes, "tuning: ring pipeline segment");
   app.add_option("--ring-window", o.tuning.ringWindow, "tuning: ring receives posted ahead");
   app.add_option("--alt", o.alt, "tuning A/B: also time ddprun with SEGMENT,WINDOW,DIRECT_MAX[,HD 0|1]");
+  app.add_option("--rounds", o.rounds,
+                 "run ddprun's ranks and OpenMPI alternately this many times; medians of the "
+                 "rounds' medians [1]")
+      ->check(CLI::Range(1, 50));
+  app.add_flag("--shm-only", o.shmOnly,
+               "time ddprun's shm (and --shm-alt) alone, not interleaved with TCP and raw Gloo");
   app.add_option("--shm-alt", o.shmAlt,
-                 "A/B: also time ddprun's shm with SPIN_US,YIELD_US[,STREAM 0|1] (sync.h, collectives.h)");
+                 "A/B: also time ddprun's shm with SPIN_US,YIELD_US[,STREAM 0|1[,STREAM_MIN_KIB[,SLOT_KIB]]] "
+                 "(sync.h, collectives.h, shm_communicator.h)");
   app.add_flag("--worker", isWorker, "internal: run as one rank")->group("");
   CLI11_PARSE(app, argc, argv);
   if (isWorker) return worker(o);
@@ -441,15 +502,27 @@ int benchAllreduce(int argc, char** argv) {
   if (!o.alt.empty()) args.insert(args.end(), {"--alt", o.alt});
   if (!o.shmAlt.empty()) args.insert(args.end(), {"--shm-alt", o.shmAlt});
   if (!o.ddp) args.push_back("--no-ddp");
+  if (o.shmOnly) args.push_back("--shm-only");
   std::ofstream csv(o.csv);
   csv << "ranks,what,bytes,impl,median_us,busbw_GBps,ratio\n";
   const MpiAnchor mpi = buildMpi();
+  // The program's temporary directory goes when the bench ends (it was left in /tmp before).
+  const std::unique_ptr<const MpiAnchor, void (*)(const MpiAnchor*)> removeMpi(
+      &mpi, [](const MpiAnchor* m) {
+        if (!m->program.empty()) std::filesystem::remove_all(std::filesystem::path(m->program).parent_path());
+      });
   for (int P : o.ranks) {
     std::cout << "\n== " << P << " ranks == (load average before: " << loadAverage() << ", "
               << std::thread::hardware_concurrency() << " CPUs)\n";
-    const auto lines = runRanks(P, args);
+    std::vector<std::vector<std::string>> roundLines;
+    std::vector<std::map<size_t, double>> roundMpi;
     std::string mpiWhy;
-    const auto mpiUs = runMpi(mpi, P, o, mpiWhy);
+    for (int k = 0; k < o.rounds; ++k) {
+      roundLines.push_back(runRanks(P, args));
+      roundMpi.push_back(runMpi(mpi, P, o, mpiWhy));
+    }
+    const auto lines = medianRows(roundLines);
+    const auto mpiUs = medianMpi(roundMpi);
     std::cout << "load average after: " << loadAverage() << "\n";
     if (!mpiWhy.empty()) std::cout << "OpenMPI anchor skipped: " << mpiWhy << "\n";
     std::cout << std::left << std::setw(9) << "size" << std::right << std::setw(10) << "shm us"
@@ -467,8 +540,9 @@ int benchAllreduce(int argc, char** argv) {
       if (what == "allreduce") {
         const double factor = 2.0 * (P - 1) / P;
         auto bw = [&](double t) { return bytes * factor / (t * 1e3); };  // GB/s
-        const double best = std::min(us["gloo_halving_doubling"], us["gloo_ring_chunked"]);
-        const double ratio = best / us["ddprun"];  // > 1: ddprun's TCP mesh faster than Gloo
+        // Without the TCP mesh and raw Gloo (--shm-only) their cells are "-" and best is 0.
+        const bool all = us.count("ddprun") != 0;
+        const double best = all ? std::min(us["gloo_halving_doubling"], us["gloo_ring_chunked"]) : 0;
         const double shmUs = us["ddprun_shm"];
         if (mpiUs.count(bytes)) us["openmpi"] = mpiUs.at(bytes);
         auto cell = [&](double t, int precision) {
@@ -476,14 +550,20 @@ int benchAllreduce(int argc, char** argv) {
           os << std::fixed << std::setprecision(precision) << t;
           return os.str();
         };
-        const std::string mpiCell = us.count("openmpi") ? cell(us["openmpi"], 1) : "-";
-        const std::string mpiRatio = us.count("openmpi") ? cell(us["openmpi"] / shmUs, 2) + "x" : "-";
+        auto get = [&](const char* impl) {  // without inserting a row for a missing one
+          const auto it = us.find(impl);
+          return it == us.end() ? 0.0 : it->second;
+        };
+        auto ratioCell = [&](bool present, double t) { return present ? cell(t, 2) + "x" : "-"; };
+        const bool mpi = us.count("openmpi") != 0;
         std::cout << std::left << std::setw(9) << human(bytes) << std::right << std::setw(10)
-                  << cell(shmUs, 1) << std::setw(10) << cell(us["ddprun"], 1) << std::setw(10)
-                  << cell(best, 1) << std::setw(10) << mpiCell << std::setw(10)
-                  << cell(bw(shmUs), 2) << std::setw(10) << mpiRatio << std::setw(10)
-                  << cell(us["ddprun"] / shmUs, 2) + "x" << std::setw(10)
-                  << cell(best / shmUs, 2) + "x" << std::setw(10) << cell(ratio, 2) + "x";
+                  << cell(shmUs, 1) << std::setw(10) << (all ? cell(get("ddprun"), 1) : "-")
+                  << std::setw(10) << (all ? cell(best, 1) : "-") << std::setw(10)
+                  << (mpi ? cell(get("openmpi"), 1) : "-") << std::setw(10) << cell(bw(shmUs), 2)
+                  << std::setw(10) << ratioCell(mpi, get("openmpi") / shmUs) << std::setw(10)
+                  << ratioCell(all, get("ddprun") / shmUs) << std::setw(10)
+                  << ratioCell(all, best / shmUs) << std::setw(10)
+                  << ratioCell(all, best / get("ddprun"));
         if (us.count("ddprun_alt")) std::cout << "   alt " << cell(us["ddprun_alt"], 0) << " us";
         if (us.count("shm_alt")) std::cout << "   shm alt " << cell(us["shm_alt"], 1) << " us";
         std::cout << "   switches/call shm " << cell(us["ddprun_shm_csw"], 3);
@@ -495,8 +575,9 @@ int benchAllreduce(int argc, char** argv) {
             continue;
           }
           // ratio column: the best raw Gloo time / this implementation's (> 1: faster than Gloo)
-          csv << P << ",allreduce," << bytes << "," << impl << "," << t << "," << bw(t) << ","
-              << best / t << "\n";
+          csv << P << ",allreduce," << bytes << "," << impl << "," << t << "," << bw(t) << ",";
+          if (all) csv << best / t;
+          csv << "\n";
         }
       } else {
         const double ratio = us["ddp_step"] / us["local_step"];

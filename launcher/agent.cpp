@@ -2,6 +2,7 @@
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -14,6 +15,7 @@
 #include <optional>
 
 #include "launcher/failure_report.h"
+#include "launcher/hot_spares.h"
 #include "launcher/job_cgroup.h"
 #include "launcher/launcher_error_file.h"
 #include "launcher/option_values.h"
@@ -74,8 +76,24 @@ class Agent::Impl {
   void nextRound();
   void startWorkers(const RoundInfo& round);
   std::vector<WorkerLaunch> makeLaunches(const RoundInfo& round);
-  // Local rank `lr`'s launch in `round`; `generation` > 0: a replacement (in-process recovery).
-  WorkerLaunch makeLaunch(const RoundInfo& round, int lr, int generation);
+  // Local rank `lr`'s launch in `round`; `generation` > 0: a replacement (in-process recovery);
+  // `spareId` >= 0: hot spare <spareId> (in no rank, hot_spares.h).
+  WorkerLaunch makeLaunch(const RoundInfo& round, int lr, int generation, int spareId = -1);
+  // ---- Hot spares (--spares, docs/recovery.md#hot-spares) ----
+  // Whether this group may have spares; else `why` (said once per job).
+  bool sparesUsable(std::string& why) const;
+  // A key a worker SET in the agent's store: once every worker of the group has announced
+  // in-process recovery (its program runs the runtime's elastic loop), the spares start.
+  void onStoreSet(const std::string& key);
+  // Starts one spare; `idle`: under SCHED_IDLE (training is running, hot_spares.h).
+  void startSpare(bool idle);
+  // A waiting spare's exit: restarted when the group still runs (no restart spent).
+  void onSpareExited(const WorkerResult& r);
+  // The pid of a waiting spare to give a dead rank to (a ready one first), or -1.
+  pid_t pickSpare(int& id);
+  void onWorkerStarted(const WorkerResult& r);
+  // Moves the waiting spares out of SCHED_IDLE (before they are stopped).
+  void unidleSpares();
   std::string progressTablePath() const;
   // --stall-warning / --peer-timeout over the group's workers as they are now.
   void watchProgress();
@@ -85,6 +103,8 @@ class Agent::Impl {
   bool canRecoverInProcess(const WorkerResult& r);
   void recoverInProcess(const WorkerResult& r);
   void replaceWorker(const WorkerResult& r, const JobDecision& d);
+  // The dead rank's new process: a waiting spare (true) or none to be had (false).
+  bool giveRankToSpare(const WorkerResult& r, int generation, int& spareId, pid_t& sparePid);
   // --peer-timeout: the worker stopped beating (progress_watch.h); kill it, a failure.
   void onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silentSeconds);
   void onHandlerDecision(const JobDecision& d);
@@ -165,6 +185,13 @@ class Agent::Impl {
   bool recoveryPending_ = false;
   int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
   std::optional<JobDecision> decidedFailure_;
+  // Hot spares: ids are unique in the job (their store keys are too); the group's spares have
+  // started; spares that died before they were ready, in a row (3: no more for this group).
+  int nextSpareId_ = 0;
+  bool sparesStarted_ = false;
+  int sparesDiedUnready_ = 0;
+  bool sparesNoted_ = false;     // the line saying spares cannot be used was printed
+  int idleSpares_ = -1;          // -1: not decided; 0: spares start at normal priority; 1: idle
   int exitCode_ = 1;
   std::exception_ptr error_;
   std::string errorRecord_;  // ddprun's own error file, when the job fails
@@ -306,7 +333,8 @@ std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
   return launches;
 }
 
-WorkerLaunch Agent::Impl::makeLaunch(const RoundInfo& round, int lr, int generation) {
+WorkerLaunch Agent::Impl::makeLaunch(const RoundInfo& round, int lr, int generation,
+                                     int spareId) {
   const int nproc = options_.nprocPerNode;
   // A background group must not read a tty; a linked agent's stdin is its link's.
   const bool devNullStdin = link_ != nullptr || ::isatty(STDIN_FILENO) == 1;
@@ -314,7 +342,13 @@ WorkerLaunch Agent::Impl::makeLaunch(const RoundInfo& round, int lr, int generat
   const std::string progressTable = progressTablePath();
   const int rank = round.rankOffset + lr;
   std::string dir = runDir_->workerDir(round.round, lr);
-  if (generation > 0) {
+  if (spareId >= 0) {
+    // A spare keeps its error file and logs in a directory of its own, whatever rank it takes.
+    dir = runDir_->path() + "/attempt_" + std::to_string(round.round) + "/spare_" +
+          std::to_string(spareId);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+  } else if (generation > 0) {
     // A replacement keeps its own error file and logs next to the dead worker's.
     dir += "/generation_" + std::to_string(generation);
     std::error_code ec;
@@ -347,11 +381,17 @@ WorkerLaunch Agent::Impl::makeLaunch(const RoundInfo& round, int lr, int generat
     l.spawn.env.push_back("DDPRUN_TIMELINE_GROUP=" + round.runId + "/" +
                           std::to_string(round.round));  // = timelineGroup() of the round
   }
+  if (spareId >= 0) {
+    l.spareId = spareId;
+    l.localRank = l.globalRank = -1;
+    l.spawn.env = spareEnvironment(l.spawn.env, spareId);
+  }
 
   const std::string prefix =
-      link_ ? link_->linePrefix(round.nodeRank, rank, lr)
-            : linePrefix(templ != env_.end() ? &templ->second : nullptr, options_.role, rank, lr,
-                         round.worldSize);
+      spareId >= 0 ? "[spare " + std::to_string(spareId) + "]: "
+      : link_      ? link_->linePrefix(round.nodeRank, rank, lr)
+                   : linePrefix(templ != env_.end() ? &templ->second : nullptr, options_.role,
+                                rank, lr, round.worldSize);
   const bool filteredOut =
       !options_.localRanksFilter.empty() && options_.localRanksFilter.count(lr) == 0;
   auto targets = [&](uint8_t bit, int consoleFd, const char* file, size_t tail) {
@@ -377,9 +417,28 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   recoveryPending_ = false;
   recoveryRestarts_ = round.restartCount;
   decidedFailure_.reset();
+  sparesStarted_ = false;
+  sparesDiedUnready_ = 0;
+  if (options_.spares > 0) {
+    std::string why;
+    if (!sparesUsable(why)) {
+      if (!sparesNoted_) {
+        DDPRUN_LOG(WARN, "launcher") << "--spares=" << options_.spares << ": no spares for this "
+                                     << "job: " << why;
+      }
+      sparesNoted_ = true;
+    } else if (auto* store = handler_->workerStore()) {
+      // Spares start once every worker has announced in-process recovery: a program without
+      // the runtime (a Python script, a shell worker) never gets one.
+      store->setObserver([this](const std::string& key) {
+        asio::post(io_, [this, key] { guarded([&] { onStoreSet(key); }); });
+      });
+    }
+  }
   auto group = std::make_shared<WorkerGroup>(
       io_, WorkerGroup::Callbacks{
                .exited = [this](const WorkerResult& r) { guarded([&] { onWorkerExited(r); }); },
+               .started = [this](const WorkerResult& r) { guarded([&] { onWorkerStarted(r); }); },
                .stopped = [this] { guarded([&] { onGroupStopped(); }); }});
   // Callbacks only come from the io_context, after start() returns. If start() throws, it
   // has killed and reaped what it started; the error ends the job (fail()).
@@ -398,15 +457,6 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
     // Rank 0's store (--no-agent-store) takes the job's token, as the rendezvous store does.
     if (!round.useAgentStore) workerStore.authToken = timelineStore_->authToken;
     exchange_->post([workerStore] { timeline::measureClock(workerStore); });
-  }
-  for (const auto& r : group_->results()) {
-    events::instant("worker start", "agent",
-                      events::Args()
-                          .add("rank", r.globalRank)
-                          .add("local_rank", r.localRank)
-                          .add("pid", static_cast<int64_t>(r.pid))
-                          .add("round", round.round)
-                          .add("attempt", round.restartCount));
   }
   watchProgress();
   // The attempt is the workers' TORCHELASTIC_RESTART_COUNT (what a trainer prints); a
@@ -437,12 +487,15 @@ void Agent::Impl::watchProgress() {
                .pidOf = [g = std::weak_ptr<WorkerGroup>(group_)](int localRank) -> long {
                  auto group = g.lock();
                  if (!group) return -1;
-                 // The newest process of the local rank (a replacement comes after the dead).
-                 const auto& all = group->results();
-                 for (auto r = all.rbegin(); r != all.rend(); ++r) {
-                   if (r->localRank == localRank) return r->ended ? 0 : r->pid;
+                 // The running process of the local rank (a replacement, or a spare that took
+                 // the rank, runs after the dead); 0 when every process of it ended.
+                 long found = -1;
+                 for (const auto& r : group->results()) {
+                   if (r.localRank != localRank || r.spare) continue;
+                   if (!r.ended) return r.pid;
+                   found = 0;
                  }
-                 return -1;
+                 return found;
                },
                .onSilent =
                    [this](const ProgressWatch::Worker& w, long pid, double silent) {
@@ -451,6 +504,13 @@ void Agent::Impl::watchProgress() {
 }
 
 void Agent::Impl::onWorkerExited(const WorkerResult& r) {
+  if (r.spare) {
+    onSpareExited(r);
+    return;
+  }
+  // The last worker: the group closes now and kills its waiting spares; one under SCHED_IDLE
+  // would on a busy node wait long for the CPU time its own exit takes, holding the job's end.
+  if (group_->runningCount() == 0) unidleSpares();
   events::instant("worker exit", "agent",
                     events::Args()
                         .add("rank", r.globalRank)
@@ -496,14 +556,17 @@ bool Agent::Impl::canRecoverInProcess(const WorkerResult& r) {
     const int since = lr < startedGeneration_.size() ? startedGeneration_[lr] : 0;
     return std::atoi(v->c_str()) >= since;
   };
-  if (!holdsState(r)) {
+  // The dead rank's program runs the elastic loop when a process of that rank announced it,
+  // this one or an earlier (a replacement or spare that died before it healed: the survivors
+  // still hold the state, the next generation gets a new process).
+  if (!store->get(prefix + rendezvous::recovery::announceKey(r.globalRank))) {
     return refuse("rank " + std::to_string(r.globalRank) + " had not announced in-process "
                   "recovery (its program does not run the runtime's elastic loop, or it died "
                   "before it held the training state)");
   }
   int survivors = 0;
   for (const auto& w : group_->results()) {
-    if (w.ended || w.pid == r.pid) continue;
+    if (w.ended || w.pid == r.pid || w.spare) continue;
     if (!holdsState(w)) {
       return refuse("rank " + std::to_string(w.globalRank) + " (pid " + std::to_string(w.pid) +
                     ") does not hold the training state yet");
@@ -552,37 +615,191 @@ void Agent::Impl::replaceWorker(const WorkerResult& r, const JobDecision& d) {
   if (!table.empty()) {
     progress::resetProgressRecord(table, lr, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
   }
-  group_->add(makeLaunch(round_, lr, generation));
+  int spareId = -1;
+  pid_t sparePid = -1;
+  if (!giveRankToSpare(r, generation, spareId, sparePid)) {
+    group_->add(makeLaunch(round_, lr, generation));
+  }
   startedGeneration_[static_cast<size_t>(lr)] = generation;
   const std::string cause = "rank " + std::to_string(r.globalRank) + " (pid " +
                             std::to_string(r.pid) + ") failed: " + r.describe();
   handler_->workerStore()->set(
       rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
           rendezvous::recovery::generationKey(generation),
-      rendezvous::recovery::formatGenerationRecord(
-          {.generation = generation, .replaced = {r.globalRank}, .cause = cause}));
-  const pid_t newPid = group_->results().back().pid;
+      rendezvous::recovery::formatGenerationRecord({.generation = generation,
+                                                    .replaced = {r.globalRank},
+                                                    .cause = cause,
+                                                    .spare = spareId}));
   events::instant("recovery", "agent",
                   events::Args()
                       .add("cause", cause)
                       .add("generation", generation)
                       .add("rank", r.globalRank)
+                      .add("spare", spareId)
                       .add("restarts_spent", d.restartCount));
-  events::instant("worker start", "agent",
-                  events::Args()
-                      .add("rank", r.globalRank)
-                      .add("local_rank", lr)
-                      .add("pid", static_cast<int64_t>(newPid))
-                      .add("round", round_.round)
-                      .add("attempt", round_.restartCount)
-                      .add("generation", generation));
+  const std::string taker =
+      spareId >= 0 ? "spare " + std::to_string(spareId) + " (pid " + std::to_string(sparePid) +
+                         ") takes rank " + std::to_string(r.globalRank)
+                   : "a new rank " + std::to_string(r.globalRank) + " is starting";
   DDPRUN_LOG(WARN, "launcher") << "rank " << r.globalRank << " (local rank " << lr << ", pid "
                                << r.pid << ") failed: " << r.describe()
                                << "; recovering in process (generation " << generation
-                               << "): the other workers keep running, a new rank "
-                               << r.globalRank << " is starting (restart " << d.restartCount
-                               << " of " << options_.maxRestarts << " spent)";
+                               << "): the other workers keep running, " << taker << " (restart "
+                               << d.restartCount << " of " << options_.maxRestarts << " spent)";
+  if (spareId >= 0) {
+    events::instant("spare assign", "agent",
+                    events::Args()
+                        .add("spare", spareId)
+                        .add("pid", static_cast<int64_t>(sparePid))
+                        .add("rank", r.globalRank)
+                        .add("local_rank", lr)
+                        .add("generation", generation));
+    startSpare(/*idle=*/idleSpares_ == 1);  // in the background: the next failure's
+  }
   watchProgress();  // the new process is watched from its first beat
+}
+
+bool Agent::Impl::giveRankToSpare(const WorkerResult& r, int generation, int& spareId,
+                                  pid_t& sparePid) {
+  if (!sparesStarted_) return false;
+  const pid_t pid = pickSpare(spareId);
+  if (pid <= 0 || !group_->assign(pid, r.localRank, r.globalRank)) return false;
+  sparePid = pid;
+  // A spare started under SCHED_IDLE runs at normal priority from now on: a worker at idle
+  // priority would hold back every collective of the group.
+  if (schedulingPolicy(pid) == SCHED_IDLE) {
+    std::string error;
+    leaveIdlePriority(pid, error);
+    if (!error.empty()) {
+      DDPRUN_LOG(WARN, "launcher") << "spare " << spareId << " (pid " << pid << ") takes rank "
+                                   << r.globalRank << " but stays at idle priority: " << error;
+    }
+  }
+  handler_->workerStore()->set(
+      rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
+          rendezvous::recovery::spareAssignKey(spareId),
+      rendezvous::recovery::formatSpareAssignment(
+          {.generation = generation, .rank = r.globalRank, .localRank = r.localRank}));
+  return true;
+}
+
+pid_t Agent::Impl::pickSpare(int& id) {
+  rendezvous::StoreServer* store = handler_->workerStore();
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  pid_t best = -1;
+  bool bestReady = false;
+  for (const auto& s : group_->waitingSpares()) {
+    if (s.pid <= 0) continue;  // not exec'd yet
+    const bool ready = store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value();
+    if (best > 0 && (bestReady || !ready)) continue;
+    best = s.pid;
+    bestReady = ready;
+    id = s.spareId;
+  }
+  // A spare still loading is taken too: it is further on than a process started now.
+  return best;
+}
+
+bool Agent::Impl::sparesUsable(std::string& why) const {
+  if (options_.recovery == LaunchOptions::Recovery::Restart) {
+    why = "they take a dead worker's rank only in an in-process recovery, and this job runs "
+          "with --recovery=restart";
+    return false;
+  }
+  if (handler_->workerStore() == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
+    why = "only a single node whose workers use the agent's store recovers in process";
+    return false;
+  }
+  return true;
+}
+
+void Agent::Impl::onStoreSet(const std::string& key) {
+  if (sparesStarted_ || state_ != State::Running || !group_ || options_.spares <= 0) return;
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  if (key.rfind(prefix + "ddprun/recovery/", 0) != 0) return;  // announceKey()s only
+  rendezvous::StoreServer* store = handler_->workerStore();
+  for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
+    if (!store->get(prefix + rendezvous::recovery::announceKey(round_.rankOffset + lr))) return;
+  }
+  if (idleSpares_ < 0) {
+    std::string why;
+    idleSpares_ = canLeaveIdlePriority(why) ? 1 : 0;
+    if (idleSpares_ == 0) {
+      DDPRUN_LOG(WARN, "launcher") << "--spares: spares started while training runs start at "
+                                   << "normal priority, not SCHED_IDLE: " << why;
+    }
+  }
+  // Every worker runs the elastic loop: the spares of this group start now, at normal
+  // priority (they are part of the job's start, as its workers are).
+  sparesStarted_ = true;
+  for (int i = 0; i < options_.spares; ++i) startSpare(/*idle=*/false);
+}
+
+void Agent::Impl::startSpare(bool idle) {
+  if (!group_ || group_->runningCount() == 0 || state_ != State::Running) return;
+  const int id = nextSpareId_++;
+  WorkerLaunch l = makeLaunch(round_, 0, 0, id);
+  l.spawn.idlePriority = idle;
+  group_->add(std::move(l));
+  DDPRUN_LOG(INFO, "launcher") << "starting spare " << id
+                               << (idle ? " in the background (SCHED_IDLE)" : "")
+                               << ": it loads and waits for a rank";
+}
+
+void Agent::Impl::onSpareExited(const WorkerResult& r) {
+  if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
+  // Died while waiting: the training group is not touched and no restart is spent. A spare
+  // that dies before it is ready, three times in a row, ends the spares of this group.
+  const bool wasReady =
+      handler_->workerStore()
+          ->get(rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
+                rendezvous::recovery::spareReadyKey(r.spareId))
+          .has_value();
+  sparesDiedUnready_ = wasReady ? 0 : sparesDiedUnready_ + 1;
+  events::instant("spare exit", "agent",
+                  events::Args().add("spare", r.spareId).add("pid", static_cast<int64_t>(r.pid))
+                      .add("result", r.describe()));
+  if (sparesDiedUnready_ >= 3) {
+    DDPRUN_LOG(ERROR, "launcher") << "spare " << r.spareId << " (pid " << r.pid << ") died "
+                                  << "before it was ready (" << r.describe() << "), the third "
+                                  << "in a row: no more spares for this group (see its log "
+                                  << "in " << runDir_->path() << ")";
+    return;
+  }
+  DDPRUN_LOG(WARN, "launcher") << "spare " << r.spareId << " (pid " << r.pid << ") died while "
+                               << "waiting (" << r.describe() << "): starting another; the "
+                               << "workers are not touched, no restart is spent";
+  startSpare(/*idle=*/idleSpares_ == 1);
+}
+
+void Agent::Impl::unidleSpares() {
+  if (!group_) return;
+  for (const auto& s : group_->waitingSpares()) {
+    std::string error;
+    if (s.pid > 0) leaveIdlePriority(s.pid, error);  // best effort: they are killed next
+  }
+}
+
+void Agent::Impl::onWorkerStarted(const WorkerResult& r) {
+  if (r.spare) {
+    events::instant("spare start", "agent",
+                    events::Args()
+                        .add("spare", r.spareId)
+                        .add("pid", static_cast<int64_t>(r.pid))
+                        .add("round", round_.round)
+                        .add("attempt", round_.restartCount)
+                        .add("idle_priority", schedulingPolicy(r.pid) == SCHED_IDLE ? 1 : 0));
+    return;
+  }
+  const size_t lr = static_cast<size_t>(r.localRank);
+  events::instant("worker start", "agent",
+                  events::Args()
+                      .add("rank", r.globalRank)
+                      .add("local_rank", r.localRank)
+                      .add("pid", static_cast<int64_t>(r.pid))
+                      .add("round", round_.round)
+                      .add("attempt", round_.restartCount)
+                      .add("generation", lr < startedGeneration_.size() ? startedGeneration_[lr] : 0));
 }
 
 void Agent::Impl::onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silent) {
@@ -652,6 +869,7 @@ bool Agent::Impl::workersAlreadyGone() const {
 
 void Agent::Impl::stopGroup(StopReason reason, int sig) {
   progressWatch_.reset();
+  unidleSpares();  // they are stopped with the group: their exit must not wait for idle CPU
   stopReason_ = reason;
   if (reason == StopReason::Signal) signal_ = sig;
   state_ = State::Stopping;
@@ -786,7 +1004,7 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
                          .rootCause = rc,
                          .pythonWorker = command_.python};
     for (const auto& r : group_->results()) {
-      if (r.localRank != rc.localRank && r.failed()) report.others.push_back(r);
+      if (r.localRank != rc.localRank && r.failed() && !r.spare) report.others.push_back(r);
     }
     if (runDir_->temporary()) report.keptDirectory = runDir_->path();
     Console::of(STDERR_FILENO).flush(kConsoleFlushBound);  // workers' lines before the report
@@ -817,6 +1035,7 @@ void Agent::Impl::apply(const JobDecision& d) {
 bool Agent::Impl::localSuccess() const {
   if (!group_ || group_->results().empty()) return false;
   for (const auto& r : group_->results()) {
+    if (r.spare) continue;  // a spare stopped with the group is no worker's result
     if (!r.ended || r.failed() || r.stopSignal != 0) return false;
   }
   return true;

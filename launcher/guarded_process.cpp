@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/sched.h>  // clone3's struct clone_args, CLONE_INTO_CGROUP
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -226,8 +227,8 @@ size_t killDescendants() {
 
 // The guard's whole life. `fds` are the launcher-side numbers of the descriptors it needs.
 [[noreturn]] void runGuard(int controlFd, int statusFd, int outFd, int errFd, bool devNullStdin,
-                           const WorkerCgroup& cgroup, const char* path, char* const* argv,
-                           char* const* envp) {
+                           const WorkerCgroup& cgroup, bool idle, const char* path,
+                           char* const* argv, char* const* envp) {
   // 1. Signals. The launcher forked us with every signal blocked, so none can arrive before
   //    this is done: the launcher's own handlers (which would write into the launcher's
   //    event loop through an inherited pipe) are reset, the forwarded signals ignored.
@@ -299,6 +300,10 @@ size_t killDescendants() {
     ::close(execPipe[0]);
     if (const int err = inCgroup ? 0 : joinCgroup(cgroup); err != 0) {
       sendRecord(GuardRecord::CgroupFailed, err);
+    }
+    if (idle) {
+      sched_param none{};
+      ::sched_setscheduler(0, SCHED_IDLE, &none);  // a syscall: async-signal-safe
     }
     execWorker(path, argv, envp, execPipe[1]);
   }
@@ -403,7 +408,7 @@ GuardedProcess spawnGuarded(const SpawnRequest& req) {
   const pid_t guard = ::fork();
   if (guard == 0) {
     runGuard(control.read.get(), status.write.get(), out.write.get(), err.write.get(),
-             req.stdinFromDevNull, req.cgroup, req.executable.c_str(), argv.data(),
+             req.stdinFromDevNull, req.cgroup, req.idlePriority, req.executable.c_str(), argv.data(),
              envp.data());
   }
   const int forkErrno = errno;

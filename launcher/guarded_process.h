@@ -59,6 +59,9 @@ struct SpawnRequest {
   std::vector<std::string> env;    // "KEY=VALUE"
   bool stdinFromDevNull = false;   // else the launcher's stdin is inherited
   WorkerCgroup cgroup;             // the worker's cgroup (job_cgroup.h); no dir: none
+  // The worker starts under SCHED_IDLE (it runs only on a CPU nothing else wants): a hot spare
+  // started while training runs (docs/recovery.md#hot-spares).
+  bool idlePriority = false;
 };
 
 struct GuardedProcess {

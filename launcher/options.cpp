@@ -71,6 +71,9 @@ constexpr Flag kFlags[] = {
      "after a worker's death: restart (every worker starts again), in-process (the others keep "
      "running, a replacement heals from their memory) or auto (in-process when every worker's "
      "runtime supports it, else restart); one node"},
+    {"spares", "", false, "0",
+     "hot spares per node: workers started and loaded, waiting for a rank, that take a dead "
+     "worker's rank in an in-process recovery (0-64; one node, not with --recovery=restart)"},
     {"signals-to-handle", "", false, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "signals forwarded to the workers"},
     {"pass-local-rank", "", true, "0",
@@ -277,6 +280,13 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
                  : r == "in-process" ? LaunchOptions::Recovery::InProcess
                                      : LaunchOptions::Recovery::Auto;
   }
+  o.spares = parse("spares", [](auto& v) {
+    try {
+      return parseInt(v, 0, 64);
+    } catch (const BadValue&) {
+      throw BadValue("expected a whole number of hot spares per node from 0 to 64");
+    }
+  });
   o.signalsToHandle = parse("signals-to-handle", [](auto& v) { return parseSignalList(v); });
   o.passLocalRank = flag("pass-local-rank");
   o.agentStore = !flag("no-agent-store");

@@ -88,6 +88,11 @@ struct LaunchOptions {
   // restart it is. One node with the agent's store only; elsewhere restart.
   enum class Recovery { Restart, InProcess, Auto };
   Recovery recovery = Recovery::Auto;
+  // --spares: hot spares per node (docs/recovery.md#hot-spares): started once every worker of
+  // the group announced in-process recovery, loaded, waiting for a rank; an in-process recovery
+  // gives the dead rank to one of them instead of starting a process. Unused (one line says so)
+  // under --recovery=restart or on several nodes.
+  int spares = 0;
 
   // ---- Output ----
   std::string logDir;                    // empty: a temporary directory

@@ -98,6 +98,8 @@ void WorkerGroup::spawnSlot(WorkerLaunch& l) {
   WorkerResult r;
   r.localRank = l.localRank;
   r.globalRank = l.globalRank;
+  r.spareId = l.spareId;
+  r.spare = l.spareId >= 0;
   r.errorFile = l.errorFile;
   results_.push_back(std::move(r));
 }
@@ -124,6 +126,18 @@ void WorkerGroup::add(WorkerLaunch l) {
   readStatus(i);
   readOutput(i, false);
   readOutput(i, true);
+}
+
+bool WorkerGroup::assign(pid_t pid, int localRank, int globalRank) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    WorkerResult& r = results_[i];
+    if (!r.spare || r.pid != pid || slots_[i]->ended) continue;
+    r.spare = false;
+    r.localRank = localRank;
+    r.globalRank = globalRank;
+    return true;
+  }
+  return false;
 }
 
 void WorkerGroup::readStatus(size_t i) {
@@ -217,6 +231,7 @@ void WorkerGroup::onRecord(size_t i, const GuardRecord& r) {
       slots_[i]->started = true;
       DDPRUN_LOG(DEBUG, "launcher") << "rank " << res.globalRank << " started, pid " << r.value;
       if (slots_[i]->pendingSignal != 0) ::kill(-slots_[i]->guardPid, slots_[i]->pendingSignal);
+      if (callbacks_.started) callbacks_.started(res);
       break;
     case GuardRecord::ExecFailed:
       res.execErrno = r.value;
@@ -244,6 +259,8 @@ void WorkerGroup::onWorkerEnded(size_t i) {
   res.ended = true;
   res.endTime = std::chrono::system_clock::now();
   res.stopSignal = stopSignal_;
+  // A waiting spare stopped because the group closed (every worker ended): ddprun's doing.
+  if (res.spare && controlsClosed_ && res.stopSignal == 0) res.stopSignal = SIGKILL;
   if (callbacks_.exited) callbacks_.exited(res);
   if (runningCount() == 0) closeControls();
   checkStopped();
@@ -424,14 +441,22 @@ void WorkerGroup::killAll() {
 
 size_t WorkerGroup::runningCount() const {
   size_t n = 0;
-  for (auto& s : slots_) n += s->ended ? 0 : 1;
+  for (size_t i = 0; i < slots_.size(); ++i) n += slots_[i]->ended || results_[i].spare ? 0 : 1;
   return n;
+}
+
+std::vector<WorkerResult> WorkerGroup::waitingSpares() const {
+  std::vector<WorkerResult> out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (results_[i].spare && !slots_[i]->ended) out.push_back(results_[i]);
+  }
+  return out;
 }
 
 std::vector<pid_t> WorkerGroup::workerPids() const {
   std::vector<pid_t> pids;
   for (auto& r : results_) {
-    if (r.pid > 0) pids.push_back(r.pid);
+    if (r.pid > 0 && !r.spare) pids.push_back(r.pid);
   }
   return pids;
 }

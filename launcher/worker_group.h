@@ -35,6 +35,9 @@ namespace ddprun::launcher {
 struct WorkerLaunch {
   int localRank = 0;
   int globalRank = 0;
+  // >= 0: a hot spare (docs/recovery.md#hot-spares) with this id, in no rank until assign()ed
+  // (localRank and globalRank are -1 until then).
+  int spareId = -1;
   SpawnRequest spawn;
   StreamTargets stdoutTargets;
   StreamTargets stderrTargets;
@@ -46,6 +49,8 @@ struct WorkerLaunch {
 struct WorkerResult {
   int localRank = 0;
   int globalRank = 0;
+  int spareId = -1;           // started as hot spare <id> (-1: started for a rank)
+  bool spare = false;         // a spare still waiting (not assigned): in no rank
   pid_t pid = -1;             // the worker's pid (-1 if it never started)
   bool ended = false;
   int waitStatus = 0;         // as from waitpid
@@ -68,6 +73,7 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
  public:
   struct Callbacks {
     std::function<void(const WorkerResult&)> exited;  // a worker's process ended
+    std::function<void(const WorkerResult&)> started;  // it exec'd: its pid is known (optional)
     std::function<void()> stopped;                    // everything reaped and drained
   };
   static constexpr size_t kTailLines = 20;
@@ -84,6 +90,10 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   // dead one's); its exit comes through Callbacks::exited like any other. Only before the
   // group has begun to close (some worker still running). Throws what the spawn throws.
   void add(WorkerLaunch launch);
+  // A waiting spare (started by add() with a spareId) takes local rank `localRank`, global
+  // rank `globalRank`: from now on it is that rank's worker. False when `pid` is no waiting
+  // spare of this group (it ended meanwhile).
+  bool assign(pid_t pid, int localRank, int globalRank);
   // Sends `sig` to every worker still running (its whole process group); those still
   // running after `grace` get SIGKILL.
   void stop(int sig, std::chrono::milliseconds grace);
@@ -95,8 +105,12 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   void killAll();
 
   const std::vector<WorkerResult>& results() const { return results_; }
+  // Workers running, spares still waiting not counted: once none is left, the group closes
+  // (the waiting spares are stopped with it; their results say stopSignal SIGKILL).
   size_t runningCount() const;
-  // pids of the workers that have started (for logs and tests).
+  // The waiting spares still running.
+  std::vector<WorkerResult> waitingSpares() const;
+  // pids of the workers that have started, waiting spares not included (for logs and tests).
   std::vector<pid_t> workerPids() const;
 
  private:

@@ -10,6 +10,11 @@
 //                              when every worker it would rely on has written it
 //   ddprun/generation/<g>      generation g of the group (g >= 1): written once by the agent,
 //                              the record below; survivors wait for the next one
+//   ddprun/spare/<id>/ready    a hot spare (ddprun --spares, DDPRUN_SPARE=<id>) is loaded and
+//                              waiting: its pid, set by the spare's runtime
+//   ddprun/spare/<id>/rank     the spare's assignment (SpareAssignment below): written once by
+//                              the agent, in the same turn as the generation that names the
+//                              spare; the spare WAITs for it
 // A generation's communicator keys live under "gen/<g>/" of the attempt (generation 0: none),
 // so nothing of an old generation is read by a new one.
 #include <cstdlib>
@@ -26,20 +31,25 @@ inline std::string generationKey(int generation) {
   return "ddprun/generation/" + std::to_string(generation);
 }
 inline std::string generationScope(int generation) { return "gen/" + std::to_string(generation); }
+inline std::string spareReadyKey(int id) { return "ddprun/spare/" + std::to_string(id) + "/ready"; }
+inline std::string spareAssignKey(int id) { return "ddprun/spare/" + std::to_string(id) + "/rank"; }
 
 // What the agent publishes for a generation: its number, the ranks that left and are taken by
-// new processes (world size and ranks stay: the replace policy), and one line of why.
-// Text: "generation=<g> replaced=<r>[,<r>...]\n<cause>".
+// new processes (world size and ranks stay: the replace policy), the hot spare that takes the
+// (first) rank (-1: a process started for it), and one line of why.
+// Text: "generation=<g> replaced=<r>[,<r>...][ spare=<id>]\n<cause>".
 struct GenerationRecord {
   int generation = 0;
   std::vector<int> replaced;
   std::string cause;
+  int spare = -1;
 };
 
 inline std::string formatGenerationRecord(const GenerationRecord& r) {
   std::string ranks;
   for (int x : r.replaced) ranks += (ranks.empty() ? "" : ",") + std::to_string(x);
-  return "generation=" + std::to_string(r.generation) + " replaced=" + ranks + "\n" + r.cause;
+  return "generation=" + std::to_string(r.generation) + " replaced=" + ranks +
+         (r.spare >= 0 ? " spare=" + std::to_string(r.spare) : std::string()) + "\n" + r.cause;
 }
 
 // nullopt when `text` is not such a record (a pure function: tests feed it anything).
@@ -60,8 +70,47 @@ inline std::optional<GenerationRecord> parseGenerationRecord(const std::string& 
     r.replaced.push_back(static_cast<int>(v));
   }
   if (r.replaced.empty()) return std::nullopt;
+  if (std::string spare; head >> spare) {
+    if (spare.rfind("spare=", 0) != 0 || spare.size() == 6) return std::nullopt;
+    const long v = std::strtol(spare.c_str() + 6, &end, 10);
+    if (*end != '\0' || v < 0 || v > (1 << 24)) return std::nullopt;
+    r.spare = static_cast<int>(v);
+  }
   if (eol != std::string::npos) r.cause = text.substr(eol + 1);
   return r;
+}
+
+// What a hot spare is told when it takes a rank: the generation it joins, its global and local
+// rank. Text: "generation=<g> rank=<r> local_rank=<l>".
+struct SpareAssignment {
+  int generation = 0;
+  int rank = -1;
+  int localRank = -1;
+};
+
+inline std::string formatSpareAssignment(const SpareAssignment& a) {
+  return "generation=" + std::to_string(a.generation) + " rank=" + std::to_string(a.rank) +
+         " local_rank=" + std::to_string(a.localRank);
+}
+
+// nullopt when `text` is not such an assignment (pure: tests feed it anything).
+inline std::optional<SpareAssignment> parseSpareAssignment(const std::string& text) {
+  std::istringstream in(text);
+  std::string fields[3];
+  const char* names[3] = {"generation=", "rank=", "local_rank="};
+  long values[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    if (!(in >> fields[i]) || fields[i].rfind(names[i], 0) != 0) return std::nullopt;
+    const std::string digits = fields[i].substr(std::char_traits<char>::length(names[i]));
+    char* end = nullptr;
+    values[i] = std::strtol(digits.c_str(), &end, 10);
+    if (digits.empty() || *end != '\0' || values[i] < 0 || values[i] > (1 << 24)) return std::nullopt;
+  }
+  if (std::string extra; in >> extra) return std::nullopt;
+  if (values[0] < 1) return std::nullopt;
+  return SpareAssignment{.generation = static_cast<int>(values[0]),
+                         .rank = static_cast<int>(values[1]),
+                         .localRank = static_cast<int>(values[2])};
 }
 
 }  // namespace ddprun::rendezvous::recovery

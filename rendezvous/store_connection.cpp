@@ -393,6 +393,7 @@ bool StoreConnection::handle(protocol::Request& req) {
       break;
     case Op::Set:
       table.set(key, std::move(req.values[0]), woken);
+      if (core_.onSet) core_.onSet(key);
       break;
     case Op::CompareSet:
       out.str(table.compareSet(key, req.values[0], std::move(req.values[1]), woken));

@@ -22,6 +22,8 @@
 #include <optional>
 #include <string>
 
+#include <functional>
+
 #include "rendezvous/key_table.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/store_limits.h"
@@ -36,6 +38,8 @@ struct ServerCore {
   LogThrottle closeLog;  // "closing connection from ..." lines, which a flood repeats
   std::string instanceId;  // random, per server: INFO tells a client which store it reached
   std::string jobId;       // the run id of the agent hosting it; empty for ddprun-store
+  // Told every key a client SETs (StoreServer::setObserver), after the table has it.
+  std::function<void(const std::string& key)> onSet;
   // Completes the WAITs of woken connections (their ids are waiter ids).
   virtual void wake(const KeyTable::Woken& woken) = 0;
   virtual void forget(uint64_t connectionId) = 0;

@@ -206,6 +206,9 @@ std::optional<std::string> StoreServer::get(const std::string& key) const {
   if (v == nullptr) return std::nullopt;
   return *v;
 }
+void StoreServer::setObserver(std::function<void(const std::string& key)> fn) {
+  impl_->onSet = std::move(fn);
+}
 void StoreServer::stop() { impl_->stop(); }
 StoreServerStats StoreServer::stats() const { return impl_->stats(); }
 

@@ -18,6 +18,7 @@
 //   std::cout << server.port();
 //   io.run();
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,6 +73,9 @@ class StoreServer {
   // wakes the clients waiting for the key, as a client's would.
   void set(const std::string& key, const std::string& value);
   std::optional<std::string> get(const std::string& key) const;
+  // `fn(key)` after each SET of a client, on the io_context's thread, inside the request's
+  // handling: it must not block, nor call back into the server (post what it does). Empty: none.
+  void setObserver(std::function<void(const std::string& key)> fn);
 
   class Impl;
 

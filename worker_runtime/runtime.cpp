@@ -3,7 +3,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
+#include <map>
 #include <cstdlib>
 
 #include "base/errors.h"
@@ -218,6 +222,71 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
   return comm;
 }
 
+// A hot spare (ddprun --spares, DDPRUN_SPARE=<id>; docs/recovery.md#hot-spares): the program
+// has loaded LibTorch and its data; this says so in the store and WAITs for the agent's
+// assignment (in rounds of kSpareWaitRound: no busy loop, and a store that went away ends the
+// wait with its error). Then the process takes the rank: its environment gets the rank's
+// variables (for the program's own getenv too), and the returned lookup gives them to init().
+EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
+  namespace keys = rendezvous::recovery;
+  constexpr Millis kSpareWaitRound{60'000};
+  char* end = nullptr;
+  const long id = std::strtol(spareText.c_str(), &end, 10);
+  if (*end != '\0' || id < 0 || id > (1 << 24)) {
+    throw ConfigError("DDPRUN_SPARE='" + spareText + "' is not valid: expected a spare's number "
+                      ">= 0 (ddprun --spares sets it)");
+  }
+  const std::string self = "spare " + std::to_string(id) + " (pid " + std::to_string(::getpid()) + ")";
+  log::setIdentity("spare " + std::to_string(id));
+  // The job's place without a rank: rank 0's stands in to read where the store is.
+  const EnvLookup& base = options.env;
+  const WorkerEnv env = readWorkerEnv([&](const std::string& name) -> std::optional<std::string> {
+    if (name == "RANK" || name == "LOCAL_RANK") return std::string("0");
+    return base(name);
+  });
+  if (!env.useAgentStore) {
+    throw ConfigError("DDPRUN_SPARE=" + spareText + " but TORCHELASTIC_USE_AGENT_STORE is not "
+                      "True: a spare waits in the agent's store (ddprun --spares)");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  rendezvous::PrefixStore store(keys::attemptPrefix(env.restartCount),
+                                connectAgentStore(env, timeoutFrom(options), base));
+  store.set(keys::spareReadyKey(static_cast<int>(id)), std::to_string(::getpid()));
+  DDPRUN_LOG(INFO, "runtime") << self << " ready: loaded, waiting for a rank";
+  const std::string key = keys::spareAssignKey(static_cast<int>(id));
+  for (;;) {
+    try {
+      store.wait({key}, kSpareWaitRound);
+      break;
+    } catch (const TimeoutError&) {
+      // Still no death to stand in for: wait another round.
+    }
+  }
+  const std::string text = store.get(key);
+  const auto a = keys::parseSpareAssignment(text);
+  if (!a || a->rank >= env.worldSize || a->localRank >= env.localWorldSize) {
+    throw ConfigError(self + ": the launcher's assignment '" + text + "' is not valid");
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  DDPRUN_LOG(INFO, "runtime") << self << " takes rank " << a->rank << " (local rank "
+                              << a->localRank << ") in generation " << a->generation
+                              << " after waiting " << static_cast<int64_t>(waited * 1000) << " ms";
+  const std::map<std::string, std::string> vars = {
+      {"RANK", std::to_string(a->rank)},
+      {"LOCAL_RANK", std::to_string(a->localRank)},
+      {"ROLE_RANK", std::to_string(a->rank)},
+      {"DDPRUN_PROGRESS_SLOT", std::to_string(a->localRank)},
+      {"DDPRUN_GENERATION", std::to_string(a->generation)}};
+  for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+  ::unsetenv("DDPRUN_SPARE");
+  return [vars, base](const std::string& name) -> std::optional<std::string> {
+    if (name == "DDPRUN_SPARE") return std::nullopt;
+    if (auto it = vars.find(name); it != vars.end()) return it->second;
+    return base(name);
+  };
+}
+
 }  // namespace
 
 Runtime::Runtime(WorkerEnv env, std::shared_ptr<rendezvous::Store> store,
@@ -335,6 +404,10 @@ void Runtime::shutdown() {
 }
 
 std::unique_ptr<Runtime> init(InitOptions options) {
+  // A hot spare waits here, loaded, until the launcher gives it a rank.
+  if (const auto spare = options.env("DDPRUN_SPARE"); spare && !spare->empty()) {
+    options.env = becomeRank(*spare, options);
+  }
   // First: from here on ddprun can tell this process stopped from slow (--peer-timeout),
   // through the store connection, the communicator set-up and every step.
   startHeartbeat();

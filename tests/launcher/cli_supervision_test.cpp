@@ -99,6 +99,47 @@ TEST_CASE("the recovery flag takes restart, in-process or auto", "[launcher][cli
   CHECK_THAT(r.err, Catch::Contains("--recovery=sometimes: expected one of restart, in-process, auto"));
 }
 
+TEST_CASE("the spares flag takes a whole number from 0 to 64", "[launcher][cli][recovery]") {
+  for (const char* bad : {"-1", "two", "65", "1.5"}) {
+    auto r = runDdprun({"--standalone", std::string("--spares=") + bad, "true"});
+    INFO(bad << ": " << r.err);
+    CHECK(r.code != 0);
+    CHECK_THAT(r.err, Catch::Contains(std::string("--spares=") + bad + ": expected a whole number "
+                                      "of hot spares per node from 0 to 64"));
+  }
+}
+
+TEST_CASE("spares under --recovery=restart: one line says why, none is started",
+          "[launcher][cli][recovery]") {
+  TempDir dir;
+  const std::string log = dir / "starts";
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "--recovery=restart", "--spares=1",
+                      "sh", "-c", "echo \"$RANK.$DDPRUN_SPARE\" >> " + log + "; sleep 0.3"});
+  INFO(r.err);
+  CHECK(r.code == 0);
+  auto starts = lines(readFile(log));
+  std::sort(starts.begin(), starts.end());
+  CHECK((starts == std::vector<std::string>{"0.", "1."}));
+  CHECK_THAT(r.err, Catch::Contains("--spares=1: no spares for this job: they take a dead "
+                                    "worker's rank only in an in-process recovery, and this job "
+                                    "runs with --recovery=restart"));
+}
+
+TEST_CASE("a program without the runtime never gets a spare", "[launcher][cli][recovery]") {
+  TempDir dir;
+  const std::string log = dir / "starts";
+  // --recovery=auto: spares start once every worker announced in-process recovery, which a
+  // shell worker never does; none of its processes runs without a rank.
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "--spares=2", "sh", "-c",
+                      "echo \"${RANK:-none}.${DDPRUN_SPARE:-worker}\" >> " + log + "; sleep 0.5"});
+  INFO(r.err);
+  CHECK(r.code == 0);
+  auto starts = lines(readFile(log));
+  std::sort(starts.begin(), starts.end());
+  CHECK((starts == std::vector<std::string>{"0.worker", "1.worker"}));
+  CHECK_THAT(r.err, !Catch::Contains("spare"));
+}
+
 namespace {
 
 // Workers that record the signal they get in DIR/sig.<rank>, after announcing DIR/ready.<rank>.

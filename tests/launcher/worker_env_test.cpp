@@ -1,6 +1,7 @@
 // The worker environment: exactly torchrun's variables, with the right values.
 #include <catch2/catch.hpp>
 
+#include "launcher/hot_spares.h"
 #include "launcher/worker_env.h"
 
 using namespace ddprun::launcher;
@@ -96,4 +97,15 @@ TEST_CASE("the worker's environment is the launcher's plus the overlay", "[launc
   const Environment base{{"PATH", "/bin"}, {"RANK", "stale"}, {"FOO", "bar"}};
   auto merged = mergeEnvironment(base, {{"RANK", "1"}, {"WORLD_SIZE", "2"}});
   CHECK(merged == std::vector<std::string>{"FOO=bar", "PATH=/bin", "RANK=1", "WORLD_SIZE=2"});
+}
+
+TEST_CASE("a hot spare's environment is a worker's without its rank", "[launcher][env]") {
+  // RANK and the others go also when they came from ddprun's own environment.
+  const std::vector<std::string> worker{"DDPRUN_GENERATION=2", "DDPRUN_PROGRESS_FILE=/p",
+                                        "DDPRUN_PROGRESS_SLOT=1", "DDPRUN_SPARE=9", "LOCAL_RANK=1",
+                                        "MASTER_PORT=5", "RANKING=keep", "RANK=1", "ROLE_RANK=1",
+                                        "WORLD_SIZE=2"};
+  CHECK(spareEnvironment(worker, 3) ==
+        std::vector<std::string>{"DDPRUN_PROGRESS_FILE=/p", "MASTER_PORT=5", "RANKING=keep",
+                                 "WORLD_SIZE=2", "DDPRUN_SPARE=3"});
 }

@@ -29,10 +29,10 @@ constexpr auto kJobTimeout = std::chrono::seconds(120);
 
 // One training job's settings: 4096 examples, global batch 32 -> 128 steps per epoch, 2 epochs.
 // Checkpoints every 10 steps; none of the runs differs in anything that reaches the weights.
-std::vector<std::string> trainerArgs(const std::string& dir, int perRankBatch) {
+std::vector<std::string> trainerArgs(const std::string& dir, int perRankBatch, int epochs = 2) {
   return {kBin + "/mnist_mlp",   "--train-limit",    "4096",      "--test-limit",
           "1000",                "--batch-size",     std::to_string(perRankBatch),
-          "--epochs",            "2",                "--seed",    "11",
+          "--epochs",            std::to_string(epochs), "--seed", "11",
           "--lr",                "0.05",             "--log-interval", "32",
           "--checkpoint-dir",    dir + "/ckpt",      "--checkpoint-interval", "10",
           "--metrics",           dir + "/metrics.jsonl", "--save-weights", dir + "/final.pt"};
@@ -346,6 +346,168 @@ TEST_CASE("in-process recovery: a death with no restart left ends the job with i
   CHECK_THAT(job.output(), Contains("signal 9 (SIGKILL)"));
   CHECK_THAT(job.output(), !Contains("recovering in process"));
   CHECK_FALSE(fs::exists(dir / "final.pt"));
+}
+
+// ---- Hot spares (ddprun --spares, docs/recovery.md#hot-spares) ----
+
+// 4 epochs (512 steps): a spare starts once both workers announced (after their first step) and
+// must be ready well before the end, however loaded the machine.
+constexpr int kSpareEpochs = 4;
+
+// The uninterrupted run of the spare tests' length (run once per test process).
+const TempDir& spareReferenceRun() {
+  static TempDir dir;
+  static const bool done = [] {
+    const auto r = runJob(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs)), dir / "log");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    REQUIRE_THAT(r.output, Contains("done: 512 steps"));
+    return true;
+  }();
+  (void)done;
+  return dir;
+}
+
+// Waits until the job's output holds `text`; false when the job ended first or the deadline
+// passed.
+bool waitForOutput(Job& job, const std::string& text) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (job.output().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Waits for hot spare `id` to exist; its pid, or -1.
+pid_t waitForSpare(Job& job, int id) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
+    if (const pid_t p = sparePid(job.pid(), id, "mnist_mlp"); p > 0) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+// The scheduling policy of `pid` (field 41 of /proc/<pid>/stat; SCHED_IDLE is 5), or -1.
+int policyOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 41; ++i) {
+    if (!(rest >> field)) return -1;
+  }
+  return std::stoi(field);
+}
+
+bool alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
+}
+
+TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and heals, the survivor "
+          "keeps its process, weights bit-identical", "[elastic][recovery][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = spareReferenceRun();
+  TempDir dir;
+  std::string output;
+  pid_t spare = -1, nextSpare = -1;
+  int nextPolicy = -1;
+  {
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
+                        {"--max-restarts=1", "--recovery=in-process", "--spares=1"}),
+            {}, dir / "log");
+    // The spare starts once both workers announced in-process recovery; killed once it waits.
+    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank"));
+    spare = sparePid(job.pid(), 0, "mnist_mlp");
+    const pid_t survivorPid = workerPid(job.pid(), 0, "mnist_mlp");
+    const pid_t victimPid = workerPid(job.pid(), 1, "mnist_mlp");
+    REQUIRE(spare > 0);
+    REQUIRE(survivorPid > 0);
+    REQUIRE(victimPid > 0);
+    REQUIRE_FALSE(job.exited());
+    REQUIRE(::kill(victimPid, SIGKILL) == 0);
+    // A new spare starts in the background, under SCHED_IDLE, while the old one is rank 1.
+    nextSpare = waitForSpare(job, 1);
+    if (nextSpare > 0) nextPolicy = policyOf(nextSpare);
+    const bool spareAliveAsRank1 = alive(spare);
+    // No process was started for rank 1: the spare (started without RANK) is rank 1 now.
+    const pid_t startedAsRank1 = workerPid(job.pid(), 1, "mnist_mlp");
+    const pid_t survivorNow = workerPid(job.pid(), 0, "mnist_mlp");
+    const int code = job.wait(kJobTimeout);
+    output = job.output();
+    INFO(output);
+    REQUIRE(code == 0);
+    CHECK(spareAliveAsRank1);
+    CHECK(startedAsRank1 < 0);
+    CHECK(survivorNow == survivorPid);
+  }
+  INFO(output);
+  const std::string sp = std::to_string(spare);
+  CHECK_THAT(output, Contains("recovering in process (generation 1): the other workers keep "
+                              "running, spare 0 (pid " + sp + ") takes rank 1"));
+  CHECK_THAT(output, Contains("spare 0 (pid " + sp + ") takes rank 1 (local rank 1) in "
+                              "generation 1"));
+  CHECK_THAT(output, Contains("rank 1 joined generation 1 and healed from rank 0's memory"));
+  CHECK_THAT(output, Contains("rank 0 recovered in process"));
+  CHECK_THAT(output, !Contains("a new rank 1 is starting"));
+  CHECK(nextSpare > 0);
+  CHECK(nextSpare != spare);
+  CHECK(nextPolicy == 5);  // SCHED_IDLE: its start-up takes no CPU time training wants
+  CHECK_THAT(output, Contains("starting spare 1 in the background (SCHED_IDLE)"));
+  CHECK_THAT(output, !Contains("attempt 1"));
+  CHECK_THAT(output, !Contains("resumed from checkpoint"));
+  CHECK_THAT(output, Contains("done: 512 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers are not touched "
+          "and no restart is spent", "[elastic][recovery][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = spareReferenceRun();
+  TempDir dir;
+  std::string output;
+  {
+    // --max-restarts=0: a restart (or an in-process recovery) spent would end the job.
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
+                        {"--max-restarts=0", "--recovery=in-process", "--spares=1"}),
+            {}, dir / "log");
+    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank"));
+    const pid_t spare = sparePid(job.pid(), 0, "mnist_mlp");
+    const pid_t w0 = workerPid(job.pid(), 0, "mnist_mlp");
+    const pid_t w1 = workerPid(job.pid(), 1, "mnist_mlp");
+    REQUIRE(spare > 0);
+    REQUIRE(w0 > 0);
+    REQUIRE(w1 > 0);
+    REQUIRE_FALSE(job.exited());
+    REQUIRE(::kill(spare, SIGKILL) == 0);
+    const pid_t next = waitForSpare(job, 1);
+    const pid_t w0Now = workerPid(job.pid(), 0, "mnist_mlp");
+    const pid_t w1Now = workerPid(job.pid(), 1, "mnist_mlp");
+    const int code = job.wait(kJobTimeout);
+    output = job.output();
+    INFO(output);
+    REQUIRE(code == 0);
+    CHECK(next > 0);
+    CHECK(w0Now == w0);
+    CHECK(w1Now == w1);
+    CHECK_THAT(output, Contains("spare 0 (pid " + std::to_string(spare) + ") died while waiting "
+                                "(signal 9 (SIGKILL)): starting another; the workers are not "
+                                "touched, no restart is spent"));
+  }
+  INFO(output);
+  CHECK_THAT(output, !Contains("recovering in process"));
+  CHECK_THAT(output, !Contains("restarting the worker group"));
+  CHECK_THAT(output, !Contains("attempt 1"));
+  CHECK_THAT(output, Contains("done: 512 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
 TEST_CASE("2 workers match 1 worker with the same global batch", "[elastic][slow]") {

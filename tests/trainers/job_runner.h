@@ -53,21 +53,34 @@ inline std::vector<pid_t> descendants(pid_t root) {
   return out;
 }
 
-// The worker of global rank `rank` under launcher `launcher` (the descendant whose environment
-// has RANK=<rank> and whose executable is `program`), or -1.
-inline pid_t workerPid(pid_t launcher, int rank, const std::string& program) {
+// The descendant of `launcher` whose executable is `program` and whose environment, as it was
+// started, holds `entry` ("RANK=1"), or -1. (/proc/<pid>/environ keeps the environment the
+// process was started with: what it setenv()s later is not there.)
+inline pid_t descendantWithEnv(pid_t launcher, const std::string& entry, const std::string& program) {
   for (pid_t p : descendants(launcher)) {
     std::ifstream comm("/proc/" + std::to_string(p) + "/comm");
     std::string name;
     std::getline(comm, name);
     if (name != program.substr(0, 15)) continue;
     std::ifstream env("/proc/" + std::to_string(p) + "/environ");
-    std::string entry;
-    while (std::getline(env, entry, '\0')) {
-      if (entry == "RANK=" + std::to_string(rank)) return p;
+    std::string e;
+    while (std::getline(env, e, '\0')) {
+      if (e == entry) return p;
     }
   }
   return -1;
+}
+
+// The worker of global rank `rank` under launcher `launcher` (the descendant whose environment
+// has RANK=<rank> and whose executable is `program`), or -1.
+inline pid_t workerPid(pid_t launcher, int rank, const std::string& program) {
+  return descendantWithEnv(launcher, "RANK=" + std::to_string(rank), program);
+}
+
+// Hot spare `id` (ddprun --spares: DDPRUN_SPARE=<id>, no RANK), or -1. A spare that took a
+// rank keeps this environment in /proc.
+inline pid_t sparePid(pid_t launcher, int id, const std::string& program) {
+  return descendantWithEnv(launcher, "DDPRUN_SPARE=" + std::to_string(id), program);
 }
 
 class Job {

@@ -169,4 +169,36 @@ TEST_CASE("recovery keys: the generation record round-trips and refuses bad text
   }
   CHECK(keys::generationKey(2) == "ddprun/generation/2");
   CHECK(keys::attemptPrefix(1) == "/worker/attempt_1");
+  CHECK(r->spare == -1);
+  // A generation whose rank a hot spare takes names it.
+  const auto withSpare = keys::parseGenerationRecord(keys::formatGenerationRecord(
+      {.generation = 2, .replaced = {1}, .cause = "x", .spare = 7}));
+  REQUIRE(withSpare);
+  CHECK(withSpare->spare == 7);
+  CHECK(withSpare->replaced == std::vector<int>{1});
+  for (const char* bad : {"generation=2 replaced=1 spare=", "generation=2 replaced=1 spare=-1",
+                          "generation=2 replaced=1 spare=a", "generation=2 replaced=1 spares=1"}) {
+    INFO(bad);
+    CHECK_FALSE(keys::parseGenerationRecord(bad));
+  }
+}
+
+TEST_CASE("recovery keys: a spare's assignment round-trips and refuses bad text",
+          "[runtime][elastic]") {
+  namespace keys = ddprun::rendezvous::recovery;
+  const auto a = keys::parseSpareAssignment(
+      keys::formatSpareAssignment({.generation = 4, .rank = 3, .localRank = 1}));
+  REQUIRE(a);
+  CHECK(a->generation == 4);
+  CHECK(a->rank == 3);
+  CHECK(a->localRank == 1);
+  for (const char* bad : {"", "generation=0 rank=1 local_rank=1", "generation=1 rank=-1 local_rank=0",
+                          "generation=1 rank=1", "rank=1 generation=1 local_rank=1",
+                          "generation=1 rank=1 local_rank=1 extra", "generation=1 rank=x local_rank=1",
+                          "generation=1 rank= local_rank=1"}) {
+    INFO(bad);
+    CHECK_FALSE(keys::parseSpareAssignment(bad));
+  }
+  CHECK(keys::spareReadyKey(2) == "ddprun/spare/2/ready");
+  CHECK(keys::spareAssignKey(2) == "ddprun/spare/2/rank");
 }

@@ -43,8 +43,9 @@ void Collectives::allreduce(void* data, size_t count, c10::ScalarType type, Redu
   if (count == 0 || size() == 1) return;
   sync_.checkPeers();
   const size_t es = c10::elementSize(type);
+  const bool stream = streams(count * es);
   if (!lent_.empty() && count * es > options_.directMaxBytes &&
-      allreduceInPlace(static_cast<char*>(data), count, type, op, deadline)) {
+      allreduceInPlace(static_cast<char*>(data), count, type, op, stream, deadline)) {
     inPlace_.fetch_add(count * es, std::memory_order_relaxed);
     return;
   }
@@ -56,7 +57,7 @@ void Collectives::allreduce(void* data, size_t count, c10::ScalarType type, Redu
     if (m * es <= options_.directMaxBytes) {
       allreduceDirect(bytes + done * es, m, type, op, deadline);
     } else {
-      allreduceScatterGather(bytes + done * es, m, type, op, deadline);
+      allreduceScatterGather(bytes + done * es, m, type, op, stream, deadline);
     }
   }
 }
@@ -66,11 +67,11 @@ void Collectives::allreduceDirect(char* data, size_t count, c10::ScalarType type
   const int P = size();
   const int parity = nextParity();
   const size_t n = count * c10::elementSize(type);
-  copyOut(segment_.slot(parity, rank()), data, n);
+  std::memcpy(segment_.slot(parity, rank()), data, n);
   phase(deadline);
   InputList list(P);
   const void** inputs = list.data();
-  // Ours read in place (the same bytes as our slot's; the slot's were streamed out of cache).
+  // Ours read in place (the same bytes as our slot's).
   for (int j = 0; j < P; ++j) inputs[j] = j == rank() ? data : segment_.slot(parity, j);
   void* const out[1] = {data};
   reduceManyTo(out, 1, inputs, P, count, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
@@ -78,7 +79,7 @@ void Collectives::allreduceDirect(char* data, size_t count, c10::ScalarType type
 }
 
 void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarType type,
-                                         ReduceOp op, Clock::time_point deadline) {
+                                         ReduceOp op, bool stream, Clock::time_point deadline) {
   const int P = size();
   const int r = rank();
   const int parity = nextParity();
@@ -90,8 +91,8 @@ void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarTy
   auto hi = [&](int j) { return std::min(count, slice * (j + 1)); };
   char* mine = segment_.slot(parity, r);
   // The parts the others own; our own slice is read in place.
-  copyOut(mine, data, lo(r) * es);
-  copyOut(mine + hi(r) * es, data + hi(r) * es, (count - hi(r)) * es);
+  copyOut(mine, data, lo(r) * es, stream);
+  copyOut(mine + hi(r) * es, data + hi(r) * es, (count - hi(r)) * es, stream);
   phase(deadline);
   if (const size_t len = hi(r) - lo(r); len > 0) {
     InputList list(P);
@@ -102,7 +103,7 @@ void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarTy
     // Into our buffer and our slot (for the peers), in one pass.
     void* const outputs[2] = {data + lo(r) * es, mine + lo(r) * es};
     reduceManyTo(outputs, 2, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
-                 op == ReduceOp::Avg ? P : 1, options_.streamStores ? 1 : -1);
+                 op == ReduceOp::Avg ? P : 1, stream ? 1 : -1);
   }
   phase(deadline);
   for (int j = 0; j < P; ++j) {
@@ -111,8 +112,8 @@ void Collectives::allreduceScatterGather(char* data, size_t count, c10::ScalarTy
   }
 }
 
-void Collectives::copyOut(char* slot, const void* from, size_t bytes) const {
-  if (options_.streamStores) {
+void Collectives::copyOut(char* slot, const void* from, size_t bytes, bool stream) {
+  if (stream) {
     streamCopy(slot, from, bytes);
   } else {
     std::memcpy(slot, from, bytes);
@@ -124,7 +125,7 @@ void Collectives::addLent(const std::shared_ptr<SharedMapping>& mapping, size_t 
 }
 
 bool Collectives::allreduceInPlace(char* data, size_t count, c10::ScalarType type, ReduceOp op,
-                                   Clock::time_point deadline) {
+                                   bool stream, Clock::time_point deadline) {
   const int P = size();
   const int r = rank();
   const size_t es = c10::elementSize(type);
@@ -178,7 +179,7 @@ bool Collectives::allreduceInPlace(char* data, size_t count, c10::ScalarType typ
       if (j != r) outputs[o++] = tensorOf(j) + lo(r) * es;
     }
     reduceManyTo(outputs, P, inputs, P, len, type, op == ReduceOp::Avg ? ReduceOp::Sum : op,
-                 op == ReduceOp::Avg ? P : 1, options_.streamStores ? 1 : -1);
+                 op == ReduceOp::Avg ? P : 1, stream ? 1 : -1);
   }
   phase(deadline);  // every slice is in every tensor, and nobody reads a peer's tensor any more
   return true;
@@ -188,11 +189,12 @@ void Collectives::broadcast(void* data, size_t bytes, int root, Clock::time_poin
   if (bytes == 0 || size() == 1) return;
   sync_.checkPeers();
   const size_t chunk = segment_.slotBytes();
+  const bool stream = streams(bytes);
   auto* p = static_cast<char*>(data);
   for (size_t done = 0; done < bytes; done += chunk) {
     const size_t n = std::min(chunk, bytes - done);
     const int parity = nextParity();
-    if (rank() == root) copyOut(segment_.slot(parity, root), p + done, n);
+    if (rank() == root) copyOut(segment_.slot(parity, root), p + done, n, stream);
     phase(deadline);
     if (rank() != root) std::memcpy(p + done, segment_.slot(parity, root), n);
   }
@@ -206,10 +208,11 @@ void Collectives::allgather(const void* in, size_t bytes, void* out, Clock::time
   if (size() == 1) return;
   sync_.checkPeers();
   const size_t chunk = segment_.slotBytes();
+  const bool stream = streams(bytes * size());
   for (size_t done = 0; done < bytes; done += chunk) {
     const size_t n = std::min(chunk, bytes - done);
     const int parity = nextParity();
-    copyOut(segment_.slot(parity, rank()), i + done, n);
+    copyOut(segment_.slot(parity, rank()), i + done, n, stream);
     phase(deadline);
     for (int j = 0; j < size(); ++j) {
       if (j != rank()) std::memcpy(o + j * bytes + done, segment_.slot(parity, j), n);

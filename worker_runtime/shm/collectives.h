@@ -40,10 +40,14 @@ namespace ddprun::runtime::shm {
 
 struct CollectiveOptions {
   size_t directMaxBytes = 16u << 10;
-  // Bytes meant for peers (a slot's, a peer's tensor in lent memory) are stored with streamCopy
-  // (reduce.h), not through this core's cache: the peers' copies of those lines are then not
-  // fetched line by line first. False: memcpy (for A/B runs).
+  // In a message of at least streamMinBytes, bytes meant for peers (a slot's, a peer's tensor in
+  // lent memory) are stored with streamCopy (reduce.h), not through this core's cache: the peers'
+  // copies of those lines are then not fetched line by line first, and a message larger than the
+  // caches does not evict the rest. A smaller message stays in the caches, where the peer reads
+  // it fastest: on this machine class (2 ranks, quiet) streaming made 64 KiB..1 MiB 1.3-1.6x
+  // slower, was even at 4 MiB and 1.4x faster from 16 MiB on. False: never (for A/B runs).
   bool streamStores = true;
+  size_t streamMinBytes = 8u << 20;
   SyncOptions sync;
 };
 
@@ -77,16 +81,20 @@ class Collectives {
   // Posts the next phase and waits for every peer to post it.
   void phase(Clock::time_point deadline) { sync_.waitAll(sync_.post(), deadline); }
   int nextParity() { return static_cast<int>(chunks_++ & 1); }
-  // Copies into a slot (streamStores: streamCopy).
-  void copyOut(char* slot, const void* from, size_t bytes) const;
+  // Whether a message of `bytes` streams what it stores for peers (streamMinBytes).
+  bool streams(size_t bytes) const {
+    return options_.streamStores && bytes >= options_.streamMinBytes;
+  }
+  // Copies into a slot (stream: streamCopy, else memcpy).
+  static void copyOut(char* slot, const void* from, size_t bytes, bool stream);
   void allreduceDirect(char* data, size_t count, c10::ScalarType type, ReduceOp op,
                        Clock::time_point deadline);
   void allreduceScatterGather(char* data, size_t count, c10::ScalarType type, ReduceOp op,
-                              Clock::time_point deadline);
+                              bool stream, Clock::time_point deadline);
   // The allreduce in lent memory; false (after one phase, on every rank alike) when the ranks'
   // tensors do not all lie at the same place in it.
   bool allreduceInPlace(char* data, size_t count, c10::ScalarType type, ReduceOp op,
-                        Clock::time_point deadline);
+                        bool stream, Clock::time_point deadline);
 
   struct Lent {
     std::weak_ptr<SharedMapping> mapping;

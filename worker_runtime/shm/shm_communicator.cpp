@@ -54,6 +54,7 @@ class ShmCommunicator final : public Communicator {
     collectives_ = std::make_unique<Collectives>(
         *segment_, CollectiveOptions{.directMaxBytes = options_.directMaxBytes,
                                      .streamStores = options_.streamStores,
+                                     .streamMinBytes = options_.streamMinBytes,
                                      .sync = {.spinMicros = spin,
                                               .yieldMicros = options_.yieldMicros >= 0
                                                                  ? options_.yieldMicros

@@ -38,7 +38,8 @@ struct ShmOptions {
   int spinMicros = -1;
   int yieldMicros = -1;
   int pollMillis = 10;  // liveness and deadline checks while asleep
-  bool streamStores = true;  // CollectiveOptions::streamStores (collectives.h)
+  bool streamStores = true;  // CollectiveOptions::streamStores, streamMinBytes (collectives.h)
+  size_t streamMinBytes = 8u << 20;
   std::string namePrefix = "ddprun";  // of the segment's name in /dev/shm (segment.h)
 };
 

@@ -1,0 +1,94 @@
+#include "launcher/hot_spares.h"
+
+#include <dirent.h>
+#include <sched.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace ddprun::launcher {
+
+std::vector<std::string> spareEnvironment(const std::vector<std::string>& workerEnv, int id) {
+  std::vector<std::string> out;
+  out.reserve(workerEnv.size() + 1);
+  for (const auto& entry : workerEnv) {
+    bool dropped = entry.rfind("DDPRUN_SPARE=", 0) == 0;
+    for (const auto& name : spareDroppedVariables()) dropped = dropped || entry.rfind(name + "=", 0) == 0;
+    if (!dropped) out.push_back(entry);
+  }
+  out.push_back("DDPRUN_SPARE=" + std::to_string(id));
+  return out;
+}
+
+namespace {
+// CAP_SYS_NICE (23) in this process's effective set, from /proc/self/status.
+bool hasSysNice() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("CapEff:", 0) != 0) continue;
+    const unsigned long long caps = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return (caps >> 23) & 1ULL;
+  }
+  return false;
+}
+}  // namespace
+
+bool canLeaveIdlePriority(std::string& why) {
+  if (hasSysNice()) return true;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NICE, &rl) == 0 && (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= 20)) {
+    return true;
+  }
+  why = "ddprun has neither CAP_SYS_NICE nor an RLIMIT_NICE of 20 (ulimit -e " +
+        std::to_string(rl.rlim_cur) + "), so a spare could not leave SCHED_IDLE when it takes a "
+        "rank";
+  return false;
+}
+
+int leaveIdlePriority(pid_t pid, std::string& error) {
+  int moved = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+      if (moved == 0) error = dir + ": " + std::strerror(errno);
+      return moved;
+    }
+    while (dirent* e = ::readdir(d)) {
+      const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (tid <= 0) continue;
+      const int policy = ::sched_getscheduler(tid);
+      if (policy != SCHED_IDLE) continue;
+      sched_param normal{};
+      if (::sched_setscheduler(tid, SCHED_OTHER, &normal) == 0) {
+        ++moved;
+      } else if (errno != ESRCH && error.empty()) {
+        error = "sched_setscheduler(" + std::to_string(tid) + ", SCHED_OTHER): " +
+                std::strerror(errno);
+      }
+    }
+    ::closedir(d);
+  }
+  return moved;
+}
+
+int schedulingPolicy(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  // Fields after the command: state is field 3; policy is field 41.
+  for (int i = 3; i <= 41; ++i) {
+    if (!(rest >> field)) return -1;
+  }
+  return std::atoi(field.c_str());
+}
+
+}  // namespace ddprun::launcher
