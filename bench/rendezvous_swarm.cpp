@@ -1,16 +1,19 @@
 #include "bench/rendezvous_swarm.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <semaphore>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -43,7 +46,14 @@ StoreProcess::StoreProcess(const std::string& binary) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  const int rc = ::posix_spawn(&pid_, a[0], &fa, nullptr, a.data(), e.data());
+  // A session of its own: with the kernel's autogroup scheduling (sched_autogroup_enabled),
+  // the store then gets a fair share of the CPU against this process as a whole, as a store on
+  // its own host would, instead of one share among the 10,000 agents' threads.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+  const int rc = ::posix_spawn(&pid_, a[0], &fa, &attr, a.data(), e.data());
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   ::close(out[1]);
   if (rc != 0) {
@@ -155,6 +165,8 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+constexpr Millis kForever{86'400'000};  // until the end of the run
+
 // 127.1.x.y: distinct advertised addresses (never bound), so ranks follow address order.
 std::string agentAddr(int i) {
   return "127.1." + std::to_string(i / 250) + "." + std::to_string(1 + i % 250);
@@ -168,9 +180,37 @@ struct SimAgent {
   RoundInfo first, second;
   Clock::time_point formedAt, reformedAt;
   StoreTraffic::Snapshot atStart, atFormed, atReformed;
-  std::string error;
-  bool superseded = false;  // guarded by the swarm's mutex
-  bool formed = false;      // likewise
+  std::string error;                   // written by the agent's thread before it counts itself
+  std::atomic<bool> superseded{false};  // its round 1 ended (its watcher's event)
+  // Wakes this agent alone (its event, or the end of the run): a swarm-wide notify_all would
+  // wake every waiting agent for each event, O(N^2) wake-ups.
+  std::counting_semaphore<> wake{0};
+};
+
+// Threads created while it lives get `bytes` of stack (glibc's default for threads made
+// without attributes, as std::thread makes them; the agents' watcher threads too), instead of
+// RLIMIT_STACK's 8 MiB: 20,000 threads' stacks.
+class SmallStacks {
+ public:
+  explicit SmallStacks(size_t bytes) {
+    ok_ = ::pthread_getattr_default_np(&old_) == 0;
+    pthread_attr_t a;
+    if (!ok_ || ::pthread_getattr_default_np(&a) != 0) return;
+    ::pthread_attr_setstacksize(&a, bytes);
+    ::pthread_setattr_default_np(&a);
+    ::pthread_attr_destroy(&a);
+  }
+  ~SmallStacks() {
+    if (!ok_) return;
+    ::pthread_setattr_default_np(&old_);
+    ::pthread_attr_destroy(&old_);
+  }
+  SmallStacks(const SmallStacks&) = delete;
+  SmallStacks& operator=(const SmallStacks&) = delete;
+
+ private:
+  pthread_attr_t old_{};
+  bool ok_ = false;
 };
 
 }  // namespace
@@ -195,11 +235,25 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   const int victim = static_cast<int>(rng() % n);
 
   std::vector<SimAgent> agents(n);
+  // The main thread waits on `cv` for the counts; agents wait on their own semaphores.
   std::mutex mu;
   std::condition_variable cv;
-  bool go = false, done = false;
-  int formed = 0, reformed = 0;
+  bool go = false;
+  std::atomic<bool> done{false};
+  int formed = 0, reformed = 0;  // guarded by mu
   Clock::time_point t0;
+  auto count = [&](int& counter, int target) {
+    std::lock_guard<std::mutex> g(mu);
+    if (++counter == target) cv.notify_all();
+  };
+  // Blocks agent `a` until `ready()` or the end of the run; false after `timeout`.
+  auto sleepUntil = [&](SimAgent& a, Millis timeout, auto ready) {
+    const auto deadline = Clock::now() + timeout;
+    while (!ready() && !done) {
+      if (!a.wake.try_acquire_until(deadline)) return ready() || done.load();
+    }
+    return true;
+  };
 
   auto body = [&](int i) {
     SimAgent& a = agents[i];
@@ -208,6 +262,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       cv.wait(lock, [&] { return go; });
     }
     std::this_thread::sleep_until(t0 + arrival[i]);
+    bool counted = false;  // in `formed`
     try {
       DynamicRendezvousOptions opt;
       opt.runId = runId;
@@ -221,51 +276,47 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       opt.joinTimeout = o.timeout;
       opt.lastCallTimeout = o.timeout;  // round 1 closes at MAX, round 2 when every survivor is back
       opt.heartbeat = {.interval = Millis(0)};
+      opt.watcherOnAgentConnection = true;  // one connection per agent
       a.atStart = a.traffic->snapshot();
-      a.rdzv = std::make_unique<DynamicRendezvous>(opt, [&, i](const RoundEvent& e) {
+      a.rdzv = std::make_unique<DynamicRendezvous>(opt, [&a](const RoundEvent& e) {
         if (e.kind != RoundEvent::Kind::Superseded) return;
-        {
-          std::lock_guard<std::mutex> g(mu);
-          agents[i].superseded = true;
-        }
-        cv.notify_all();
+        a.superseded = true;
+        a.wake.release();
       });
       a.id = a.rdzv->self().id;
       a.first = a.rdzv->nextRound();
       a.formedAt = Clock::now();
       a.atFormed = a.traffic->snapshot();
-      std::unique_lock<std::mutex> lock(mu);
-      a.formed = true;
-      ++formed;
-      cv.notify_all();
+      counted = true;
+      count(formed, n);
       if (i == victim) {
-        cv.wait(lock, [&] { return done; });
+        sleepUntil(a, kForever, [] { return false; });
         return;
       }
-      if (!cv.wait_for(lock, o.timeout, [&] { return a.superseded || done; }) || done) {
-        if (!done) a.error = "round " + std::to_string(a.first.round) + " never ended";
+      if (!sleepUntil(a, o.timeout, [&] { return a.superseded.load(); })) {
+        a.error = "round " + std::to_string(a.first.round) + " never ended";
+        count(reformed, n - 1);
         return;
       }
-      lock.unlock();
+      if (done) return;
       a.second = a.rdzv->nextRound();
       a.reformedAt = Clock::now();
       a.atReformed = a.traffic->snapshot();
-      lock.lock();
-      ++reformed;
-      cv.notify_all();
-      cv.wait(lock, [&] { return done; });
+      count(reformed, n - 1);
+      sleepUntil(a, kForever, [] { return false; });
     } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> g(mu);
       a.error = e.what();
-      if (!a.formed) ++formed;  // counted (with an error), so the swarm does not wait for it
-      ++reformed;
-      cv.notify_all();
+      if (!counted) count(formed, n);  // counted (with an error), so the swarm does not wait for it
+      count(reformed, n - 1);
     }
   };
 
   std::vector<std::thread> threads;
   threads.reserve(n);
-  for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
+  {
+    SmallStacks stacks(256 << 10);
+    for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
+  }
   const double cpu0 = store.cpuSeconds();
   {
     std::lock_guard<std::mutex> g(mu);
@@ -281,19 +332,16 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     return "";
   };
   auto finish = [&] {
-    {
-      std::lock_guard<std::mutex> g(mu);
-      done = true;
-    }
-    cv.notify_all();
+    done = true;
+    for (auto& a : agents) a.wake.release();
     for (auto& t : threads) t.join();
     agents.clear();  // stops every agent's watcher before the store goes
   };
 
   {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, o.timeout + o.spread + Millis(5'000), [&] { return formed == n; });
-    if (formed != n) r.error = std::to_string(n - formed) + " agents' round 1 did not close";
+    cv.wait_for(lock, o.timeout + o.spread + Millis(5'000), [&] { return formed >= n; });
+    if (formed < n) r.error = std::to_string(n - formed) + " agents' round 1 did not close";
   }
   if (r.error.empty()) r.error = firstError();
   if (!r.error.empty()) {
@@ -340,8 +388,8 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   }
   if (r.error.empty()) {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, o.timeout + Millis(5'000), [&] { return reformed == n - 1; });
-    if (reformed != n - 1) r.error = std::to_string(n - 1 - reformed) + " survivors did not re-form";
+    cv.wait_for(lock, o.timeout + Millis(5'000), [&] { return reformed >= n - 1; });
+    if (reformed < n - 1) r.error = std::to_string(n - 1 - reformed) + " survivors did not re-form";
   }
   if (r.error.empty()) r.error = firstError();
   if (r.error.empty()) {

@@ -68,6 +68,12 @@ class CountingStore final : public Store {
     count(sizes(keys));
     inner_->wait(keys, timeout);
   }
+  std::optional<std::string> waitGet(const std::string& key, Millis timeout) override {
+    count(key.size());
+    auto v = inner_->waitGet(key, timeout);
+    if (v) t_->bytes += static_cast<int64_t>(v->size());
+    return v;
+  }
   bool deleteKey(const std::string& key) override {
     count(key.size());
     return inner_->deleteKey(key);
@@ -141,7 +147,8 @@ class CountingBackend final : public RendezvousBackend {
     auto tcp = std::make_shared<TcpStore>(store_);
     auto counted = std::make_shared<CountingStore>(tcp, traffic_);
     return {std::make_shared<PrefixStore>("ddprun/rdzv/" + runId, counted),
-            [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); }};
+            [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); },
+            [tcp](bool on) { tcp->setWaitsCancelled(on); }};
   }
   std::unique_ptr<Liveness> startLiveness(LivenessContext ctx) const override {
     if (heartbeat_.interval.count() <= 0) return nullptr;

@@ -61,6 +61,7 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
   self_.fixedRank = options_.fixedRank;
 
   main_ = connect();
+  sharedWatcher_ = options_.watcherOnAgentConnection && main_.cancelWaits != nullptr;
   log_ = std::make_unique<StateLog>(*main_.store, lim, options_.backend->slotJoin());
   checkSettings();
   // The background threads connect on their own threads, off the join's critical path.
@@ -143,44 +144,99 @@ Versioned DynamicRendezvous::fresh() {
 
 void DynamicRendezvous::watch(int64_t round) {
   {
-    std::lock_guard<std::mutex> g(mu_);
-    watchRound_ = round;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (round < 0) {
+      disarmLocked(lock);
+    } else {
+      watchRound_ = round;
+    }
   }
   cv_.notify_all();
 }
 
+void DynamicRendezvous::disarmLocked(std::unique_lock<std::mutex>& lock) {
+  watchRound_ = -1;
+  if (!sharedWatcher_ || !watcherBusy_) return;
+  // Take the shared connection back: the watcher's WAIT (or the read after it) ends at once.
+  watcherConn_.cancelWaits(true);
+  cv_.wait(lock, [&] { return !watcherBusy_; });
+  watcherConn_.cancelWaits(false);
+}
+
+bool DynamicRendezvous::pauseWatcher(int64_t r) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (watchRound_ != r) return false;
+  disarmLocked(lock);
+  return true;
+}
+
 // Waits on `round/<r>/over` of the round the agent runs in, and tells the agent when it
-// fires -- unless the agent has moved on (disarmed) by then.
+// fires -- unless the agent has moved on (disarmed) by then. On its own connection, or on the
+// agent's (sharedWatcher_), which it holds only while armed: disarming cancels its WAIT.
 void DynamicRendezvous::watcherLoop() {
-  try {
-    auto c = connect();
-    std::lock_guard<std::mutex> g(mu_);
-    if (stopping_) return;
-    watcherConn_ = std::move(c);
-  } catch (const Error&) {
-    onBackgroundError(std::current_exception());
-    return;
+  if (!sharedWatcher_) {
+    try {
+      auto c = connect();
+      std::lock_guard<std::mutex> g(mu_);
+      if (stopping_) return;
+      watcherConn_ = std::move(c);
+    } catch (const Error&) {
+      onBackgroundError(std::current_exception());
+      return;
+    }
   }
-  StateLog log(*watcherConn_.store, options_.limits);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || watchRound_ >= 0; });
     if (stopping_) return;
     const int64_t r = watchRound_;
+    if (sharedWatcher_) {
+      // Armed: the agent is not using its connection, and does not replace it (reconnect)
+      // before disarming, which waits for watcherBusy_ to clear.
+      std::lock_guard<std::mutex> g(mainMu_);
+      watcherConn_ = main_;
+      watcherBusy_ = true;
+    }
+    const InterruptibleStore conn = watcherConn_;
     lock.unlock();
+    auto armed = [&] {
+      std::lock_guard<std::mutex> g(mu_);
+      return !stopping_ && watchRound_ == r;
+    };
     Versioned ended;
+    bool fired = false;
+    std::exception_ptr error;
     try {
-      std::optional<int64_t> v;
-      while (!v) v = log.waitMarker(overKey(r), kWatchSlice);
-      ended = log.read(*v);
-      view_.offer(ended);
+      StateLog log(*conn.store, options_.limits);
+      std::optional<Versioned> v;
+      while (!v && armed()) v = log.waitMarkerRead(overKey(r), kWatchSlice);
+      if (v) {
+        ended = std::move(*v);
+        view_.offer(ended);
+        fired = true;
+      }
     } catch (const Error&) {
-      onBackgroundError(std::current_exception());
-      return;
+      error = std::current_exception();
     }
     lock.lock();
+    if (watcherBusy_) {
+      watcherBusy_ = false;
+      cv_.notify_all();
+    }
     if (stopping_) return;
-    if (watchRound_ != r) continue;  // the agent ended the round itself
+    // The agent ended the round itself (an error meanwhile is its cancelling the wait).
+    if (watchRound_ != r) continue;
+    if (error) {
+      if (sharedWatcher_ && interrupted_) {
+        // interrupt() cut the agent's connection, which it will replace: not a lost store.
+        cv_.wait(lock, [&] { return stopping_ || watchRound_ != r; });
+        continue;
+      }
+      lock.unlock();
+      onBackgroundError(error);
+      return;
+    }
+    if (!fired) continue;  // paused and resumed meanwhile: wait again
     watchRound_ = -1;
     RoundEvent e;
     e.round = r;

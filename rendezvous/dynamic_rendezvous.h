@@ -50,6 +50,13 @@ struct DynamicRendezvousOptions {
   Millis exitBarrierTimeout{300'000};  // a finished node's wait for the others' workers
   HeartbeatOptions heartbeat{};         // interval 0: no heartbeats (static backend)
   bool isHost = false;                  // this agent hosts the store: see finishRound()
+  // The round watcher WAITs on the agent's own connection instead of opening one of its own:
+  // one connection fewer per agent. Whenever the agent needs its connection back (every call
+  // disarms the watcher first), the watcher's WAIT is cancelled on the server (CANCEL_WAIT:
+  // the connection is kept) and the agent waits for the watcher to let go of it. Needs a
+  // backend whose connections can cancel a wait (the ddprun store); ignored otherwise. Used by
+  // the simulated agents of `ddprun-bench rendezvous --simulate` (one connection each).
+  bool watcherOnAgentConnection = false;
 };
 
 // One closed round, from this node's point of view.
@@ -156,8 +163,13 @@ class DynamicRendezvous {
   // What finishRound() returns once current_ holds the round after the exit barrier (and
   // remembers a failed job's exit code and reason).
   AfterSuccess outcomeAfterBarrier();
-  // Arms (round >= 0) or disarms (-1) the watcher; disarming makes a pending event stale.
+  // Arms (round >= 0) or disarms (-1) the watcher; disarming makes a pending event stale, and
+  // when the watcher shares the agent's connection, returns once the watcher has let go of it.
   void watch(int64_t round);
+  // Disarms the watcher if it watches round `r` (resume with watch(r)); returns whether it did.
+  // For a call on the agent's connection while a round runs (roundMembers).
+  bool pauseWatcher(int64_t r);
+  void disarmLocked(std::unique_lock<std::mutex>& lock);
   void watcherLoop();
   void emit(const RoundEvent& e);
   void onBackgroundError(std::exception_ptr e);
@@ -170,7 +182,10 @@ class DynamicRendezvous {
   EventFn onEvent_;
   NodeInfo self_;
   InterruptibleStore main_;
-  InterruptibleStore watcherConn_;  // set once by the watcher thread, under mu_
+  // The watcher's connection, under mu_: its own (set once by the watcher thread), or, when it
+  // shares the agent's (sharedWatcher_), the agent's as of the WAIT in progress.
+  InterruptibleStore watcherConn_;
+  bool sharedWatcher_ = false;
   std::unique_ptr<StateLog> log_;
   StateView view_;
   std::unique_ptr<Liveness> liveness_;
@@ -193,6 +208,7 @@ class DynamicRendezvous {
   std::mutex mu_;  // guards the watcher's fields below
   std::condition_variable cv_;
   int64_t watchRound_ = -1;
+  bool watcherBusy_ = false;  // the watcher is in a call on the shared connection
   bool stopping_ = false;
   bool storeLost_ = false;
   std::atomic<bool> interrupted_{false};

@@ -29,8 +29,8 @@ std::string endedKey(const std::string& id) { return "ended/" + id; }
 
 RoundInfo DynamicRendezvous::nextRound() {
   DDPRUN_CHECK(!left_, "nextRound() after leave()");
+  watch(-1);  // first: a watcher sharing the connection lets go of it before any reconnect
   reconnectIfInterrupted();
-  watch(-1);
   inRound_ = false;
   self_.masterPort = pickFreePort();
   const Versioned closed = options_.backend->slotJoin() ? joinBySlots() : joinAndWait();
@@ -73,7 +73,7 @@ Versioned DynamicRendezvous::joinAndWait() {
                                      [&](const NodeInfo& n) { return n.id == self_.id; });
     if (s.phase == Phase::Closed && member) return cur;
     if (s.phase == Phase::Closed && waiting) {  // the job is full: wait for a place
-      if (auto v = log_->waitMarker(overKey(s.round), until(joinDeadline))) cur = log_->read(*v);
+      if (auto v = log_->waitMarkerRead(overKey(s.round), until(joinDeadline))) cur = *v;
       continue;
     }
     if (!member) {
@@ -144,7 +144,17 @@ std::vector<NodeInfo> DynamicRendezvous::roundMembers() {
   if (!round_.nodes.empty()) return round_.nodes;
   RoundState s = current_.state;
   if (s.round != round_.round || s.phase == Phase::Joining) return {};
-  if (s.compact()) log_->hydrate(s);
+  if (s.compact()) {
+    // A watcher on the agent's connection lets go of it meanwhile, and watches on after.
+    const bool paused = sharedWatcher_ && inRound_ && pauseWatcher(round_.round);
+    try {
+      log_->hydrate(s);
+    } catch (...) {
+      if (paused) watch(round_.round);
+      throw;
+    }
+    if (paused) watch(round_.round);
+  }
   return s.members;
 }
 
@@ -152,8 +162,8 @@ DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
                                                                 const std::string& what,
                                                                 bool retryable) {
   DDPRUN_CHECK(inRound_, "reportFailure() outside a round");
-  reconnectIfInterrupted();
   watch(-1);
+  reconnectIfInterrupted();
   inRound_ = false;
   const std::string reason = "workers of node " + self_.id + " failed: " + what;
   auto r = log_->update(current_, [&](const RoundState& s) {
@@ -176,8 +186,8 @@ DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
 
 DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   DDPRUN_CHECK(inRound_, "finishRound() outside a round");
-  reconnectIfInterrupted();
   watch(-1);
+  reconnectIfInterrupted();
   inRound_ = false;
   const int64_t r = round_.round;
   if (options_.backend->slotJoin()) return finishBySlots(r);
@@ -263,8 +273,8 @@ void DynamicRendezvous::closeJob() {
 
 void DynamicRendezvous::leave(const std::string& reason) {
   if (left_) return;
-  reconnectIfInterrupted(/*leaving=*/true);
   watch(-1);
+  reconnectIfInterrupted(/*leaving=*/true);
   left_ = true;
   inRound_ = false;
   if (liveness_) liveness_->stopWatching();

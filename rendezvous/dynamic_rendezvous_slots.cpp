@@ -61,7 +61,7 @@ Versioned DynamicRendezvous::joinBySlots() {
       if (findSelf(s)) return cur;
       if (position(*main_.store, s, RoundState::List::Waiting, self_.id)) {
         // the job is full: wait for a place
-        if (auto v = log_->waitMarker(overKey(s.round), until(joinDeadline))) cur = log_->read(*v);
+        if (auto v = log_->waitMarkerRead(overKey(s.round), until(joinDeadline))) cur = *v;
         continue;
       }
       // Too late for it, or new: open the next round, or wait for a place.

@@ -26,6 +26,10 @@ struct InterruptibleStore {
   std::shared_ptr<Store> store;
   std::function<void()> interrupt;   // for good: every later call fails (stop)
   std::function<void()> cancelCall;  // only the call in progress, if any
+  // TcpStore::setWaitsCancelled: while on, WAITs end at once and the connection is kept, so
+  // that one thread can take back a connection another is waiting on. Empty when the backend
+  // cannot (etcd).
+  std::function<void(bool)> cancelWaits;
 };
 
 // Opens a new connection to the job's keys (each thread uses its own).

@@ -21,6 +21,9 @@ class PrefixStore final : public Store {
   bool check(const std::vector<std::string>& keys) override;
   using Store::wait;
   void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  std::optional<std::string> waitGet(const std::string& key, Millis timeout) override {
+    return inner_->waitGet(join(key), timeout);
+  }
   bool deleteKey(const std::string& key) override;
   int64_t numKeys() override;
   std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;

@@ -12,7 +12,8 @@ std::string TcpStoreBackend::describe() const {
 InterruptibleStore TcpStoreBackend::connect(const std::string& runId) const {
   auto tcp = std::make_shared<TcpStore>(store_);
   return {std::make_shared<PrefixStore>("ddprun/rdzv/" + runId, tcp),
-          [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); }};
+          [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); },
+            [tcp](bool on) { tcp->setWaitsCancelled(on); }};
 }
 
 std::unique_ptr<Liveness> TcpStoreBackend::startLiveness(LivenessContext ctx) const {

@@ -206,25 +206,43 @@ RoundState StateLog::decode(const std::string& text, const std::string& key) con
 
 // A version named by a hint or a marker exists: agents write a version before any key that
 // names it. A name of a missing version is forged; reading it would wait for read_timeout.
+static StoreError neverWritten(int64_t version, const std::string& namedBy) {
+  return StoreError("rendezvous key '" + namedBy + "' names version " + std::to_string(version) +
+                    ", which was never written: it is forged (is another program writing to "
+                    "this rendezvous id?)");
+}
+
 int64_t StateLog::existing(int64_t version, const std::string& namedBy) {
-  if (version > 0 && !store_.check({stateKey(version)})) {
-    throw StoreError("rendezvous key '" + namedBy + "' names version " + std::to_string(version) +
-                     ", which was never written: it is forged (is another program writing to "
-                     "this rendezvous id?)");
-  }
+  if (version > 0 && !store_.check({stateKey(version)})) throw neverWritten(version, namedBy);
   return version;
+}
+
+std::optional<Versioned> StateLog::tryRead(int64_t version) {
+  const std::string key = stateKey(version);
+  auto text = tryGet(store_, key);  // a version's text is never kAbsent (decode refuses it)
+  if (!text) return std::nullopt;
+  return Versioned{version, decode(*text, key)};
+}
+
+// As existing() + read(): one round trip instead of two.
+Versioned StateLog::readNamed(int64_t version, const std::string& namedBy) {
+  if (version <= 0) return {};
+  auto v = tryRead(version);
+  if (!v) throw neverWritten(version, namedBy);
+  return std::move(*v);
 }
 
 Versioned StateLog::latest() {
   // One round trip: creates the hint as "0" when no state was written yet.
   const int64_t hint = parseVersion(store_.compareSet(kLatestKey, "", "0"), kLatestKey);
-  return read(existing(hint, kLatestKey));
+  return readNamed(hint, kLatestKey);
 }
 
+// One round trip for the hint, one per newer version, and one that finds none newer.
 Versioned StateLog::refresh(Versioned known) {
   const int64_t hint = parseVersion(store_.compareSet(kLatestKey, "", "0"), kLatestKey);
-  if (hint > known.version) known = read(existing(hint, kLatestKey));
-  while (store_.check({stateKey(known.version + 1)})) known = read(known.version + 1);
+  if (hint > known.version) known = readNamed(hint, kLatestKey);
+  while (auto next = tryRead(known.version + 1)) known = std::move(*next);
   return known;
 }
 
@@ -273,31 +291,31 @@ void StateLog::publish(const Versioned& v) {
   store_.multiSet(keys, values);
 }
 
+// A marker's value, waiting up to `timeout` for it: one round trip (WAIT_GET on ddprun-store;
+// with no time to wait, a compare-set that reads and never writes).
+static std::optional<std::string> waitValue(Store& store, const std::string& key, Millis timeout) {
+  return timeout.count() <= 0 ? tryGet(store, key) : store.waitGet(key, timeout);
+}
+
 std::optional<int64_t> StateLog::waitMarker(const std::string& key, Millis timeout) {
-  if (timeout.count() <= 0) {
-    if (!store_.check({key})) return std::nullopt;
-  } else {
-    try {
-      store_.wait({key}, timeout);
-    } catch (const TimeoutError&) {
-      return std::nullopt;
-    }
-  }
-  return existing(parseVersion(store_.get(key), key), key);
+  const auto text = waitValue(store_, key, timeout);
+  if (!text) return std::nullopt;
+  return existing(parseVersion(*text, key), key);
+}
+
+std::optional<Versioned> StateLog::waitMarkerRead(const std::string& key, Millis timeout) {
+  const auto text = waitValue(store_, key, timeout);
+  if (!text) return std::nullopt;
+  return readNamed(parseVersion(*text, key), key);
 }
 
 std::optional<Versioned> StateLog::waitNewer(const Versioned& known, Millis timeout) {
-  const std::string key = stateKey(known.version + 1);
-  if (timeout.count() <= 0) {
-    if (!store_.check({key})) return std::nullopt;
-  } else {
-    try {
-      store_.wait({key}, timeout);
-    } catch (const TimeoutError&) {
-      return std::nullopt;
-    }
-  }
-  return read(known.version + 1);
+  const int64_t next = known.version + 1;
+  if (timeout.count() <= 0) return tryRead(next);
+  const std::string key = stateKey(next);
+  const auto text = store_.waitGet(key, timeout);
+  if (!text) return std::nullopt;
+  return Versioned{next, decode(*text, key)};
 }
 
 void StateView::onChange(std::function<void()> fn) {

@@ -69,7 +69,11 @@ class StateLog {
 
   // Waits up to `timeout` for marker (or any) `key`; returns the version its value names.
   std::optional<int64_t> waitMarker(const std::string& key, Millis timeout);
-  // Waits up to `timeout` for a version newer than `known`; returns it.
+  // The same, and reads that version: two round trips on ddprun-store (WAIT_GET, and a read
+  // that fails naming `key` when the version was never written).
+  std::optional<Versioned> waitMarkerRead(const std::string& key, Millis timeout);
+  // Waits up to `timeout` for a version newer than `known`; returns it (one round trip on
+  // ddprun-store: WAIT_GET).
   std::optional<Versioned> waitNewer(const Versioned& known, Millis timeout);
 
   Store& store() { return store_; }
@@ -80,6 +84,11 @@ class StateLog {
   // decodeState + validateState: a corrupt or forged version throws StoreError naming `key`.
   RoundState decode(const std::string& text, const std::string& key) const;
   int64_t existing(int64_t version, const std::string& namedBy);
+  // Version `version` if it was written, in one round trip (a compare-set that reads and never
+  // writes, as position() reads a list entry); nullopt when it was not.
+  std::optional<Versioned> tryRead(int64_t version);
+  // The version a hint names, read (StoreError naming the hint when it was never written).
+  Versioned readNamed(int64_t version, const std::string& namedBy);
 
   // Writes next's lists as spilled lists (reusing `before`'s refs when a list is unchanged).
   void spill(RoundState& next, const RoundState& beforeFull, const RoundState& beforeCompact);

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ class Store {
   // Waits until every key exists, or throws TimeoutError after `timeout`.
   virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
   void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
+  // Waits up to `timeout` for `key`, then returns its value; nullopt when it did not appear in
+  // time. The default is wait() then get(), two round trips; TcpStore against ddprun-store
+  // makes it one (WAIT_GET).
+  virtual std::optional<std::string> waitGet(const std::string& key, Millis timeout);
   // Returns true when the key existed.
   virtual bool deleteKey(const std::string& key) = 0;
   virtual int64_t numKeys() = 0;
@@ -77,6 +82,14 @@ class Store {
   Millis timeout_;
 };
 
+inline std::optional<std::string> Store::waitGet(const std::string& key, Millis timeout) {
+  try {
+    wait({key}, timeout);
+  } catch (const TimeoutError&) {
+    return std::nullopt;
+  }
+  return get(key);
+}
 inline int64_t Store::takeTicket(const std::string& counter, const std::string&) {
   throw StoreError("this store has no tickets (key '" + counter + "'): use ADD");
 }

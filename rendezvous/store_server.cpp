@@ -46,10 +46,19 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
     if (!ec) acceptor_.listen(options_.backlog, ec);
     if (ec) throw NetworkError("store: cannot listen on " + where + ": " + ec.message());
     port_ = acceptor_.local_endpoint().port();
-    // Non-blocking, so that refuseOne() can accept without ever blocking the loop.
+    // Non-blocking, so that acceptFailed() and the batch in accept() take a queued connection
+    // without ever blocking the loop (a synchronous accept returns would_block instead).
     acceptor_.native_non_blocking(true, ec);
+    acceptor_.non_blocking(true, ec);
     spareFd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
+
+  // One accept per turn of the loop would let the kernel's accept queue (somaxconn, 4096 here)
+  // overflow when thousands of clients connect within a few hundred milliseconds -- an
+  // overflowing queue drops their SYNs, and each dropped one costs its client a 1 s
+  // retransmission. So each completion also takes, without blocking, up to kAcceptBatch more
+  // connections already queued.
+  static constexpr int kAcceptBatch = 256;
 
   void accept() {
     acceptor_.async_accept([self = shared_from_this()](boost::system::error_code ec,
@@ -59,23 +68,35 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
         self->acceptFailed(ec);
         return;
       }
-      if (self->connections_.size() >= self->limits.maxConnections) {
-        boost::system::error_code e;
-        auto ep = socket.remote_endpoint(e);
-        self->logRefusal("refusing connection from " + (e ? "unknown peer" : endpointText(ep)) +
-                         ": " + std::to_string(self->connections_.size()) +
-                         " connections are open, the limit is " +
-                         std::to_string(self->limits.maxConnections) + " (max_connections)");
-        socket.close(e);
-        self->accept();
-        return;
+      self->adopt(std::move(socket));
+      for (int i = 0; i < kAcceptBatch && self->acceptor_.is_open(); ++i) {
+        tcp::socket next(self->io_);
+        self->acceptor_.accept(next, ec);  // the acceptor is non-blocking (listen())
+        if (ec == asio::error::would_block || ec == asio::error::try_again) break;
+        if (ec) {
+          self->acceptFailed(ec);
+          return;
+        }
+        self->adopt(std::move(next));
       }
-      const uint64_t id = ++self->nextId_;
-      auto conn = std::make_shared<StoreConnection>(id, std::move(socket), *self);
-      self->connections_.emplace(id, conn);
-      conn->start();
       self->accept();
     });
+  }
+
+  void adopt(tcp::socket socket) {
+    if (connections_.size() >= limits.maxConnections) {
+      boost::system::error_code e;
+      auto ep = socket.remote_endpoint(e);
+      logRefusal("refusing connection from " + (e ? "unknown peer" : endpointText(ep)) + ": " +
+                 std::to_string(connections_.size()) + " connections are open, the limit is " +
+                 std::to_string(limits.maxConnections) + " (max_connections)");
+      socket.close(e);
+      return;
+    }
+    const uint64_t id = ++nextId_;
+    auto conn = std::make_shared<StoreConnection>(id, std::move(socket), *this);
+    connections_.emplace(id, conn);
+    conn->start();
   }
 
   // Out of descriptors (EMFILE/ENFILE), or a transient error. Out of descriptors, the pending

@@ -10,7 +10,8 @@
 // client that disconnects mid-WAIT leaves no waiter behind. Past maxConnections, or out of
 // file descriptors, a new connection is accepted and closed at once (a spare descriptor is
 // kept for that), so the client learns it instead of hanging in the backlog; those log lines
-// are rate-limited.
+// are rate-limited. Connections already queued by the kernel are accepted in batches, so that
+// thousands connecting at once do not overflow its accept queue (somaxconn).
 //
 //   boost::asio::io_context io;
 //   StoreServer server(io, {.host = "127.0.0.1", .port = 0});

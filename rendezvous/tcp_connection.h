@@ -151,7 +151,7 @@ class TcpStore::Connection {
   }
 
   int fd_;
-  std::vector<char> buf_ = std::vector<char>(64 * 1024);
+  std::vector<char> buf_;  // grown by fill() as replies need it (about 4 KiB at first)
   size_t start_ = 0, end_ = 0;
   Clock::time_point deadline_{};
   std::chrono::microseconds rcvTimeout_{0}, sndTimeout_{0};

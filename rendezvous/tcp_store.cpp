@@ -282,33 +282,78 @@ void TcpStore::set(const std::string& key, const std::string& value) {
   });
 }
 
-// Reads a WAIT or WAIT_GET reply until `timeout`; on timeout cancels the wait on the server
-// (current dialects) so the connection stays usable, then throws TimeoutError.
-// Returns the value for WAIT_GET.
-static std::string awaitWaitReply(TcpStore::Connection& c, bool withValue, Millis timeout,
-                                  protocol::Dialect wire, const std::string& address,
-                                  const std::string& what) {
+void TcpStore::setWaitsCancelled(bool on) {
+  std::lock_guard<std::mutex> g(interruptMu_);
+  waitsCancelled_ = on;
+  if (on) sendCancelLocked();
+}
+
+void TcpStore::sendCancelLocked() {
+  if (waitingFd_ < 0 || cancelSent_ || wire_ == protocol::Dialect::Legacy) return;
+  const std::string f = frame(Op::CancelWait, wire_);
+  // One byte into a socket that has nothing else to send: it does not block. Should it fail,
+  // the waiting thread's read reports the broken connection.
+  (void)::send(waitingFd_, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  cancelSent_ = true;
+}
+
+// A WAIT ends with STOP_WAITING (the keys exist), or with WAIT_CANCELED once a CANCEL_WAIT was
+// sent (by our own timeout, or by setWaitsCancelled on another thread), or with both when the
+// two raced. Exactly one CANCEL_WAIT is sent per wait at most; its answer is always read, so
+// the connection is left with nothing in flight.
+std::string TcpStore::awaitWaitReply(Connection& c, bool withValue, Millis timeout,
+                                     const std::string& what) {
+  {
+    std::lock_guard<std::mutex> g(interruptMu_);
+    waitingFd_ = c.fd();
+    cancelSent_ = false;
+    if (waitsCancelled_) sendCancelLocked();
+  }
+  // After this no other thread sends a CANCEL_WAIT; returns whether one was sent.
+  auto stopWaiting = [&] {
+    std::lock_guard<std::mutex> g(interruptMu_);
+    waitingFd_ = -1;
+    return cancelSent_;
+  };
+  constexpr auto kStop = static_cast<uint8_t>(protocol::WaitReply::StopWaiting);
+  constexpr auto kCanceled = static_cast<uint8_t>(protocol::WaitReply::WaitCanceled);
   c.setDeadline(Clock::now() + timeout);
+  std::optional<uint8_t> first;
   try {
     c.awaitReadable();
-    const uint8_t r = c.u8();
-    if (r != static_cast<uint8_t>(protocol::WaitReply::StopWaiting))
-      throw IoFailure{false, "unexpected WAIT reply " + std::to_string(r)};
-    return withValue ? c.str(kMaxReply) : std::string();
+    first = c.u8();
   } catch (const IoFailure& f) {
-    if (!f.timeout || wire == protocol::Dialect::Legacy) throw;  // legacy: drop the socket
+    if (!f.timeout || wire_ == protocol::Dialect::Legacy) {  // legacy: drop the socket
+      stopWaiting();
+      throw;
+    }
+  }
+  const bool cancelled = stopWaiting();
+  bool done = false;
+  std::string value;
+  if (first && *first == kStop) {
+    done = true;
+    if (withValue) value = c.str(kMaxReply);
+    if (!cancelled) return value;
+  } else if (first && !(*first == kCanceled && cancelled)) {
+    throw IoFailure{false, "unexpected WAIT reply " + std::to_string(*first)};
   }
   c.setDeadline(Clock::now() + kHandshakeTimeout);
-  c.write(frame(Op::CancelWait, wire));
-  uint8_t r = c.u8();
-  if (r == static_cast<uint8_t>(protocol::WaitReply::StopWaiting)) {  // raced: done after all
-    if (withValue) c.str(kMaxReply);
-    r = c.u8();
+  if (!cancelled) c.write(frame(Op::CancelWait, wire_));  // our own timeout
+  if (!first || *first != kCanceled) {
+    uint8_t r = c.u8();
+    if (!done && r == kStop) {  // raced: done after all
+      done = true;
+      if (withValue) value = c.str(kMaxReply);
+      r = c.u8();
+    }
+    if (r != kCanceled) throw IoFailure{false, "unexpected CANCEL_WAIT reply " + std::to_string(r)};
   }
-  if (r != static_cast<uint8_t>(protocol::WaitReply::WaitCanceled))
-    throw IoFailure{false, "unexpected CANCEL_WAIT reply " + std::to_string(r)};
-  throw TimeoutError("store at " + address + ": timed out after " +
-                     std::to_string(timeout.count()) + " ms waiting for " + what);
+  if (done) return value;
+  throw TimeoutError("store at " + address_ + ": " +
+                     (first ? "the wait for " + what + " was cancelled"
+                            : "timed out after " + std::to_string(timeout.count()) +
+                                  " ms waiting for " + what));
 }
 
 std::string TcpStore::get(const std::string& key) {
@@ -317,7 +362,7 @@ std::string TcpStore::get(const std::string& key) {
       std::string f = frame(Op::WaitGet, wire_);
       FrameWriter(f).str(key);
       c.write(f);
-      return awaitWaitReply(c, true, timeout(), wire_, address_, "'" + key + "'");
+      return awaitWaitReply(c, true, timeout(), "'" + key + "'");
     });
   }
   waitImpl({key}, timeout(), "GET");
@@ -327,6 +372,20 @@ std::string TcpStore::get(const std::string& key) {
     c.write(f);
     return c.str(kMaxReply);
   });
+}
+
+std::optional<std::string> TcpStore::waitGet(const std::string& key, Millis timeout) {
+  if (options_.dialect != StoreDialect::Ddprun) return Store::waitGet(key, timeout);
+  try {
+    return call("GET", "'" + key + "'", [&](Connection& c) {
+      std::string f = frame(Op::WaitGet, wire_);
+      FrameWriter(f).str(key);
+      c.write(f);
+      return awaitWaitReply(c, true, timeout, "'" + key + "'");
+    });
+  } catch (const TimeoutError&) {
+    return std::nullopt;
+  }
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
@@ -368,7 +427,7 @@ void TcpStore::waitImpl(const std::vector<std::string>& keys, Millis timeout, co
     std::string f = frame(Op::Wait, wire_);
     writeKeyList(f, keys);
     c.write(f);
-    awaitWaitReply(c, false, timeout, wire_, address_, quoteKeys(keys));
+    awaitWaitReply(c, false, timeout, quoteKeys(keys));
   });
 }
 

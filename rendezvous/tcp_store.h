@@ -56,6 +56,7 @@ class TcpStore final : public Store {
   bool check(const std::vector<std::string>& keys) override;
   using Store::wait;
   void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  std::optional<std::string> waitGet(const std::string& key, Millis timeout) override;
   bool deleteKey(const std::string& key) override;
   int64_t numKeys() override;
   std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
@@ -82,6 +83,13 @@ class TcpStore final : public Store {
   // Makes the call in progress on another thread fail at once with NetworkError (nothing
   // happens when none is in progress). Unlike interrupt(), later calls work (reconnecting).
   void cancelCall();
+  // While on, every WAIT on this connection -- the one in progress on another thread, and any
+  // started later, WAIT_GET (get) included -- ends at once as if its timeout had run out
+  // (TimeoutError; a WAIT that completed meanwhile returns normally), and the connection is
+  // kept: the server is told with CANCEL_WAIT. Lets one thread take back a connection another
+  // thread is waiting on (a round watcher sharing its agent's connection) without a reconnect.
+  // No effect in the legacy dialect, which has no CANCEL_WAIT. Safe from any thread.
+  void setWaitsCancelled(bool on);
   // "host:port", as used in error messages.
   const std::string& address() const { return address_; }
   const TcpStoreOptions& options() const { return options_; }
@@ -98,6 +106,11 @@ class TcpStore final : public Store {
   void handshake();
   void authenticate(Connection& c, const std::string& serverNonce);
   void waitImpl(const std::vector<std::string>& keys, Millis timeout, const char* op);
+  // Reads the reply of the WAIT or WAIT_GET just sent on `c` (the value for WAIT_GET) until
+  // `timeout` or setWaitsCancelled(); then cancels it on the server, keeping the connection,
+  // and throws TimeoutError (naming `what`).
+  std::string awaitWaitReply(Connection& c, bool withValue, Millis timeout, const std::string& what);
+  void sendCancelLocked();  // CANCEL_WAIT for the WAIT in progress; needs interruptMu_
 
   TcpStoreOptions options_;
   std::string address_;
@@ -110,6 +123,11 @@ class TcpStore final : public Store {
   std::condition_variable interruptCv_;  // wakes a reconnect backoff
   int activeFd_ = -1;
   bool interrupted_ = false;
+  // setWaitsCancelled(): also guarded by interruptMu_. waitingFd_: the socket of the WAIT in
+  // progress (-1 when none); cancelSent_: its CANCEL_WAIT was sent.
+  bool waitsCancelled_ = false;
+  int waitingFd_ = -1;
+  bool cancelSent_ = false;
 };
 
 }  // namespace ddprun::rendezvous

@@ -1,5 +1,6 @@
 // Agents as threads against a real StoreServer on loopback: rounds, ranks, elasticity.
 #include <set>
+#include <thread>
 
 #include "rdzv_agents.h"
 #include "rendezvous/tcp_store.h"
@@ -7,6 +8,18 @@
 using namespace rdzvtest;
 using ddprun::ConfigError;
 using ddprun::TimeoutError;
+
+namespace {
+// True once `pred` holds, polling for up to 2 s (the server counts connections asynchronously).
+template <typename Pred>
+bool eventually(Pred pred) {
+  for (int i = 0; i < 200; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(Millis(10));
+  }
+  return false;
+}
+}  // namespace
 
 TEST_CASE("4 agents with different nproc form one round", "[rdzv][dynamic]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
@@ -90,6 +103,49 @@ TEST_CASE("a clean leave re-forms the others without it", "[rdzv][dynamic]") {
   CHECK(r[0].nodeRank == 1);  // b keeps rank 1
   CHECK(r[1].nodeRank == 0);  // c had rank 2, which is gone: it takes rank 0
   CHECK(a->events.size() == 0);  // the leaver is not told about its own departure
+}
+
+TEST_CASE("a round watcher on its agent's connection: one event per round, the connection "
+          "taken back and given back, an interrupt is not a lost store", "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  auto opts = [&](int n) {
+    auto o = agentOptions(server.port(), "shared", n, lim);
+    o.watcherOnAgentConnection = true;
+    return o;
+  };
+  auto a = makeAgent(opts(2));
+  auto b = makeAgent(opts(3));
+  allNextRound({a.get(), b.get()});  // closed by the last call, with 2
+  // Per agent: its own connection (shared with the watcher, which WAITs on it now) and the
+  // heartbeat writer's and monitor's: 3, not 4.
+  CHECK(eventually([&] { return server.stats().connections == 6; }));
+  // A call on the agent's thread while the watcher waits on its connection: the watcher lets go
+  // of it (CANCEL_WAIT) and watches on after.
+  CHECK(a->rdzv->roundMembers().size() == 2);
+  auto c = makeAgent(opts(4));
+  auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
+  for (Agent* x : {a.get(), b.get()}) {
+    auto e = x->events.next(Millis(5'000));
+    REQUIRE(e);
+    CHECK(e->kind == RoundEvent::Kind::Superseded);
+  }
+  std::this_thread::sleep_for(Millis(200));
+  CHECK(a->events.size() == 0);  // once per round, the pause notwithstanding
+  auto r = allNextRound({a.get(), b.get()});
+  CHECK(fc.get().nodeCount == 3);
+  CHECK(r[0].nodeCount == 3);
+  // interrupt() cuts the connection the watcher waits on: the agent leaves, nobody reports a
+  // lost store.
+  a->rdzv->interrupt();
+  a->rdzv->leave("SIGTERM");
+  for (Agent* x : {b.get(), c.get()}) {
+    auto e = x->events.next(Millis(5'000));
+    REQUIRE(e);
+    CHECK(e->kind == RoundEvent::Kind::Superseded);
+    CHECK(e->message.find("left: SIGTERM") != std::string::npos);
+  }
+  CHECK(a->events.size() == 0);
 }
 
 TEST_CASE("two jobs on one store never see each other", "[rdzv][dynamic]") {

@@ -150,6 +150,41 @@ TEST_CASE("a WAIT that times out is cancelled and the connection stays usable", 
   CHECK(server.stats().connections == 1);  // the same connection, still in sync
 }
 
+TEST_CASE("setWaitsCancelled ends another thread's WAIT and keeps the connection", "[server]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  auto s = client(server.port(), Millis(60'000));
+  // A WAIT in progress on another thread (a round watcher on its agent's connection).
+  std::string ended;
+  std::thread waiter([&] {
+    try {
+      s.wait({"never"}, Millis(600'000));
+    } catch (const TimeoutError& e) {
+      ended = e.what();
+    }
+  });
+  REQUIRE(eventually(server, [](auto st) { return st.waiters == 1; }));
+  s.setWaitsCancelled(true);
+  waiter.join();
+  CHECK_THAT(ended, Catch::Contains("'never'") && Catch::Contains("was cancelled"));
+  // While on, a WAIT or a WAIT_GET started later ends at once too; one whose keys exist does not.
+  CHECK_THROWS_AS(s.get("never"), TimeoutError);
+  s.set("there", "1");
+  s.wait({"there"}, Millis(60'000));
+  CHECK(s.get("there") == "1");
+  s.setWaitsCancelled(false);
+  CHECK(server.stats().waiters == 0);
+  // Off again: WAITs wait; the connection is the same one, its replies in step.
+  std::thread later([&] {
+    std::this_thread::sleep_for(100ms);
+    auto other = client(server.port());
+    other.set("later", "2");
+  });
+  CHECK(s.get("later") == "2");
+  later.join();
+  CHECK(s.add("n", 5) == 5);
+  REQUIRE(eventually(server, [](auto st) { return st.connections == 1; }));
+}
+
 TEST_CASE("CANCEL_WAIT on the wire", "[server]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   RawSocket raw(server.port());

@@ -151,6 +151,11 @@ def two_ranks(tmp):
     kinds = [e["name"] for e in agent]
     for want, count in (("rendezvous", 1), ("worker start", 2), ("worker exit", 2), ("job end", 1)):
         check(kinds.count(want) == count, "agent: %d %r event(s) (%s)" % (count, want, kinds))
+    # The start events name the worker's pid (it is known once it exec'd), the one that exits.
+    starts = {e["args"]["rank"]: e["args"]["pid"] for e in agent if e["name"] == "worker start"}
+    exits = {e["args"]["rank"]: e["args"]["pid"] for e in agent if e["name"] == "worker exit"}
+    check(all(p > 0 for p in starts.values()) and starts == exits,
+          "worker start pids are the workers' (%s, exits %s)" % (starts, exits))
     for rank in (0, 1):
         evs = by_track(trace, "rank %d" % rank)
         steps = [e for e in evs if e["name"] == "step" and e["cat"] == "trainer"]

@@ -510,6 +510,50 @@ TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers 
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
+TEST_CASE("hot spare: the spare SIGKILLed as it takes the rank, the next generation gives the "
+          "rank to another process, the survivor keeps its process, weights bit-identical",
+          "[elastic][recovery][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = spareReferenceRun();
+  TempDir dir;
+  std::string output;
+  {
+    // DDPRUN_TIMEOUT bounds the survivor's wait should the spare die before it published its
+    // keys of generation 1's communicator (docs/recovery.md, limits).
+    Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
+                        {"--max-restarts=2", "--recovery=in-process", "--spares=1"}),
+            {{"DDPRUN_TIMEOUT", "20"}}, dir / "log");
+    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank"));
+    const pid_t spare = sparePid(job.pid(), 0, "mnist_mlp");
+    const pid_t survivorPid = workerPid(job.pid(), 0, "mnist_mlp");
+    const pid_t victimPid = workerPid(job.pid(), 1, "mnist_mlp");
+    REQUIRE(spare > 0);
+    REQUIRE(survivorPid > 0);
+    REQUIRE(victimPid > 0);
+    REQUIRE(::kill(victimPid, SIGKILL) == 0);
+    // The spare is killed the moment the agent has given it the rank (before or while it heals).
+    REQUIRE(waitForOutput(job, ") takes rank 1 (restart 1 of 2 spent)"));
+    REQUIRE(::kill(spare, SIGKILL) == 0);
+    const pid_t survivorNow = workerPid(job.pid(), 0, "mnist_mlp");
+    const int code = job.wait(kJobTimeout);
+    output = job.output();
+    INFO(output);
+    REQUIRE(code == 0);
+    CHECK(survivorNow == survivorPid);
+    CHECK_THAT(output, Contains("rank 1 (local rank 1, pid " + std::to_string(spare) + ") failed: "
+                                "signal 9 (SIGKILL); recovering in process (generation 2)"));
+    CHECK_THAT(output, Contains("rank 0 recovered in process"));
+  }
+  INFO(output);
+  // The survivor never restarted: one start of the group, no second attempt, no checkpoint read.
+  CHECK_THAT(output, Contains("rank 1 joined generation 2 and healed from rank 0's memory"));
+  CHECK_THAT(output, !Contains("attempt 1"));
+  CHECK_THAT(output, !Contains("restarting the worker group"));
+  CHECK_THAT(output, !Contains("resumed from checkpoint"));
+  CHECK_THAT(output, Contains("done: 512 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
 TEST_CASE("2 workers match 1 worker with the same global batch", "[elastic][slow]") {
   if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun();
