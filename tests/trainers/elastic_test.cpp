@@ -100,31 +100,6 @@ const TempDir& referenceRun() {
   return dir;
 }
 
-// The step of the newest checkpoint file in `dir` (-1 when none). Files appear atomically
-// (written under a temporary name, then renamed), so a listed file is complete.
-int64_t newestCheckpoint(const std::string& dir) {
-  int64_t newest = -1;
-  std::error_code ec;
-  const std::regex name(R"(ckpt-(\d+)\.ddpck)");
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (std::regex_match(file, m, name)) newest = std::max<int64_t>(newest, std::stoll(m[1]));
-  }
-  return newest;
-}
-
-// Waits until the job has checkpointed step `step` or later (at whatever moment of the training
-// that is noticed); false when the job ended first or the deadline passed.
-bool waitForCheckpoint(Job& job, const std::string& dir, int64_t step) {
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while (newestCheckpoint(dir) < step) {
-    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
 // SIGKILLs the worker of global rank `rank` of a running job from outside.
 void killWorker(Job& job, int rank, const std::string& program = "mnist_mlp") {
   pid_t pid = -1;
@@ -185,7 +160,7 @@ TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-ident
     // Restart semantics (in-process recovery has tests of its own below).
     Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1", "--recovery=restart"}),
             {}, dir / "log");
-    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
     killedAfter = newestCheckpoint(dir / "ckpt");
     killWorker(job, 1);
     const int code = job.wait(kJobTimeout);
@@ -212,7 +187,7 @@ TEST_CASE("a job that fails without restarts left resumes when started again and
   TempDir dir;
   {
     Job job(underDdprun(2, trainerArgs(dir.path(), 16)), {}, dir / "log1");
-    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 90));
+    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 90, kJobTimeout));
     killWorker(job, 1);
     const int code = job.wait(kJobTimeout);
     INFO(job.output());
@@ -290,7 +265,7 @@ void inProcessKill(int victim) {
   {
     Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1", "--recovery=in-process"}),
             {}, dir / "log");
-    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
     const pid_t survivorPid = workerPid(job.pid(), survivor, "mnist_mlp");
     const pid_t victimPid = workerPid(job.pid(), victim, "mnist_mlp");
     REQUIRE(survivorPid > 0);
@@ -337,7 +312,7 @@ TEST_CASE("in-process recovery: a death with no restart left ends the job with i
   TempDir dir;
   Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=0", "--recovery=in-process"}),
           {}, dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 10));
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 10, kJobTimeout));
   killWorker(job, 1);
   const int code = job.wait(kJobTimeout);
   INFO(job.output());
@@ -638,7 +613,7 @@ TEST_CASE("mnist_cnn trains under ddprun and its loss falls", "[elastic][slow]")
 int64_t runUntilCheckpoint(const std::vector<std::string>& argv, const std::string& ckpt,
                            int64_t step, const std::string& log) {
   Job job(argv, {}, log);
-  REQUIRE(waitForCheckpoint(job, ckpt, step));
+  REQUIRE(waitForCheckpoint(job, ckpt, step, kJobTimeout));
   job.signal(SIGTERM);
   const int code = job.wait(kJobTimeout);
   INFO(job.output());

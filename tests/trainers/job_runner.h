@@ -9,12 +9,16 @@
 // at an arbitrary moment, as a crash would: nothing in the trainer knows about tests.
 #include <dirent.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/process.h"
@@ -105,5 +109,31 @@ class Job {
  private:
   ddprun::testing::Process process_;
 };
+
+// The step of the newest checkpoint file in `dir` (-1 when none). Files appear atomically
+// (written under a temporary name, then renamed), so a listed file is complete.
+inline int64_t newestCheckpoint(const std::string& dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  const std::regex name(R"(ckpt-(\d+)\.ddpck)");
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, name)) newest = std::max<int64_t>(newest, std::stoll(m[1]));
+  }
+  return newest;
+}
+
+// Waits until the job has checkpointed step `step` or later (at whatever moment of the training
+// that is noticed); false when the job ended first or `timeout` passed.
+inline bool waitForCheckpoint(Job& job, const std::string& dir, int64_t step,
+                              std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (newestCheckpoint(dir) < step) {
+    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
 
 }  // namespace ddprun::trainers::testing

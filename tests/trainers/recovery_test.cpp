@@ -95,27 +95,6 @@ std::string doneLine(int nproc) {
   return m[0];
 }
 
-int64_t newestCheckpoint(const std::string& dir) {
-  int64_t newest = -1;
-  std::error_code ec;
-  const std::regex name(R"(ckpt-(\d+)\.ddpck)");
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (std::regex_match(file, m, name)) newest = std::max<int64_t>(newest, std::stoll(m[1]));
-  }
-  return newest;
-}
-
-bool waitForCheckpoint(Job& job, const std::string& dir, int64_t step) {
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while (newestCheckpoint(dir) < step) {
-    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
 pid_t waitForWorker(Job& job, int rank, pid_t notThis = -1) {
   const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
   while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
@@ -181,7 +160,7 @@ TEST_CASE("in-process recovery: two of three ranks SIGKILLed at once, weights bi
   TempDir dir;
   Job job(underDdprun(3, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
           dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
   const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
   const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
   REQUIRE(one > 0);
@@ -207,7 +186,7 @@ TEST_CASE("in-process recovery: the replacement SIGKILLed before it healed, weig
   TempDir dir;
   Job job(underDdprun(2, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
           dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
   const pid_t first = workerPid(job.pid(), 1, "mnist_mlp");
   REQUIRE(first > 0);
   REQUIRE(::kill(first, SIGKILL) == 0);
@@ -235,7 +214,7 @@ TEST_CASE("in-process recovery: a frozen rank (SIGSTOP) is killed after --peer-t
   Job job(underDdprun(2, dir.path(),
                       {"--max-restarts=1", "--recovery=in-process", "--peer-timeout=2"}),
           {}, dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40));
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
   const pid_t frozen = workerPid(job.pid(), 1, "mnist_mlp");
   const pid_t survivor = workerPid(job.pid(), 0, "mnist_mlp");
   REQUIRE(frozen > 0);
