@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "job_runner.h"
+#include "trained_weights.h"
 #include "tests/support/skip.h"
 #include "test_files.h"
 #include "trainers/mnist_data.h"
@@ -57,23 +58,6 @@ Finished runJob(const std::vector<std::string>& argv, const std::string& log,
   Job job(argv, env, log);
   const int code = job.wait(kJobTimeout);
   return {code, job.output()};
-}
-
-std::vector<torch::Tensor> loadWeights(const std::string& path) {
-  REQUIRE(fs::exists(path));
-  auto model = makeModel("mlp", 512, 0);
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  model->load(archive);
-  return model->parameters();
-}
-
-bool bitIdentical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
 }
 
 double maxAbsDifference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {

@@ -18,6 +18,7 @@
 #include <regex>
 
 #include "job_runner.h"
+#include "trained_weights.h"
 #include "test_files.h"
 #include "tests/support/skip.h"
 #include "trainers/mnist_data.h"
@@ -50,23 +51,6 @@ std::vector<std::string> underDdprun(int nproc, const std::string& dir,
   const auto trainer = trainerArgs(dir);
   argv.insert(argv.end(), trainer.begin(), trainer.end());
   return argv;
-}
-
-std::vector<torch::Tensor> loadWeights(const std::string& path) {
-  REQUIRE(fs::exists(path));
-  auto model = makeModel("mlp", 512, 0);
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  model->load(archive);
-  return model->parameters();
-}
-
-bool bitIdentical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
 }
 
 // The uninterrupted run of `nproc` ranks (once per test process and size).
