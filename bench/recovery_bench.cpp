@@ -20,6 +20,13 @@
 //               their memory (docs/recovery.md)
 //   spare       ddprun --recovery=in-process --spares=1: a warm standby takes the rank (only
 //               when `ddprun --help` lists --spares; otherwise skipped with a line saying so)
+//   shrink      ddprun --recovery=in-process --recovery-policy=shrink: the survivors go on
+//               without the dead rank (docs/recovery.md#shrink). The job still trains the
+//               samples of --steps steps at the starting world size, in more, smaller steps
+//               after a shrink, so its time lost also holds the change in throughput at fewer
+//               ranks. A planned rank that a shrink already took is replaced by the next one of
+//               the start's ranks still alive. Not in the default --modes; with 2 ranks and 2
+//               kills the second leaves no survivor (a restart): use --nproc 3 or more.
 //   torchrun    torchrun (bench/torchrun_wrapper.py, Debian's torch 1.13) --max_restarts=k
 //               restarting bench/ddp_mnist.py, which checkpoints at the same interval and
 //               resumes from its newest checkpoint; --monitor_interval=0.1 by default (1.13's
@@ -97,6 +104,9 @@ struct RunResult {
   int killsDone = 0;
   int inProcessRecoveries = 0;  // ddprun's "recovering in process" lines
   int groupRestarts = 0;        // ddprun's "restarting the worker group" lines
+  // Per in-process recovery: the slowest survivor's "recovered in process in N ms" (from the
+  // death's notice to its loop running again), in ms.
+  std::vector<double> survivorStallMs;
 };
 
 std::string readFile(const fs::path& p) {
@@ -228,7 +238,10 @@ class Bench {
                                   "--nproc-per-node=" + std::to_string(nproc),
                                   "--max-restarts=" + k};
     if (mode == "restart") argv.push_back("--recovery=restart");
-    if (mode == "in-process" || mode == "spare") argv.push_back("--recovery=in-process");
+    if (mode == "in-process" || mode == "spare" || mode == "shrink") {
+      argv.push_back("--recovery=in-process");
+    }
+    if (mode == "shrink") argv.push_back("--recovery-policy=shrink");
     if (mode == "spare") argv.push_back("--spares=1");
     argv.insert(argv.end(),
                 {bin + "/mnist_mlp", "--data", o_.data, "--train-limit",
@@ -300,7 +313,11 @@ class Bench {
                              std::chrono::duration<double>(plan.fractions[j] * interval));
         }
         if (killAt && now >= *killAt) {
-          const pid_t victim = workerPid(pid, plan.ranks[j], program);
+          pid_t victim = workerPid(pid, plan.ranks[j], program);
+          // shrink: the start's rank may be gone; the next one of the start's ranks alive.
+          for (int d = 1; mode == "shrink" && victim <= 0 && d < nproc; ++d) {
+            victim = workerPid(pid, (plan.ranks[j] + d) % nproc, program);
+          }
           if (victim > 0 && ::kill(victim, SIGKILL) == 0) {
             ++r.killsDone;
             killAt.reset();
@@ -313,11 +330,20 @@ class Bench {
     const std::string output = readFile(log);
     r.inProcessRecoveries = countOf(output, "recovering in process");
     r.groupRestarts = countOf(output, "restarting the worker group");
+    {
+      static const std::regex stall(R"(recovered in process in (\d+) ms: generation (\d+))");
+      std::map<int, double> slowest;  // generation -> ms
+      for (std::sregex_iterator it(output.begin(), output.end(), stall), end; it != end; ++it) {
+        double& ms = slowest[std::stoi((*it)[2])];
+        ms = std::max(ms, std::stod((*it)[1]));
+      }
+      for (const auto& [g, ms] : slowest) r.survivorStallMs.push_back(ms);
+    }
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     const int64_t trained = summarySteps(dir / "metrics.jsonl");
     if (code != 0) {
       r.why = "exited " + std::to_string(code) + " (" + log + ")";
-    } else if (trained != o_.steps) {
+    } else if (mode == "shrink" ? trained < o_.steps : trained != o_.steps) {
       r.why = "trained " + std::to_string(trained) + " of " + std::to_string(o_.steps) +
               " steps (" + log + ")";
     } else if (r.killsDone != static_cast<int>(plan.targets.size())) {
@@ -376,7 +402,8 @@ int benchRecovery(int argc, char** argv) {
                "ddprun-bench recovery"};
   app.add_option("--nproc", nprocs, "world sizes, comma-separated (default 2,4)");
   app.add_option("--modes", modes,
-                 "comma-separated: restart, in-process, spare, torchrun (default: all)");
+                 "comma-separated: restart, in-process, spare, shrink, torchrun (default: all but "
+                 "shrink)");
   app.add_option("--repeats", o.repeats, "pairs of runs (undisturbed, killed) per mode and size")
       ->check(CLI::Range(1, 100));
   app.add_option("--kills", o.kills, "SIGKILLs per killed run, spread over it")
@@ -403,7 +430,7 @@ int benchRecovery(int argc, char** argv) {
     o.modes.clear();
     std::istringstream in(modes);
     for (std::string m; std::getline(in, m, ',');) {
-      if (m != "restart" && m != "in-process" && m != "spare" && m != "torchrun") {
+      if (m != "restart" && m != "in-process" && m != "spare" && m != "shrink" && m != "torchrun") {
         throw CLI::ValidationError("--modes", "unknown mode '" + m + "'");
       }
       o.modes.push_back(m);
@@ -449,6 +476,7 @@ int benchRecovery(int argc, char** argv) {
     double clean = 0, killed = 0;
     std::string status;  // "ok" or why not
     int inProcess = 0, restarts = 0;
+    std::vector<double> stallMs;  // the killed run's survivorStallMs
   };
   std::map<std::pair<std::string, int>, std::vector<Sample>> samples;
   // Repeats outermost, modes alternating inside: drift on the machine spreads over all modes.
@@ -464,6 +492,7 @@ int benchRecovery(int argc, char** argv) {
         s.killed = killed.wallSeconds;
         s.inProcess = killed.inProcessRecoveries;
         s.restarts = killed.groupRestarts;
+        s.stallMs = killed.survivorStallMs;
         s.status = !clean.ok    ? "failed: undisturbed run " + clean.why
                    : !killed.ok ? "failed: killed run " + killed.why
                                 : "ok";
@@ -526,6 +555,21 @@ int benchRecovery(int argc, char** argv) {
         csv << csvName(mode) << ',' << n << ",p95,,," << o.kills << ',' << p95 << ",,,ok,"
             << loadStart[0] << ',' << loadEnd[0] << '\n';
       }
+    }
+  }
+  // The survivors' own view of each in-process recovery: the slowest survivor's time from the
+  // death's notice to its loop running again (its log line), over every killed run that passed.
+  std::printf("\nsurvivors back after an in-process recovery (slowest survivor's \"recovered in "
+              "process in N ms\", per recovery)\n");
+  for (int n : o.nprocs) {
+    for (const auto& mode : o.modes) {
+      std::vector<double> ms;
+      for (const Sample& s : samples[{mode, n}]) {
+        if (s.status == "ok") ms.insert(ms.end(), s.stallMs.begin(), s.stallMs.end());
+      }
+      if (ms.empty()) continue;
+      std::printf("  %-24s %d ranks: p50 %.0f ms, p95 %.0f ms (%zu recoveries)\n",
+                  label(mode).c_str(), n, percentile(ms, 0.5), percentile(ms, 0.95), ms.size());
     }
   }
   std::printf("results: %s\n", o.csv.c_str());

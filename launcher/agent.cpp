@@ -103,6 +103,10 @@ class Agent::Impl {
   bool canRecoverInProcess(const WorkerResult& r);
   void recoverInProcess(const WorkerResult& r);
   void replaceWorker(const WorkerResult& r, const JobDecision& d);
+  // --recovery-policy=shrink: the survivors go on without `r`, renumbered densely.
+  void shrinkGroup(const WorkerResult& r, const JobDecision& d);
+  // The workers of the group now (running, not spares): its world size in-process.
+  int liveWorkers(pid_t except = -1) const;
   // The dead rank's new process: a waiting spare (true) or none to be had (false).
   bool giveRankToSpare(const WorkerResult& r, int generation, int& spareId, pid_t& sparePid);
   // --peer-timeout: the worker stopped beating (progress_watch.h); kill it, a failure.
@@ -478,7 +482,23 @@ void Agent::Impl::watchProgress() {
   if (table.empty() || !group_) return;
   std::vector<ProgressWatch::Worker> watched;
   for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
-    watched.push_back({round_.rankOffset + lr, lr, table});
+    // The rank the slot's process has now (a shrink renumbers); a slot a shrink left empty is
+    // not watched.
+    int rank = round_.rankOffset + lr;
+    bool live = false, any = false;
+    for (const auto& w : group_->results()) {
+      if (w.spare || w.localRank != lr) continue;
+      any = true;
+      if (!w.ended) {
+        live = true;
+        rank = w.globalRank;
+      }
+    }
+    if (any && !live && generation_ > 0 &&
+        options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+      continue;
+    }
+    watched.push_back({rank, lr, table});
   }
   progressWatch_ = std::make_unique<ProgressWatch>(
       io_, ProgressWatch::Options{
@@ -586,7 +606,24 @@ bool Agent::Impl::canRecoverInProcess(const WorkerResult& r) {
     ++survivors;
   }
   if (survivors == 0) return refuse("no worker survived to heal a replacement from");
+  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
+      survivors < options_.shrinkMinRanks) {
+    // Below the job's minimum the group restarts at full size (or ends: the budget decides).
+    DDPRUN_LOG(WARN, "launcher") << "--recovery-policy=shrink: without rank " << r.globalRank
+                                 << " the group would have " << survivors << " rank(s), below "
+                                 << "the job's minimum of " << options_.shrinkMinRanks
+                                 << "; restarting the group instead";
+    return false;
+  }
   return true;
+}
+
+int Agent::Impl::liveWorkers(pid_t except) const {
+  int n = 0;
+  for (const auto& w : group_->results()) {
+    if (!w.ended && !w.spare && w.pid != except) ++n;
+  }
+  return n;
 }
 
 void Agent::Impl::recoverInProcess(const WorkerResult& r) {
@@ -604,7 +641,11 @@ void Agent::Impl::recoverInProcess(const WorkerResult& r) {
           if (e) std::rethrow_exception(e);
           if (d.kind == JobDecision::Kind::NextRound && group_->runningCount() > 0 &&
               !restartOnDecision_) {
-            replaceWorker(r, d);
+            if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+              shrinkGroup(r, d);
+            } else {
+              replaceWorker(r, d);
+            }
             return;
           }
           // The budget is spent (or the error cannot be retried), or every other worker ended
@@ -672,6 +713,46 @@ void Agent::Impl::replaceWorker(const WorkerResult& r, const JobDecision& d) {
   watchProgress();  // the new process is watched from its first beat
 }
 
+void Agent::Impl::shrinkGroup(const WorkerResult& r, const JobDecision& d) {
+  const int generation = ++generation_;
+  recoveryRestarts_ = d.restartCount;
+  const int before = liveWorkers() + 1;  // the dead one has ended
+  const int after = before - 1;
+  // The survivors keep their order: rank q > r becomes q - 1 (recovery_keys.h shrinkRank), in
+  // the agent's books as in each survivor's runtime, which reads the same record.
+  std::vector<std::pair<pid_t, int>> renumbered;
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare) continue;
+    const int rank = rendezvous::recovery::shrinkRank(w.globalRank, {r.globalRank});
+    if (rank != w.globalRank) renumbered.emplace_back(w.pid, rank);
+  }
+  for (const auto& [pid, rank] : renumbered) group_->renumber(pid, rank);
+  const std::string cause = "rank " + std::to_string(r.globalRank) + " (pid " +
+                            std::to_string(r.pid) + ") failed: " + r.describe();
+  handler_->workerStore()->set(
+      rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
+          rendezvous::recovery::generationKey(generation),
+      rendezvous::recovery::formatGenerationRecord({.generation = generation,
+                                                    .cause = cause,
+                                                    .removed = {r.globalRank},
+                                                    .worldSize = after}));
+  events::instant("recovery", "agent",
+                  events::Args()
+                      .add("cause", cause)
+                      .add("generation", generation)
+                      .add("rank", r.globalRank)
+                      .add("policy", "shrink")
+                      .add("world_size", after)
+                      .add("restarts_spent", d.restartCount));
+  DDPRUN_LOG(WARN, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
+                               << ", pid " << r.pid << ") failed: " << r.describe()
+                               << "; recovering in process (generation " << generation
+                               << "): the group shrinks from " << before << " to " << after
+                               << " rank(s), the others keep running (restart "
+                               << d.restartCount << " of " << options_.maxRestarts << " spent)";
+  watchProgress();  // the dead rank's slot is no longer watched; the others by their new ranks
+}
+
 bool Agent::Impl::giveRankToSpare(const WorkerResult& r, int generation, int& spareId,
                                   pid_t& sparePid) {
   if (!sparesStarted_) return false;
@@ -714,6 +795,11 @@ pid_t Agent::Impl::pickSpare(int& id) {
 }
 
 bool Agent::Impl::sparesUsable(std::string& why) const {
+  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+    why = "--recovery-policy=shrink goes on without the dead rank (a spare joining the shrunk "
+          "group, grow back, is not done yet)";
+    return false;
+  }
   if (options_.recovery == LaunchOptions::Recovery::Restart) {
     why = "they take a dead worker's rank only in an in-process recovery, and this job runs "
           "with --recovery=restart";

@@ -71,6 +71,10 @@ constexpr Flag kFlags[] = {
      "after a worker's death: restart (every worker starts again), in-process (the others keep "
      "running, a replacement heals from their memory) or auto (in-process when every worker's "
      "runtime supports it, else restart); one node"},
+    {"recovery-policy", "", false, "replace",
+     "what an in-process recovery does with a dead rank: replace (a spare or a new process "
+     "takes it; world size and data shards stay) or shrink (the others go on without it, the "
+     "rest of the epoch split over them; down to 1 rank, or shrink:MIN_RANKS)"},
     {"spares", "", false, "0",
      "hot spares per node: workers started and loaded, waiting for a rank, that take a dead "
      "worker's rank in an in-process recovery (0-64; one node, not with --recovery=restart)"},
@@ -280,6 +284,21 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
                  : r == "in-process" ? LaunchOptions::Recovery::InProcess
                                      : LaunchOptions::Recovery::Auto;
   }
+  {
+    // replace | shrink | shrink:MIN_RANKS
+    std::tie(o.recoveryPolicy, o.shrinkMinRanks) = parse("recovery-policy", [&](auto& v) {
+      const std::string bad = "expected replace, shrink or shrink:MIN_RANKS (a whole number of "
+                              "ranks >= 1 the job may shrink to)";
+      if (v == "replace") return std::pair{LaunchOptions::RecoveryPolicy::Replace, 1};
+      if (v == "shrink") return std::pair{LaunchOptions::RecoveryPolicy::Shrink, 0};  // below
+      if (v.rfind("shrink:", 0) != 0) throw BadValue(bad);
+      try {
+        return std::pair{LaunchOptions::RecoveryPolicy::Shrink, parseInt(v.substr(7), 1, 1 << 20)};
+      } catch (const BadValue&) {
+        throw BadValue(bad);
+      }
+    });
+  }
   o.spares = parse("spares", [](auto& v) {
     try {
       return parseInt(v, 0, 64);
@@ -310,6 +329,9 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
     o.rdzvEndpoint = "127.0.0.1:0";
     o.rdzvId = randomRunId();
   }
+  // --recovery-policy=shrink: down to the job's minimum as --nnodes defines it, its lower bound
+  // of nodes, each with at least one rank (in-process recovery runs on one node: 1 rank).
+  if (o.shrinkMinRanks == 0) o.shrinkMinRanks = std::max(1, o.minNodes);
   return o;
 }
 

@@ -88,6 +88,15 @@ struct LaunchOptions {
   // restart it is. One node with the agent's store only; elsewhere restart.
   enum class Recovery { Restart, InProcess, Auto };
   Recovery recovery = Recovery::Auto;
+  // --recovery-policy (docs/recovery.md#shrink): what an in-process recovery does with the dead
+  // rank. Replace: a spare or a new process takes it (world size and shards stay). Shrink: the
+  // survivors go on without it at N-1 ranks, renumbered densely, and the sampler splits the rest
+  // of the epoch over them; not below shrinkMinRanks (then the group restarts, as today).
+  enum class RecoveryPolicy { Replace, Shrink };
+  RecoveryPolicy recoveryPolicy = RecoveryPolicy::Replace;
+  // The job's minimum world size for shrink: --nnodes' lower bound of nodes with one rank each
+  // (in-process recovery runs on one node: 1), or M from --recovery-policy=shrink:M.
+  int shrinkMinRanks = 1;
   // --spares: hot spares per node (docs/recovery.md#hot-spares): started once every worker of
   // the group announced in-process recovery, loaded, waiting for a rank; an in-process recovery
   // gives the dead rank to one of them instead of starting a process. Unused (one line says so)

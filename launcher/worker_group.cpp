@@ -140,6 +140,16 @@ bool WorkerGroup::assign(pid_t pid, int localRank, int globalRank) {
   return false;
 }
 
+bool WorkerGroup::renumber(pid_t pid, int globalRank) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    WorkerResult& r = results_[i];
+    if (r.spare || r.pid != pid || slots_[i]->ended) continue;
+    r.globalRank = globalRank;
+    return true;
+  }
+  return false;
+}
+
 void WorkerGroup::readStatus(size_t i) {
   Slot& s = *slots_[i];
   s.status.async_read_some(

@@ -94,6 +94,10 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   // rank `globalRank`: from now on it is that rank's worker. False when `pid` is no waiting
   // spare of this group (it ended meanwhile).
   bool assign(pid_t pid, int localRank, int globalRank);
+  // A running worker's global rank changes (--recovery-policy=shrink renumbers the survivors;
+  // its local rank, the slot of its logs and progress record, stays). False when `pid` is no
+  // running worker of this group.
+  bool renumber(pid_t pid, int globalRank);
   // Sends `sig` to every worker still running (its whole process group); those still
   // running after `grace` get SIGKILL.
   void stop(int sig, std::chrono::milliseconds grace);

@@ -9,7 +9,8 @@
 //                              by the runtime's elastic run; the agent recovers in process only
 //                              when every worker it would rely on has written it
 //   ddprun/generation/<g>      generation g of the group (g >= 1): written once by the agent,
-//                              the record below; survivors wait for the next one
+//                              the record below (replace or shrink); survivors wait for the
+//                              next one, and read every record between theirs and it
 //   ddprun/spare/<id>/ready    a hot spare (ddprun --spares, DDPRUN_SPARE=<id>) is loaded and
 //                              waiting: its pid, set by the spare's runtime
 //   ddprun/spare/<id>/rank     the spare's assignment (SpareAssignment below): written once by
@@ -34,21 +35,45 @@ inline std::string generationScope(int generation) { return "gen/" + std::to_str
 inline std::string spareReadyKey(int id) { return "ddprun/spare/" + std::to_string(id) + "/ready"; }
 inline std::string spareAssignKey(int id) { return "ddprun/spare/" + std::to_string(id) + "/rank"; }
 
-// What the agent publishes for a generation: its number, the ranks that left and are taken by
-// new processes (world size and ranks stay: the replace policy), the hot spare that takes the
-// (first) rank (-1: a process started for it), and one line of why.
-// Text: "generation=<g> replaced=<r>[,<r>...][ spare=<id>]\n<cause>".
+// What the agent publishes for a generation: its number, and one line of why. Two kinds:
+//   replace (--recovery-policy=replace): the ranks that left are taken by new processes (world
+//     size and ranks stay), and the hot spare that takes the (first) rank (-1: a process
+//     started for it). Text: "generation=<g> replaced=<r>[,<r>...][ spare=<id>]\n<cause>".
+//   shrink (--recovery-policy=shrink): the ranks that left are gone; the survivors of the
+//     previous generation keep their order and are numbered 0..worldSize-1 again (a survivor of
+//     rank r becomes r - |{removed ranks < r}|, shrinkRank()). The removed ranks are numbers of
+//     the previous generation g-1. Text: "generation=<g> removed=<r>[,<r>...] world_size=<n>\n<cause>".
 struct GenerationRecord {
   int generation = 0;
-  std::vector<int> replaced;
+  std::vector<int> replaced;  // replace: non-empty
   std::string cause;
   int spare = -1;
+  std::vector<int> removed;   // shrink: non-empty (then replaced is empty)
+  int worldSize = 0;          // shrink: the world size of generation g
 };
 
+// A survivor's rank in a shrunk generation, from its rank in the one before; -1 when the rank
+// is one of those removed.
+inline int shrinkRank(int rank, const std::vector<int>& removed) {
+  int below = 0;
+  for (int x : removed) {
+    if (x == rank) return -1;
+    if (x < rank) ++below;
+  }
+  return rank - below;
+}
+
 inline std::string formatGenerationRecord(const GenerationRecord& r) {
-  std::string ranks;
-  for (int x : r.replaced) ranks += (ranks.empty() ? "" : ",") + std::to_string(x);
-  return "generation=" + std::to_string(r.generation) + " replaced=" + ranks +
+  auto list = [](const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+  };
+  if (!r.removed.empty()) {
+    return "generation=" + std::to_string(r.generation) + " removed=" + list(r.removed) +
+           " world_size=" + std::to_string(r.worldSize) + "\n" + r.cause;
+  }
+  return "generation=" + std::to_string(r.generation) + " replaced=" + list(r.replaced) +
          (r.spare >= 0 ? " spare=" + std::to_string(r.spare) : std::string()) + "\n" + r.cause;
 }
 
@@ -57,20 +82,30 @@ inline std::optional<GenerationRecord> parseGenerationRecord(const std::string& 
   GenerationRecord r;
   const size_t eol = text.find('\n');
   std::istringstream head(text.substr(0, eol));
-  std::string gen, replaced;
-  if (!(head >> gen >> replaced)) return std::nullopt;
-  if (gen.rfind("generation=", 0) != 0 || replaced.rfind("replaced=", 0) != 0) return std::nullopt;
+  std::string gen, ranksField;
+  if (!(head >> gen >> ranksField)) return std::nullopt;
+  if (gen.rfind("generation=", 0) != 0) return std::nullopt;
+  const bool shrink = ranksField.rfind("removed=", 0) == 0;
+  if (!shrink && ranksField.rfind("replaced=", 0) != 0) return std::nullopt;
   char* end = nullptr;
   r.generation = static_cast<int>(std::strtol(gen.c_str() + 11, &end, 10));
-  if (*end != '\0' || r.generation < 1) return std::nullopt;
-  std::istringstream ranks(replaced.substr(9));
+  if (gen.size() == 11 || *end != '\0' || r.generation < 1) return std::nullopt;
+  std::vector<int>& target = shrink ? r.removed : r.replaced;
+  std::istringstream ranks(ranksField.substr(shrink ? 8 : 9));
   for (std::string x; std::getline(ranks, x, ',');) {
     const long v = std::strtol(x.c_str(), &end, 10);
     if (x.empty() || *end != '\0' || v < 0 || v > (1 << 24)) return std::nullopt;
-    r.replaced.push_back(static_cast<int>(v));
+    target.push_back(static_cast<int>(v));
   }
-  if (r.replaced.empty()) return std::nullopt;
-  if (std::string spare; head >> spare) {
+  if (target.empty()) return std::nullopt;
+  if (shrink) {
+    std::string ws;
+    if (!(head >> ws) || ws.rfind("world_size=", 0) != 0 || ws.size() == 11) return std::nullopt;
+    const long v = std::strtol(ws.c_str() + 11, &end, 10);
+    if (*end != '\0' || v < 1 || v > (1 << 24)) return std::nullopt;
+    r.worldSize = static_cast<int>(v);
+    if (std::string extra; head >> extra) return std::nullopt;
+  } else if (std::string spare; head >> spare) {
     if (spare.rfind("spare=", 0) != 0 || spare.size() == 6) return std::nullopt;
     const long v = std::strtol(spare.c_str() + 6, &end, 10);
     if (*end != '\0' || v < 0 || v > (1 << 24)) return std::nullopt;

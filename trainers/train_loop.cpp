@@ -14,6 +14,7 @@
 #include "trainers/lr_schedule.h"
 #include "trainers/metrics.h"
 #include "trainers/models.h"
+#include "trainers/sample_log.h"
 #include "trainers/training_plan.h"
 #include "worker_runtime/checkpoint.h"
 #include "worker_runtime/ddp.h"
@@ -124,12 +125,7 @@ class TrainingRun {
         optimizer_(model_->parameters(), torch::optim::SGDOptions(config.lr)
                                              .momentum(config.momentum)
                                              .weight_decay(config.weight_decay)),
-        sampler_({.datasetSize = static_cast<size_t>(data.train.size()),
-                  .numReplicas = rt.worldSize(),
-                  .rank = rt.rank(),
-                  .shuffle = true,
-                  .seed = config.seed,
-                  .dropLast = true}) {
+        sampler_(samplerOptions()) {
     if (config_.mixed_precision && !autocast_ && master_) {
       DDPRUN_LOG(INFO, "trainer") << "mixed_precision applies on CUDA only; training in float32";
     }
@@ -147,7 +143,7 @@ class TrainingRun {
     state_.addCounter("test_accuracy", &result_.testAccuracy);
     position_ = {.epoch = resumeAt_.epoch, .position = static_cast<int64_t>(resumeAt_.position)};
     planRun();
-    if (master_) openMetrics();
+    if (master_) openMetrics(result_.resumedFrom);
   }
 
   // Under ddprun --recovery=in-process|auto the loop survives a peer's death in this process
@@ -161,12 +157,41 @@ class TrainingRun {
  private:
   runtime::Communicator& comm() { return *rt_.comm(); }
 
+  // This rank's share of the data at the current world size. After a shrink (ddprun
+  // --recovery-policy=shrink) the survivors' ranks and the world size differ from the start's:
+  // the sampler splits the rest of the epoch, from the committed position, over the ranks there
+  // are now, so every sample of the epoch is still taken once (sampler.h).
+  runtime::DistributedSamplerOptions samplerOptions() const {
+    return {.datasetSize = static_cast<size_t>(data_.train.size()),
+            .numReplicas = rt_.worldSize(),
+            .rank = rt_.rank(),
+            .shuffle = true,
+            .seed = config_.seed,
+            .dropLast = true};
+  }
+
   // The state is in place (loaded, restored or healed): the position, the plan, and DDP on the
   // current communicator. DDP is built after the checkpoint is loaded, so its initial broadcast
   // from rank 0 starts every rank from the restored weights.
   void reset() {
     resumeAt_ = {.epoch = position_.epoch, .position = static_cast<size_t>(position_.position),
                  .datasetSize = static_cast<size_t>(datasetSize_)};
+    if (rt_.worldSize() != sampler_.options().numReplicas || rt_.rank() != sampler_.options().rank) {
+      // The group shrank in an in-process recovery: a new split, a new global batch, and
+      // perhaps a new rank 0 (which prints, writes the metrics and saves the weights).
+      const int before = sampler_.options().numReplicas;
+      sampler_ = runtime::DistributedSampler(samplerOptions());
+      globalBatch_ = config_.batch_size * rt_.worldSize();
+      master_ = rt_.isMaster();
+      if (master_) {
+        std::cout << "world size " << before << " -> " << rt_.worldSize() << " (in-process "
+                  << "recovery, generation " << rt_.generation() << "): global batch "
+                  << globalBatch_ << "; the rest of epoch " << position_.epoch + 1 << " from sample "
+                  << position_.position << " is split over " << rt_.worldSize() << " rank(s)"
+                  << std::endl;
+        if (!metrics_) openMetrics(step_);
+      }
+    }
     planRun();
     ddp_.reset();  // its hooks go before the new one's come
     ddp_.emplace(model_, rt_.comm());
@@ -204,7 +229,10 @@ class TrainingRun {
         {
           ddprun::timeline::Scope stepSpan("step", "trainer");
           stepSpan.args().add("step", step_ + 1);
-          stats_.addStep(trainStep(*sampler_.next(batch), lr));
+          const auto indices = *sampler_.next(batch);
+          sampleLog_.write(rt_.generation(), epoch, step_ + 1, rt_.rank(), rt_.worldSize(),
+                           indices);
+          stats_.addStep(trainStep(indices, lr));
         }
         ++step_;
 
@@ -301,9 +329,10 @@ class TrainingRun {
     }
   }
 
-  void openMetrics() {
+  // `from`: the step the file resumes from (records after it are dropped; metrics.h).
+  void openMetrics(int64_t from) {
     if (config_.metrics.empty()) return;
-    metrics_.emplace(config_.metrics, result_.resumedFrom);
+    metrics_.emplace(config_.metrics, from);
     auto record = toJson(config_);
     record["kind"] = "config";
     record["world_size"] = rt_.worldSize();
@@ -416,11 +445,11 @@ class TrainingRun {
   const TrainConfig& config_;
   const TrainData& data_;
   runtime::Runtime& rt_;
-  const bool master_;
+  bool master_;  // rank 0 (after a shrink, a survivor may become it)
   const torch::Device device_;
   const bool autocast_;
   const int64_t datasetSize_;
-  const int64_t globalBatch_;
+  int64_t globalBatch_;  // batch x world size (a shrink changes it)
 
   std::shared_ptr<Classifier> model_;
   torch::optim::SGD optimizer_;
@@ -444,6 +473,7 @@ class TrainingRun {
     int64_t position = 0;
   } position_;
   runtime::ElasticState state_;
+  SampleLog sampleLog_;  // DDPRUN_SAMPLE_LOG: the indices of every step (off by default)
   bool announced_ = false;  // the "training ..." line was printed
   StepStats stats_;
   TrainResult result_;

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <map>
@@ -351,12 +352,47 @@ std::string Runtime::generationCause(int g) {
   }
 }
 
+void Runtime::applyShrinks(int g) {
+  namespace keys = rendezvous::recovery;
+  // A reform that failed after this (a death during the recovery) has applied some already.
+  for (int next = std::max(generation_, shrunkUpTo_) + 1; next <= g; ++next) {
+    const auto text = store_->get(keys::generationKey(next));
+    const auto record = keys::parseGenerationRecord(text);
+    if (!record) {
+      throw BackendError("in-process recovery: the launcher's record of generation " +
+                         std::to_string(next) + " is not one this runtime reads: '" +
+                         text.substr(0, 120) + "'");
+    }
+    if (record->removed.empty()) continue;  // replace: ranks and world size stay
+    const int rank = keys::shrinkRank(env_.rank, record->removed);
+    if (rank < 0) {
+      // The launcher counts this process as gone (it was silent past --peer-timeout and is
+      // being killed): it is in no rank any more.
+      throw Error("rank " + std::to_string(env_.rank) + " was removed from the group in "
+                  "generation " + std::to_string(next) + " (" + record->cause + ")");
+    }
+    const int offset = env_.rank - env_.localRank;  // one node: 0
+    DDPRUN_CHECK(record->worldSize == env_.worldSize - static_cast<int>(record->removed.size()),
+                 "generation " << next << " has world size " << record->worldSize << ", "
+                               << env_.worldSize << " - " << record->removed.size() << " expected");
+    env_.rank = rank;
+    env_.localRank = rank - offset;
+    env_.worldSize = record->worldSize;
+    env_.localWorldSize = record->worldSize;  // in-process recovery runs on one node
+    log::setIdentity("rank " + std::to_string(env_.rank));
+    shrunkUpTo_ = next;
+  }
+  shrunkUpTo_ = std::max(shrunkUpTo_, g);
+}
+
 void Runtime::reform(int g) {
   DDPRUN_CHECK(g > generation_, "reform() goes to a newer generation");
   const int64_t start = ddprun::timeline::nowUs();
   if (comm_) comm_->abort();
   // The old communicator lives on as long as something (DDP) holds it; it is broken.
   comm_.reset();
+  // --recovery-policy=shrink: this survivor's rank and the world size of generation g.
+  applyShrinks(g);
   auto comm = makeCommunicator(env_, store_, options_, g);
   ddprun::timeline::span("communicator setup", "runtime", start, ddprun::timeline::nowUs() - start,
                          ddprun::timeline::Args()

@@ -77,7 +77,10 @@ class Runtime {
   // One line of why generation `g` exists (the agent's record), or empty.
   std::string generationCause(int g);
   // Leaves the current communicator (abort(): peers waiting on this rank wake at once) and
-  // builds generation `g`'s, under keys of its own, with the ranks that are in it then.
+  // builds generation `g`'s, under keys of its own, with the ranks that are in it then. Under
+  // --recovery-policy=shrink a generation may have fewer ranks: rank(), localRank() and
+  // worldSize() change here (the survivors re-numbered densely, in order; recovery_keys.h), so a
+  // program reads them again after a recovery (getenv("RANK") keeps the start's value).
   void reform(int g);
   // Tells the agent that this process holds the training state in generation() (it committed
   // or healed): from then on its death, or a peer's, can be recovered in process.
@@ -99,6 +102,9 @@ class Runtime {
   InitOptions options_;                // what reform() builds the next communicator from
   int generation_ = 0;
   bool shutDown_ = false;
+  // Applies the shrink records of generations generation()+1 .. g to env_ (reform()), each once.
+  void applyShrinks(int g);
+  int shrunkUpTo_ = 0;  // the newest generation whose record applyShrinks() has read
 };
 
 // Builds the Runtime from the environment (see the top of this file). Throws ConfigError for a bad

@@ -270,3 +270,22 @@ TEST_CASE("the example configs/launch_*.json files parse", "[launcher][options]"
   }
   CHECK(seen >= 3);
 }
+
+TEST_CASE("--recovery-policy: replace (default), shrink down to --nnodes' lower bound, or "
+          "shrink:MIN_RANKS; anything else is refused naming flag and value",
+          "[launcher][options][recovery]") {
+  CHECK(parse({"prog"}).recoveryPolicy == LaunchOptions::RecoveryPolicy::Replace);
+  const auto shrink = parse({"--standalone", "--recovery-policy=shrink", "prog"});
+  CHECK(shrink.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink);
+  CHECK(shrink.shrinkMinRanks == 1);
+  CHECK(parse({"--nnodes=2:4", "--recovery-policy=shrink", "prog"}).shrinkMinRanks == 2);
+  const auto floor = parse({"--recovery_policy", "shrink:3", "prog"});
+  CHECK(floor.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink);
+  CHECK(floor.shrinkMinRanks == 3);
+  for (const char* bad : {"grow", "shrink:0", "shrink:", "shrink:x", "Shrink", "shrink:-1"}) {
+    INFO(bad);
+    CHECK_THAT(parseError({std::string("--recovery-policy=") + bad, "prog"}),
+               Catch::Contains(std::string("--recovery-policy=") + bad +
+                               ": expected replace, shrink or shrink:MIN_RANKS"));
+  }
+}

@@ -183,6 +183,32 @@ TEST_CASE("recovery keys: the generation record round-trips and refuses bad text
   }
 }
 
+TEST_CASE("recovery keys: a shrink record round-trips, re-densifies ranks and refuses bad text",
+          "[runtime][elastic]") {
+  namespace keys = ddprun::rendezvous::recovery;
+  const auto r = keys::parseGenerationRecord(keys::formatGenerationRecord(
+      {.generation = 2, .cause = "rank 1 died", .removed = {1, 3}, .worldSize = 3}));
+  REQUIRE(r);
+  CHECK(r->generation == 2);
+  CHECK(r->replaced.empty());
+  CHECK(r->removed == std::vector<int>{1, 3});
+  CHECK(r->worldSize == 3);
+  CHECK(r->cause == "rank 1 died");
+  // Ranks 0 1 2 3 4 without 1 and 3: 0 -> 0, 2 -> 1, 4 -> 2.
+  CHECK(keys::shrinkRank(0, r->removed) == 0);
+  CHECK(keys::shrinkRank(2, r->removed) == 1);
+  CHECK(keys::shrinkRank(4, r->removed) == 2);
+  CHECK(keys::shrinkRank(1, r->removed) == -1);
+  CHECK(keys::shrinkRank(3, r->removed) == -1);
+  for (const char* bad : {"generation=2 removed=1", "generation=2 removed=1 world_size=",
+                          "generation=2 removed=1 world_size=0", "generation=2 removed= world_size=1",
+                          "generation=2 removed=1 world_size=2 spare=1",
+                          "generation=2 removed=1 worldsize=2", "generation= removed=1 world_size=1"}) {
+    INFO(bad);
+    CHECK_FALSE(keys::parseGenerationRecord(bad));
+  }
+}
+
 TEST_CASE("recovery keys: a spare's assignment round-trips and refuses bad text",
           "[runtime][elastic]") {
   namespace keys = ddprun::rendezvous::recovery;

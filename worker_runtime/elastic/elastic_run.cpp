@@ -111,6 +111,8 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
     } catch (const TimeoutError& e) {
       throw BackendError(why + "; " + e.what());
     }
+    const int rankBefore = rt.rank();
+    const int worldBefore = rt.worldSize();
     failure = collectiveFailure([&] {
       rt.reform(g);
       heal(rt, state);
@@ -127,7 +129,13 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
                                 << static_cast<int64_t>(msSince(start)) << " ms: generation " << g
                                 << (cause.empty() ? std::string() : " (" + cause + ")")
                                 << ", back to commit " << state.commits() - 1
-                                << "; this process keeps running";
+                                << "; this process keeps running"
+                                << (rt.worldSize() != worldBefore
+                                        ? " as rank " + std::to_string(rt.rank()) + " of " +
+                                              std::to_string(rt.worldSize()) + " (was rank " +
+                                              std::to_string(rankBefore) + " of " +
+                                              std::to_string(worldBefore) + "; the group shrank)"
+                                        : std::string());
   }
 }
 

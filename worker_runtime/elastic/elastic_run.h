@@ -18,7 +18,11 @@
 //     the replacement heals from a survivor's memory, never from disk. Then reset(), commit,
 //     and body() again, from the committed counters;
 //   - a replacement (started by the agent in generation g) does the same from "builds": it
-//     holds nothing, so it only receives.
+//     holds nothing, so it only receives;
+//   - under --recovery-policy=shrink no replacement comes: generation g has the survivors only,
+//     numbered densely (Runtime::reform), so rt.rank() and rt.worldSize() may differ when
+//     reset() runs: reset() rebuilds whatever depends on them (the sampler's split, the global
+//     batch, who is rank 0), from the committed counters (the sampler position).
 // A failure during a recovery starts the next one (the agent publishes a newer generation, or
 // the wait ends with an error). No generation within the bound: the collective's error is
 // thrown, with why, and the program exits as without recovery (the launcher restarts).
