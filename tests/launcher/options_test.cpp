@@ -271,8 +271,8 @@ TEST_CASE("the example configs/launch_*.json files parse", "[launcher][options]"
   CHECK(seen >= 3);
 }
 
-TEST_CASE("--recovery-policy: replace (default), shrink down to --nnodes' lower bound, or "
-          "shrink:MIN_RANKS; anything else is refused naming flag and value",
+TEST_CASE("the recovery-policy flag takes replace (the default) or shrink (down to the nnodes "
+          "lower bound) or shrink:MIN_RANKS and refuses anything else naming flag and value",
           "[launcher][options][recovery]") {
   CHECK(parse({"prog"}).recoveryPolicy == LaunchOptions::RecoveryPolicy::Replace);
   const auto shrink = parse({"--standalone", "--recovery-policy=shrink", "prog"});

@@ -165,7 +165,7 @@ void checkExactlyOnce(const std::string& log, int64_t epoch, int finalWorld) {
 
 }  // namespace
 
-TEST_CASE("shrink: a rank of three SIGKILLed, the other two finish at two ranks in their own "
+TEST_CASE("a rank of three SIGKILLed, the other two finish at two ranks in their own "
           "processes and train on every sample of each epoch exactly once",
           "[recovery][shrink][slow]") {
   if (!haveData()) return skipWithoutData();
@@ -206,7 +206,7 @@ TEST_CASE("shrink: a rank of three SIGKILLed, the other two finish at two ranks 
   checkExactlyOnce(log, 1, 2);
 }
 
-TEST_CASE("shrink: rank 0 SIGKILLed, the survivor that becomes rank 0 reports and saves, every "
+TEST_CASE("rank 0 SIGKILLed, the survivor that becomes rank 0 reports and saves, every "
           "sample exactly once", "[recovery][shrink][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
@@ -234,7 +234,7 @@ TEST_CASE("shrink: rank 0 SIGKILLed, the survivor that becomes rank 0 reports an
   checkExactlyOnce(log, 1, 2);
 }
 
-TEST_CASE("shrink: the budget spent by a shrink, the next death ends the job with its root cause",
+TEST_CASE("the budget spent by a shrink, the next death ends the job with its root cause",
           "[recovery][shrink][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
@@ -263,7 +263,7 @@ TEST_CASE("shrink: the budget spent by a shrink, the next death ends the job wit
   CHECK_FALSE(fs::exists(dir / "final.pt"));
 }
 
-TEST_CASE("shrink: a death that would go below the job's minimum (shrink:2) restarts the group",
+TEST_CASE("a death that would go below the job's minimum (shrink:2) restarts the group",
           "[recovery][shrink][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
