@@ -109,6 +109,12 @@ int simulate(const SimulateOptions& o) {
                       note.empty() ? "" : "; ", r.connectSeconds);
         note += b;
       }
+      if (r.formSwarmCpu > 0) {
+        char b[96];
+        std::snprintf(b, sizeof b, "%sagents' CPU form %.2f s / re-form %.2f s",
+                      note.empty() ? "" : "; ", r.formSwarmCpu, r.reformSwarmCpu);
+        note += b;
+      }
       if (!r.formSeconds || !r.reformSeconds) stop = true;
     }
     note += (note.empty() ? "" : "; ") + std::string("load ") + loadAverage();

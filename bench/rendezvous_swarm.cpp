@@ -79,8 +79,10 @@ StoreProcess::~StoreProcess() {
   ::waitpid(pid_, nullptr, 0);
 }
 
-double StoreProcess::cpuSeconds() const {
-  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+double StoreProcess::cpuSeconds() const { return cpuSecondsOf(pid_); }
+
+double StoreProcess::cpuSecondsOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::istringstream rest(all.substr(all.rfind(')') + 2));  // after "pid (comm) "
   std::string field;
@@ -240,11 +242,14 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   std::condition_variable cv;
   bool go = false;
   std::atomic<bool> done{false};
-  int formed = 0, reformed = 0;  // guarded by mu
+  // Counted without the lock (10,000 agents would contend for it); the one that reaches the
+  // target takes it to notify, so the main thread's predicate cannot miss the wake-up.
+  std::atomic<int> formed{0}, reformed{0};
   Clock::time_point t0;
-  auto count = [&](int& counter, int target) {
+  auto count = [&](std::atomic<int>& counter, int target) {
+    if (counter.fetch_add(1) + 1 != target) return;
     std::lock_guard<std::mutex> g(mu);
-    if (++counter == target) cv.notify_all();
+    cv.notify_all();
   };
   // Blocks agent `a` until `ready()` or the end of the run; false after `timeout`.
   auto sleepUntil = [&](SimAgent& a, Millis timeout, auto ready) {
@@ -264,7 +269,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   // of the protocol. `connected` times this phase (reported, not counted in the form time).
   constexpr int kConnecting = 256;
   std::counting_semaphore<> connectSlots(kConnecting);
-  int ready = 0;  // guarded by mu: agents connected (or failed to)
+  std::atomic<int> ready{0};  // agents connected (or failed to)
   auto body = [&](int i) {
     SimAgent& a = agents[i];
     bool counted = false;   // in `formed`
@@ -344,10 +349,11 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, 2 * o.timeout, [&] { return ready >= n; });
-    if (ready < n) r.error = std::to_string(n - ready) + " agents did not connect";
+    if (ready < n) r.error = std::to_string(n - ready.load()) + " agents did not connect";
   }
   r.connectSeconds = seconds(Clock::now() - tConnect);
   const double cpu0 = store.cpuSeconds();
+  const double self0 = StoreProcess::cpuSecondsOf(::getpid());
   {
     std::lock_guard<std::mutex> g(mu);
     t0 = Clock::now();
@@ -371,7 +377,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, o.timeout + o.spread + Millis(5'000), [&] { return formed >= n; });
     if (formed < n && r.error.empty())
-      r.error = std::to_string(n - formed) + " agents' round 1 did not close";
+      r.error = std::to_string(n - formed.load()) + " agents' round 1 did not close";
   }
   if (r.error.empty()) r.error = firstError();
   if (!r.error.empty()) {
@@ -399,10 +405,12 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   }
   r.formSeconds = seconds(last - t0);
   r.formStoreCpu = store.cpuSeconds() - cpu0;
+  r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);
 
   // The victim is dead: evicted as its heartbeat watcher would (one compare-set).
   const double cpu1 = store.cpuSeconds();
+  const double self1 = StoreProcess::cpuSecondsOf(::getpid());
   Clock::time_point tEvict;
   try {
     PrefixStore conn("ddprun/rdzv/" + runId, std::make_shared<TcpStore>(storeOptions));
@@ -419,7 +427,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   if (r.error.empty()) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, o.timeout + Millis(5'000), [&] { return reformed >= n - 1; });
-    if (reformed < n - 1) r.error = std::to_string(n - 1 - reformed) + " survivors did not re-form";
+    if (reformed < n - 1) r.error = std::to_string(n - 1 - reformed.load()) + " survivors did not re-form";
   }
   if (r.error.empty()) r.error = firstError();
   if (r.error.empty()) {
@@ -443,6 +451,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     if (r.error.empty()) {
       r.reformSeconds = seconds(last - tEvict);
       r.reformStoreCpu = store.cpuSeconds() - cpu1;
+      r.reformSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self1;
       r.reform = costOf(cost);
     }
   }
