@@ -105,7 +105,7 @@ int simulate(const SimulateOptions& o) {
       note = r.error;
       if (r.connectSeconds > 0) {
         char b[96];
-        std::snprintf(b, sizeof b, "%sconnect %.2f s before the first arrival (not timed)",
+        std::snprintf(b, sizeof b, "%sset-up (threads, connections) %.2f s before the first arrival, not timed",
                       note.empty() ? "" : "; ", r.connectSeconds);
         note += b;
       }

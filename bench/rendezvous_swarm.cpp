@@ -358,14 +358,14 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     }
   };
 
+  SwarmResult r;
+  const auto tConnect = Clock::now();  // set-up: the agents' threads, connections, settings check
   std::vector<std::thread> threads;
   threads.reserve(n);
   {
     SmallStacks stacks(256 << 10);
     for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
   }
-  SwarmResult r;
-  const auto tConnect = Clock::now();
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, 2 * o.timeout, [&] { return ready >= n; });

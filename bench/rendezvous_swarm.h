@@ -86,8 +86,9 @@ struct SwarmOptions {
 };
 
 struct SwarmResult {
-  // Every agent connected and its settings checked, before the first arrival (not in formSeconds;
-  // the "agents" and "log" protocols; 0 for "slots", whose agents connect as they arrive).
+  // Set-up before the first arrival, not in formSeconds: every agent's threads started, its
+  // connection made and the job's settings checked ("agents" and "log"; 0 for "slots", whose
+  // agents connect as they arrive).
   double connectSeconds = 0;
   std::optional<double> formSeconds;    // first arrival to the last agent's closed round
   std::optional<double> reformSeconds;  // the eviction written to the last survivor's round
