@@ -103,6 +103,18 @@ int simulate(const SimulateOptions& o) {
                                                .maxNproc = 4, .timeout = o.cap,
                                                .protocol = protocol});
       note = r.error;
+      if (r.connectSeconds > 0) {
+        char b[96];
+        std::snprintf(b, sizeof b, "%sset-up (threads, connections) %.2f s before the first arrival, not timed",
+                      note.empty() ? "" : "; ", r.connectSeconds);
+        note += b;
+      }
+      if (r.formSwarmCpu > 0) {
+        char b[96];
+        std::snprintf(b, sizeof b, "%sagents' CPU form %.2f s / re-form %.2f s",
+                      note.empty() ? "" : "; ", r.formSwarmCpu, r.reformSwarmCpu);
+        note += b;
+      }
       if (!r.formSeconds || !r.reformSeconds) stop = true;
     }
     note += (note.empty() ? "" : "; ") + std::string("load ") + loadAverage();

@@ -79,8 +79,10 @@ StoreProcess::~StoreProcess() {
   ::waitpid(pid_, nullptr, 0);
 }
 
-double StoreProcess::cpuSeconds() const {
-  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+double StoreProcess::cpuSeconds() const { return cpuSecondsOf(pid_); }
+
+double StoreProcess::cpuSecondsOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::istringstream rest(all.substr(all.rfind(')') + 2));  // after "pid (comm) "
   std::string field;
@@ -183,8 +185,28 @@ struct SimAgent {
   std::string error;                   // written by the agent's thread before it counts itself
   std::atomic<bool> superseded{false};  // its round 1 ended (its watcher's event)
   // Wakes this agent alone (its event, or the end of the run): a swarm-wide notify_all would
-  // wake every waiting agent for each event, O(N^2) wake-ups.
-  std::counting_semaphore<> wake{0};
+  // wake every waiting agent for each event, O(N^2) wake-ups. A mutex and condition variable,
+  // not a std::counting_semaphore: libstdc++ 12's timed try_acquire_until polls, sleeping up
+  // to 64 ms at a time instead of blocking, so 10,000 waiting agents woke 150,000 times a
+  // second -- a third of the swarm's CPU in the timed phases (perf), and late wake-ups.
+  struct Wake {
+    std::mutex mu;
+    std::condition_variable cv;
+    int pending = 0;
+    void release() {
+      {
+        std::lock_guard<std::mutex> g(mu);
+        ++pending;
+      }
+      cv.notify_one();
+    }
+    bool acquireUntil(Clock::time_point deadline) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_until(lock, deadline, [&] { return pending > 0; })) return false;
+      --pending;
+      return true;
+    }
+  } wake;
 };
 
 // Threads created while it lives get `bytes` of stack (glibc's default for threads made
@@ -235,38 +257,54 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   const int victim = static_cast<int>(rng() % n);
 
   std::vector<SimAgent> agents(n);
-  // The main thread waits on `cv` for the counts; agents wait on their own semaphores.
+  // The main thread waits on `cv` for the counts; agents wait on their own Wake.
   std::mutex mu;
   std::condition_variable cv;
   bool go = false;
   std::atomic<bool> done{false};
-  int formed = 0, reformed = 0;  // guarded by mu
+  // Counted without the lock (10,000 agents would contend for it); the one that reaches the
+  // target takes it to notify, so the main thread's predicate cannot miss the wake-up.
+  std::atomic<int> formed{0}, reformed{0};
   Clock::time_point t0;
-  auto count = [&](int& counter, int target) {
+  auto count = [&](std::atomic<int>& counter, int target) {
+    if (counter.fetch_add(1) + 1 != target) return;
     std::lock_guard<std::mutex> g(mu);
-    if (++counter == target) cv.notify_all();
+    cv.notify_all();
   };
   // Blocks agent `a` until `ready()` or the end of the run; false after `timeout`.
   auto sleepUntil = [&](SimAgent& a, Millis timeout, auto ready) {
     const auto deadline = Clock::now() + timeout;
     while (!ready() && !done) {
-      if (!a.wake.try_acquire_until(deadline)) return ready() || done.load();
+      if (!a.wake.acquireUntil(deadline)) return ready() || done.load();
     }
     return true;
   };
 
+  // Connecting is not timed: each agent connects (TCP, HELLO) and checks the job's settings
+  // (the DynamicRendezvous constructor: one compare-set, counted in its round trips) before the
+  // first arrival, at most kConnecting at a time. A 10,000-node job's agents start on their own
+  // machines, whose connects reach the store's host spread by their start-up; 10,000 connects
+  // from one process within 200 ms overflow the accept queue (somaxconn, 4096 here) and each
+  // dropped SYN costs its client a 1 s retransmission -- a cost of this machine's kernel, not
+  // of the protocol. `connected` times this phase (reported, not counted in the form time).
+  constexpr int kConnecting = 256;
+  std::counting_semaphore<> connectSlots(kConnecting);
+  std::atomic<int> ready{0};  // agents connected (or failed to)
   auto body = [&](int i) {
     SimAgent& a = agents[i];
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return go; });
-    }
-    std::this_thread::sleep_until(t0 + arrival[i]);
-    bool counted = false;  // in `formed`
+    bool counted = false;   // in `formed`
+    bool isReady = false;   // in `ready`
     try {
-      DynamicRendezvousOptions opt;
-      opt.runId = runId;
-      opt.backend = std::make_shared<CountingBackend>(
+      connectSlots.acquire();
+      struct Release {
+        std::counting_semaphore<>& s;
+        ~Release() { s.release(); }
+      };
+      {
+        Release release{connectSlots};
+        DynamicRendezvousOptions opt;
+        opt.runId = runId;
+        opt.backend = std::make_shared<CountingBackend>(
           storeOptions, HeartbeatOptions{.interval = Millis(0)}, a.traffic,
           /*slotJoin=*/o.protocol == "agents");
       opt.store = storeOptions;
@@ -277,13 +315,21 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       opt.lastCallTimeout = o.timeout;  // round 1 closes at MAX, round 2 when every survivor is back
       opt.heartbeat = {.interval = Millis(0)};
       opt.watcherOnAgentConnection = true;  // one connection per agent
-      a.atStart = a.traffic->snapshot();
-      a.rdzv = std::make_unique<DynamicRendezvous>(opt, [&a](const RoundEvent& e) {
-        if (e.kind != RoundEvent::Kind::Superseded) return;
-        a.superseded = true;
-        a.wake.release();
-      });
-      a.id = a.rdzv->self().id;
+        a.atStart = a.traffic->snapshot();
+        a.rdzv = std::make_unique<DynamicRendezvous>(opt, [&a](const RoundEvent& e) {
+          if (e.kind != RoundEvent::Kind::Superseded) return;
+          a.superseded = true;
+          a.wake.release();
+        });
+        a.id = a.rdzv->self().id;
+      }
+      isReady = true;
+      count(ready, n);
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return go; });
+      }
+      std::this_thread::sleep_until(t0 + arrival[i]);
       a.first = a.rdzv->nextRound();
       a.formedAt = Clock::now();
       a.atFormed = a.traffic->snapshot();
@@ -306,18 +352,28 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       sleepUntil(a, kForever, [] { return false; });
     } catch (const std::exception& e) {
       a.error = e.what();
+      if (!isReady) count(ready, n);  // so that the swarm does not wait for it
       if (!counted) count(formed, n);  // counted (with an error), so the swarm does not wait for it
       count(reformed, n - 1);
     }
   };
 
+  SwarmResult r;
+  const auto tConnect = Clock::now();  // set-up: the agents' threads, connections, settings check
   std::vector<std::thread> threads;
   threads.reserve(n);
   {
     SmallStacks stacks(256 << 10);
     for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
   }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, 2 * o.timeout, [&] { return ready >= n; });
+    if (ready < n) r.error = std::to_string(n - ready.load()) + " agents did not connect";
+  }
+  r.connectSeconds = seconds(Clock::now() - tConnect);
   const double cpu0 = store.cpuSeconds();
+  const double self0 = StoreProcess::cpuSecondsOf(::getpid());
   {
     std::lock_guard<std::mutex> g(mu);
     t0 = Clock::now();
@@ -325,7 +381,6 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   }
   cv.notify_all();
 
-  SwarmResult r;
   auto firstError = [&]() -> std::string {
     for (int i = 0; i < n; ++i)
       if (!agents[i].error.empty()) return "agent " + std::to_string(i) + ": " + agents[i].error;
@@ -341,7 +396,8 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, o.timeout + o.spread + Millis(5'000), [&] { return formed >= n; });
-    if (formed < n) r.error = std::to_string(n - formed) + " agents' round 1 did not close";
+    if (formed < n && r.error.empty())
+      r.error = std::to_string(n - formed.load()) + " agents' round 1 did not close";
   }
   if (r.error.empty()) r.error = firstError();
   if (!r.error.empty()) {
@@ -369,10 +425,12 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   }
   r.formSeconds = seconds(last - t0);
   r.formStoreCpu = store.cpuSeconds() - cpu0;
+  r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);
 
   // The victim is dead: evicted as its heartbeat watcher would (one compare-set).
   const double cpu1 = store.cpuSeconds();
+  const double self1 = StoreProcess::cpuSecondsOf(::getpid());
   Clock::time_point tEvict;
   try {
     PrefixStore conn("ddprun/rdzv/" + runId, std::make_shared<TcpStore>(storeOptions));
@@ -389,7 +447,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   if (r.error.empty()) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, o.timeout + Millis(5'000), [&] { return reformed >= n - 1; });
-    if (reformed < n - 1) r.error = std::to_string(n - 1 - reformed) + " survivors did not re-form";
+    if (reformed < n - 1) r.error = std::to_string(n - 1 - reformed.load()) + " survivors did not re-form";
   }
   if (r.error.empty()) r.error = firstError();
   if (r.error.empty()) {
@@ -413,6 +471,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     if (r.error.empty()) {
       r.reformSeconds = seconds(last - tEvict);
       r.reformStoreCpu = store.cpuSeconds() - cpu1;
+      r.reformSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self1;
       r.reform = costOf(cost);
     }
   }

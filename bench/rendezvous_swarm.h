@@ -38,6 +38,8 @@ class StoreProcess {
   pid_t pid() const { return pid_; }
   // CPU (user + system) the store has used so far, from /proc/<pid>/stat.
   double cpuSeconds() const;
+  // The same for any process (this one: ::getpid()).
+  static double cpuSecondsOf(pid_t pid);
 
  private:
   pid_t pid_ = -1;
@@ -84,9 +86,16 @@ struct SwarmOptions {
 };
 
 struct SwarmResult {
+  // Set-up before the first arrival, not in formSeconds: every agent's threads started, its
+  // connection made and the job's settings checked ("agents" and "log"; 0 for "slots", whose
+  // agents connect as they arrive).
+  double connectSeconds = 0;
   std::optional<double> formSeconds;    // first arrival to the last agent's closed round
   std::optional<double> reformSeconds;  // the eviction written to the last survivor's round
   double formStoreCpu = 0, reformStoreCpu = 0;
+  // CPU this process (the simulated agents: their threads, sockets, the kernel's loopback TCP
+  // work done on their behalf) used in each phase ("agents" and "log" protocols).
+  double formSwarmCpu = 0, reformSwarmCpu = 0;
   Cost form, reform;
   std::string error;  // why a phase has no time (a violated invariant, an agent's error)
 };

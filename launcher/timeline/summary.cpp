@@ -156,6 +156,9 @@ Summary summarize(const json& trace) {
           r.slowestStepUs = dur;
           r.slowestStep = args.value("step", int64_t{-1});
         }
+      } else if (cat == "elastic" && name == "commit" && ph == "X") {
+        ++r.commits;
+        r.commitUs += dur;
       } else if (cat == "collective" && ph == "X") {
         ++r.collectives;
         r.collectiveUs += dur;
@@ -238,18 +241,19 @@ std::string formatSummary(const Summary& s) {
     out += "skipped " + std::to_string(s.malformedEvents) + " malformed event(s), the first " +
            s.firstMalformed + "\n";
   }
-  std::snprintf(buf, sizeof(buf), "%-6s %7s %10s %10s %10s %10s %10s  %s\n", "rank", "steps",
-                "step s", "compute s", "comm s", "waiting s", "caused s", "slowest step");
+  std::snprintf(buf, sizeof(buf), "%-6s %7s %10s %10s %10s %10s %10s %10s  %s\n", "rank", "steps",
+                "step s", "compute s", "comm s", "waiting s", "caused s", "commit s", "slowest step");
   out += buf;
   for (const auto& r : s.ranks) {
     const std::string slowest =
         r.steps == 0 ? "-"
                      : ms(r.slowestStepUs) + " ms" +
                            (r.slowestStep >= 0 ? " (step " + std::to_string(r.slowestStep) + ")" : "");
-    std::snprintf(buf, sizeof(buf), "%-6d %7lld %10s %10s %10s %10s %10s  %s\n", r.rank,
+    std::snprintf(buf, sizeof(buf), "%-6d %7lld %10s %10s %10s %10s %10s %10s  %s\n", r.rank,
                   static_cast<long long>(r.steps), seconds(r.stepUs).c_str(),
                   seconds(r.computeUs()).c_str(), seconds(r.communicationUs()).c_str(),
-                  seconds(r.waitUs).c_str(), seconds(r.delayCausedUs).c_str(), slowest.c_str());
+                  seconds(r.waitUs).c_str(), seconds(r.delayCausedUs).c_str(),
+                  seconds(r.commitUs).c_str(), slowest.c_str());
     out += buf;
   }
   if (!s.jobEvents.empty()) {
@@ -283,7 +287,8 @@ nlohmann::json summaryJson(const Summary& s) {
                      {"compute_us", r.computeUs()}, {"communication_us", r.communicationUs()},
                      {"waiting_us", r.waitUs}, {"collectives", r.collectives},
                      {"last_arrivals", r.lastArrivals}, {"delay_caused_us", r.delayCausedUs},
-                     {"slowest_step_us", r.slowestStepUs}, {"slowest_step", r.slowestStep}});
+                     {"slowest_step_us", r.slowestStepUs}, {"slowest_step", r.slowestStep},
+                     {"commits", r.commits}, {"commit_us", r.commitUs}});
   }
   json events = json::array();
   for (const auto& e : s.jobEvents) {

@@ -1,7 +1,7 @@
 #pragma once
 // What a job's timeline says, computed from the merged trace (merge.h) by a pure function:
 // per rank the time in steps, in compute, in communication and waiting for the others inside
-// collectives; the slowest step; the agents' rendezvous, failures and restarts in order; and the
+// collectives; in in-process recovery's commits (between steps); the slowest step; the agents' rendezvous, failures and restarts in order; and the
 // straggler, the rank the others wait for.
 //
 // Waiting is measured across ranks: a collective (one sequence number of one worker group) starts
@@ -31,6 +31,8 @@ struct RankSummary {
   int64_t waitUs = 0;          // of which waiting for the last rank to arrive
   int64_t lastArrivals = 0;    // collectives this rank was the last to call
   int64_t delayCausedUs = 0;   // what being last cost the others
+  int64_t commits = 0;         // in-process recovery's snapshots (category elastic, "commit")
+  int64_t commitUs = 0;        // their time, outside the steps
   int64_t computeUs() const { return stepUs > collectiveUs ? stepUs - collectiveUs : 0; }
   int64_t communicationUs() const { return collectiveUs - waitUs; }
 };

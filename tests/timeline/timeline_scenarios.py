@@ -175,6 +175,10 @@ def two_ranks(tmp):
     summary = json.loads(ddprun_trace(job.trace, "--json"))
     check([r["steps"] for r in summary["ranks"]] == [32, 32], "--json: 32 steps per rank")
     check(summary["compared_collectives"] > 32, "--json: collectives matched across ranks")
+    # mnist_mlp recovers in process by default: it commits after every step, which the summary
+    # counts apart from the steps.
+    check(all(r["commits"] >= 32 and r["commit_us"] > 0 for r in summary["ranks"]),
+          "--json: each rank's in-process recovery commits, counted and timed")
 
 
 def rank_killed(tmp):

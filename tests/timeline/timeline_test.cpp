@@ -26,6 +26,7 @@ using ddprun::launcher::timeline::mergeTimeline;
 using ddprun::launcher::timeline::nodeBundle;
 using ddprun::launcher::timeline::formatSummary;
 using ddprun::launcher::timeline::summarize;
+using ddprun::launcher::timeline::summaryJson;
 using ddprun::testing::TempDir;
 using nlohmann::json;
 
@@ -160,8 +161,17 @@ TEST_CASE("the summary names the rank the others wait for", "[timeline]") {
                     {"args", {{"seq", seq}, {"group", "job/0"}}}});
     }
   }
+  // Rank 1 commits after each step (in-process recovery): counted apart from the steps.
+  for (int seq = 0; seq < 4; ++seq) {
+    ev.push_back({{"name", "commit"}, {"cat", "elastic"}, {"ph", "X"},
+                  {"ts", 1'000'000 + seq * 100'000 + 6000}, {"dur", 250}, {"pid", 2}, {"tid", 7}});
+  }
   const auto s = summarize(json{{"traceEvents", ev}});
   REQUIRE(s.ranks.size() == 3);
+  CHECK(s.ranks[1].commits == 4);
+  CHECK(s.ranks[1].commitUs == 1000);
+  CHECK(s.ranks[0].commits == 0);
+  CHECK(s.ranks[1].stepUs == s.ranks[0].stepUs - 4 * 100);  // its step spans, not its commits
   CHECK(s.comparedCollectives == 4);
   CHECK(s.straggler == 2);
   CHECK(s.ranks[2].lastArrivals == 4);
@@ -170,6 +180,8 @@ TEST_CASE("the summary names the rank the others wait for", "[timeline]") {
   CHECK(s.ranks[2].waitUs == 0);
   const std::string text = formatSummary(s);
   CHECK_THAT(text, Catch::Contains("straggler: rank 2 (last to arrive at 4 of 4 collectives"));
+  CHECK_THAT(text, Catch::Contains("commit s"));
+  CHECK(summaryJson(s)["ranks"][1]["commit_us"] == 1000);
 
   // Ranks that take turns at being last: nobody is the straggler.
   json even = json::array();

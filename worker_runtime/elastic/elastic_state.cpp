@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/errors.h"
+#include "base/timeline.h"
 
 namespace ddprun::runtime {
 namespace {
@@ -118,6 +119,7 @@ size_t ElasticState::bytes() const {
 
 void ElasticState::commit() {
   if (!enabled_) return;
+  ddprun::timeline::Scope span("commit", "elastic");
   torch::NoGradGuard noGrad;
   const auto live = liveTensors();
   bool same = live.size() == saved_.size();
