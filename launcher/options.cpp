@@ -332,6 +332,12 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
   // --recovery-policy=shrink: down to the job's minimum as --nnodes defines it, its lower bound
   // of nodes, each with at least one rank (in-process recovery runs on one node: 1 rank).
   if (o.shrinkMinRanks == 0) o.shrinkMinRanks = std::max(1, o.minNodes);
+  if (o.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
+      o.recovery == LaunchOptions::Recovery::Restart) {
+    DDPRUN_LOG(WARN, "launcher") << "--recovery-policy=" << get("recovery-policy").value
+                                 << " has no effect with --recovery=restart: every worker's death "
+                                 << "restarts the group";
+  }
   return o;
 }
 

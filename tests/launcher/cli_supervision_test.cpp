@@ -99,6 +99,19 @@ TEST_CASE("the recovery flag takes restart, in-process or auto", "[launcher][cli
   CHECK_THAT(r.err, Catch::Contains("--recovery=sometimes: expected one of restart, in-process, auto"));
 }
 
+TEST_CASE("the recovery-policy flag: a bad value is refused naming it, and shrink under "
+          "--recovery=restart says it has no effect", "[launcher][cli][recovery]") {
+  auto bad = runDdprun({"--standalone", "--recovery-policy=grow", "true"});
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.err, Catch::Contains("--recovery-policy=grow: expected replace, shrink or "
+                                      "shrink:MIN_RANKS"));
+  auto r = runDdprun({"--standalone", "--recovery=restart", "--recovery-policy=shrink", "true"});
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.err, Catch::Contains("--recovery-policy=shrink has no effect with "
+                                    "--recovery=restart: every worker's death restarts the group"));
+}
+
 TEST_CASE("the spares flag takes a whole number from 0 to 64", "[launcher][cli][recovery]") {
   for (const char* bad : {"-1", "two", "65", "1.5"}) {
     auto r = runDdprun({"--standalone", std::string("--spares=") + bad, "true"});
