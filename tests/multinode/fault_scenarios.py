@@ -196,7 +196,15 @@ def agent_sigstop(t, ref, at):
     j = Job(t, "agent_sigstop").start()
     j.wait_world2()
     j.wait_checkpoint(at)
-    stop_for(j.b.proc.pid, 3.0)  # a evicts b after 0.9 s and goes on alone
+    # a evicts b after 0.9 s and goes on alone; b resumes as soon as a has evicted it, while a
+    # still trains (b then learns it left the job and exits 0). A fixed stop (3 s) let a fast
+    # machine finish the job, and end the store a hosts, before b resumed.
+    stop(j.b.proc.pid)
+    try:
+        t.wait_for("agent_sigstop: a evicts the stopped b",
+                   lambda: "was evicted: no heartbeat" in j.a.stderr(), 30)
+    finally:
+        os.kill(j.b.proc.pid, signal.SIGCONT)
     j.expect([0, 0], ref)
     check("was evicted: no heartbeat" in j.a.stderr(), "agent_sigstop: a evicted the stopped b")
 
