@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "fashion_mnist.h"
 #include "job_runner.h"
 #include "trained_weights.h"
 #include "tests/support/skip.h"
@@ -117,16 +118,6 @@ std::vector<MetricsRecord> trainRecords(const std::string& path) {
                    j["world_size"].get<int64_t>(), j["lr"].get<double>()});
   }
   return out;
-}
-
-bool haveData() {
-  return fs::exists(mnistFilePath(kDefaultDataDir, Split::Train, false));
-}
-
-// A skip (ctest: Skipped), or a failure under CI=true, where scripts/setup installed the data.
-void skipWithoutData() {
-  ddprun::testing::skipUnlessCi("Fashion-MNIST is not installed in " + std::string(kDefaultDataDir) +
-                                " (Debian package dataset-fashion-mnist)");
 }
 
 }  // namespace
@@ -327,17 +318,6 @@ const TempDir& spareReferenceRun() {
   return dir;
 }
 
-// Waits until the job's output holds `text`; false when the job ended first or the deadline
-// passed.
-bool waitForOutput(Job& job, const std::string& text) {
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while (job.output().find(text) == std::string::npos) {
-    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
 // Waits for hot spare `id` to exist; its pid, or -1.
 pid_t waitForSpare(Job& job, int id) {
   const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
@@ -384,7 +364,7 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
                         {"--max-restarts=1", "--recovery=in-process", "--spares=1"}),
             {}, dir / "log");
     // The spare starts once both workers announced in-process recovery; killed once it waits.
-    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank"));
+    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout));
     spare = sparePid(job.pid(), 0, "mnist_mlp");
     const pid_t survivorPid = workerPid(job.pid(), 0, "mnist_mlp");
     const pid_t victimPid = workerPid(job.pid(), 1, "mnist_mlp");
@@ -438,7 +418,7 @@ TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers 
     Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
                         {"--max-restarts=0", "--recovery=in-process", "--spares=1"}),
             {}, dir / "log");
-    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank"));
+    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout));
     const pid_t spare = sparePid(job.pid(), 0, "mnist_mlp");
     const pid_t w0 = workerPid(job.pid(), 0, "mnist_mlp");
     const pid_t w1 = workerPid(job.pid(), 1, "mnist_mlp");
@@ -482,7 +462,7 @@ TEST_CASE("hot spare: the spare SIGKILLed as it takes the rank, the next generat
     Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
                         {"--max-restarts=2", "--recovery=in-process", "--spares=1"}),
             {{"DDPRUN_TIMEOUT", "20"}}, dir / "log");
-    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank"));
+    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout));
     const pid_t spare = sparePid(job.pid(), 0, "mnist_mlp");
     const pid_t survivorPid = workerPid(job.pid(), 0, "mnist_mlp");
     const pid_t victimPid = workerPid(job.pid(), 1, "mnist_mlp");
@@ -491,7 +471,7 @@ TEST_CASE("hot spare: the spare SIGKILLed as it takes the rank, the next generat
     REQUIRE(victimPid > 0);
     REQUIRE(::kill(victimPid, SIGKILL) == 0);
     // The spare is killed the moment the agent has given it the rank (before or while it heals).
-    REQUIRE(waitForOutput(job, ") takes rank 1 (restart 1 of 2 spent)"));
+    REQUIRE(waitForOutput(job, ") takes rank 1 (restart 1 of 2 spent)", kJobTimeout));
     REQUIRE(::kill(spare, SIGKILL) == 0);
     const pid_t survivorNow = workerPid(job.pid(), 0, "mnist_mlp");
     const int code = job.wait(kJobTimeout);

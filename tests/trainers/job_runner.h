@@ -136,4 +136,14 @@ inline bool waitForCheckpoint(Job& job, const std::string& dir, int64_t step,
   return true;
 }
 
+// Waits until the job's output holds `text`; false when the job ended first or `timeout` passed.
+inline bool waitForOutput(Job& job, const std::string& text, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (job.output().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
 }  // namespace ddprun::trainers::testing

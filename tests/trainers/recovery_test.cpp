@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "fashion_mnist.h"
 #include "job_runner.h"
 #include "trained_weights.h"
 #include "test_files.h"
@@ -93,14 +94,6 @@ int finish(Job& job) {
   const int code = job.wait(kJobTimeout);
   INFO(job.output());
   return code;
-}
-
-bool haveData() { return fs::exists(mnistFilePath(kDefaultDataDir, Split::Train, false)); }
-
-void skipWithoutData() {
-  ddprun::testing::skipUnlessCi("Fashion-MNIST is not installed in " +
-                                std::string(kDefaultDataDir) +
-                                " (Debian package dataset-fashion-mnist)");
 }
 
 // Watches a checkpoint directory for a temporary file being created (a save in progress) and

@@ -17,6 +17,7 @@
 #include <regex>
 #include <set>
 
+#include "fashion_mnist.h"
 #include "job_runner.h"
 #include "test_files.h"
 #include "tests/support/skip.h"
@@ -61,24 +62,6 @@ int finish(Job& job) {
   const int code = job.wait(kJobTimeout);
   INFO(job.output());
   return code;
-}
-
-// Waits until the job's output holds `text`; false when the job ended first or time ran out.
-bool waitForOutput(Job& job, const std::string& text) {
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while (job.output().find(text) == std::string::npos) {
-    if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
-bool haveData() { return fs::exists(mnistFilePath(kDefaultDataDir, Split::Train, false)); }
-
-void skipWithoutData() {
-  ddprun::testing::skipUnlessCi("Fashion-MNIST is not installed in " +
-                                std::string(kDefaultDataDir) +
-                                " (Debian package dataset-fashion-mnist)");
 }
 
 // What one epoch trained on, from the sample log: for each step, the lines of its highest
@@ -182,7 +165,7 @@ TEST_CASE("a rank of three SIGKILLed, the other two finish at two ranks in their
   REQUIRE(two > 0);
   REQUIRE(::kill(one, SIGKILL) == 0);
   // The survivors keep their processes: still running once the group went on without rank 1.
-  REQUIRE(waitForOutput(job, "the group shrank"));
+  REQUIRE(waitForOutput(job, "the group shrank", kJobTimeout));
   CHECK(::kill(zero, 0) == 0);
   CHECK(::kill(two, 0) == 0);
   const int code = finish(job);
@@ -247,7 +230,7 @@ TEST_CASE("the budget spent by a shrink, the next death ends the job with its ro
   REQUIRE(one > 0);
   REQUIRE(two > 0);
   REQUIRE(::kill(one, SIGKILL) == 0);
-  REQUIRE(waitForOutput(job, "the group shrank"));
+  REQUIRE(waitForOutput(job, "the group shrank", kJobTimeout));
   // Rank 2 of the start is rank 1 of generation 1.
   REQUIRE(::kill(two, SIGKILL) == 0);
   const int code = finish(job);
