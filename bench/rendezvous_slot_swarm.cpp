@@ -1,5 +1,5 @@
-// The swarm with the slot join (rendezvous/scalable/slot_join.h): each agent is a thread with
-// one counted connection. Round 1: N agents join with target N. The harness then ends round 1
+// The swarm with the slot join (rendezvous/scalable/slot_join.h): each agent is a fiber
+// (bench/fiber_scheduler.h) with one counted connection. Round 1: N agents join with target N. The harness then ends round 1
 // as an eviction would, with one key (r/1/over = the number expected back, N-1); every survivor
 // WAITs on it (its round watcher's wait, here on its only connection) and joins round 2 with
 // target N-1. The harness reads every slot record on its own, uncounted connection to check the
@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "bench/fiber_scheduler.h"
 #include "bench/rendezvous_swarm.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/scalable/slot_join.h"
@@ -94,20 +95,19 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   }
   const int victim = static_cast<int>(rng() % n);
 
+  // The agents are fibers of `fibers`, run by the thread `loop`; the main thread waits on `cv`.
+  FiberScheduler fibers;
   std::mutex mu;
   std::condition_variable cv;
-  bool go = false;
+  bool go = false;  // the fibers' (they park on &go)
   int formed = 0, reformed = 0;
   Clock::time_point t0;
   const sc::SlotJoinOptions round1{.round = 1, .target = n, .minNodes = std::max(1, n - 1),
                                    .maxNodes = n, .lastCall = o.timeout, .timeout = o.timeout};
   auto body = [&](int i) {
     SlotAgent& a = agents[i];
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return go; });
-    }
-    std::this_thread::sleep_until(t0 + arrival[i]);
+    while (!go) fibers.park(nullptr, &go, Clock::time_point::max());
+    fibers.sleepUntil(t0 + arrival[i]);
     bool first = true;
     try {
       PrefixStore conn(prefix, std::make_shared<CountingStore>(
@@ -140,17 +140,15 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
     cv.notify_all();
   };
 
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
+  for (int i = 0; i < n; ++i) fibers.spawn([&body, i] { body(i); });
+  std::thread loop([&] { fibers.run(); });
   PrefixStore harness(prefix, std::make_shared<TcpStore>(storeOptions));  // uncounted
   const double cpu0 = store.cpuSeconds();
-  {
-    std::lock_guard<std::mutex> g(mu);
-    t0 = Clock::now();
+  t0 = Clock::now();  // published to the fibers by post()
+  fibers.post([&] {
     go = true;
-  }
-  cv.notify_all();
+    fibers.wake(&go);
+  });
 
   SwarmResult r;
   auto firstError = [&]() -> std::string {
@@ -168,7 +166,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
       } catch (const std::exception&) {
       }
     }
-    for (auto& t : threads) t.join();
+    loop.join();
     return res;
   };
   {
