@@ -251,4 +251,24 @@ std::function<void()> FiberScheduler::start(std::function<void()> body) {
   };
 }
 
+FiberPool::FiberPool(int count, size_t stackBytes) {
+  DDPRUN_CHECK(count >= 1, "a fiber pool of " << count << " schedulers");
+  for (int i = 0; i < count; ++i) schedulers_.push_back(std::make_unique<FiberScheduler>(stackBytes));
+}
+
+FiberPool::~FiberPool() { join(); }
+
+void FiberPool::start() {
+  for (auto& s : schedulers_) threads_.emplace_back([p = s.get()] { p->run(); });
+}
+
+void FiberPool::postAll(const std::function<void(FiberScheduler&)>& fn) {
+  for (auto& s : schedulers_) s->post([fn, p = s.get()] { fn(*p); });
+}
+
+void FiberPool::join() {
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
 }  // namespace ddprun::bench

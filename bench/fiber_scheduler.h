@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <queue>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -87,6 +88,29 @@ class FiberScheduler final : public rendezvous::Blocking {
   std::mutex postMu_;
   std::vector<std::function<void()>> posts_;
   uint64_t switches_ = 0;
+};
+
+// Several FiberSchedulers, each run by a thread of its own: the simulated agents spread over
+// the machine's cores (fiber i on scheduler i % count). A fiber stays on its scheduler; fibers
+// of different schedulers share nothing but what the caller makes thread-safe.
+class FiberPool {
+ public:
+  explicit FiberPool(int count, size_t stackBytes = 128 * 1024);
+  ~FiberPool();  // joins the threads (start() must have been called, or none were)
+  int size() const { return static_cast<int>(schedulers_.size()); }
+  FiberScheduler& of(int i) { return *schedulers_[static_cast<size_t>(i) % schedulers_.size()]; }
+  // Fiber `i`, on of(i); before start().
+  void spawn(int i, std::function<void()> body) { of(i).spawn(std::move(body)); }
+  // Starts one thread per scheduler.
+  void start();
+  // post(fn) on every scheduler: fn(scheduler) runs on its thread.
+  void postAll(const std::function<void(FiberScheduler&)>& fn);
+  // Waits until every fiber of every scheduler has ended.
+  void join();
+
+ private:
+  std::vector<std::unique_ptr<FiberScheduler>> schedulers_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace ddprun::bench

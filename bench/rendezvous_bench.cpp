@@ -306,6 +306,10 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--seed", sim.seed, "--simulate: arrival times, nproc, the evicted agent");
   app.add_option("--spread-ms", spreadMs, "--simulate: arrivals spread uniformly over this");
   app.add_option("--cap", capS, "--simulate: seconds a phase may take; larger N are skipped after");
+  app.add_option("--loops", sim.loops,
+                 "--simulate: threads that run the simulated agents (fibers; agent i on thread "
+                 "i % loops)")
+      ->check(CLI::Range(1, 64));
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
   std::string realCsv = ddprun::bench::resultsPath("rendezvous.csv");
   app.add_option("--real-csv", realCsv,

@@ -5,6 +5,7 @@
 // target N-1. The harness reads every slot record on its own, uncounted connection to check the
 // invariants (bench/rendezvous_swarm.h).
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -95,17 +96,19 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   }
   const int victim = static_cast<int>(rng() % n);
 
-  // The agents are fibers of `fibers`, run by the thread `loop`; the main thread waits on `cv`.
-  FiberScheduler fibers;
+  // The agents are fibers of `pool` (agent i on scheduler i % o.loops); the main thread waits
+  // on `cv`.
+  FiberPool pool(o.loops);
   std::mutex mu;
   std::condition_variable cv;
-  bool go = false;  // the fibers' (they park on &go)
+  std::atomic<bool> go{false};  // the first arrival's time has come (fibers park on &go)
   int formed = 0, reformed = 0;
   Clock::time_point t0;
   const sc::SlotJoinOptions round1{.round = 1, .target = n, .minNodes = std::max(1, n - 1),
                                    .maxNodes = n, .lastCall = o.timeout, .timeout = o.timeout};
   auto body = [&](int i) {
     SlotAgent& a = agents[i];
+    FiberScheduler& fibers = pool.of(i);
     while (!go) fibers.park(nullptr, &go, Clock::time_point::max());
     fibers.sleepUntil(t0 + arrival[i]);
     bool first = true;
@@ -140,15 +143,14 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
     cv.notify_all();
   };
 
-  for (int i = 0; i < n; ++i) fibers.spawn([&body, i] { body(i); });
-  std::thread loop([&] { fibers.run(); });
+  for (int i = 0; i < n; ++i) pool.spawn(i, [&body, i] { body(i); });
+  pool.start();
   PrefixStore harness(prefix, std::make_shared<TcpStore>(storeOptions));  // uncounted
   const double cpu0 = store.cpuSeconds();
-  t0 = Clock::now();  // published to the fibers by post()
-  fibers.post([&] {
-    go = true;
-    fibers.wake(&go);
-  });
+  const double self0 = StoreProcess::cpuSecondsOf(::getpid());
+  t0 = Clock::now();  // published to the fibers by `go`
+  go = true;
+  pool.postAll([&](FiberScheduler& f) { f.wake(&go); });
 
   SwarmResult r;
   auto firstError = [&]() -> std::string {
@@ -166,7 +168,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
       } catch (const std::exception&) {
       }
     }
-    loop.join();
+    pool.join();
     return res;
   };
   {
@@ -192,10 +194,12 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   if (!r.error.empty()) return finish(r);
   r.formSeconds = secondsOf(last - t0);
   r.formStoreCpu = store.cpuSeconds() - cpu0;
+  r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);
 
   // The eviction: round 1 ends, N-1 expected back.
   const double cpu1 = store.cpuSeconds();
+  const double self1 = StoreProcess::cpuSecondsOf(::getpid());
   harness.compareSet(overKeyOf(1), "", std::to_string(n - 1));
   const auto tEvict = Clock::now();
   {
@@ -222,6 +226,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   if (r.error.empty()) {
     r.reformSeconds = secondsOf(last - tEvict);
     r.reformStoreCpu = store.cpuSeconds() - cpu1;
+    r.reformSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self1;
     r.reform = costOf(cost);
   }
   return finish(r);

@@ -207,13 +207,13 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   const int victim = static_cast<int>(rng() % n);
 
   std::vector<SimAgent> agents(n);
-  // The agents are fibers of `fibers`, run by one thread (`loop`); the main thread waits on
-  // `cv` for the counts and talks to the fibers only through fibers.post().
-  FiberScheduler fibers;
+  // The agents are fibers of `pool` (agent i on scheduler i % o.loops, each run by a thread of
+  // its own); the main thread waits on `cv` for the counts and wakes the fibers by posting.
+  FiberPool pool(o.loops);
   std::mutex mu;
   std::condition_variable cv;
-  bool go = false;     // the fibers' (set and read on the loop thread; they park on &go)
-  bool done = false;   // the fibers': the end of the run (they park on their agent)
+  std::atomic<bool> go{false};    // the first arrival's time has come (fibers park on &go)
+  std::atomic<bool> done{false};  // the end of the run (each agent's fiber parks on its agent)
   // Counted without the lock; the one that reaches the target takes it to notify, so the main
   // thread's predicate cannot miss the wake-up.
   std::atomic<int> formed{0}, reformed{0};
@@ -224,10 +224,10 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     cv.notify_all();
   };
   // Parks agent `a`'s fiber until `ready()` or the end of the run; false after `timeout`.
-  auto sleepUntil = [&](SimAgent& a, Millis timeout, auto ready) {
+  auto sleepUntil = [&](FiberScheduler& fibers, SimAgent& a, Millis timeout, auto ready) {
     const auto deadline = timeout == kForever ? Clock::time_point::max() : Clock::now() + timeout;
     while (!ready() && !done) {
-      if (!fibers.park(nullptr, &a, deadline)) return ready() || done;
+      if (!fibers.park(nullptr, &a, deadline)) return ready() || done.load();
     }
     return true;
   };
@@ -240,15 +240,18 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   // dropped SYN costs its client a 1 s retransmission -- a cost of this machine's kernel, not
   // of the protocol. `connectSeconds` times this phase (reported, not counted in the form time).
   constexpr int kConnecting = 256;
-  int connectSlots = kConnecting;  // the fibers' (they park on &connectSlots for one)
+  // Per scheduler (its fibers park on its entry for one).
+  std::vector<int> connectSlots(o.loops, std::max(1, kConnecting / o.loops));
   std::atomic<int> ready{0};  // agents connected (or failed to)
   auto body = [&](int i) {
     SimAgent& a = agents[i];
+    FiberScheduler& fibers = pool.of(i);
+    int& slots = connectSlots[i % o.loops];
     bool counted = false;   // in `formed`
     bool isReady = false;   // in `ready`
     try {
-      while (connectSlots == 0) fibers.park(nullptr, &connectSlots, Clock::time_point::max());
-      --connectSlots;
+      while (slots == 0) fibers.park(nullptr, &slots, Clock::time_point::max());
+      --slots;
       struct Release {
         FiberScheduler& f;
         int& slots;
@@ -258,7 +261,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
         }
       };
       {
-        Release release{fibers, connectSlots};
+        Release release{fibers, slots};
         DynamicRendezvousOptions opt;
         opt.runId = runId;
         opt.backend = std::make_shared<CountingBackend>(
@@ -292,8 +295,8 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       counted = true;
       count(formed, n);
       if (i == victim) {
-        sleepUntil(a, kForever, [] { return false; });
-      } else if (!sleepUntil(a, o.timeout, [&] { return a.superseded; })) {
+        sleepUntil(fibers, a, kForever, [] { return false; });
+      } else if (!sleepUntil(fibers, a, o.timeout, [&] { return a.superseded; })) {
         a.error = "round " + std::to_string(a.first.round) + " never ended";
         count(reformed, n - 1);
       } else if (!done) {
@@ -301,7 +304,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
         a.reformedAt = Clock::now();
         a.atReformed = a.traffic->snapshot();
         count(reformed, n - 1);
-        sleepUntil(a, kForever, [] { return false; });
+        sleepUntil(fibers, a, kForever, [] { return false; });
       }
     } catch (const std::exception& e) {
       a.error = e.what();
@@ -314,8 +317,8 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
 
   SwarmResult r;
   const auto tConnect = Clock::now();  // set-up: the agents' fibers, connections, settings check
-  for (int i = 0; i < n; ++i) fibers.spawn([&body, i] { body(i); });
-  std::thread loop([&] { fibers.run(); });
+  for (int i = 0; i < n; ++i) pool.spawn(i, [&body, i] { body(i); });
+  pool.start();
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, 2 * o.timeout, [&] { return ready >= n; });
@@ -324,11 +327,9 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   r.connectSeconds = seconds(Clock::now() - tConnect);
   const double cpu0 = store.cpuSeconds();
   const double self0 = StoreProcess::cpuSecondsOf(::getpid());
-  t0 = Clock::now();  // published to the fibers by post()
-  fibers.post([&] {
-    go = true;
-    fibers.wake(&go);
-  });
+  t0 = Clock::now();  // published to the fibers by `go`
+  go = true;
+  pool.postAll([&](FiberScheduler& f) { f.wake(&go); });
 
   auto firstError = [&]() -> std::string {
     for (int i = 0; i < n; ++i)
@@ -337,13 +338,13 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   };
   // Every agent's fiber ends (its DynamicRendezvous and watcher with it) before the store goes.
   auto finish = [&] {
-    fibers.post([&] {
-      done = true;
-      go = true;
-      fibers.wake(&go);
-      for (auto& a : agents) fibers.wake(&a);
+    done = true;
+    go = true;
+    pool.postAll([&](FiberScheduler& f) {
+      f.wake(&go);
+      for (auto& a : agents) f.wake(&a);  // each scheduler wakes its own
     });
-    loop.join();
+    pool.join();
     agents.clear();
   };
 
