@@ -188,6 +188,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
       last = std::max(last, a.formedAt);
     }
   }
+  if (r.error.empty() && o.corruptView && n >= 2) agents[0].first.nodeRank = agents[1].first.nodeRank;
   if (r.error.empty()) {
     r.error = checkSlotRound(harness, 1, members, false);
   }

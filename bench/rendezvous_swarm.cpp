@@ -367,6 +367,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     cost.push_back(a.atFormed - a.atStart);
     last = std::max(last, a.formedAt);
   }
+  if (o.corruptView && n >= 2) rounds[0].nodeRank = rounds[1].nodeRank;
   std::vector<NodeInfo> members;
   try {
     members = membersOfRound(storeOptions, runId, limits, rounds[0].round);

@@ -86,6 +86,9 @@ struct SwarmOptions {
   std::string protocol = "agents";
   // Threads that run the agents' fibers (bench/fiber_scheduler.h), agent i on thread i % loops.
   int loops = 1;
+  // Tests only: after round 1, the harness makes agent 0's view claim agent 1's node rank before
+  // checking it, so that a test can see a violated invariant fail the run.
+  bool corruptView = false;
 };
 
 struct SwarmResult {
