@@ -109,6 +109,16 @@ int simulate(const SimulateOptions& o) {
                       note.empty() ? "" : "; ", r.connectSeconds);
         note += b;
       }
+      if (r.formSeconds) {
+        char b[96];
+        std::snprintf(b, sizeof b, "%sfirst agent done: form %.2f s", note.empty() ? "" : "; ",
+                      r.formFirstSeconds);
+        note += b;
+        if (r.reformSeconds) {
+          std::snprintf(b, sizeof b, " / re-form %.2f s", r.reformFirstSeconds);
+          note += b;
+        }
+      }
       if (r.formSwarmCpu > 0) {
         char b[128];
         std::snprintf(b, sizeof b, "%sagents' CPU form %.2f s / re-form %.2f s (%d thread%s)",

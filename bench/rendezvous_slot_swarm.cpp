@@ -178,7 +178,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   }
   if (r.error.empty()) r.error = firstError();
   std::vector<SlotAgent*> members;
-  Clock::time_point last = t0;
+  Clock::time_point last = t0, firstDone = Clock::time_point::max();
   std::vector<StoreTraffic::Snapshot> cost;
   if (r.error.empty()) {
     for (auto& a : agents) {
@@ -186,6 +186,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
       members.push_back(&a);
       cost.push_back(a.atFormed);
       last = std::max(last, a.formedAt);
+    firstDone = std::min(firstDone, a.formedAt);
     }
   }
   if (r.error.empty() && o.corruptView && n >= 2) agents[0].first.nodeRank = agents[1].first.nodeRank;
@@ -194,6 +195,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   }
   if (!r.error.empty()) return finish(r);
   r.formSeconds = secondsOf(last - t0);
+  r.formFirstSeconds = secondsOf(firstDone - t0);
   r.formStoreCpu = store.cpuSeconds() - cpu0;
   r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);
@@ -212,6 +214,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   members.clear();
   cost.clear();
   last = tEvict;
+  firstDone = Clock::time_point::max();
   if (r.error.empty()) {
     for (int i = 0; i < n; ++i) {
       if (i == victim) continue;
@@ -219,6 +222,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
       members.push_back(&agents[i]);
       cost.push_back(agents[i].atReformed - agents[i].atFormed);
       last = std::max(last, agents[i].reformedAt);
+      firstDone = std::min(firstDone, agents[i].reformedAt);
     }
   }
   if (r.error.empty()) {
@@ -226,6 +230,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   }
   if (r.error.empty()) {
     r.reformSeconds = secondsOf(last - tEvict);
+      r.reformFirstSeconds = secondsOf(firstDone - tEvict);
     r.reformStoreCpu = store.cpuSeconds() - cpu1;
     r.reformSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self1;
     r.reform = costOf(cost);

@@ -361,11 +361,12 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   }
   std::vector<RoundInfo> rounds;
   std::vector<StoreTraffic::Snapshot> cost;
-  Clock::time_point last = t0;
+  Clock::time_point last = t0, firstDone = Clock::time_point::max();
   for (auto& a : agents) {
     rounds.push_back(a.first);
     cost.push_back(a.atFormed - a.atStart);
     last = std::max(last, a.formedAt);
+    firstDone = std::min(firstDone, a.formedAt);
   }
   if (o.corruptView && n >= 2) rounds[0].nodeRank = rounds[1].nodeRank;
   std::vector<NodeInfo> members;
@@ -380,6 +381,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     return r;
   }
   r.formSeconds = seconds(last - t0);
+  r.formFirstSeconds = seconds(firstDone - t0);
   r.formStoreCpu = store.cpuSeconds() - cpu0;
   r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);
@@ -410,11 +412,13 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     rounds.clear();
     cost.clear();
     last = tEvict;
+    firstDone = Clock::time_point::max();
     for (int i = 0; i < n; ++i) {
       if (i == victim) continue;
       rounds.push_back(agents[i].second);
       cost.push_back(agents[i].atReformed - agents[i].atFormed);
       last = std::max(last, agents[i].reformedAt);
+      firstDone = std::min(firstDone, agents[i].reformedAt);
     }
     try {
       members = membersOfRound(storeOptions, runId, limits, rounds[0].round);
@@ -426,6 +430,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       r.error = "the re-formed round has " + std::to_string(members.size()) + " members";
     if (r.error.empty()) {
       r.reformSeconds = seconds(last - tEvict);
+      r.reformFirstSeconds = seconds(firstDone - tEvict);
       r.reformStoreCpu = store.cpuSeconds() - cpu1;
       r.reformSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self1;
       r.reform = costOf(cost);

@@ -98,6 +98,9 @@ struct SwarmResult {
   double connectSeconds = 0;
   std::optional<double> formSeconds;    // first arrival to the last agent's closed round
   std::optional<double> reformSeconds;  // the eviction written to the last survivor's round
+  // When the first agent had its round (the closer, about): the rest of the phase is the
+  // closed round reaching every agent (its WAIT woken, its last reads).
+  double formFirstSeconds = 0, reformFirstSeconds = 0;
   double formStoreCpu = 0, reformStoreCpu = 0;
   // CPU this process (the simulated agents: their fibers, sockets, the kernel's loopback TCP
   // work done on their behalf) used in each phase.
