@@ -8,7 +8,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
-#include <thread>
 
 #include "bench/fiber_scheduler.h"
 #include "bench/rendezvous_swarm.h"

@@ -14,7 +14,6 @@
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "base/errors.h"
 #include "bench/fiber_scheduler.h"

@@ -4,23 +4,19 @@
 // sockets and a real ddprun-store.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <poll.h>
 #include <stdexcept>
 
 #include "bench/fiber_scheduler.h"
 #include "bench/rendezvous_swarm.h"
 #include "rendezvous/tcp_store.h"
 
-namespace {
-
 using namespace ddprun::bench;
 using namespace ddprun::rendezvous;
-
-}  // namespace
 
 TEST_CASE("fibers: an exception being handled survives other fibers throwing meanwhile") {
   FiberScheduler s;
