@@ -29,6 +29,14 @@
 
 #include "rendezvous/blocking.h"
 
+// x86-64 switches fibers with a few instructions of its own (fiber_scheduler.cpp); elsewhere
+// swapcontext(), which also saves and restores the signal mask (a syscall per switch).
+#if defined(__x86_64__) && defined(__linux__)
+#define DDPRUN_FIBER_ASM_SWITCH 1
+#else
+#define DDPRUN_FIBER_ASM_SWITCH 0
+#endif
+
 namespace ddprun::bench {
 
 class FiberScheduler final : public rendezvous::Blocking {
@@ -65,14 +73,16 @@ class FiberScheduler final : public rendezvous::Blocking {
   Woken suspend(rendezvous::Clock::time_point deadline);
   void resume(Fiber* f, Woken why, uint32_t generation);
   void switchTo(Fiber* f);
-  static void trampoline(unsigned hi, unsigned lo);
+  static void trampoline(unsigned hi, unsigned lo);  // makecontext's entry
+  [[noreturn]] static void entry(void* scheduler);   // runs the current fiber's body, ends it
   void drainPosts();
   void fireTimers();
 
   size_t stackBytes_;
   int epoll_ = -1;
   int event_ = -1;  // eventfd: post() wakes epoll_wait
-  ucontext_t main_{};
+  ucontext_t main_{};     // the scheduler's context (swapcontext)
+  void* mainSp_ = nullptr;  // its stack pointer (the x86-64 switch)
   Fiber* current_ = nullptr;
   std::vector<std::unique_ptr<Fiber>> fibers_;  // by id
   std::vector<Fiber*> freeFibers_;              // ended, their stacks reused
