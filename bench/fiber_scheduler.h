@@ -62,6 +62,7 @@ class FiberScheduler final : public rendezvous::Blocking {
             rendezvous::Clock::time_point deadline) override;
   void wake(const void* channel) override;
   std::function<void()> start(std::function<void()> body) override;
+  void forget(int fd) override;
 
   // Context switches so far (each park and resume counts one), for the report.
   uint64_t switches() const { return switches_; }
@@ -71,7 +72,9 @@ class FiberScheduler final : public rendezvous::Blocking {
   enum class Woken : uint8_t { No, Ready, Timer, Channel };
   // Parks the current fiber until made runnable by a waker holding its generation.
   Woken suspend(rendezvous::Clock::time_point deadline);
-  void resume(Fiber* f, Woken why, uint32_t generation);
+  // False when the waker was stale (the fiber was woken otherwise, or ended).
+  bool resume(Fiber* f, Woken why, uint32_t generation);
+  void onSocketEvent(int fd, uint32_t events);
   void switchTo(Fiber* f);
   static void trampoline(unsigned hi, unsigned lo);  // makecontext's entry
   [[noreturn]] static void entry(void* scheduler);   // runs the current fiber's body, ends it
@@ -95,6 +98,15 @@ class FiberScheduler final : public rendezvous::Blocking {
   };
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
   std::unordered_multimap<const void*, std::pair<uint32_t, uint32_t>> parked_;  // channel: id, gen
+  // Per descriptor polled: registered once with the epoll, edge-triggered for both directions,
+  // until forget(fd); readiness that arrived with no fiber waiting is kept in ready* until a
+  // poll() takes it (it may be stale: callers retry their read or write, and wait again).
+  struct FdState {
+    bool registered = false, waiting = false, readyIn = false, readyOut = false;
+    short want = 0;
+    uint32_t fiber = 0, generation = 0;
+  };
+  std::vector<FdState> fds_;  // by descriptor
   std::mutex postMu_;
   std::vector<std::function<void()>> posts_;
   uint64_t switches_ = 0;

@@ -1,6 +1,7 @@
 #include "rendezvous/blocking.h"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -20,6 +21,15 @@ int pollFd(int fd, short events, Millis timeout) {
   }
   pollfd p{fd, events, 0};
   return ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(timeout.count(), -1, INT32_MAX)));
+}
+
+void forgetFd(int fd) {
+  if (Blocking* b = tCurrent) b->forget(fd);
+}
+
+void closeFd(int fd) {
+  forgetFd(fd);
+  ::close(fd);
 }
 
 bool CondVar::waitOnce(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {

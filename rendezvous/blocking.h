@@ -47,11 +47,20 @@ class Blocking {
   virtual void wake(const void* channel) = 0;
   // Runs `body` concurrently with the caller (a fiber); the returned function waits for it.
   virtual std::function<void()> start(std::function<void()> body) = 0;
+  // `fd`, which poll() may have seen, is about to be closed: a Blocking that keeps state per
+  // descriptor (the fiber scheduler keeps each socket registered with its epoll) drops it,
+  // since the number may next name another socket. Whoever closes a descriptor that was
+  // polled through a Blocking calls this first (closeFd does), on the thread that polled it.
+  virtual void forget(int fd) { (void)fd; }
 };
 
 // poll() on one descriptor, or the installed Blocking's. `timeout` < 0: none. Returns poll's
 // result (errno set when < 0).
 int pollFd(int fd, short events, Millis timeout);
+// Blocking::forget(fd) on the installed Blocking, if any (no-op otherwise).
+void forgetFd(int fd);
+// forgetFd(fd), then ::close(fd).
+void closeFd(int fd);
 
 // std::condition_variable, or parking on the installed Blocking (see the contract above).
 class CondVar {

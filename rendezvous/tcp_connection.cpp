@@ -26,7 +26,12 @@ int tryConnect(const SocketAddress& a, std::chrono::milliseconds timeout) {
       rc = -1;
     }
   }
-  if (rc != 0) return -1;  // the socket closes itself, errno stays
+  if (rc != 0) {
+    const int err = errno;
+    forgetFd(fd.get());  // the socket closes itself (UniqueFd), errno stays
+    errno = err;
+    return -1;
+  }
   int flags = 1;
   ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &flags, sizeof flags);
   // Back to blocking: reads and writes are bounded by SO_RCVTIMEO/SO_SNDTIMEO.

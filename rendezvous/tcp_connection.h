@@ -37,7 +37,7 @@ class IoFailure : public Error {
 class TcpStore::Connection {
  public:
   explicit Connection(int fd) : fd_(fd) {}
-  ~Connection() { ::close(fd_); }
+  ~Connection() { closeFd(fd_); }
 
   void setDeadline(Clock::time_point d) { deadline_ = d; }
   int fd() const { return fd_; }
