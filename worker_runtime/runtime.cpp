@@ -10,8 +10,11 @@
 #include <chrono>
 #include <map>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 
 #include "base/errors.h"
+#include "base/grow_record.h"
 #include "base/log.h"
 #include "base/resolve.h"
 #include "base/timeline.h"
@@ -228,6 +231,28 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
   return comm;
 }
 
+// A grow record (base/grow_record.h) applied to a rank of generation g-1 (`env`): its rank in
+// generation g and g's world size. A record that cannot be read, or that does not follow g-1,
+// is a BackendError naming it: the elastic run then fails as after any bad recovery.
+void applyGrow(WorkerEnv& env, const std::string& text, int g) {
+  std::string why;
+  const auto grow = recovery::parseGrowRecord(text, why);
+  if (!grow || grow->generation != g || grow->worldSize != env.worldSize + 1) {
+    throw BackendError("in-process recovery: the launcher's grow record of generation " +
+                       std::to_string(g) + " is not valid (" +
+                       (grow ? "world_size=" + std::to_string(grow->worldSize) + " after " +
+                                   std::to_string(env.worldSize) + " rank(s)"
+                             : why) +
+                       "): '" + text.substr(0, 120) + "'");
+  }
+  const int offset = env.rank - env.localRank;  // one node: 0
+  env.rank = recovery::growRank(env.rank, grow->added);
+  env.localRank = env.rank - offset;
+  env.worldSize = grow->worldSize;
+  env.localWorldSize = grow->worldSize;  // in-process recovery runs on one node
+  log::setIdentity("rank " + std::to_string(env.rank));
+}
+
 // A hot spare (ddprun --spares, DDPRUN_SPARE=<id>; docs/recovery.md#hot-spares): the program
 // has loaded LibTorch and its data; this says so in the store and WAITs for the agent's
 // assignment (in rounds of kSpareWaitRound: no busy loop, and a store that went away ends the
@@ -295,6 +320,54 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
 
 }  // namespace
 
+// Runtime::watchNextGeneration()'s thread (runtime.h says why it exists). The connection is made
+// by the caller's thread (at the start of the elastic run and at each re-form, never in a step),
+// so that stopping never waits for a connect's retries: the destructor interrupts the WAIT in
+// progress and joins.
+class Runtime::GenerationWatch {
+ public:
+  GenerationWatch(std::shared_ptr<rendezvous::Store> connection, int restartCount, int next,
+                  std::shared_ptr<std::atomic<bool>> published)
+      : connection_(std::move(connection)), published_(std::move(published)) {
+    thread_ = std::thread([this, restartCount, next] { run(restartCount, next); });
+  }
+  ~GenerationWatch() {
+    stopping_.store(true);
+    if (auto* tcp = dynamic_cast<TcpStore*>(connection_.get())) tcp->interrupt();
+    thread_.join();
+  }
+  GenerationWatch(const GenerationWatch&) = delete;
+  GenerationWatch& operator=(const GenerationWatch&) = delete;
+
+ private:
+  void run(int restartCount, int next) {
+    namespace keys = rendezvous::recovery;
+    rendezvous::PrefixStore store(keys::attemptPrefix(restartCount), connection_);
+    try {
+      for (;;) {
+        try {
+          store.wait({keys::generationKey(next)}, Millis(60'000));
+          published_->store(true, std::memory_order_relaxed);
+          return;
+        } catch (const TimeoutError&) {
+          if (stopping_.load()) return;  // a round ended as we were being stopped
+        }
+      }
+    } catch (const std::exception& e) {
+      // Stopped (interrupted), or the store went away (the job ends or fails, which the
+      // collectives report): nothing is thrown out of the thread.
+      if (!stopping_.load()) {
+        DDPRUN_LOG(DEBUG, "runtime") << "the watch of generation " << next << " ended: " << e.what();
+      }
+    }
+  }
+
+  std::shared_ptr<rendezvous::Store> connection_;
+  std::shared_ptr<std::atomic<bool>> published_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;  // last: started once the members it uses exist
+};
+
 Runtime::Runtime(WorkerEnv env, std::shared_ptr<rendezvous::Store> store,
                  std::shared_ptr<Communicator> comm, std::shared_ptr<void> hostedStore,
                  InitOptions options, int generation)
@@ -344,8 +417,13 @@ int Runtime::awaitNextGeneration(Millis bound) {
 
 std::string Runtime::generationCause(int g) {
   try {
-    const auto record = rendezvous::recovery::parseGenerationRecord(
-        store_->get(rendezvous::recovery::generationKey(g)));
+    const std::string text = store_->get(rendezvous::recovery::generationKey(g));
+    if (recovery::isGrowRecord(text)) {
+      std::string why;
+      const auto grow = recovery::parseGrowRecord(text, why);
+      return grow ? grow->cause : std::string();
+    }
+    const auto record = rendezvous::recovery::parseGenerationRecord(text);
     return record ? record->cause : std::string();
   } catch (const Error&) {
     return {};
@@ -357,6 +435,11 @@ void Runtime::applyShrinks(int g) {
   // A reform that failed after this (a death during the recovery) has applied some already.
   for (int next = std::max(generation_, shrunkUpTo_) + 1; next <= g; ++next) {
     const auto text = store_->get(keys::generationKey(next));
+    if (recovery::isGrowRecord(text)) {
+      applyGrow(env_, text, next);
+      shrunkUpTo_ = next;
+      continue;
+    }
     const auto record = keys::parseGenerationRecord(text);
     if (!record) {
       throw BackendError("in-process recovery: the launcher's record of generation " +
@@ -388,6 +471,7 @@ void Runtime::applyShrinks(int g) {
 void Runtime::reform(int g) {
   DDPRUN_CHECK(g > generation_, "reform() goes to a newer generation");
   const int64_t start = ddprun::timeline::nowUs();
+  stopWatch();
   if (comm_) comm_->abort();
   // The old communicator lives on as long as something (DDP) holds it; it is broken.
   comm_.reset();
@@ -407,7 +491,28 @@ void Runtime::reform(int g) {
   }
   comm_ = std::move(comm);
   generation_ = g;
+  if (watching_) {
+    watching_ = false;
+    watchNextGeneration();
+  }
 }
+
+void Runtime::watchNextGeneration() {
+  if (watching_ || !store_) return;
+  generationPublished_->store(false, std::memory_order_relaxed);
+  try {
+    auto connection = connectAgentStore(env_, timeoutFrom(options_), options_.env);
+    watch_ = std::make_unique<GenerationWatch>(std::move(connection), env_.restartCount,
+                                               generation_ + 1, generationPublished_);
+    watching_ = true;
+  } catch (const std::exception& e) {
+    // No watch: a grow back is then noticed by no one, and waits for the next recovery.
+    DDPRUN_LOG(WARN, "runtime") << "rank " << env_.rank << ": no watch of the launcher's next "
+                                << "generation (grow back at a commit): " << e.what();
+  }
+}
+
+void Runtime::stopWatch() { watch_.reset(); }
 
 void Runtime::announceState() {
   if (!store_) return;
@@ -425,6 +530,8 @@ Runtime::~Runtime() {
 void Runtime::shutdown() {
   if (shutDown_) return;
   shutDown_ = true;
+  stopWatch();
+  watching_ = false;
   comm_.reset();
   if (!store_) return;
   const std::string key = "ddprun/finished/" + std::to_string(env_.rank);
@@ -515,6 +622,24 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                         "(ddprun sets it for a replacement worker)");
     }
     generation = static_cast<int>(v);
+  }
+  // A replacement that joins a shrunk group (grow back): generation g's world size and this
+  // rank's place come from the agent's record (WORLD_SIZE is the start's).
+  if (generation > 0) {
+    const std::string text = store->get(rendezvous::recovery::generationKey(generation));
+    if (recovery::isGrowRecord(text)) {
+      std::string why;
+      const auto grow = recovery::parseGrowRecord(text, why);
+      if (!grow || grow->generation != generation || grow->added != env.rank) {
+        throw BackendError("in-process recovery: the launcher's grow record of generation " +
+                           std::to_string(generation) + " is not valid for rank " +
+                           std::to_string(env.rank) + (grow ? "" : " (" + why + ")") + ": '" +
+                           text.substr(0, 120) + "'");
+      }
+      env.worldSize = grow->worldSize;
+      env.localWorldSize = grow->worldSize;  // in-process recovery runs on one node
+      env.localRank = env.rank;
+    }
   }
   std::shared_ptr<Communicator> comm = makeCommunicator(env, store, options, generation);
   ddprun::timeline::span("communicator setup", "runtime", storeConnected,
