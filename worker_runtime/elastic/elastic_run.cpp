@@ -165,7 +165,8 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
     });
     if (failure) continue;  // a death during the recovery: the next generation
     const std::string cause = rt.generationCause(g);
-    ddprun::timeline::span(regroup ? "regroup" : "recovery", "runtime", startUs,
+    const bool grew = rt.worldSize() > worldBefore;
+    ddprun::timeline::span(grew ? "grow" : "recovery", "runtime", startUs,
                            ddprun::timeline::nowUs() - startUs,
                            ddprun::timeline::Args().add("generation", g).add("cause", cause));
     const std::string place =
@@ -173,14 +174,17 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
             ? " as rank " + std::to_string(rt.rank()) + " of " + std::to_string(rt.worldSize()) +
                   " (was rank " + std::to_string(rankBefore) + " of " +
                   std::to_string(worldBefore) + "; the group " +
-                  (rt.worldSize() > worldBefore ? "grew" : "shrank") + ")"
+                  (grew ? "grew" : "shrank") + ")"
             : std::string();
-    if (regroup) {
+    if (grew) {
+      // Grow back: no failure. A rank that saw the generation at its commit lost nothing; one
+      // that was already in the next step's collective rolled that step back.
       ++stats.regroups;
-      DDPRUN_LOG(INFO, "runtime") << "rank " << rt.rank() << " re-formed at commit "
-                                  << state.commits() - 1 << " in "
+      DDPRUN_LOG(INFO, "runtime") << "rank " << rt.rank() << " re-formed in "
                                   << static_cast<int64_t>(msSince(start)) << " ms: generation "
                                   << g << (cause.empty() ? std::string() : " (" + cause + ")")
+                                  << ", at commit " << state.commits() - 1
+                                  << (regroup ? "" : " (this rank rolled back the step it was in)")
                                   << "; this process keeps running" << place;
       continue;
     }

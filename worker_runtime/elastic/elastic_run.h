@@ -56,7 +56,7 @@ struct ElasticLoop {
 // What happened, for logs and tests.
 struct ElasticRunStats {
   int recoveries = 0;   // generations this process moved to after a failure
-  int regroups = 0;     // generations it moved to at a commit (grow back), no failure
+  int regroups = 0;     // generations with more ranks it moved to (grow back): no failure
   bool healed = false;  // it started as a replacement and received the state
 };
 
