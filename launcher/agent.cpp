@@ -113,7 +113,7 @@ class Agent::Impl {
   // Whether a shrunk group may take replacements back in; else `why`.
   bool growBackUsable(std::string& why) const;
   // Starts a replacement in the background (a hot spare under SCHED_IDLE) for each rank the
-  // group lacks and that no waiting one stands for.
+  // group lacks and that no waiting one stands for (tryGrow: once the survivors re-formed).
   void startReplacements();
   // When a replacement is ready and every worker is in the newest generation: publishes the
   // generation with one rank more (the workers take it at their next commit) and gives the
@@ -806,12 +806,14 @@ void Agent::Impl::shrinkGroup(const WorkerResult& r, const JobDecision& d, bool 
                                                : std::string("no restart spent"))
                                << ")";
   watchProgress();  // the dead rank's slot is no longer watched; the others by their new ranks
-  startReplacements();
+  // The replacement starts once the survivors have re-formed (tryGrow, on their announcements):
+  // starting a process takes this loop, which serves the store their re-form goes through.
 }
 
 // ---- Grow back ----
 //
-// After a shrink the agent starts a replacement as it starts a hot spare in the background
+// After a shrink, once the survivors have re-formed (each announced the new generation), the
+// agent starts a replacement as it starts a hot spare in the background
 // (hot_spares.h: loaded, connected, waiting in the store, under SCHED_IDLE so that the
 // survivors' steps are not slowed). Nothing waits for it. When its ready key is set and every
 // worker has announced the newest generation (no recovery in flight), the agent publishes the
@@ -883,6 +885,7 @@ void Agent::Impl::tryGrow() {
     if (w.ended || w.spare) continue;
     if (announced(w.globalRank) < generation_) return;
   }
+  startReplacements();  // the ones the group lacks, if not started yet
   for (const auto& s : group_->waitingSpares()) {
     if (s.pid <= 0) continue;
     if (!store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId))) continue;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <map>
 #include <cstdlib>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -320,51 +321,83 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
 
 }  // namespace
 
-// Runtime::watchNextGeneration()'s thread (runtime.h says why it exists). The connection is made
-// by the caller's thread (at the start of the elastic run and at each re-form, never in a step),
-// so that stopping never waits for a connect's retries: the destructor interrupts the WAIT in
-// progress and joins.
+// Runtime::watchNextGeneration()'s thread (runtime.h says why it exists). One connection and one
+// thread for the process's life: the connection is made once, by the caller's thread, outside
+// any recovery; reform() re-targets the watch without a round trip or a join (the WAIT in
+// progress is cancelled on the server, TcpStore::setWaitsCancelled, and the thread waits for the
+// new key). The destructor interrupts the WAIT in progress and joins.
 class Runtime::GenerationWatch {
  public:
-  GenerationWatch(std::shared_ptr<rendezvous::Store> connection, int restartCount, int next,
+  GenerationWatch(std::shared_ptr<TcpStore> connection, int restartCount, int next,
                   std::shared_ptr<std::atomic<bool>> published)
-      : connection_(std::move(connection)), published_(std::move(published)) {
-    thread_ = std::thread([this, restartCount, next] { run(restartCount, next); });
+      : tcp_(std::move(connection)), published_(std::move(published)), next_(next) {
+    thread_ = std::thread([this, restartCount] { run(restartCount); });
   }
   ~GenerationWatch() {
-    stopping_.store(true);
-    if (auto* tcp = dynamic_cast<TcpStore*>(connection_.get())) tcp->interrupt();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    tcp_->interrupt();
     thread_.join();
   }
   GenerationWatch(const GenerationWatch&) = delete;
   GenerationWatch& operator=(const GenerationWatch&) = delete;
 
+  // Watch generation `next` from now on; the flag is cleared. Never blocks on the store.
+  void retarget(int next) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      next_ = next;
+      published_->store(false, std::memory_order_relaxed);
+    }
+    tcp_->setWaitsCancelled(true);  // the WAIT for the old key ends; the thread takes the new
+    cv_.notify_all();
+  }
+
  private:
-  void run(int restartCount, int next) {
+  void run(int restartCount) {
     namespace keys = rendezvous::recovery;
-    rendezvous::PrefixStore store(keys::attemptPrefix(restartCount), connection_);
-    try {
-      for (;;) {
-        try {
-          store.wait({keys::generationKey(next)}, Millis(60'000));
-          published_->store(true, std::memory_order_relaxed);
-          return;
-        } catch (const TimeoutError&) {
-          if (stopping_.load()) return;  // a round ended as we were being stopped
-        }
+    rendezvous::PrefixStore store(keys::attemptPrefix(restartCount), tcp_);
+    int seen = -1;  // the generation whose key was seen last
+    for (;;) {
+      int next = 0;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || next_ != seen; });
+        if (stopping_) return;
+        next = next_;
+        tcp_->setWaitsCancelled(false);
       }
-    } catch (const std::exception& e) {
-      // Stopped (interrupted), or the store went away (the job ends or fails, which the
-      // collectives report): nothing is thrown out of the thread.
-      if (!stopping_.load()) {
-        DDPRUN_LOG(DEBUG, "runtime") << "the watch of generation " << next << " ended: " << e.what();
+      try {
+        store.wait({keys::generationKey(next)}, Millis(60'000));
+        std::lock_guard<std::mutex> lock(mu_);
+        if (next_ == next) {
+          published_->store(true, std::memory_order_relaxed);
+          seen = next;
+        }
+      } catch (const TimeoutError&) {
+        // A round ended, or retarget() cancelled the WAIT: look at the target again.
+      } catch (const std::exception& e) {
+        // Stopped (interrupted), or the store went away (the job ends or fails, which the
+        // collectives report): nothing is thrown out of the thread.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!stopping_) {
+          DDPRUN_LOG(DEBUG, "runtime") << "the watch of generation " << next << " ended: "
+                                       << e.what();
+        }
+        return;
       }
     }
   }
 
-  std::shared_ptr<rendezvous::Store> connection_;
+  std::shared_ptr<TcpStore> tcp_;
   std::shared_ptr<std::atomic<bool>> published_;
-  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int next_;
+  bool stopping_ = false;
   std::thread thread_;  // last: started once the members it uses exist
 };
 
@@ -471,7 +504,9 @@ void Runtime::applyShrinks(int g) {
 void Runtime::reform(int g) {
   DDPRUN_CHECK(g > generation_, "reform() goes to a newer generation");
   const int64_t start = ddprun::timeline::nowUs();
-  stopWatch();
+  // From here the flag says whether a generation after g was published (a death during this
+  // re-form): one that g itself set must not end the commit that follows the heal.
+  if (watch_) watch_->retarget(g + 1);
   if (comm_) comm_->abort();
   // The old communicator lives on as long as something (DDP) holds it; it is broken.
   comm_.reset();
@@ -491,20 +526,18 @@ void Runtime::reform(int g) {
   }
   comm_ = std::move(comm);
   generation_ = g;
-  if (watching_) {
-    watching_ = false;
-    watchNextGeneration();
-  }
 }
 
 void Runtime::watchNextGeneration() {
   if (watching_ || !store_) return;
+  watching_ = true;  // tried once: a failure is not retried at every call
   generationPublished_->store(false, std::memory_order_relaxed);
   try {
-    auto connection = connectAgentStore(env_, timeoutFrom(options_), options_.env);
+    auto connection = std::dynamic_pointer_cast<TcpStore>(
+        connectAgentStore(env_, timeoutFrom(options_), options_.env));
+    if (!connection) throw Error("the agent's store is not reached over TCP");
     watch_ = std::make_unique<GenerationWatch>(std::move(connection), env_.restartCount,
                                                generation_ + 1, generationPublished_);
-    watching_ = true;
   } catch (const std::exception& e) {
     // No watch: a grow back is then noticed by no one, and waits for the next recovery.
     DDPRUN_LOG(WARN, "runtime") << "rank " << env_.rank << ": no watch of the launcher's next "
@@ -531,7 +564,6 @@ void Runtime::shutdown() {
   if (shutDown_) return;
   shutDown_ = true;
   stopWatch();
-  watching_ = false;
   comm_.reset();
   if (!store_) return;
   const std::string key = "ddprun/finished/" + std::to_string(env_.rank);

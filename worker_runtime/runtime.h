@@ -93,8 +93,9 @@ class Runtime {
   // (in rounds of a minute: no busy loop) and sets a flag; nextGenerationPublished() is a
   // relaxed load of that flag, what ElasticState::commit() checks (runElastic installs it).
   // The flag is a hint only: what the generation is, the ranks read from the store in reform().
-  // watchNextGeneration() starts the watch (idempotent); reform() re-arms it for the generation
-  // after the new one; shutdown() ends it (the WAIT is interrupted, the thread joined).
+  // watchNextGeneration() starts the watch (idempotent; its connection is made then, once);
+  // reform(g) re-targets it to g+1 and clears the flag, without a store round trip;
+  // shutdown() ends it (the WAIT is interrupted, the thread joined).
   void watchNextGeneration();
   bool nextGenerationPublished() const {
     return generationPublished_->load(std::memory_order_relaxed);
@@ -123,7 +124,7 @@ class Runtime {
   // watchNextGeneration(): the watch of the generation after generation_ (null: none).
   class GenerationWatch;
   std::unique_ptr<GenerationWatch> watch_;
-  bool watching_ = false;
+  bool watching_ = false;  // watchNextGeneration() was called
   std::shared_ptr<std::atomic<bool>> generationPublished_ = std::make_shared<std::atomic<bool>>(false);
   void stopWatch();
 };

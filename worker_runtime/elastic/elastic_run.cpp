@@ -112,7 +112,6 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
     if (rt.nextGenerationPublished()) throw GenerationAtCommit();
   });
   BoundaryGuard guard{state};
-  rt.watchNextGeneration();
   const bool replacement = rt.generation() > 0;
   std::exception_ptr failure;
   // Start: a replacement heals first (from its own generation's communicator, built by init).
@@ -132,6 +131,9 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
   });
   for (;;) {
     if (!failure) {
+      // Once, before the first body: its connection is made here, not in a recovery nor in a
+      // replacement's heal, which the others wait for.
+      rt.watchNextGeneration();
       failure = collectiveFailure([&] { loop.body(); });
       if (!failure) return stats;
     }
