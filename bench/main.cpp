@@ -33,5 +33,10 @@ int main(int argc, char** argv) {
     for (const auto& [name, e] : r) std::cerr << "  " << name << "\t" << e.help << "\n";
     return 2;
   }
-  return r[first].fn(argc - 1, argv + 1);
+  try {
+    return r[first].fn(argc - 1, argv + 1);
+  } catch (const std::exception& e) {  // a benchmark that cannot go on (e.g. a process not started)
+    std::cerr << "ddprun-bench " << first << ": " << e.what() << "\n";
+    return 1;
+  }
 }

@@ -88,6 +88,9 @@ struct Options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string csv = ddprun::bench::resultsPath("recovery.csv");
   std::string workDir;
+  // spare mode: arm each kill only once a spare is loaded (a death rarer than a spare's start-up,
+  // as in a long job); by default every mode is killed at the same steps.
+  bool killWhenSpareReady = false;
 };
 
 // The kills of one run: which rank, and how far (0..1 of a checkpoint interval) past t_j.
@@ -107,7 +110,27 @@ struct RunResult {
   // Per in-process recovery: the slowest survivor's "recovered in process in N ms" (from the
   // death's notice to its loop running again), in ms.
   std::vector<double> survivorStallMs;
+  // spare mode: the deaths whose spare had logged "ready" before the agent saw the death.
+  int spareReady = 0;
 };
+
+// The spare mode's deaths at which the spare that took the rank was already loaded: the time of
+// the spare's "spare N (pid P) ready" line against the agent's "spare N (pid P) takes rank" line
+// (same clock, same day: the log's HH:MM:SS.mmm stamps compare as strings). Pure.
+int sparesReadyAtDeath(const std::string& log) {
+  static const std::regex ready(R"(\[ddprun I (\S+) runtime spare \d+\] spare (\d+) \(pid (\d+)\) ready)");
+  static const std::regex takes(R"(\[ddprun W (\S+) launcher\] .*spare (\d+) \(pid (\d+)\) takes rank)");
+  std::map<std::string, std::string> readyAt;  // "id/pid" -> stamp
+  for (std::sregex_iterator it(log.begin(), log.end(), ready), end; it != end; ++it) {
+    readyAt[(*it)[2].str() + "/" + (*it)[3].str()] = (*it)[1];
+  }
+  int n = 0;
+  for (std::sregex_iterator it(log.begin(), log.end(), takes), end; it != end; ++it) {
+    const auto r = readyAt.find((*it)[2].str() + "/" + (*it)[3].str());
+    if (r != readyAt.end() && r->second <= (*it)[1].str()) ++n;
+  }
+  return n;
+}
 
 std::string readFile(const fs::path& p) {
   std::ifstream in(p);
@@ -282,7 +305,9 @@ class Bench {
     const pid_t pid = spawn(command(mode, nproc, dir), log);
     std::map<int, Clock::time_point> seen;  // checkpoint step -> when it was first seen
     double interval = 0;                    // seconds between two checkpoints, last measured
-    std::optional<Clock::time_point> killAt;
+    // When the next kill lands; kNever while it is not armed.
+    constexpr Clock::time_point kNever = Clock::time_point::max();
+    Clock::time_point killAt = kNever;
     int status = 0;
     bool exited = false;
     while (!exited) {
@@ -308,11 +333,17 @@ class Bench {
       }
       const size_t j = static_cast<size_t>(r.killsDone);
       if (j < plan.targets.size()) {
-        if (!killAt && newest >= plan.targets[j]) {
+        if (killAt == kNever && newest >= plan.targets[j]) {
           killAt = now + std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double>(plan.fractions[j] * interval));
         }
-        if (killAt && now >= *killAt) {
+        // --kill-when-spare-ready: not before spare j (one per death so far) has loaded.
+        bool due = now >= killAt;
+        if (due && mode == "spare" && o_.killWhenSpareReady &&
+            countOf(readFile(log), ") ready: loaded, waiting for a rank") <= r.killsDone) {
+          due = false;
+        }
+        if (due) {
           pid_t victim = workerPid(pid, plan.ranks[j], program);
           // shrink: the start's rank may be gone; the next one of the start's ranks alive.
           for (int d = 1; mode == "shrink" && victim <= 0 && d < nproc; ++d) {
@@ -320,7 +351,7 @@ class Bench {
           }
           if (victim > 0 && ::kill(victim, SIGKILL) == 0) {
             ++r.killsDone;
-            killAt.reset();
+            killAt = kNever;
           }
         }
       }
@@ -330,6 +361,7 @@ class Bench {
     const std::string output = readFile(log);
     r.inProcessRecoveries = countOf(output, "recovering in process");
     r.groupRestarts = countOf(output, "restarting the worker group");
+    if (mode == "spare") r.spareReady = sparesReadyAtDeath(output);
     {
       static const std::regex stall(R"(recovered in process in (\d+) ms: generation (\d+))");
       std::map<int, double> slowest;  // generation -> ms
@@ -424,6 +456,12 @@ int benchRecovery(int argc, char** argv) {
   app.add_option("--data", o.data, "MNIST-format data directory");
   app.add_option("--csv", o.csv, "results file");
   app.add_option("--work-dir", o.workDir, "logs, checkpoints and metrics of the runs");
+  app.add_flag("--kill-when-spare-ready", o.killWhenSpareReady,
+               "spare mode: arm each kill only once a spare has loaded (deaths rarer than a "
+               "spare's start-up, as in a long job); by default the kills come at the same steps "
+               "in every mode, and the summary says at how many deaths the spare was loaded. The "
+               "spare started after a death runs at SCHED_IDLE: with no idle core it may not load "
+               "before the job ends, so use it with --kills 1 or long jobs");
   try {
     app.parse(argc, argv);
     o.nprocs = parseInts(nprocs);
@@ -477,6 +515,7 @@ int benchRecovery(int argc, char** argv) {
     std::string status;  // "ok" or why not
     int inProcess = 0, restarts = 0;
     std::vector<double> stallMs;  // the killed run's survivorStallMs
+    int spareReady = 0;           // the killed run's spareReady
   };
   std::map<std::pair<std::string, int>, std::vector<Sample>> samples;
   // Repeats outermost, modes alternating inside: drift on the machine spreads over all modes.
@@ -493,6 +532,7 @@ int benchRecovery(int argc, char** argv) {
         s.inProcess = killed.inProcessRecoveries;
         s.restarts = killed.groupRestarts;
         s.stallMs = killed.survivorStallMs;
+        s.spareReady = killed.spareReady;
         s.status = !clean.ok    ? "failed: undisturbed run " + clean.why
                    : !killed.ok ? "failed: killed run " + killed.why
                                 : "ok";
@@ -564,12 +604,18 @@ int benchRecovery(int argc, char** argv) {
   for (int n : o.nprocs) {
     for (const auto& mode : o.modes) {
       std::vector<double> ms;
+      int ready = 0, deaths = 0;
       for (const Sample& s : samples[{mode, n}]) {
-        if (s.status == "ok") ms.insert(ms.end(), s.stallMs.begin(), s.stallMs.end());
+        if (s.status != "ok") continue;
+        ms.insert(ms.end(), s.stallMs.begin(), s.stallMs.end());
+        ready += s.spareReady;
+        deaths += o.kills;
       }
       if (ms.empty()) continue;
-      std::printf("  %-24s %d ranks: p50 %.0f ms, p95 %.0f ms (%zu recoveries)\n",
-                  label(mode).c_str(), n, percentile(ms, 0.5), percentile(ms, 0.95), ms.size());
+      std::printf("  %-24s %d ranks: p50 %.0f ms, p95 %.0f ms (%zu recoveries)", label(mode).c_str(),
+                  n, percentile(ms, 0.5), percentile(ms, 0.95), ms.size());
+      if (mode == "spare") std::printf("; the spare was loaded at %d of %d deaths", ready, deaths);
+      std::printf("\n");
     }
   }
   std::printf("results: %s\n", o.csv.c_str());

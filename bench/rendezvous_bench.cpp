@@ -17,6 +17,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
 #include <fcntl.h>
 #include <fstream>
 #include <iostream>
@@ -92,9 +94,13 @@ pid_t spawnAgent(const std::vector<std::string>& argv, int i) {
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 2, logFile(i).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = -1;
-  if (posix_spawn(&pid, a[0], &fa, &attr, a.data(), e.data()) != 0) pid = -1;
+  const int rc = posix_spawn(&pid, a[0], &fa, &attr, a.data(), e.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
+  // Never a pid of -1 in the list: kill(-pid) would then signal process 1.
+  if (rc != 0)
+    throw std::runtime_error("cannot start agent " + std::to_string(i) + " (" + argv[0] +
+                             "): " + std::strerror(rc));
   return pid;
 }
 
@@ -134,7 +140,13 @@ Result form(const Peer& peer, int n, Millis cap) {
   std::vector<pid_t> pids;
   const double cpu0 = childrenCpuSeconds();  // agents reap their workers: all of it lands here
   const auto t0 = Clock::now();
-  for (int i = 0; i < n; ++i) pids.push_back(spawnAgent(peer.argv(i, n, n, port, id, {"true"}), i));
+  try {
+    for (int i = 0; i < n; ++i)
+      pids.push_back(spawnAgent(peer.argv(i, n, n, port, id, {"true"}), i));
+  } catch (const std::exception&) {
+    killAll(pids);  // the agents already started
+    throw;
+  }
   std::mutex mu;
   std::condition_variable cv;
   bool finished = false, capped = false;
@@ -149,7 +161,11 @@ Result form(const Peer& peer, int n, Millis cap) {
   for (size_t exited = 0; exited < pids.size();) {
     int status = 0;
     const pid_t p = ::waitpid(-1, &status, 0);
-    if (p < 0) break;
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) {  // not a time: the agents not reaped are counted as failed
+      failed += static_cast<int>(pids.size() - exited);
+      break;
+    }
     if (std::find(pids.begin(), pids.end(), p) == pids.end()) continue;
     ++exited;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
@@ -227,7 +243,13 @@ Result recovery(const Peer& peer, int n, Millis cap) {
       "sh", "-c",
       "echo \"$$BENCH_AGENT $$GROUP_WORLD_SIZE $$$$\" >> " + logPath + "; exec sleep 1000"};
   std::vector<pid_t> pids;
-  for (int i = 0; i < n; ++i) pids.push_back(spawnAgent(peer.argv(i, n, n - 1, port, id, worker), i));
+  try {
+    for (int i = 0; i < n; ++i)
+      pids.push_back(spawnAgent(peer.argv(i, n, n - 1, port, id, worker), i));
+  } catch (const std::exception&) {
+    killAll(pids);  // the agents already started
+    throw;
+  }
   Result r;
   if (!log.waitFor(n, n, -1, Clock::now() + Millis(180'000))) {
     r.note = "the first round of " + std::to_string(n) + " did not start";
@@ -306,6 +328,10 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--seed", sim.seed, "--simulate: arrival times, nproc, the evicted agent");
   app.add_option("--spread-ms", spreadMs, "--simulate: arrivals spread uniformly over this");
   app.add_option("--cap", capS, "--simulate: seconds a phase may take; larger N are skipped after");
+  app.add_option("--loops", sim.loops,
+                 "--simulate: threads that run the simulated agents (fibers; agent i on thread "
+                 "i % loops)")
+      ->check(CLI::Range(1, 64));
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
   std::string realCsv = ddprun::bench::resultsPath("rendezvous.csv");
   app.add_option("--real-csv", realCsv,

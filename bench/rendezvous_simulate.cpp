@@ -101,18 +101,29 @@ int simulate(const SimulateOptions& o) {
     } else {
       r = runSwarm(o.storeBinary, SwarmOptions{.agents = n, .seed = o.seed, .spread = o.spread,
                                                .maxNproc = 4, .timeout = o.cap,
-                                               .protocol = protocol});
+                                               .protocol = protocol, .loops = o.loops});
       note = r.error;
       if (r.connectSeconds > 0) {
         char b[96];
-        std::snprintf(b, sizeof b, "%sset-up (threads, connections) %.2f s before the first arrival, not timed",
+        std::snprintf(b, sizeof b, "%sset-up (fibers, connections) %.2f s before the first arrival, not timed",
                       note.empty() ? "" : "; ", r.connectSeconds);
         note += b;
       }
-      if (r.formSwarmCpu > 0) {
+      if (r.formSeconds) {
         char b[96];
-        std::snprintf(b, sizeof b, "%sagents' CPU form %.2f s / re-form %.2f s",
-                      note.empty() ? "" : "; ", r.formSwarmCpu, r.reformSwarmCpu);
+        std::snprintf(b, sizeof b, "%sfirst agent done: form %.2f s", note.empty() ? "" : "; ",
+                      r.formFirstSeconds);
+        note += b;
+        if (r.reformSeconds) {
+          std::snprintf(b, sizeof b, " / re-form %.2f s", r.reformFirstSeconds);
+          note += b;
+        }
+      }
+      if (r.formSwarmCpu > 0) {
+        char b[128];
+        std::snprintf(b, sizeof b, "%sagents' CPU form %.2f s / re-form %.2f s (%d thread%s)",
+                      note.empty() ? "" : "; ", r.formSwarmCpu, r.reformSwarmCpu, o.loops,
+                      o.loops == 1 ? "" : "s");
         note += b;
       }
       if (!r.formSeconds || !r.reformSeconds) stop = true;

@@ -12,6 +12,7 @@ struct SimulateOptions {
   std::vector<std::string> protocols = {"agents"};  // bench/rendezvous_swarm.h: agents, log, slots
   uint64_t seed = 1;
   std::chrono::milliseconds spread{200};
+  int loops = 1;  // threads running the agents' fibers (SwarmOptions::loops)
   std::chrono::milliseconds cap{120'000};  // per phase; larger N are skipped once one fails
   std::string storeBinary;                  // ddprun-store
   std::string csv;                          // default bench/results/rendezvous_simulate.csv

@@ -1,14 +1,15 @@
-// The swarm with the slot join (rendezvous/scalable/slot_join.h): each agent is a thread with
-// one counted connection. Round 1: N agents join with target N. The harness then ends round 1
+// The swarm with the slot join (rendezvous/scalable/slot_join.h): each agent is a fiber
+// (bench/fiber_scheduler.h) with one counted connection. Round 1: N agents join with target N. The harness then ends round 1
 // as an eviction would, with one key (r/1/over = the number expected back, N-1); every survivor
 // WAITs on it (its round watcher's wait, here on its only connection) and joins round 2 with
 // target N-1. The harness reads every slot record on its own, uncounted connection to check the
 // invariants (bench/rendezvous_swarm.h).
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
-#include <thread>
 
+#include "bench/fiber_scheduler.h"
 #include "bench/rendezvous_swarm.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/scalable/slot_join.h"
@@ -94,20 +95,21 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   }
   const int victim = static_cast<int>(rng() % n);
 
+  // The agents are fibers of `pool` (agent i on scheduler i % o.loops); the main thread waits
+  // on `cv`.
+  FiberPool pool(o.loops);
   std::mutex mu;
   std::condition_variable cv;
-  bool go = false;
+  std::atomic<bool> go{false};  // the first arrival's time has come (fibers park on &go)
   int formed = 0, reformed = 0;
   Clock::time_point t0;
   const sc::SlotJoinOptions round1{.round = 1, .target = n, .minNodes = std::max(1, n - 1),
                                    .maxNodes = n, .lastCall = o.timeout, .timeout = o.timeout};
   auto body = [&](int i) {
     SlotAgent& a = agents[i];
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return go; });
-    }
-    std::this_thread::sleep_until(t0 + arrival[i]);
+    FiberScheduler& fibers = pool.of(i);
+    while (!go) fibers.park(nullptr, &go, Clock::time_point::max());
+    fibers.sleepUntil(t0 + arrival[i]);
     bool first = true;
     try {
       PrefixStore conn(prefix, std::make_shared<CountingStore>(
@@ -140,17 +142,14 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
     cv.notify_all();
   };
 
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
+  for (int i = 0; i < n; ++i) pool.spawn(i, [&body, i] { body(i); });
+  pool.start();
   PrefixStore harness(prefix, std::make_shared<TcpStore>(storeOptions));  // uncounted
   const double cpu0 = store.cpuSeconds();
-  {
-    std::lock_guard<std::mutex> g(mu);
-    t0 = Clock::now();
-    go = true;
-  }
-  cv.notify_all();
+  const double self0 = StoreProcess::cpuSecondsOf(::getpid());
+  t0 = Clock::now();  // published to the fibers by `go`
+  go = true;
+  pool.postAll([&](FiberScheduler& f) { f.wake(&go); });
 
   SwarmResult r;
   auto firstError = [&]() -> std::string {
@@ -168,7 +167,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
       } catch (const std::exception&) {
       }
     }
-    for (auto& t : threads) t.join();
+    pool.join();
     return res;
   };
   {
@@ -178,7 +177,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   }
   if (r.error.empty()) r.error = firstError();
   std::vector<SlotAgent*> members;
-  Clock::time_point last = t0;
+  Clock::time_point last = t0, firstDone = Clock::time_point::max();
   std::vector<StoreTraffic::Snapshot> cost;
   if (r.error.empty()) {
     for (auto& a : agents) {
@@ -186,18 +185,23 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
       members.push_back(&a);
       cost.push_back(a.atFormed);
       last = std::max(last, a.formedAt);
+    firstDone = std::min(firstDone, a.formedAt);
     }
   }
+  if (r.error.empty() && o.corruptView && n >= 2) agents[0].first.nodeRank = agents[1].first.nodeRank;
   if (r.error.empty()) {
     r.error = checkSlotRound(harness, 1, members, false);
   }
   if (!r.error.empty()) return finish(r);
   r.formSeconds = secondsOf(last - t0);
+  r.formFirstSeconds = secondsOf(firstDone - t0);
   r.formStoreCpu = store.cpuSeconds() - cpu0;
+  r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);
 
   // The eviction: round 1 ends, N-1 expected back.
   const double cpu1 = store.cpuSeconds();
+  const double self1 = StoreProcess::cpuSecondsOf(::getpid());
   harness.compareSet(overKeyOf(1), "", std::to_string(n - 1));
   const auto tEvict = Clock::now();
   {
@@ -209,6 +213,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   members.clear();
   cost.clear();
   last = tEvict;
+  firstDone = Clock::time_point::max();
   if (r.error.empty()) {
     for (int i = 0; i < n; ++i) {
       if (i == victim) continue;
@@ -216,6 +221,7 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
       members.push_back(&agents[i]);
       cost.push_back(agents[i].atReformed - agents[i].atFormed);
       last = std::max(last, agents[i].reformedAt);
+      firstDone = std::min(firstDone, agents[i].reformedAt);
     }
   }
   if (r.error.empty()) {
@@ -223,7 +229,9 @@ SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& o) 
   }
   if (r.error.empty()) {
     r.reformSeconds = secondsOf(last - tEvict);
+      r.reformFirstSeconds = secondsOf(firstDone - tEvict);
     r.reformStoreCpu = store.cpuSeconds() - cpu1;
+    r.reformSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self1;
     r.reform = costOf(cost);
   }
   return finish(r);

@@ -1,7 +1,6 @@
 #include "bench/rendezvous_swarm.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -13,12 +12,11 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
-#include <semaphore>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "base/errors.h"
+#include "bench/fiber_scheduler.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/state_log.h"
 #include "rendezvous/store_server.h"
@@ -174,7 +172,7 @@ std::string agentAddr(int i) {
   return "127.1." + std::to_string(i / 250) + "." + std::to_string(1 + i % 250);
 }
 
-// One simulated agent: a thread running the real DynamicRendezvous.
+// One simulated agent: a fiber running the real DynamicRendezvous (its watcher a fiber too).
 struct SimAgent {
   std::shared_ptr<StoreTraffic> traffic = std::make_shared<StoreTraffic>();
   std::unique_ptr<DynamicRendezvous> rdzv;
@@ -182,57 +180,8 @@ struct SimAgent {
   RoundInfo first, second;
   Clock::time_point formedAt, reformedAt;
   StoreTraffic::Snapshot atStart, atFormed, atReformed;
-  std::string error;                   // written by the agent's thread before it counts itself
-  std::atomic<bool> superseded{false};  // its round 1 ended (its watcher's event)
-  // Wakes this agent alone (its event, or the end of the run): a swarm-wide notify_all would
-  // wake every waiting agent for each event, O(N^2) wake-ups. A mutex and condition variable,
-  // not a std::counting_semaphore: libstdc++ 12's timed try_acquire_until polls, sleeping up
-  // to 64 ms at a time instead of blocking, so 10,000 waiting agents woke 150,000 times a
-  // second -- a third of the swarm's CPU in the timed phases (perf), and late wake-ups.
-  struct Wake {
-    std::mutex mu;
-    std::condition_variable cv;
-    int pending = 0;
-    void release() {
-      {
-        std::lock_guard<std::mutex> g(mu);
-        ++pending;
-      }
-      cv.notify_one();
-    }
-    bool acquireUntil(Clock::time_point deadline) {
-      std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_until(lock, deadline, [&] { return pending > 0; })) return false;
-      --pending;
-      return true;
-    }
-  } wake;
-};
-
-// Threads created while it lives get `bytes` of stack (glibc's default for threads made
-// without attributes, as std::thread makes them; the agents' watcher threads too), instead of
-// RLIMIT_STACK's 8 MiB: 20,000 threads' stacks.
-class SmallStacks {
- public:
-  explicit SmallStacks(size_t bytes) {
-    ok_ = ::pthread_getattr_default_np(&old_) == 0;
-    pthread_attr_t a;
-    if (!ok_ || ::pthread_getattr_default_np(&a) != 0) return;
-    ::pthread_attr_setstacksize(&a, bytes);
-    ::pthread_setattr_default_np(&a);
-    ::pthread_attr_destroy(&a);
-  }
-  ~SmallStacks() {
-    if (!ok_) return;
-    ::pthread_setattr_default_np(&old_);
-    ::pthread_attr_destroy(&old_);
-  }
-  SmallStacks(const SmallStacks&) = delete;
-  SmallStacks& operator=(const SmallStacks&) = delete;
-
- private:
-  pthread_attr_t old_{};
-  bool ok_ = false;
+  std::string error;       // written by the agent's fiber before it counts itself
+  bool superseded = false;  // its round 1 ended (its watcher's event); the agent parks on &agent
 };
 
 }  // namespace
@@ -257,13 +206,15 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   const int victim = static_cast<int>(rng() % n);
 
   std::vector<SimAgent> agents(n);
-  // The main thread waits on `cv` for the counts; agents wait on their own Wake.
+  // The agents are fibers of `pool` (agent i on scheduler i % o.loops, each run by a thread of
+  // its own); the main thread waits on `cv` for the counts and wakes the fibers by posting.
+  FiberPool pool(o.loops);
   std::mutex mu;
   std::condition_variable cv;
-  bool go = false;
-  std::atomic<bool> done{false};
-  // Counted without the lock (10,000 agents would contend for it); the one that reaches the
-  // target takes it to notify, so the main thread's predicate cannot miss the wake-up.
+  std::atomic<bool> go{false};    // the first arrival's time has come (fibers park on &go)
+  std::atomic<bool> done{false};  // the end of the run (each agent's fiber parks on its agent)
+  // Counted without the lock; the one that reaches the target takes it to notify, so the main
+  // thread's predicate cannot miss the wake-up.
   std::atomic<int> formed{0}, reformed{0};
   Clock::time_point t0;
   auto count = [&](std::atomic<int>& counter, int target) {
@@ -271,11 +222,11 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     std::lock_guard<std::mutex> g(mu);
     cv.notify_all();
   };
-  // Blocks agent `a` until `ready()` or the end of the run; false after `timeout`.
-  auto sleepUntil = [&](SimAgent& a, Millis timeout, auto ready) {
-    const auto deadline = Clock::now() + timeout;
+  // Parks agent `a`'s fiber until `ready()` or the end of the run; false after `timeout`.
+  auto sleepUntil = [&](FiberScheduler& fibers, SimAgent& a, Millis timeout, auto ready) {
+    const auto deadline = timeout == kForever ? Clock::time_point::max() : Clock::now() + timeout;
     while (!ready() && !done) {
-      if (!a.wake.acquireUntil(deadline)) return ready() || done.load();
+      if (!fibers.park(nullptr, &a, deadline)) return ready() || done.load();
     }
     return true;
   };
@@ -286,86 +237,87 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   // machines, whose connects reach the store's host spread by their start-up; 10,000 connects
   // from one process within 200 ms overflow the accept queue (somaxconn, 4096 here) and each
   // dropped SYN costs its client a 1 s retransmission -- a cost of this machine's kernel, not
-  // of the protocol. `connected` times this phase (reported, not counted in the form time).
+  // of the protocol. `connectSeconds` times this phase (reported, not counted in the form time).
   constexpr int kConnecting = 256;
-  std::counting_semaphore<> connectSlots(kConnecting);
+  // Per scheduler (its fibers park on its entry for one).
+  std::vector<int> connectSlots(o.loops, std::max(1, kConnecting / o.loops));
   std::atomic<int> ready{0};  // agents connected (or failed to)
   auto body = [&](int i) {
     SimAgent& a = agents[i];
+    FiberScheduler& fibers = pool.of(i);
+    int& slots = connectSlots[i % o.loops];
     bool counted = false;   // in `formed`
     bool isReady = false;   // in `ready`
     try {
-      connectSlots.acquire();
+      while (slots == 0) fibers.park(nullptr, &slots, Clock::time_point::max());
+      --slots;
       struct Release {
-        std::counting_semaphore<>& s;
-        ~Release() { s.release(); }
+        FiberScheduler& f;
+        int& slots;
+        ~Release() {
+          ++slots;
+          f.wake(&slots);
+        }
       };
       {
-        Release release{connectSlots};
+        Release release{fibers, slots};
         DynamicRendezvousOptions opt;
         opt.runId = runId;
         opt.backend = std::make_shared<CountingBackend>(
           storeOptions, HeartbeatOptions{.interval = Millis(0)}, a.traffic,
           /*slotJoin=*/o.protocol == "agents");
-      opt.store = storeOptions;
-      opt.limits = limits;
-      opt.localAddr = agentAddr(i);
-      opt.nproc = nproc[i];
-      opt.joinTimeout = o.timeout;
-      opt.lastCallTimeout = o.timeout;  // round 1 closes at MAX, round 2 when every survivor is back
-      opt.heartbeat = {.interval = Millis(0)};
-      opt.watcherOnAgentConnection = true;  // one connection per agent
+        opt.store = storeOptions;
+        opt.limits = limits;
+        opt.localAddr = agentAddr(i);
+        opt.nproc = nproc[i];
+        opt.joinTimeout = o.timeout;
+        opt.lastCallTimeout = o.timeout;  // round 1 closes at MAX, round 2 when every survivor is back
+        opt.heartbeat = {.interval = Millis(0)};
+        opt.watcherOnAgentConnection = true;  // one connection per agent
         a.atStart = a.traffic->snapshot();
-        a.rdzv = std::make_unique<DynamicRendezvous>(opt, [&a](const RoundEvent& e) {
+        // The watcher's event, on the watcher's fiber: wakes this agent's.
+        a.rdzv = std::make_unique<DynamicRendezvous>(opt, [&a, &fibers](const RoundEvent& e) {
           if (e.kind != RoundEvent::Kind::Superseded) return;
           a.superseded = true;
-          a.wake.release();
+          fibers.wake(&a);
         });
         a.id = a.rdzv->self().id;
       }
       isReady = true;
       count(ready, n);
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return go; });
-      }
-      std::this_thread::sleep_until(t0 + arrival[i]);
+      while (!go) fibers.park(nullptr, &go, Clock::time_point::max());
+      if (done) throw Error("the run ended before this agent's arrival");
+      fibers.sleepUntil(t0 + arrival[i]);
       a.first = a.rdzv->nextRound();
       a.formedAt = Clock::now();
       a.atFormed = a.traffic->snapshot();
       counted = true;
       count(formed, n);
       if (i == victim) {
-        sleepUntil(a, kForever, [] { return false; });
-        return;
-      }
-      if (!sleepUntil(a, o.timeout, [&] { return a.superseded.load(); })) {
+        sleepUntil(fibers, a, kForever, [] { return false; });
+      } else if (!sleepUntil(fibers, a, o.timeout, [&] { return a.superseded; })) {
         a.error = "round " + std::to_string(a.first.round) + " never ended";
         count(reformed, n - 1);
-        return;
+      } else if (!done) {
+        a.second = a.rdzv->nextRound();
+        a.reformedAt = Clock::now();
+        a.atReformed = a.traffic->snapshot();
+        count(reformed, n - 1);
+        sleepUntil(fibers, a, kForever, [] { return false; });
       }
-      if (done) return;
-      a.second = a.rdzv->nextRound();
-      a.reformedAt = Clock::now();
-      a.atReformed = a.traffic->snapshot();
-      count(reformed, n - 1);
-      sleepUntil(a, kForever, [] { return false; });
     } catch (const std::exception& e) {
       a.error = e.what();
       if (!isReady) count(ready, n);  // so that the swarm does not wait for it
       if (!counted) count(formed, n);  // counted (with an error), so the swarm does not wait for it
       count(reformed, n - 1);
     }
+    a.rdzv.reset();  // on its fiber: the destructor joins the watcher's fiber
   };
 
   SwarmResult r;
-  const auto tConnect = Clock::now();  // set-up: the agents' threads, connections, settings check
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  {
-    SmallStacks stacks(256 << 10);
-    for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
-  }
+  const auto tConnect = Clock::now();  // set-up: the agents' fibers, connections, settings check
+  for (int i = 0; i < n; ++i) pool.spawn(i, [&body, i] { body(i); });
+  pool.start();
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, 2 * o.timeout, [&] { return ready >= n; });
@@ -374,23 +326,25 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   r.connectSeconds = seconds(Clock::now() - tConnect);
   const double cpu0 = store.cpuSeconds();
   const double self0 = StoreProcess::cpuSecondsOf(::getpid());
-  {
-    std::lock_guard<std::mutex> g(mu);
-    t0 = Clock::now();
-    go = true;
-  }
-  cv.notify_all();
+  t0 = Clock::now();  // published to the fibers by `go`
+  go = true;
+  pool.postAll([&](FiberScheduler& f) { f.wake(&go); });
 
   auto firstError = [&]() -> std::string {
     for (int i = 0; i < n; ++i)
       if (!agents[i].error.empty()) return "agent " + std::to_string(i) + ": " + agents[i].error;
     return "";
   };
+  // Every agent's fiber ends (its DynamicRendezvous and watcher with it) before the store goes.
   auto finish = [&] {
     done = true;
-    for (auto& a : agents) a.wake.release();
-    for (auto& t : threads) t.join();
-    agents.clear();  // stops every agent's watcher before the store goes
+    go = true;
+    pool.postAll([&](FiberScheduler& f) {
+      f.wake(&go);
+      for (auto& a : agents) f.wake(&a);  // each scheduler wakes its own
+    });
+    pool.join();
+    agents.clear();
   };
 
   {
@@ -406,12 +360,14 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   }
   std::vector<RoundInfo> rounds;
   std::vector<StoreTraffic::Snapshot> cost;
-  Clock::time_point last = t0;
+  Clock::time_point last = t0, firstDone = Clock::time_point::max();
   for (auto& a : agents) {
     rounds.push_back(a.first);
     cost.push_back(a.atFormed - a.atStart);
     last = std::max(last, a.formedAt);
+    firstDone = std::min(firstDone, a.formedAt);
   }
+  if (o.corruptView && n >= 2) rounds[0].nodeRank = rounds[1].nodeRank;
   std::vector<NodeInfo> members;
   try {
     members = membersOfRound(storeOptions, runId, limits, rounds[0].round);
@@ -424,6 +380,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     return r;
   }
   r.formSeconds = seconds(last - t0);
+  r.formFirstSeconds = seconds(firstDone - t0);
   r.formStoreCpu = store.cpuSeconds() - cpu0;
   r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);
@@ -454,11 +411,13 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
     rounds.clear();
     cost.clear();
     last = tEvict;
+    firstDone = Clock::time_point::max();
     for (int i = 0; i < n; ++i) {
       if (i == victim) continue;
       rounds.push_back(agents[i].second);
       cost.push_back(agents[i].atReformed - agents[i].atFormed);
       last = std::max(last, agents[i].reformedAt);
+      firstDone = std::min(firstDone, agents[i].reformedAt);
     }
     try {
       members = membersOfRound(storeOptions, runId, limits, rounds[0].round);
@@ -470,6 +429,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       r.error = "the re-formed round has " + std::to_string(members.size()) + " members";
     if (r.error.empty()) {
       r.reformSeconds = seconds(last - tEvict);
+      r.reformFirstSeconds = seconds(firstDone - tEvict);
       r.reformStoreCpu = store.cpuSeconds() - cpu1;
       r.reformSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self1;
       r.reform = costOf(cost);

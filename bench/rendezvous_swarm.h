@@ -1,7 +1,8 @@
 #pragma once
 // A swarm of simulated agents: many agents' real rendezvous code (DynamicRendezvous, the
-// state log, the round state machine) in one process, each agent a thread with its own store
-// connections to a real `ddprun-store` process, its round trips and bytes counted
+// state log, the round state machine, TcpStore) in one process, each agent a fiber
+// (bench/fiber_scheduler.h: its blocking calls park it) with its own store connection to a
+// real `ddprun-store` process, its round trips and bytes counted
 // (rendezvous/counting_store.h). `ddprun-bench rendezvous --simulate N` uses it to measure
 // how the protocol's cost grows with N, and tests use it to check the protocol's invariants
 // with thousands of agents.
@@ -83,18 +84,26 @@ struct SwarmOptions {
   // (joinRound; one connection per agent; the survivors learn of the eviction by a WAIT on
   // r/<r>/over).
   std::string protocol = "agents";
+  // Threads that run the agents' fibers (bench/fiber_scheduler.h), agent i on thread i % loops.
+  int loops = 1;
+  // Tests only: after round 1, the harness makes agent 0's view claim agent 1's node rank before
+  // checking it, so that a test can see a violated invariant fail the run.
+  bool corruptView = false;
 };
 
 struct SwarmResult {
-  // Set-up before the first arrival, not in formSeconds: every agent's threads started, its
+  // Set-up before the first arrival, not in formSeconds: every agent's fiber started, its
   // connection made and the job's settings checked ("agents" and "log"; 0 for "slots", whose
   // agents connect as they arrive).
   double connectSeconds = 0;
   std::optional<double> formSeconds;    // first arrival to the last agent's closed round
   std::optional<double> reformSeconds;  // the eviction written to the last survivor's round
+  // When the first agent had its round (the closer, about): the rest of the phase is the
+  // closed round reaching every agent (its WAIT woken, its last reads).
+  double formFirstSeconds = 0, reformFirstSeconds = 0;
   double formStoreCpu = 0, reformStoreCpu = 0;
-  // CPU this process (the simulated agents: their threads, sockets, the kernel's loopback TCP
-  // work done on their behalf) used in each phase ("agents" and "log" protocols).
+  // CPU this process (the simulated agents: their fibers, sockets, the kernel's loopback TCP
+  // work done on their behalf) used in each phase.
   double formSwarmCpu = 0, reformSwarmCpu = 0;
   Cost form, reform;
   std::string error;  // why a phase has no time (a violated invariant, an agent's error)

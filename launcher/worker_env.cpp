@@ -41,7 +41,7 @@ Environment workerEnvOverlay(const WorkerEnvInputs& in) {
   if (auto it = in.base.find("OMP_NUM_THREADS"); it != in.base.end()) {
     env["OMP_NUM_THREADS"] = it->second;
   } else if (setsOmpNumThreads(in.base, in.localWorldSize)) {
-    env["OMP_NUM_THREADS"] = "1";
+    env["OMP_NUM_THREADS"].assign(1, '1');  // not = "1": GCC 12's false -Wrestrict (PR 105329)
   }
   return env;
 }

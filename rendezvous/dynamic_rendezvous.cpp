@@ -74,7 +74,7 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
       .connect = [this] { return connect(); },
       .onError = [this](std::exception_ptr e) { onBackgroundError(e); },
       .spill = options_.backend->slotJoin()});
-  watcher_ = std::thread([this] { watcherLoop(); });
+  watcher_ = Background([this] { watcherLoop(); });
   DDPRUN_LOG(INFO, "rendezvous") << "node " << self_.id << " connected to rendezvous '"
                                  << options_.runId << "' at " << options_.backend->describe();
 }
@@ -85,7 +85,7 @@ DynamicRendezvous::~DynamicRendezvous() {
     stopping_ = true;
     if (watcherConn_.interrupt) watcherConn_.interrupt();
   }
-  cv_.notify_all();
+  cv_.notifyAll();
   if (watcher_.joinable()) watcher_.join();
   liveness_.reset();
 }
@@ -151,7 +151,7 @@ void DynamicRendezvous::watch(int64_t round) {
       watchRound_ = round;
     }
   }
-  cv_.notify_all();
+  cv_.notifyAll();
 }
 
 void DynamicRendezvous::disarmLocked(std::unique_lock<std::mutex>& lock) {
@@ -221,7 +221,7 @@ void DynamicRendezvous::watcherLoop() {
     lock.lock();
     if (watcherBusy_) {
       watcherBusy_ = false;
-      cv_.notify_all();
+      cv_.notifyAll();
     }
     if (stopping_) return;
     // The agent ended the round itself (an error meanwhile is its cancelling the wait).

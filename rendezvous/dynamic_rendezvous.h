@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 
+#include "rendezvous/blocking.h"
 #include "rendezvous/rendezvous_backend.h"
 #include "rendezvous/state_log.h"
 
@@ -206,7 +207,9 @@ class DynamicRendezvous {
   std::string jobFailure_;
 
   std::mutex mu_;  // guards the watcher's fields below
-  std::condition_variable cv_;
+  // CondVar and Background are std::condition_variable and std::thread for a real agent; on the
+  // simulator's fibers they park fibers instead (rendezvous/blocking.h).
+  CondVar cv_;
   int64_t watchRound_ = -1;
   bool watcherBusy_ = false;  // the watcher is in a call on the shared connection
   bool stopping_ = false;
@@ -214,7 +217,7 @@ class DynamicRendezvous {
   std::atomic<bool> interrupted_{false};
   std::atomic<bool> leaving_{false};
   std::mutex mainMu_;  // interrupt() vs. reconnectIfInterrupted() swapping main_
-  std::thread watcher_;
+  Background watcher_;
 };
 
 }  // namespace ddprun::rendezvous

@@ -54,8 +54,16 @@ void HeartbeatWriter::run() {
   }
   std::unique_lock<std::mutex> lock(mu_);
   int failures = 0;
-  while (!cv_.wait_for(lock, options_.interval, [&] { return stopping_; })) {
+  for (auto waitFrom = Clock::now();
+       !cv_.wait_for(lock, options_.interval, [&] { return stopping_; });
+       waitFrom = Clock::now()) {
     lock.unlock();
+    // A wait that ended late means this agent did not run (SIGSTOP, a frozen VM, starvation):
+    // that time is not the store's silence, so the last answer moves forward by it. Otherwise
+    // an agent resumed after the keep-alive bound would blame a store that is merely gone, or
+    // one that closed the connection while it slept, for "stopping answering".
+    const auto late = Clock::now() - waitFrom - options_.interval;
+    if (late > Clock::duration::zero()) lastAnswer_ += late;
     // What is left of the keep-alive bound since the store's last answer bounds every call of
     // this beat (a reconnect included); at least one interval: after a pause of this agent
     // the last answer is old through no fault of the store.

@@ -18,8 +18,9 @@
 // A store that stops answering (its process SIGSTOPped or hung: the kernel still accepts
 // connections for it, nothing replies) is found by the writer within the keep-alive bound,
 // interval x missedBeats, counted from the store's last answer: every call of a beat is bounded
-// by what is left of it (at least one interval, so that a pause of this agent is not taken for
-// the store's). onError then gets a NetworkError saying that the store stopped answering and
+// by what is left of it (at least one interval), and the time this agent itself did not run (a
+// wait between beats that ended late: SIGSTOP, a frozen VM) is not counted, so that a pause of
+// this agent is not taken for the store's. onError then gets a NetworkError saying that the store stopped answering and
 // for how long, which is what every agent of the job reports. HeartbeatRing puts the two
 // together as the Liveness of the TCP store backend (liveness.h).
 #include <atomic>

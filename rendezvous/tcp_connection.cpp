@@ -14,8 +14,7 @@ int tryConnect(const SocketAddress& a, std::chrono::milliseconds timeout) {
   if (!fd) return -1;
   int rc = ::connect(fd.get(), a.get(), a.length);
   if (rc != 0 && errno == EINPROGRESS) {
-    pollfd p{fd.get(), POLLOUT, 0};
-    rc = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, timeout.count())));
+    rc = pollFd(fd.get(), POLLOUT, std::max(Millis(1), timeout));
     if (rc == 1) {
       int err = 0;
       socklen_t len = sizeof err;

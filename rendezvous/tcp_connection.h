@@ -15,6 +15,7 @@
 
 #include "base/errors.h"
 #include "base/resolve.h"
+#include "rendezvous/blocking.h"
 #include "rendezvous/tcp_store.h"
 
 namespace ddprun::rendezvous {
@@ -30,7 +31,9 @@ class IoFailure : public Error {
 
 // One socket with a receive buffer. Every read and write honours an absolute deadline
 // (SO_RCVTIMEO/SO_SNDTIMEO, updated only when the remaining time shrinks below them, so the
-// common round trip costs one send and one recv).
+// common round trip costs one send and one recv). On a thread with a Blocking installed (the
+// simulated agents' fibers, rendezvous/blocking.h) reads and writes do not block: on EAGAIN
+// the fiber waits for the socket through the Blocking until the deadline.
 class TcpStore::Connection {
  public:
   explicit Connection(int fd) : fd_(fd) {}
@@ -41,7 +44,15 @@ class TcpStore::Connection {
 
   void write(const std::string& bytes) {
     size_t off = 0;
+    Blocking* const coop = Blocking::current();
     while (off < bytes.size()) {
+      if (coop) {
+        ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) off += static_cast<size_t>(n);
+        else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) cooperativeWait(coop, POLLOUT, "send timed out");
+        else if (n < 0 && errno != EINTR) throw IoFailure{false, std::string("send failed: ") + std::strerror(errno)};
+        continue;
+      }
       const bool late = !applyTimeout(SO_SNDTIMEO, sndTimeout_);
       ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off,
                          MSG_NOSIGNAL | (late ? MSG_DONTWAIT : 0));
@@ -69,8 +80,10 @@ class TcpStore::Connection {
       }
       if (buf_.size() - end_ < n - (end_ - start_) || buf_.size() - end_ < 4096)
         buf_.resize(std::max(buf_.size() * 2, end_ + n + 4096));
-      const bool late = !applyTimeout(SO_RCVTIMEO, rcvTimeout_);
-      ssize_t r = ::recv(fd_, buf_.data() + end_, buf_.size() - end_, late ? MSG_DONTWAIT : 0);
+      Blocking* const coop = Blocking::current();
+      const bool late = !coop && !applyTimeout(SO_RCVTIMEO, rcvTimeout_);
+      ssize_t r = ::recv(fd_, buf_.data() + end_, buf_.size() - end_,
+                         late || coop ? MSG_DONTWAIT : 0);
       if (r > 0) {
         end_ += static_cast<size_t>(r);
         continue;
@@ -78,6 +91,10 @@ class TcpStore::Connection {
       if (r == 0) throw IoFailure{false, "the server closed the connection"};
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (coop) {
+          cooperativeWait(coop, POLLIN, "no reply in time");
+          continue;
+        }
         if (late) throw IoFailure{true, "no reply in time"};
         retryOrThrow(rcvTimeout_, "no reply in time");
         continue;
@@ -95,8 +112,7 @@ class TcpStore::Connection {
     while (end_ == start_) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline_ - Clock::now() + std::chrono::microseconds(999));
-      pollfd p{fd_, POLLIN, 0};
-      const int rc = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT32_MAX)));
+      const int rc = pollFd(fd_, POLLIN, Millis(std::clamp<int64_t>(left.count(), 0, INT32_MAX)));
       if (rc > 0) return;  // readable, or an error/hang-up that the next recv reports
       if (rc == 0 && left.count() <= 0) throw IoFailure{true, "no reply in time"};
       if (rc < 0 && errno != EINTR) {
@@ -140,6 +156,10 @@ class TcpStore::Connection {
     ::setsockopt(fd_, SOL_SOCKET, which, &tv, sizeof tv);
     current = left;
     return true;
+  }
+  // After EAGAIN on a fiber: waits for the socket until the deadline, then throws a timeout.
+  void cooperativeWait(Blocking* coop, short events, const char* what) {
+    if (coop->poll(fd_, events, deadline_) == 0) throw IoFailure{true, what};
   }
   // After EAGAIN: retry when the deadline is still ahead (the setting was stale), else throw.
   void retryOrThrow(std::chrono::microseconds& current, const char* what) {

@@ -110,7 +110,7 @@ void TcpStore::connect() {
     {
       // Sleeps, unless interrupt() cuts the backoff short.
       std::unique_lock<std::mutex> lock(interruptMu_);
-      if (interruptCv_.wait_for(lock, sleep, [&] { return interrupted_; }))
+      if (interruptCv_.waitFor(lock, sleep, [&] { return interrupted_; }))
         throw NetworkError("store at " + address_ + ": interrupted while reconnecting");
     }
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -231,7 +231,7 @@ void TcpStore::interrupt() {
     interrupted_ = true;
     if (activeFd_ >= 0) ::shutdown(activeFd_, SHUT_RDWR);
   }
-  interruptCv_.notify_all();
+  interruptCv_.notifyAll();
 }
 
 void TcpStore::cancelCall() {

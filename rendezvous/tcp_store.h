@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "rendezvous/blocking.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/store.h"
 
@@ -120,7 +121,7 @@ class TcpStore final : public Store {
   bool connectedOnce_ = false;  // later reconnects are bounded by timeout(), not connectTimeout
   // interrupt(): the socket of the call in progress (-1 when none), guarded by interruptMu_.
   std::mutex interruptMu_;
-  std::condition_variable interruptCv_;  // wakes a reconnect backoff
+  CondVar interruptCv_;  // wakes a reconnect backoff (rendezvous/blocking.h: a fiber parks)
   int activeFd_ = -1;
   bool interrupted_ = false;
   // setWaitsCancelled(): also guarded by interruptMu_. waitingFd_: the socket of the WAIT in

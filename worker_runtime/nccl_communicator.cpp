@@ -131,11 +131,9 @@ class NcclCommunicator final : public Communicator {
     }
     cv_.notify_all();
     watchdog_.join();
-    if (failed_.empty()) {
+    if (!aborted_) {  // an aborted communicator is already freed
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(comm_);
-    } else {
-      ncclCommAbort(comm_);
     }
     cudaStreamDestroy(stream_);
   }
@@ -182,6 +180,10 @@ class NcclCommunicator final : public Communicator {
     allreduceAsync(one, ReduceOp::Sum)->wait();
   }
 
+  // In-process recovery gives up on this communicator (communicator.h): pending and later
+  // collectives fail at once. Never blocks on the peers (the communicator is non-blocking).
+  void abort() override { abortOnce("aborted by this rank for in-process recovery"); }
+
  private:
   std::string failure() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -202,7 +204,12 @@ class NcclCommunicator final : public Communicator {
     DDPRUN_CUDA_CHECK(cudaEventRecord(ready, cudaStreamLegacy));
     DDPRUN_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     cudaEventDestroy(ready);
-    const ncclResult_t r = call();
+    ncclResult_t r = ncclSuccess;
+    {
+      std::lock_guard<std::mutex> lock(commMu_);
+      if (aborted_) throw BackendError(std::string("nccl ") + what + " refused: communicator aborted");
+      r = call();
+    }
     if (r != ncclSuccess && r != ncclInProgress) throw BackendError(ncclMessage(what, r));
     settle(what, Clock::now() + options_.timeout);
     DDPRUN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -222,17 +229,24 @@ class NcclCommunicator final : public Communicator {
   void settle(const char* what, Clock::time_point deadline) {
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      ncclResult_t r = ncclSuccess;
+      {
+        std::lock_guard<std::mutex> lock(commMu_);
+        if (aborted_) throw BackendError(std::string("nccl ") + what + ": communicator aborted");
+        r = ncclCommGetAsyncError(comm_, &state);
+      }
       if (r != ncclSuccess) throw BackendError(ncclMessage("ncclCommGetAsyncError", r));
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) {
-        ncclCommAbort(comm_);
-        throw BackendError(ncclMessage(what, state));
+        const std::string why = ncclMessage(what, state);
+        abortOnce(why);
+        throw BackendError(why);
       }
       if (Clock::now() > deadline) {
-        ncclCommAbort(comm_);
-        throw TimeoutError(std::string("NCCL: ") + what + " did not complete within " +
-                           std::to_string(options_.timeout.count()) + " ms");
+        const std::string why = std::string("NCCL: ") + what + " did not complete within " +
+                                std::to_string(options_.timeout.count()) + " ms";
+        abortOnce(why);
+        throw TimeoutError(why);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -251,18 +265,24 @@ class NcclCommunicator final : public Communicator {
       }
       std::string why;
       ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
-          state != ncclInProgress) {
+      ncclResult_t r = ncclSuccess;
+      {
+        std::lock_guard<std::mutex> commLock(commMu_);  // order: mu_, then commMu_
+        if (aborted_) continue;
+        r = ncclCommGetAsyncError(comm_, &state);
+      }
+      if (r == ncclSuccess && state != ncclSuccess && state != ncclInProgress) {
         why = ncclMessage("a collective", state) + " (did a peer exit?)";
       } else if (!pending_.empty() && Clock::now() > pending_.front()->deadline()) {
         why = "NCCL collective timed out after " + std::to_string(options_.timeout.count()) + " ms";
+      } else if (options_.peerLost) {
+        why = options_.peerLost();
       }
       if (why.empty()) continue;
-      failed_ = why;
       lock.unlock();
-      ncclCommAbort(comm_);
+      abortOnce(why);
       DDPRUN_LOG(ERROR, "nccl") << why << "; communicator aborted";
-      if (asyncErrorHandling()) {
+      if (!options_.peerLost && asyncErrorHandling()) {
         DDPRUN_LOG(ERROR, "nccl") << "asynchronous error handling is on: exiting with code 1";
         std::_Exit(1);
       }
@@ -270,7 +290,26 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // Aborts the communicator once (ncclCommAbort frees it: a second call, or any call after it,
+  // would touch freed memory) and records `why` as the failure every Work reports.
+  void abortOnce(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.empty()) failed_ = why;
+    }
+    cv_.notify_all();
+    std::lock_guard<std::mutex> lock(commMu_);
+    if (aborted_) return;
+    aborted_ = true;
+    ncclCommAbort(comm_);
+  }
+
   NcclOptions options_;
+  // Serializes the host-side NCCL calls on comm_ with abortOnce, from the training thread, the
+  // watchdog and a recovery; the communicator is non-blocking, so each call under it is short.
+  // Lock order: mu_ before commMu_.
+  std::mutex commMu_;
+  bool aborted_ = false;  // guarded by commMu_
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::mutex mu_;

@@ -10,6 +10,10 @@
 // launcher asked for asynchronous error handling (TORCH_NCCL_ASYNC_ERROR_HANDLING=1 or
 // NCCL_ASYNC_ERROR_HANDLING=1, which ddprun and torchrun set), the watchdog then ends the process
 // with exit code 1, so that a dead peer becomes a restart even when no thread is waiting.
+// Under in-process recovery (NcclOptions::peerLost set) the process stays: the watchdog also
+// polls peerLost, and on a peer's death, an error or abort() the communicator is aborted once
+// (ncclCommAbort) and every pending and later collective fails with BackendError, which the
+// elastic run wrapper turns into a recovery (docs/recovery.md).
 //
 // Everything here compiles only when CUDA and NCCL were found (DDPRUN_HAVE_NCCL); otherwise
 // ncclBuilt() is false and the factories throw ConfigError. See docs/worker_runtime.md for what is
@@ -28,6 +32,10 @@ struct NcclOptions {
   int size = 1;
   int device = 0;  // CUDA device index, normally LOCAL_RANK
   Millis timeout = kDefaultCollectiveTimeout;
+  // In-process recovery: "" while every peer lives, else why not (elastic::PeerWatch::lost);
+  // polled by the watchdog every 100 ms. When set, an asynchronous error does not end the
+  // process (the survivors recover), whatever NCCL_ASYNC_ERROR_HANDLING says.
+  std::function<std::string()> peerLost;
 };
 
 // True when this build contains the NCCL communicator.

@@ -26,6 +26,7 @@
 #include "rendezvous/superseded_store.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
+#include "worker_runtime/elastic/peer_watch.h"
 #include "worker_runtime/gloo_communicator.h"
 #include "worker_runtime/hierarchical_communicator.h"
 #include "worker_runtime/nccl_communicator.h"
@@ -153,6 +154,15 @@ std::shared_ptr<rendezvous::Store> connectAgentStore(const WorkerEnv& env, Milli
   return connect(env, timeout, StoreDialect::Current);
 }
 
+// Whether the launcher may keep this process alive after a peer's death (Runtime::inProcessRecovery,
+// before the store is connected): DDPRUN_RECOVERY=in-process|auto, the agent's store, one node,
+// more than one rank.
+bool inProcessRecoveryWanted(const WorkerEnv& env, const InitOptions& options) {
+  const auto mode = options.env("DDPRUN_RECOVERY");
+  if (!mode || (*mode != "in-process" && *mode != "auto")) return false;
+  return env.useAgentStore && env.groupWorldSize == 1 && env.worldSize > 1;
+}
+
 // The communicator of `generation` over `store` (the attempt's store; generation g > 0: its keys
 // under gen/<g>/, recovery_keys.h), as the environment and options choose it (runtime.h).
 std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
@@ -181,10 +191,19 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
   }
   std::shared_ptr<Communicator> comm;
   if (choice.backend == Backend::Nccl) {
+    // Under in-process recovery NCCL learns of a local peer's death from the peer watch
+    // (elastic/peer_watch.h) instead of waiting out the collective timeout.
+    std::function<std::string()> peerLost;
+    if (inProcessRecoveryWanted(env, options)) {
+      peerLost = [watch = elastic::PeerWatch::exchange(*store, env.rank, env.worldSize, timeout)] {
+        return watch.lost();
+      };
+    }
     comm = makeNcclCommunicator(store, {.rank = env.rank,
                                         .size = env.worldSize,
                                         .device = env.localRank % gpus,
-                                        .timeout = timeout});
+                                        .timeout = timeout,
+                                        .peerLost = std::move(peerLost)});
   } else if (const shm::TransportChoice t = shm::chooseTransport(
                  transportFrom(options), env.worldSize, env.localWorldSize, env.groupWorldSize,
                  [&] {
@@ -412,9 +431,7 @@ Runtime::Runtime(WorkerEnv env, std::shared_ptr<rendezvous::Store> store,
       generation_(generation) {}
 
 bool Runtime::inProcessRecovery() const {
-  const auto mode = options_.env("DDPRUN_RECOVERY");
-  if (!mode || (*mode != "in-process" && *mode != "auto")) return false;
-  return env_.useAgentStore && env_.groupWorldSize == 1 && env_.worldSize > 1 && store_;
+  return inProcessRecoveryWanted(env_, options_) && store_;
 }
 
 Millis Runtime::recoveryTimeout() const {

@@ -343,6 +343,28 @@ def store_host_frozen(t):
     t.wait_for("node b's workers gone", lambda: not any(pid_alive(p) for p in workers), 10)
 
 
+def paused_agent_store_gone(t):
+    """Agent b is paused (SIGSTOP) for longer than the keep-alive bound while the store host is
+    killed; resumed, b fails naming the endpoint, and does not blame the store for its own
+    pause: the store is gone (its connections refused), it did not stop answering."""
+    a, b, workers = store_host_and_other(t, "pausedgone")
+    b.signal(signal.SIGSTOP)
+    try:
+        a.signal(signal.SIGKILL)
+        check(a.wait(30) == -signal.SIGKILL, "the store host is gone")
+        time.sleep(2.0)  # more than twice the keep-alive bound (0.9 s) of b's silence
+    finally:
+        b.signal(signal.SIGCONT)
+    code = b.wait(30)
+    err = b.stderr()
+    check(code == 1, "node b fails with exit code 1 (got %s)" % code)
+    check(t.endpoint() in err, "its message names the endpoint %s: %s" % (t.endpoint(), err[-600:]))
+    print("node b: " + next((l for l in err.splitlines() if " E " in l), ""))
+    check("stopped answering" not in err,
+          "b does not say the store stopped answering: b was the one paused: %s" % err[-600:])
+    t.wait_for("node b's workers gone", lambda: not any(pid_alive(p) for p in workers), 10)
+
+
 def store_frozen(t):
     """A standalone ddprun-store is stopped (SIGSTOP): every agent of the job reports it, by its
     address, as a store that stopped answering."""
@@ -635,7 +657,7 @@ def cancel_and_check_trace(t, nodes, trace):
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
-    wrong_store, store_host_lost, store_host_frozen, store_frozen, sigterm_leave,
+    wrong_store, store_host_lost, store_host_frozen, store_frozen, paused_agent_store_gone, sigterm_leave,
     static_backend, torch_gloo_elastic,
     netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed,
     timeline_sigterm, timeline_sigterm_writer_only)}

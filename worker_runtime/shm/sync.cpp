@@ -2,16 +2,14 @@
 
 #include <linux/futex.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <climits>
-#include <fstream>
 #include <sstream>
 
 #include "base/errors.h"
+#include "base/process.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -36,18 +34,6 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::millisec
 
 void futexWakeAll(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-// A process that is gone, or a zombie not yet reaped (PID 1 may reap late), is dead.
-bool processDead(int32_t pid) {
-  if (pid <= 0) return false;  // not known yet
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const auto paren = text.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= text.size()) return false;
-  const char state = text[paren + 2];
-  return state == 'Z' || state == 'X';
 }
 
 }  // namespace
