@@ -31,7 +31,7 @@
 #include "rendezvous/recovery_keys.h"
 #include "rendezvous/store_server.h"
 #include "base/errors.h"
-#include "base/grow_record.h"
+#include "rendezvous/grow_record.h"
 #include "base/log.h"
 #include "base/progress_file.h"
 #include "base/timeline.h"
@@ -817,7 +817,7 @@ void Agent::Impl::shrinkGroup(const WorkerResult& r, const JobDecision& d, bool 
 // (hot_spares.h: loaded, connected, waiting in the store, under SCHED_IDLE so that the
 // survivors' steps are not slowed). Nothing waits for it. When its ready key is set and every
 // worker has announced the newest generation (no recovery in flight), the agent publishes the
-// grow record (base/grow_record.h) and the spare's assignment in one turn of its loop; each
+// grow record (rendezvous/grow_record.h) and the spare's assignment in one turn of its loop; each
 // worker's runtime sees the record through its watch thread and takes it at its next commit
 // (runElastic), so the survivors have nothing to roll back; the replacement heals from the
 // lowest rank's memory and the trainers split the rest of the epoch over the larger group.
@@ -914,7 +914,7 @@ void Agent::Impl::growGroup(pid_t sparePid, int spareId) {
   std::vector<std::tuple<pid_t, int, int>> renumbered;  // pid, new rank, slot
   for (const auto& w : group_->results()) {
     if (w.ended || w.spare) continue;
-    const int now = ddprun::recovery::growRank(w.globalRank, rank);
+    const int now = rendezvous::recovery::growRank(w.globalRank, rank);
     if (now != w.globalRank) renumbered.emplace_back(w.pid, now, w.localRank);
   }
   for (const auto& [pid, now, lr] : renumbered) {
@@ -946,7 +946,7 @@ void Agent::Impl::growGroup(pid_t sparePid, int spareId) {
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   rendezvous::StoreServer* store = handler_->workerStore();
   store->set(prefix + rendezvous::recovery::generationKey(generation),
-             ddprun::recovery::formatGrowRecord({.generation = generation,
+             rendezvous::recovery::formatGrowRecord({.generation = generation,
                                                  .added = rank,
                                                  .worldSize = after,
                                                  .spare = spareId,

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "base/errors.h"
-#include "base/grow_record.h"
+#include "rendezvous/grow_record.h"
 #include "base/log.h"
 #include "base/resolve.h"
 #include "base/timeline.h"
@@ -251,12 +251,12 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
   return comm;
 }
 
-// A grow record (base/grow_record.h) applied to a rank of generation g-1 (`env`): its rank in
+// A grow record (rendezvous/grow_record.h) applied to a rank of generation g-1 (`env`): its rank in
 // generation g and g's world size. A record that cannot be read, or that does not follow g-1,
 // is a BackendError naming it: the elastic run then fails as after any bad recovery.
 void applyGrow(WorkerEnv& env, const std::string& text, int g) {
   std::string why;
-  const auto grow = recovery::parseGrowRecord(text, why);
+  const auto grow = rendezvous::recovery::parseGrowRecord(text, why);
   if (!grow || grow->generation != g || grow->worldSize != env.worldSize + 1) {
     throw BackendError("in-process recovery: the launcher's grow record of generation " +
                        std::to_string(g) + " is not valid (" +
@@ -266,7 +266,7 @@ void applyGrow(WorkerEnv& env, const std::string& text, int g) {
                        "): '" + text.substr(0, 120) + "'");
   }
   const int offset = env.rank - env.localRank;  // one node: 0
-  env.rank = recovery::growRank(env.rank, grow->added);
+  env.rank = rendezvous::recovery::growRank(env.rank, grow->added);
   env.localRank = env.rank - offset;
   env.worldSize = grow->worldSize;
   env.localWorldSize = grow->worldSize;  // in-process recovery runs on one node
@@ -468,9 +468,9 @@ int Runtime::awaitNextGeneration(Millis bound) {
 std::string Runtime::generationCause(int g) {
   try {
     const std::string text = store_->get(rendezvous::recovery::generationKey(g));
-    if (recovery::isGrowRecord(text)) {
+    if (rendezvous::recovery::isGrowRecord(text)) {
       std::string why;
-      const auto grow = recovery::parseGrowRecord(text, why);
+      const auto grow = rendezvous::recovery::parseGrowRecord(text, why);
       return grow ? grow->cause : std::string();
     }
     const auto record = rendezvous::recovery::parseGenerationRecord(text);
@@ -485,7 +485,7 @@ void Runtime::applyShrinks(int g) {
   // A reform that failed after this (a death during the recovery) has applied some already.
   for (int next = std::max(generation_, shrunkUpTo_) + 1; next <= g; ++next) {
     const auto text = store_->get(keys::generationKey(next));
-    if (recovery::isGrowRecord(text)) {
+    if (rendezvous::recovery::isGrowRecord(text)) {
       applyGrow(env_, text, next);
       shrunkUpTo_ = next;
       continue;
@@ -676,9 +676,9 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   // rank's place come from the agent's record (WORLD_SIZE is the start's).
   if (generation > 0) {
     const std::string text = store->get(rendezvous::recovery::generationKey(generation));
-    if (recovery::isGrowRecord(text)) {
+    if (rendezvous::recovery::isGrowRecord(text)) {
       std::string why;
-      const auto grow = recovery::parseGrowRecord(text, why);
+      const auto grow = rendezvous::recovery::parseGrowRecord(text, why);
       if (!grow || grow->generation != generation || grow->added != env.rank) {
         throw BackendError("in-process recovery: the launcher's grow record of generation " +
                            std::to_string(generation) + " is not valid for rank " +

@@ -80,7 +80,7 @@ class Runtime {
   // Leaves the current communicator (abort(): peers waiting on this rank wake at once) and
   // builds generation `g`'s, under keys of its own, with the ranks that are in it then. Under
   // --recovery-policy=shrink a generation may have fewer ranks, or one more (grow back,
-  // base/grow_record.h): rank(), localRank() and worldSize() change here (the ranks kept in
+  // rendezvous/grow_record.h): rank(), localRank() and worldSize() change here (the ranks kept in
   // order, numbered densely; recovery_keys.h), so a program reads them again after a recovery
   // (getenv("RANK") keeps the start's value: a process's environment cannot follow).
   void reform(int g);

@@ -6,7 +6,7 @@
 #include "tests/support/catch_torch.h"
 
 #include "base/errors.h"
-#include "base/grow_record.h"
+#include "rendezvous/grow_record.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/recovery_keys.h"
 #include "tests/worker_runtime/rank_threads.h"
@@ -212,7 +212,7 @@ TEST_CASE("recovery keys: a shrink record round-trips, re-densifies ranks and re
 
 TEST_CASE("grow record: round-trips, inserts the replacement's rank and names what is wrong",
           "[runtime][elastic]") {
-  namespace grow = ddprun::recovery;
+  namespace grow = ddprun::rendezvous::recovery;
   const std::string text = grow::formatGrowRecord(
       {.generation = 3, .added = 1, .worldSize = 3, .spare = 2, .cause = "grow back"});
   CHECK(text == "generation=3 added=1 world_size=3 spare=2\ngrow back");

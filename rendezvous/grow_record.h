@@ -1,10 +1,8 @@
 #pragma once
 // The grow record: the generation of a shrunk worker group that takes a replacement back in
 // (grow back, docs/recovery.md#grow-back), written by the agent under ddprun/generation/<g>, read
-// by every worker's runtime. Its siblings (the replace and shrink records, the spare's
-// assignment) are in rendezvous/recovery_keys.h; this one is declared here, once for both ends,
-// only because that folder was another helper's while grow back was built: it belongs next to
-// them and moves there as is.
+// by every worker's runtime; declared here once for both ends. Its siblings (the keys, the
+// replace and shrink records, the spare's assignment) are in rendezvous/recovery_keys.h.
 //
 //   "generation=<g> added=<r> world_size=<n> spare=<id>\n<cause>"
 //
@@ -17,7 +15,7 @@
 #include <sstream>
 #include <string>
 
-namespace ddprun::recovery {
+namespace ddprun::rendezvous::recovery {
 
 struct GrowRecord {
   int generation = 0;
@@ -91,4 +89,4 @@ inline std::optional<GrowRecord> parseGrowRecord(const std::string& text, std::s
                     .cause = eol == std::string::npos ? std::string() : text.substr(eol + 1)};
 }
 
-}  // namespace ddprun::recovery
+}  // namespace ddprun::rendezvous::recovery
