@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <tuple>
 
 #include "launcher/failure_report.h"
 #include "launcher/hot_spares.h"
@@ -30,6 +31,7 @@
 #include "rendezvous/recovery_keys.h"
 #include "rendezvous/store_server.h"
 #include "base/errors.h"
+#include "rendezvous/grow_record.h"
 #include "base/log.h"
 #include "base/progress_file.h"
 #include "base/timeline.h"
@@ -104,7 +106,28 @@ class Agent::Impl {
   void recoverInProcess(const WorkerResult& r);
   void replaceWorker(const WorkerResult& r, const JobDecision& d);
   // --recovery-policy=shrink: the survivors go on without `r`, renumbered densely.
-  void shrinkGroup(const WorkerResult& r, const JobDecision& d);
+  // `budgetSpent`: the death spent a restart (d.restartCount); a replacement that died before
+  // it healed spends none.
+  void shrinkGroup(const WorkerResult& r, const JobDecision& d, bool budgetSpent = true);
+  // ---- Grow back (--recovery-policy=shrink, docs/recovery.md#grow-back) ----
+  // Whether a shrunk group may take replacements back in; else `why`.
+  bool growBackUsable(std::string& why) const;
+  // Starts a replacement in the background (a hot spare under SCHED_IDLE) for each rank the
+  // group lacks and that no waiting one stands for (tryGrow: once the survivors re-formed).
+  void startReplacements();
+  // When a replacement is ready and every worker is in the newest generation: publishes the
+  // generation with one rank more (the workers take it at their next commit) and gives the
+  // replacement its rank. When the joining one has healed: done. Called on the keys the workers
+  // set (ready, announcements), never on a timer.
+  void tryGrow();
+  void growGroup(pid_t sparePid, int spareId);
+  // The joining replacement died before it healed: the group goes on without it (no restart
+  // spent) and grows back no more.
+  void abandonGrow(const WorkerResult& r);
+  // The console prefix of a worker that now has global rank `rank` in local rank slot `lr`.
+  std::string prefixFor(int rank, int lr) const;
+  // SCHED_IDLE for background spares and replacements: decided once per job.
+  bool backgroundIdle();
   // The workers of the group now (running, not spares): its world size in-process.
   int liveWorkers(pid_t except = -1) const;
   // The dead rank's new process: a waiting spare (true) or none to be had (false).
@@ -199,6 +222,13 @@ class Agent::Impl {
   int sparesDiedUnready_ = 0;
   bool sparesNoted_ = false;     // the line saying spares cannot be used was printed
   int idleSpares_ = -1;          // -1: not decided; 0: spares start at normal priority; 1: idle
+  // Grow back: the replacement joining now (-1: none), its rank and the generation it joins;
+  // grow back given up for this group (a replacement died before it healed).
+  pid_t growPid_ = -1;
+  int growRank_ = -1;
+  int growGeneration_ = 0;
+  bool growBackOff_ = false;
+  bool growBackNoted_ = false;  // the line saying why there is no grow back was printed
   int exitCode_ = 1;
   std::exception_ptr error_;
   std::string errorRecord_;  // ddprun's own error file, when the job fails
@@ -427,6 +457,15 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   decidedFailure_.reset();
   sparesStarted_ = false;
   sparesDiedUnready_ = 0;
+  growPid_ = -1;
+  growRank_ = -1;
+  growGeneration_ = 0;
+  growBackOff_ = false;
+  bool observe = false;
+  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+    std::string why;
+    observe = growBackUsable(why);
+  }
   if (options_.spares > 0) {
     std::string why;
     if (!sparesUsable(why)) {
@@ -435,13 +474,16 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
                                      << "job: " << why;
       }
       sparesNoted_ = true;
-    } else if (auto* store = handler_->workerStore()) {
+    } else {
       // Spares start once every worker has announced in-process recovery: a program without
       // the runtime (a Python script, a shell worker) never gets one.
-      store->setObserver([this](const std::string& key) {
-        asio::post(io_, [this, key] { guarded([&] { onStoreSet(key); }); });
-      });
+      observe = true;
     }
+  }
+  if (auto* store = handler_->workerStore(); store && observe) {
+    store->setObserver([this](const std::string& key) {
+      asio::post(io_, [this, key] { guarded([&] { onStoreSet(key); }); });
+    });
   }
   auto group = std::make_shared<WorkerGroup>(
       io_, WorkerGroup::Callbacks{
@@ -550,6 +592,10 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
     DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
                                   << ", pid " << r.pid << ") failed too: " << r.describe()
                                   << "; the group restarts instead of recovering in process";
+    return;
+  }
+  if (r.pid == growPid_) {
+    abandonGrow(r);
     return;
   }
   if (canRecoverInProcess(r)) {
@@ -713,7 +759,7 @@ void Agent::Impl::replaceWorker(const WorkerResult& r, const JobDecision& d) {
   watchProgress();  // the new process is watched from its first beat
 }
 
-void Agent::Impl::shrinkGroup(const WorkerResult& r, const JobDecision& d) {
+void Agent::Impl::shrinkGroup(const WorkerResult& r, const JobDecision& d, bool budgetSpent) {
   const int generation = ++generation_;
   recoveryRestarts_ = d.restartCount;
   const int before = liveWorkers() + 1;  // the dead one has ended
@@ -726,7 +772,12 @@ void Agent::Impl::shrinkGroup(const WorkerResult& r, const JobDecision& d) {
     const int rank = rendezvous::recovery::shrinkRank(w.globalRank, {r.globalRank});
     if (rank != w.globalRank) renumbered.emplace_back(w.pid, rank);
   }
-  for (const auto& [pid, rank] : renumbered) group_->renumber(pid, rank);
+  for (const auto& [pid, rank] : renumbered) {
+    group_->renumber(pid, rank);
+    for (const auto& w : group_->results()) {
+      if (w.pid == pid && !w.ended) group_->setPrefix(pid, prefixFor(rank, w.localRank));
+    }
+  }
   const std::string cause = "rank " + std::to_string(r.globalRank) + " (pid " +
                             std::to_string(r.pid) + ") failed: " + r.describe();
   handler_->workerStore()->set(
@@ -748,9 +799,194 @@ void Agent::Impl::shrinkGroup(const WorkerResult& r, const JobDecision& d) {
                                << ", pid " << r.pid << ") failed: " << r.describe()
                                << "; recovering in process (generation " << generation
                                << "): the group shrinks from " << before << " to " << after
-                               << " rank(s), the others keep running (restart "
-                               << d.restartCount << " of " << options_.maxRestarts << " spent)";
+                               << " rank(s), the others keep running ("
+                               << (budgetSpent ? "restart " + std::to_string(d.restartCount) +
+                                                     " of " + std::to_string(options_.maxRestarts) +
+                                                     " spent"
+                                               : std::string("no restart spent"))
+                               << ")";
   watchProgress();  // the dead rank's slot is no longer watched; the others by their new ranks
+  // The replacement starts once the survivors have re-formed (tryGrow, on their announcements):
+  // starting a process takes this loop, which serves the store their re-form goes through.
+}
+
+// ---- Grow back ----
+//
+// After a shrink, once the survivors have re-formed (each announced the new generation), the
+// agent starts a replacement as it starts a hot spare in the background
+// (hot_spares.h: loaded, connected, waiting in the store, under SCHED_IDLE so that the
+// survivors' steps are not slowed). Nothing waits for it. When its ready key is set and every
+// worker has announced the newest generation (no recovery in flight), the agent publishes the
+// grow record (rendezvous/grow_record.h) and the spare's assignment in one turn of its loop; each
+// worker's runtime sees the record through its watch thread and takes it at its next commit
+// (runElastic), so the survivors have nothing to roll back; the replacement heals from the
+// lowest rank's memory and the trainers split the rest of the epoch over the larger group.
+// A grow is no failure: it spends no restart. The joining replacement's death before it
+// healed spends none either (the survivors lose no step, they re-form at a commit): the group
+// goes on without it, and grows back no more (one line says so), so a replacement that cannot
+// join costs a bounded number of re-forms. After it healed it is a worker like any other.
+
+bool Agent::Impl::growBackUsable(std::string& why) const {
+  if (options_.recovery == LaunchOptions::Recovery::Restart) {
+    why = "--recovery=restart";
+    return false;
+  }
+  if (handler_->workerStore() == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
+    why = "only a single node whose workers use the agent's store recovers in process";
+    return false;
+  }
+  return true;
+}
+
+bool Agent::Impl::backgroundIdle() {
+  if (idleSpares_ < 0) {
+    std::string why;
+    idleSpares_ = canLeaveIdlePriority(why) ? 1 : 0;
+    if (idleSpares_ == 0) {
+      DDPRUN_LOG(WARN, "launcher") << "spares and replacements started while training runs "
+                                   << "start at normal priority, not SCHED_IDLE: " << why;
+    }
+  }
+  return idleSpares_ == 1;
+}
+
+void Agent::Impl::startReplacements() {
+  std::string why;
+  if (!growBackUsable(why) || growBackOff_) return;
+  const int missing = options_.nprocPerNode - liveWorkers() -
+                      static_cast<int>(group_->waitingSpares().size());
+  for (int i = 0; i < missing; ++i) {
+    const bool idle = backgroundIdle();
+    DDPRUN_LOG(INFO, "launcher") << "grow back: a replacement starts in the background"
+                                 << (idle ? " (SCHED_IDLE)" : "") << "; the group takes it in at "
+                                 << "a commit once it is ready, nothing waits for it";
+    startSpare(idle);
+  }
+}
+
+void Agent::Impl::tryGrow() {
+  if (state_ != State::Running || !group_ || recoveryPending_ || growBackOff_) return;
+  rendezvous::StoreServer* store = handler_->workerStore();
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  auto announced = [&](int rank) {
+    const auto v = store->get(prefix + rendezvous::recovery::announceKey(rank));
+    return v ? std::atoi(v->c_str()) : -1;
+  };
+  if (growPid_ > 0) {
+    // Joining: done once it announced that it holds the state in its generation (or later).
+    if (announced(growRank_) < growGeneration_) return;
+    DDPRUN_LOG(INFO, "launcher") << "grow back: rank " << growRank_ << " (pid " << growPid_
+                                 << ") healed; the group has " << liveWorkers() << " rank(s)";
+    growPid_ = -1;
+  }
+  if (liveWorkers() >= options_.nprocPerNode) return;
+  // Every worker in the newest generation: no recovery is under way.
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare) continue;
+    if (announced(w.globalRank) < generation_) return;
+  }
+  startReplacements();  // the ones the group lacks, if not started yet
+  for (const auto& s : group_->waitingSpares()) {
+    if (s.pid <= 0) continue;
+    if (!store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId))) continue;
+    growGroup(s.pid, s.spareId);
+    return;
+  }
+}
+
+void Agent::Impl::growGroup(pid_t sparePid, int spareId) {
+  // The replacement takes the lowest slot without a running worker, and the rank that keeps
+  // the ranks in slot order: once every slot is filled again, every rank is its slot's.
+  int slot = -1;
+  for (int lr = 0; lr < options_.nprocPerNode && slot < 0; ++lr) {
+    bool taken = false;
+    for (const auto& w : group_->results()) taken = taken || (!w.ended && !w.spare && w.localRank == lr);
+    if (!taken) slot = lr;
+  }
+  DDPRUN_CHECK(slot >= 0, "a group that grows has a free slot");
+  int rank = round_.rankOffset;
+  for (const auto& w : group_->results()) {
+    if (!w.ended && !w.spare && w.localRank < slot) ++rank;
+  }
+  const int before = liveWorkers();
+  const int after = before + 1;
+  const int generation = ++generation_;
+  std::vector<std::tuple<pid_t, int, int>> renumbered;  // pid, new rank, slot
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare) continue;
+    const int now = rendezvous::recovery::growRank(w.globalRank, rank);
+    if (now != w.globalRank) renumbered.emplace_back(w.pid, now, w.localRank);
+  }
+  for (const auto& [pid, now, lr] : renumbered) {
+    group_->renumber(pid, now);
+    group_->setPrefix(pid, prefixFor(now, lr));
+  }
+  const std::string table = progressTablePath();
+  if (!table.empty()) {
+    progress::resetProgressRecord(table, slot, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+  }
+  DDPRUN_CHECK(group_->assign(sparePid, slot, rank), "a waiting spare takes the rank");
+  group_->setPrefix(sparePid, prefixFor(rank, slot));
+  if (schedulingPolicy(sparePid) == SCHED_IDLE) {
+    std::string error;
+    leaveIdlePriority(sparePid, error);
+    if (!error.empty()) {
+      DDPRUN_LOG(WARN, "launcher") << "grow back: the replacement (pid " << sparePid
+                                   << ") takes rank " << rank << " but stays at idle priority: "
+                                   << error;
+    }
+  }
+  startedGeneration_[static_cast<size_t>(slot)] = generation;
+  growPid_ = sparePid;
+  growRank_ = rank;
+  growGeneration_ = generation;
+  const std::string cause = "grow back: spare " + std::to_string(spareId) + " (pid " +
+                            std::to_string(sparePid) + ") takes rank " + std::to_string(rank);
+  // The record first: the replacement reads it as soon as it has its assignment.
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  rendezvous::StoreServer* store = handler_->workerStore();
+  store->set(prefix + rendezvous::recovery::generationKey(generation),
+             rendezvous::recovery::formatGrowRecord({.generation = generation,
+                                                 .added = rank,
+                                                 .worldSize = after,
+                                                 .spare = spareId,
+                                                 .cause = cause}));
+  store->set(prefix + rendezvous::recovery::spareAssignKey(spareId),
+             rendezvous::recovery::formatSpareAssignment(
+                 {.generation = generation, .rank = rank, .localRank = slot}));
+  events::instant("grow", "agent",
+                  events::Args()
+                      .add("generation", generation)
+                      .add("rank", rank)
+                      .add("spare", spareId)
+                      .add("pid", static_cast<int64_t>(sparePid))
+                      .add("world_size", after));
+  DDPRUN_LOG(WARN, "launcher") << "grow back (generation " << generation << "): spare "
+                               << spareId << " (pid " << sparePid << ") is ready and takes rank "
+                               << rank << " (local rank " << slot << "); the group grows from "
+                               << before << " to " << after << " rank(s) at the workers' next "
+                               << "commit (no restart spent)";
+  watchProgress();
+}
+
+void Agent::Impl::abandonGrow(const WorkerResult& r) {
+  growPid_ = -1;
+  growBackOff_ = true;
+  DDPRUN_LOG(ERROR, "launcher") << "grow back: the replacement, rank " << r.globalRank
+                                << " (local rank " << r.localRank << ", pid " << r.pid
+                                << "), died before it healed: " << r.describe() << "; the group "
+                                << "goes on without it and grows back no more (see its log in "
+                                << runDir_->path() << ")";
+  JobDecision d;
+  d.restartCount = recoveryRestarts_;
+  shrinkGroup(r, d, /*budgetSpent=*/false);
+}
+
+std::string Agent::Impl::prefixFor(int rank, int lr) const {
+  auto templ = env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  return link_ ? link_->linePrefix(round_.nodeRank, rank, lr)
+               : linePrefix(templ != env_.end() ? &templ->second : nullptr, options_.role, rank,
+                            lr, round_.worldSize);
 }
 
 bool Agent::Impl::giveRankToSpare(const WorkerResult& r, int generation, int& spareId,
@@ -759,6 +995,7 @@ bool Agent::Impl::giveRankToSpare(const WorkerResult& r, int generation, int& sp
   const pid_t pid = pickSpare(spareId);
   if (pid <= 0 || !group_->assign(pid, r.localRank, r.globalRank)) return false;
   sparePid = pid;
+  group_->setPrefix(pid, prefixFor(r.globalRank, r.localRank));
   // A spare started under SCHED_IDLE runs at normal priority from now on: a worker at idle
   // priority would hold back every collective of the group.
   if (schedulingPolicy(pid) == SCHED_IDLE) {
@@ -796,8 +1033,8 @@ pid_t Agent::Impl::pickSpare(int& id) {
 
 bool Agent::Impl::sparesUsable(std::string& why) const {
   if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
-    why = "--recovery-policy=shrink goes on without the dead rank (a spare joining the shrunk "
-          "group, grow back, is not done yet)";
+    why = "--recovery-policy=shrink goes on without the dead rank and starts a replacement "
+          "after the shrink (grow back), not before";
     return false;
   }
   if (options_.recovery == LaunchOptions::Recovery::Restart) {
@@ -813,21 +1050,21 @@ bool Agent::Impl::sparesUsable(std::string& why) const {
 }
 
 void Agent::Impl::onStoreSet(const std::string& key) {
-  if (sparesStarted_ || state_ != State::Running || !group_ || options_.spares <= 0) return;
+  if (state_ != State::Running || !group_) return;
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
-  if (key.rfind(prefix + "ddprun/recovery/", 0) != 0) return;  // announceKey()s only
+  const bool announce = key.rfind(prefix + "ddprun/recovery/", 0) == 0;
+  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+    // Grow back: on a spare's ready key or a worker's announcement.
+    if (announce || key.rfind(prefix + "ddprun/spare/", 0) == 0) tryGrow();
+    return;
+  }
+  if (sparesStarted_ || options_.spares <= 0) return;
+  if (!announce) return;  // announceKey()s only
   rendezvous::StoreServer* store = handler_->workerStore();
   for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
     if (!store->get(prefix + rendezvous::recovery::announceKey(round_.rankOffset + lr))) return;
   }
-  if (idleSpares_ < 0) {
-    std::string why;
-    idleSpares_ = canLeaveIdlePriority(why) ? 1 : 0;
-    if (idleSpares_ == 0) {
-      DDPRUN_LOG(WARN, "launcher") << "--spares: spares started while training runs start at "
-                                   << "normal priority, not SCHED_IDLE: " << why;
-    }
-  }
+  backgroundIdle();  // decided now, for the spares started later
   // Every worker runs the elastic loop: the spares of this group start now, at normal
   // priority (they are part of the job's start, as its workers are).
   sparesStarted_ = true;
@@ -847,6 +1084,12 @@ void Agent::Impl::startSpare(bool idle) {
 
 void Agent::Impl::onSpareExited(const WorkerResult& r) {
   if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
+  // Shrink: a waiting replacement is started again only while the group lacks a rank.
+  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
+      (growBackOff_ || liveWorkers() + static_cast<int>(group_->waitingSpares().size()) >=
+                           options_.nprocPerNode)) {
+    return;
+  }
   // Died while waiting: the training group is not touched and no restart is spent. A spare
   // that dies before it is ready, three times in a row, ends the spares of this group.
   const bool wasReady =

@@ -102,6 +102,9 @@ class StreamSink {
   uint64_t fileLostBytes() const { return fileLost_; }
   const std::string& filePath() const { return targets_.filePath; }
   int fileError() const { return fileError_; }
+  // The console prefix of the lines emitted from now on (a worker's rank changed: in-process
+  // recovery renumbers ranks, a spare takes one). The file, raw bytes, is not affected.
+  void setPrefix(std::string prefix) { targets_.prefix = std::move(prefix); }
 
  private:
   void emit(std::vector<std::string>& lines);

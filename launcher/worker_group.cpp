@@ -150,6 +150,14 @@ bool WorkerGroup::renumber(pid_t pid, int globalRank) {
   return false;
 }
 
+void WorkerGroup::setPrefix(pid_t pid, const std::string& prefix) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (results_[i].pid != pid || slots_[i]->ended) continue;
+    slots_[i]->outSink.setPrefix(prefix);
+    slots_[i]->errSink.setPrefix(prefix);
+  }
+}
+
 void WorkerGroup::readStatus(size_t i) {
   Slot& s = *slots_[i];
   s.status.async_read_some(

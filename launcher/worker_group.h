@@ -98,6 +98,10 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   // its local rank, the slot of its logs and progress record, stays). False when `pid` is no
   // running worker of this group.
   bool renumber(pid_t pid, int globalRank);
+  // The console prefix of the lines of worker `pid` (a spare, or a running worker) from now on:
+  // the launcher's books follow a rank change, the process's own RANK variable cannot (its
+  // environment is fixed at exec; a program reads Runtime::rank()). No-op for an unknown pid.
+  void setPrefix(pid_t pid, const std::string& prefix);
   // Sends `sig` to every worker still running (its whole process group); those still
   // running after `grace` get SIGKILL.
   void stop(int sig, std::chrono::milliseconds grace);

@@ -157,8 +157,8 @@ class TrainingRun {
  private:
   runtime::Communicator& comm() { return *rt_.comm(); }
 
-  // This rank's share of the data at the current world size. After a shrink (ddprun
-  // --recovery-policy=shrink) the survivors' ranks and the world size differ from the start's:
+  // This rank's share of the data at the current world size. After a shrink or a grow back
+  // (ddprun --recovery-policy=shrink) the ranks and the world size differ from the start's:
   // the sampler splits the rest of the epoch, from the committed position, over the ranks there
   // are now, so every sample of the epoch is still taken once (sampler.h).
   runtime::DistributedSamplerOptions samplerOptions() const {
@@ -177,8 +177,9 @@ class TrainingRun {
     resumeAt_ = {.epoch = position_.epoch, .position = static_cast<size_t>(position_.position),
                  .datasetSize = static_cast<size_t>(datasetSize_)};
     if (rt_.worldSize() != sampler_.options().numReplicas || rt_.rank() != sampler_.options().rank) {
-      // The group shrank in an in-process recovery: a new split, a new global batch, and
-      // perhaps a new rank 0 (which prints, writes the metrics and saves the weights).
+      // The group shrank in an in-process recovery, or grew back at a commit: a new split, a
+      // new global batch, and perhaps a new rank 0 (which prints, writes the metrics and saves
+      // the weights).
       const int before = sampler_.options().numReplicas;
       sampler_ = runtime::DistributedSampler(samplerOptions());
       globalBatch_ = config_.batch_size * rt_.worldSize();

@@ -10,8 +10,12 @@
 #include <chrono>
 #include <map>
 #include <cstdlib>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "base/errors.h"
+#include "rendezvous/grow_record.h"
 #include "base/log.h"
 #include "base/resolve.h"
 #include "base/timeline.h"
@@ -247,6 +251,28 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
   return comm;
 }
 
+// A grow record (rendezvous/grow_record.h) applied to a rank of generation g-1 (`env`): its rank in
+// generation g and g's world size. A record that cannot be read, or that does not follow g-1,
+// is a BackendError naming it: the elastic run then fails as after any bad recovery.
+void applyGrow(WorkerEnv& env, const std::string& text, int g) {
+  std::string why;
+  const auto grow = rendezvous::recovery::parseGrowRecord(text, why);
+  if (!grow || grow->generation != g || grow->worldSize != env.worldSize + 1) {
+    throw BackendError("in-process recovery: the launcher's grow record of generation " +
+                       std::to_string(g) + " is not valid (" +
+                       (grow ? "world_size=" + std::to_string(grow->worldSize) + " after " +
+                                   std::to_string(env.worldSize) + " rank(s)"
+                             : why) +
+                       "): '" + text.substr(0, 120) + "'");
+  }
+  const int offset = env.rank - env.localRank;  // one node: 0
+  env.rank = rendezvous::recovery::growRank(env.rank, grow->added);
+  env.localRank = env.rank - offset;
+  env.worldSize = grow->worldSize;
+  env.localWorldSize = grow->worldSize;  // in-process recovery runs on one node
+  log::setIdentity("rank " + std::to_string(env.rank));
+}
+
 // A hot spare (ddprun --spares, DDPRUN_SPARE=<id>; docs/recovery.md#hot-spares): the program
 // has loaded LibTorch and its data; this says so in the store and WAITs for the agent's
 // assignment (in rounds of kSpareWaitRound: no busy loop, and a store that went away ends the
@@ -314,6 +340,86 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
 
 }  // namespace
 
+// Runtime::watchNextGeneration()'s thread (runtime.h says why it exists). One connection and one
+// thread for the process's life: the connection is made once, by the caller's thread, outside
+// any recovery; reform() re-targets the watch without a round trip or a join (the WAIT in
+// progress is cancelled on the server, TcpStore::setWaitsCancelled, and the thread waits for the
+// new key). The destructor interrupts the WAIT in progress and joins.
+class Runtime::GenerationWatch {
+ public:
+  GenerationWatch(std::shared_ptr<TcpStore> connection, int restartCount, int next,
+                  std::shared_ptr<std::atomic<bool>> published)
+      : tcp_(std::move(connection)), published_(std::move(published)), next_(next) {
+    thread_ = std::thread([this, restartCount] { run(restartCount); });
+  }
+  ~GenerationWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    tcp_->interrupt();
+    thread_.join();
+  }
+  GenerationWatch(const GenerationWatch&) = delete;
+  GenerationWatch& operator=(const GenerationWatch&) = delete;
+
+  // Watch generation `next` from now on; the flag is cleared. Never blocks on the store.
+  void retarget(int next) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      next_ = next;
+      published_->store(false, std::memory_order_relaxed);
+    }
+    tcp_->setWaitsCancelled(true);  // the WAIT for the old key ends; the thread takes the new
+    cv_.notify_all();
+  }
+
+ private:
+  void run(int restartCount) {
+    namespace keys = rendezvous::recovery;
+    rendezvous::PrefixStore store(keys::attemptPrefix(restartCount), tcp_);
+    int seen = -1;  // the generation whose key was seen last
+    for (;;) {
+      int next = 0;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || next_ != seen; });
+        if (stopping_) return;
+        next = next_;
+        tcp_->setWaitsCancelled(false);
+      }
+      try {
+        store.wait({keys::generationKey(next)}, Millis(60'000));
+        std::lock_guard<std::mutex> lock(mu_);
+        if (next_ == next) {
+          published_->store(true, std::memory_order_relaxed);
+          seen = next;
+        }
+      } catch (const TimeoutError&) {
+        // A round ended, or retarget() cancelled the WAIT: look at the target again.
+      } catch (const std::exception& e) {
+        // Stopped (interrupted), or the store went away (the job ends or fails, which the
+        // collectives report): nothing is thrown out of the thread.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!stopping_) {
+          DDPRUN_LOG(DEBUG, "runtime") << "the watch of generation " << next << " ended: "
+                                       << e.what();
+        }
+        return;
+      }
+    }
+  }
+
+  std::shared_ptr<TcpStore> tcp_;
+  std::shared_ptr<std::atomic<bool>> published_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int next_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: started once the members it uses exist
+};
+
 Runtime::Runtime(WorkerEnv env, std::shared_ptr<rendezvous::Store> store,
                  std::shared_ptr<Communicator> comm, std::shared_ptr<void> hostedStore,
                  InitOptions options, int generation)
@@ -361,8 +467,13 @@ int Runtime::awaitNextGeneration(Millis bound) {
 
 std::string Runtime::generationCause(int g) {
   try {
-    const auto record = rendezvous::recovery::parseGenerationRecord(
-        store_->get(rendezvous::recovery::generationKey(g)));
+    const std::string text = store_->get(rendezvous::recovery::generationKey(g));
+    if (rendezvous::recovery::isGrowRecord(text)) {
+      std::string why;
+      const auto grow = rendezvous::recovery::parseGrowRecord(text, why);
+      return grow ? grow->cause : std::string();
+    }
+    const auto record = rendezvous::recovery::parseGenerationRecord(text);
     return record ? record->cause : std::string();
   } catch (const Error&) {
     return {};
@@ -374,6 +485,11 @@ void Runtime::applyShrinks(int g) {
   // A reform that failed after this (a death during the recovery) has applied some already.
   for (int next = std::max(generation_, shrunkUpTo_) + 1; next <= g; ++next) {
     const auto text = store_->get(keys::generationKey(next));
+    if (rendezvous::recovery::isGrowRecord(text)) {
+      applyGrow(env_, text, next);
+      shrunkUpTo_ = next;
+      continue;
+    }
     const auto record = keys::parseGenerationRecord(text);
     if (!record) {
       throw BackendError("in-process recovery: the launcher's record of generation " +
@@ -405,6 +521,9 @@ void Runtime::applyShrinks(int g) {
 void Runtime::reform(int g) {
   DDPRUN_CHECK(g > generation_, "reform() goes to a newer generation");
   const int64_t start = ddprun::timeline::nowUs();
+  // From here the flag says whether a generation after g was published (a death during this
+  // re-form): one that g itself set must not end the commit that follows the heal.
+  if (watch_) watch_->retarget(g + 1);
   if (comm_) comm_->abort();
   // The old communicator lives on as long as something (DDP) holds it; it is broken.
   comm_.reset();
@@ -426,6 +545,25 @@ void Runtime::reform(int g) {
   generation_ = g;
 }
 
+void Runtime::watchNextGeneration() {
+  if (watching_ || !store_) return;
+  watching_ = true;  // tried once: a failure is not retried at every call
+  generationPublished_->store(false, std::memory_order_relaxed);
+  try {
+    auto connection = std::dynamic_pointer_cast<TcpStore>(
+        connectAgentStore(env_, timeoutFrom(options_), options_.env));
+    if (!connection) throw Error("the agent's store is not reached over TCP");
+    watch_ = std::make_unique<GenerationWatch>(std::move(connection), env_.restartCount,
+                                               generation_ + 1, generationPublished_);
+  } catch (const std::exception& e) {
+    // No watch: a grow back is then noticed by no one, and waits for the next recovery.
+    DDPRUN_LOG(WARN, "runtime") << "rank " << env_.rank << ": no watch of the launcher's next "
+                                << "generation (grow back at a commit): " << e.what();
+  }
+}
+
+void Runtime::stopWatch() { watch_.reset(); }
+
 void Runtime::announceState() {
   if (!store_) return;
   store_->set(rendezvous::recovery::announceKey(env_.rank), std::to_string(generation_));
@@ -442,6 +580,7 @@ Runtime::~Runtime() {
 void Runtime::shutdown() {
   if (shutDown_) return;
   shutDown_ = true;
+  stopWatch();
   comm_.reset();
   if (!store_) return;
   const std::string key = "ddprun/finished/" + std::to_string(env_.rank);
@@ -532,6 +671,24 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                         "(ddprun sets it for a replacement worker)");
     }
     generation = static_cast<int>(v);
+  }
+  // A replacement that joins a shrunk group (grow back): generation g's world size and this
+  // rank's place come from the agent's record (WORLD_SIZE is the start's).
+  if (generation > 0) {
+    const std::string text = store->get(rendezvous::recovery::generationKey(generation));
+    if (rendezvous::recovery::isGrowRecord(text)) {
+      std::string why;
+      const auto grow = rendezvous::recovery::parseGrowRecord(text, why);
+      if (!grow || grow->generation != generation || grow->added != env.rank) {
+        throw BackendError("in-process recovery: the launcher's grow record of generation " +
+                           std::to_string(generation) + " is not valid for rank " +
+                           std::to_string(env.rank) + (grow ? "" : " (" + why + ")") + ": '" +
+                           text.substr(0, 120) + "'");
+      }
+      env.worldSize = grow->worldSize;
+      env.localWorldSize = grow->worldSize;  // in-process recovery runs on one node
+      env.localRank = env.rank;
+    }
   }
   std::shared_ptr<Communicator> comm = makeCommunicator(env, store, options, generation);
   ddprun::timeline::span("communicator setup", "runtime", storeConnected,

@@ -21,6 +21,7 @@
 // The backend comes from InitOptions::backend, else DDPRUN_BACKEND, else auto (backend.h); the
 // choice is logged in one line. Collective and store timeouts come from InitOptions::timeout, else
 // DDPRUN_TIMEOUT (seconds), else 30 minutes.
+#include <atomic>
 #include <memory>
 #include <optional>
 
@@ -78,13 +79,28 @@ class Runtime {
   std::string generationCause(int g);
   // Leaves the current communicator (abort(): peers waiting on this rank wake at once) and
   // builds generation `g`'s, under keys of its own, with the ranks that are in it then. Under
-  // --recovery-policy=shrink a generation may have fewer ranks: rank(), localRank() and
-  // worldSize() change here (the survivors re-numbered densely, in order; recovery_keys.h), so a
-  // program reads them again after a recovery (getenv("RANK") keeps the start's value).
+  // --recovery-policy=shrink a generation may have fewer ranks, or one more (grow back,
+  // rendezvous/grow_record.h): rank(), localRank() and worldSize() change here (the ranks kept in
+  // order, numbered densely; recovery_keys.h), so a program reads them again after a recovery
+  // (getenv("RANK") keeps the start's value: a process's environment cannot follow).
   void reform(int g);
   // Tells the agent that this process holds the training state in generation() (it committed
   // or healed): from then on its death, or a peer's, can be recovered in process.
   void announceState();
+  // Grow back (docs/recovery.md#grow-back): the agent publishes generation()+1 while every rank
+  // is training (a replacement is ready to join), and the ranks are to re-form at their next
+  // commit. So that no step pays a store round trip for it, a thread of this runtime, on a
+  // connection of its own to the agent's store, WAITs for ddprun/generation/<generation()+1>
+  // (in rounds of a minute: no busy loop) and sets a flag; nextGenerationPublished() is a
+  // relaxed load of that flag, what ElasticState::commit() checks (runElastic installs it).
+  // The flag is a hint only: what the generation is, the ranks read from the store in reform().
+  // watchNextGeneration() starts the watch (idempotent; its connection is made then, once);
+  // reform(g) re-targets it to g+1 and clears the flag, without a store round trip;
+  // shutdown() ends it (the WAIT is interrupted, the thread joined).
+  void watchNextGeneration();
+  bool nextGenerationPublished() const {
+    return generationPublished_->load(std::memory_order_relaxed);
+  }
   // DDPRUN_RECOVERY_TIMEOUT seconds, else 60: the bound of every wait of a recovery outside a
   // collective (the collectives keep their own timeout).
   Millis recoveryTimeout() const;
@@ -102,9 +118,16 @@ class Runtime {
   InitOptions options_;                // what reform() builds the next communicator from
   int generation_ = 0;
   bool shutDown_ = false;
-  // Applies the shrink records of generations generation()+1 .. g to env_ (reform()), each once.
+  // Applies the shrink and grow records of generations generation()+1 .. g to env_
+  // (reform()), each once.
   void applyShrinks(int g);
   int shrunkUpTo_ = 0;  // the newest generation whose record applyShrinks() has read
+  // watchNextGeneration(): the watch of the generation after generation_ (null: none).
+  class GenerationWatch;
+  std::unique_ptr<GenerationWatch> watch_;
+  bool watching_ = false;  // watchNextGeneration() was called
+  std::shared_ptr<std::atomic<bool>> generationPublished_ = std::make_shared<std::atomic<bool>>(false);
+  void stopWatch();
 };
 
 // Builds the Runtime from the environment (see the top of this file). Throws ConfigError for a bad

@@ -1,8 +1,11 @@
 // End to end: in-process recovery under --recovery-policy=shrink (docs/recovery.md#shrink) --
 // the real mnist_mlp under the real ddprun, real SIGKILLs.
 //
-//   - a rank of three SIGKILLed: the survivors go on at two ranks in their own processes, and
-//     the samples the job trained on, epoch by epoch, are the dataset's once each;
+//   - a rank of three SIGKILLed: the survivors go on at two ranks in their own processes, a
+//     replacement started in the background joins at a commit (grow back to three), and the
+//     samples the job trained on, epoch by epoch, are the dataset's once each;
+//   - the replacement SIGKILLed before it healed: the job goes on at two ranks, no restart
+//     spent, every sample still once;
 //   - rank 0 SIGKILLed: the survivor that becomes rank 0 prints, saves the weights, and the
 //     samples are still exactly once;
 //   - a second death when the budget (--max-restarts) was spent by the first shrink: the job
@@ -19,6 +22,7 @@
 
 #include "fashion_mnist.h"
 #include "job_runner.h"
+#include "sample_log_check.h"
 #include "test_files.h"
 #include "tests/support/skip.h"
 #include "trainers/mnist_data.h"
@@ -38,15 +42,16 @@ constexpr int64_t kBatch = 16;
 constexpr int kEpochs = 2;
 constexpr uint64_t kSeed = 11;
 
-// 4096 examples, ranks x 16, 2 epochs; a checkpoint every 10 steps.
+// 4096 examples, ranks x 16, `epochs` epochs; a checkpoint every 10 steps.
 std::vector<std::string> underDdprun(int nproc, const std::string& dir,
-                                     std::vector<std::string> launcherFlags) {
+                                     std::vector<std::string> launcherFlags,
+                                     int epochs = kEpochs) {
   std::vector<std::string> argv = {kBin + "/ddprun", "--standalone",
                                    "--nproc-per-node=" + std::to_string(nproc)};
   argv.insert(argv.end(), launcherFlags.begin(), launcherFlags.end());
   const std::vector<std::string> trainer = {
       kBin + "/mnist_mlp", "--train-limit", std::to_string(kExamples), "--test-limit", "1000",
-      "--batch-size", std::to_string(kBatch), "--epochs", std::to_string(kEpochs),
+      "--batch-size", std::to_string(kBatch), "--epochs", std::to_string(epochs),
       "--seed", std::to_string(kSeed), "--lr", "0.05", "--log-interval", "32",
       "--checkpoint-dir", dir + "/ckpt", "--checkpoint-interval", "10",
       "--save-weights", dir + "/final.pt"};
@@ -64,97 +69,36 @@ int finish(Job& job) {
   return code;
 }
 
-// What one epoch trained on, from the sample log: for each step, the lines of its highest
-// generation (earlier ones were rolled back), which must come from every rank of that
-// generation's world; their indices, in step order.
-struct EpochSamples {
-  std::vector<int64_t> indices;
-  std::set<int> worlds;        // the world sizes the epoch's steps ran at
-  int64_t steps = 0;
-  std::vector<std::string> problems;
-};
-
-EpochSamples epochSamples(const std::string& log, int64_t epoch) {
-  struct Line {
-    int g, rank, world;
-    std::vector<int64_t> idx;
-  };
-  std::map<int64_t, std::vector<Line>> byStep;
-  std::ifstream in(log);
-  const std::regex re(R"(g=(\d+) epoch=(\d+) step=(\d+) rank=(\d+) world=(\d+) idx=([\d,]+))");
-  for (std::string text; std::getline(in, text);) {
-    std::smatch m;
-    if (!std::regex_match(text, m, re)) continue;  // a line torn by a SIGKILL
-    if (std::stoll(m[2]) != epoch) continue;
-    Line l{std::stoi(m[1]), std::stoi(m[4]), std::stoi(m[5]), {}};
-    std::stringstream list(m[6]);
-    for (std::string x; std::getline(list, x, ',');) l.idx.push_back(std::stoll(x));
-    byStep[std::stoll(m[3])].push_back(std::move(l));
-  }
-  EpochSamples out;
-  for (auto& [step, lines] : byStep) {
-    int g = 0;
-    for (const auto& l : lines) g = std::max(g, l.g);
-    std::set<int> ranks;
-    int world = -1;
-    std::vector<int64_t> idx;
-    for (const auto& l : lines) {
-      if (l.g != g) continue;
-      if (!ranks.insert(l.rank).second) {
-        out.problems.push_back("step " + std::to_string(step) + ": rank " +
-                               std::to_string(l.rank) + " twice in generation " + std::to_string(g));
-      }
-      world = l.world;
-      // Rank r's batch is positions r, r + world, ... of the step's share of the order.
-      idx.insert(idx.end(), l.idx.begin(), l.idx.end());
-    }
-    if (static_cast<int>(ranks.size()) != world) {
-      out.problems.push_back("step " + std::to_string(step) + ": " + std::to_string(ranks.size()) +
-                             " rank(s) in generation " + std::to_string(g) + ", world " +
-                             std::to_string(world));
-    }
-    out.worlds.insert(world);
-    out.indices.insert(out.indices.end(), idx.begin(), idx.end());
-    ++out.steps;
-  }
-  return out;
-}
-
-// Every sample of the epoch exactly once: no index twice, and the indices are the epoch's order
-// (the sampler's shuffle for `epoch`) up to a tail of fewer than world x batch samples, which
-// the trainer drops as PyTorch's drop_last does (an uninterrupted run drops one too).
 void checkExactlyOnce(const std::string& log, int64_t epoch, int finalWorld) {
-  const EpochSamples s = epochSamples(log, epoch);
-  INFO("epoch " << epoch << ": " << s.steps << " steps, " << s.indices.size() << " samples");
-  for (const auto& p : s.problems) FAIL_CHECK(p);
-  std::map<int64_t, int> seen;
-  for (int64_t i : s.indices) ++seen[i];
-  int64_t twice = 0;
-  for (const auto& [i, n] : seen) twice += n > 1 ? 1 : 0;
-  CHECK(twice == 0);
-  const auto order = ddprun::runtime::distributedEpochOrder(
-      {.datasetSize = kExamples, .numReplicas = 1, .rank = 0, .shuffle = true, .seed = kSeed,
-       .dropLast = false},
-      epoch);
-  const int64_t taken = static_cast<int64_t>(seen.size());
-  CHECK(kExamples - taken >= 0);
-  CHECK(kExamples - taken < finalWorld * kBatch);
-  // The set taken is the order's first `taken` positions.
-  std::set<int64_t> prefix(order.begin(), order.begin() + std::min<int64_t>(taken, kExamples));
-  std::set<int64_t> got;
-  for (const auto& [i, n] : seen) got.insert(i);
-  CHECK(got == prefix);
+  checkEpochExactlyOnce(log, epoch, finalWorld, {.examples = kExamples, .batch = kBatch,
+                                                 .seed = kSeed});
 }
+
+// The world size of every step of the job, in order, with repeats collapsed: {3, 2, 3} for a
+// job that shrank and grew back.
+std::vector<int> worldSequence(const std::string& log, int epochs) {
+  std::vector<int> seq;
+  for (int e = 0; e < epochs; ++e) {
+    for (int w : epochSamples(log, e).stepWorlds) {
+      if (seq.empty() || seq.back() != w) seq.push_back(w);
+    }
+  }
+  return seq;
+}
+
+// Long enough at two ranks (24 epochs of ~0.5 s here) for the replacement, which starts under
+// SCHED_IDLE, to load on a busy 2-core machine.
+constexpr int kGrowEpochs = 24;
 
 }  // namespace
 
-TEST_CASE("a rank of three SIGKILLed, the other two finish at two ranks in their own "
-          "processes and train on every sample of each epoch exactly once",
-          "[recovery][shrink][slow]") {
+TEST_CASE("a rank of three SIGKILLed: the other two go on at two ranks in their own processes, "
+          "a replacement joins at a commit (grow back to three), every sample of each epoch "
+          "exactly once", "[recovery][shrink][grow][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
-                                      "--recovery-policy=shrink"}),
+                                      "--recovery-policy=shrink"}, kGrowEpochs),
           sampleLogEnv(dir), dir / "log");
   REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
   const pid_t zero = workerPid(job.pid(), 0, "mnist_mlp");
@@ -168,25 +112,102 @@ TEST_CASE("a rank of three SIGKILLed, the other two finish at two ranks in their
   REQUIRE(waitForOutput(job, "the group shrank", kJobTimeout));
   CHECK(::kill(zero, 0) == 0);
   CHECK(::kill(two, 0) == 0);
+  REQUIRE(waitForOutput(job, "the group grew", kJobTimeout));
+  CHECK(::kill(zero, 0) == 0);
+  CHECK(::kill(two, 0) == 0);
   const int code = finish(job);
   const std::string out = job.output();
   INFO(out);
   REQUIRE(code == 0);
   CHECK_THAT(out, Contains("rank 1 (local rank 1, pid " + std::to_string(one) + ") failed: "
                            "signal 9 (SIGKILL); recovering in process (generation 1): the group "
-                           "shrinks from 3 to 2 rank(s)"));
+                           "shrinks from 3 to 2 rank(s), the others keep running (restart 1 of 1 "
+                           "spent)"));
   CHECK_THAT(out, Contains("as rank 1 of 2 (was rank 2 of 3; the group shrank)"));
   CHECK_THAT(out, Contains("world size 3 -> 2 (in-process recovery, generation 1)"));
+  // The grow: no restart spent, the replacement takes the free slot's rank, the survivor of
+  // rank 2 is rank 2 again.
+  CHECK_THAT(out, Contains("grow back: a replacement starts in the background"));
+  std::smatch m;
+  const std::regex grew(R"(grow back \(generation 2\): spare 0 \(pid (\d+)\) is ready and takes )"
+                        R"(rank 1 \(local rank 1\); the group grows from 2 to 3 rank\(s\) at the )"
+                        R"(workers' next commit \(no restart spent\))");
+  REQUIRE(std::regex_search(out, m, grew));
+  const std::string newcomer = m[1];
+  CHECK_THAT(out, Contains("rank 1 joined generation 2 and healed from rank 0's memory"));
+  CHECK_THAT(out, Contains("grow back: rank 1 (pid " + newcomer + ") healed; the group has 3 "
+                           "rank(s)"));
+  CHECK_THAT(out, Contains("as rank 2 of 3 (was rank 1 of 2; the group grew)"));
+  CHECK_THAT(out, Contains("world size 2 -> 3 (in-process recovery, generation 2)"));
+  // ddprun's console prefix follows the rank: after the shrink the survivor of rank 2 prints
+  // as rank 1 (its own log identity says rank 1 too).
+  CHECK(std::regex_search(out, std::regex(R"(\[rank 1\]: \[ddprun W [0-9:.]+ runtime rank 1\] )"
+                                          R"(rank 1 recovered in process)")));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, !Contains("restarting the worker group"));
   CHECK_THAT(out, Contains("done: "));
   CHECK(fs::exists(dir / "final.pt"));
   const std::string log = dir / "samples";
-  const EpochSamples first = epochSamples(log, 0);
-  CHECK(first.worlds == std::set<int>{3, 2});  // the shrink came within the first epoch
-  checkExactlyOnce(log, 0, 2);
-  CHECK(epochSamples(log, 1).worlds == std::set<int>{2});
-  checkExactlyOnce(log, 1, 2);
+  CHECK(worldSequence(log, kGrowEpochs) == std::vector<int>{3, 2, 3});
+  for (int e = 0; e < kGrowEpochs; ++e) {
+    const EpochSamples s = epochSamples(log, e);
+    checkExactlyOnce(log, e, s.lastWorld);
+  }
+  CHECK(epochSamples(log, kGrowEpochs - 1).lastWorld == 3);
+}
+
+TEST_CASE("grow back: the replacement SIGKILLed before it healed, the job goes on at two ranks "
+          "(no restart spent, no more grow back) with every sample exactly once",
+          "[recovery][shrink][grow][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  // --peer-timeout: the survivors are stopped below for as long as the replacement loads.
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink", "--peer-timeout=120"}, 4),
+          sampleLogEnv(dir), dir / "log");
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
+  const pid_t zero = workerPid(job.pid(), 0, "mnist_mlp");
+  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
+  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
+  REQUIRE(zero > 0);
+  REQUIRE(one > 0);
+  REQUIRE(two > 0);
+  REQUIRE(::kill(one, SIGKILL) == 0);
+  // Both survivors in generation 1 (each prints its line once it told the agent so).
+  REQUIRE(waitForOutput(job, "as rank 0 of 2 (was rank 0 of 3; the group shrank)", kJobTimeout));
+  REQUIRE(waitForOutput(job, "as rank 1 of 2 (was rank 2 of 3; the group shrank)", kJobTimeout));
+  // The survivors stop where they are (mid-step): the replacement gets the rank, but cannot
+  // reach a commit with them, so it is killed before it healed, whatever the machine's speed.
+  REQUIRE(::kill(zero, SIGSTOP) == 0);
+  REQUIRE(::kill(two, SIGSTOP) == 0);
+  const bool published = waitForOutput(job, "grow back (generation 2)", kJobTimeout);
+  std::smatch m;
+  std::string out = job.output();
+  const bool named = std::regex_search(
+      out, m, std::regex(R"(grow back \(generation 2\): spare 0 \(pid (\d+)\))"));
+  if (named) ::kill(std::stoi(m[1]), SIGKILL);
+  ::kill(zero, SIGCONT);
+  ::kill(two, SIGCONT);
+  REQUIRE(published);
+  REQUIRE(named);
+  const std::string newcomer = m[1];
+  const int code = finish(job);
+  out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("grow back: the replacement, rank 1 (local rank 1, pid " + newcomer +
+                           "), died before it healed: signal 9 (SIGKILL); the group goes on "
+                           "without it and grows back no more"));
+  CHECK_THAT(out, Contains("recovering in process (generation 3): the group shrinks from 3 to 2 "
+                           "rank(s), the others keep running (no restart spent)"));
+  CHECK_THAT(out, !Contains("healed from rank"));
+  CHECK_THAT(out, !Contains("the group grew"));
+  CHECK_THAT(out, !Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains("done: "));
+  CHECK(fs::exists(dir / "final.pt"));
+  const std::string log = dir / "samples";
+  CHECK(worldSequence(log, 4) == std::vector<int>{3, 2});
+  for (int e = 0; e < 4; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }
 
 TEST_CASE("rank 0 SIGKILLed, the survivor that becomes rank 0 reports and saves, every "
@@ -213,8 +234,8 @@ TEST_CASE("rank 0 SIGKILLed, the survivor that becomes rank 0 reports and saves,
   CHECK_THAT(out, Contains("done: "));
   CHECK(fs::exists(dir / "final.pt"));  // the new rank 0 saved them
   const std::string log = dir / "samples";
-  checkExactlyOnce(log, 0, 2);
-  checkExactlyOnce(log, 1, 2);
+  // At 2 ranks, unless the replacement was ready before the end (then it took rank 0 back).
+  for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }
 
 TEST_CASE("the budget spent by a shrink, the next death ends the job with its root cause",

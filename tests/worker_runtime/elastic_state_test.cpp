@@ -6,6 +6,7 @@
 #include "tests/support/catch_torch.h"
 
 #include "base/errors.h"
+#include "rendezvous/grow_record.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/recovery_keys.h"
 #include "tests/worker_runtime/rank_threads.h"
@@ -207,6 +208,74 @@ TEST_CASE("recovery keys: a shrink record round-trips, re-densifies ranks and re
     INFO(bad);
     CHECK_FALSE(keys::parseGenerationRecord(bad));
   }
+}
+
+TEST_CASE("grow record: round-trips, inserts the replacement's rank and names what is wrong",
+          "[runtime][elastic]") {
+  namespace grow = ddprun::rendezvous::recovery;
+  const std::string text = grow::formatGrowRecord(
+      {.generation = 3, .added = 1, .worldSize = 3, .spare = 2, .cause = "grow back"});
+  CHECK(text == "generation=3 added=1 world_size=3 spare=2\ngrow back");
+  CHECK(grow::isGrowRecord(text));
+  CHECK_FALSE(grow::isGrowRecord("generation=2 removed=1 world_size=2\nx"));
+  std::string why;
+  const auto r = grow::parseGrowRecord(text, why);
+  REQUIRE(r);
+  CHECK(r->generation == 3);
+  CHECK(r->added == 1);
+  CHECK(r->worldSize == 3);
+  CHECK(r->spare == 2);
+  CHECK(r->cause == "grow back");
+  // Ranks 0 1 of generation 2 with a rank inserted at 1: 0 -> 0, 1 -> 2; the inverse of a
+  // shrink that removed rank 1.
+  CHECK(grow::growRank(0, 1) == 0);
+  CHECK(grow::growRank(1, 1) == 2);
+  namespace keys = ddprun::rendezvous::recovery;
+  for (int q : {0, 2}) CHECK(grow::growRank(keys::shrinkRank(q, {1}), 1) == q);
+  const std::pair<const char*, const char*> bad[] = {
+      {"", "no generation=<n> field"},
+      {"generation=0 added=1 world_size=3 spare=0", "generation='0' is not a number >= 1"},
+      {"generation=2 added=x world_size=3 spare=0", "added='x' is not a number >= 0"},
+      {"generation=2 added=1 spare=0 world_size=3", "field 3 is 'spare=0', expected world_size=<n>"},
+      {"generation=2 added=1 world_size=3", "no spare=<n> field"},
+      {"generation=2 added=1 world_size=3 spare=0 extra", "unexpected field 'extra'"},
+      {"generation=2 added=3 world_size=3 spare=0", "added=3 is not a rank of world_size=3"},
+      {"generation=2 added=0 world_size=1 spare=0", "world_size=1 after a grow (at least 2)"},
+      {"generation=2 added= world_size=3 spare=0", "added='' is not a number >= 0"}};
+  for (const auto& [input, expected] : bad) {
+    INFO(input);
+    why.clear();
+    CHECK_FALSE(grow::parseGrowRecord(input, why));
+    CHECK(why == expected);
+  }
+}
+
+TEST_CASE("elastic state: the commit boundary runs after the snapshot and what it throws "
+          "propagates", "[runtime][elastic]") {
+  auto model = std::make_shared<torch::nn::LinearImpl>(3, 2);
+  ElasticState state;
+  state.addModule(model);
+  int64_t step = 5;
+  state.addCounter("step", &step);
+  int checks = 0;
+  state.setBoundary([&] {
+    ++checks;
+    if (step == 6) throw std::runtime_error("the group changes here");
+  });
+  state.commit();  // not enabled: no snapshot, no check
+  CHECK(checks == 0);
+  state.enable();
+  state.commit();
+  CHECK(checks == 1);
+  step = 6;
+  CHECK_THROWS_WITH(state.commit(), "the group changes here");
+  CHECK(state.commits() == 2);  // the commit was made before the boundary threw
+  step = 9;
+  state.restore();
+  CHECK(step == 6);
+  state.setBoundary(nullptr);
+  state.commit();
+  CHECK(checks == 2);
 }
 
 TEST_CASE("recovery keys: a spare's assignment round-trips and refuses bad text",

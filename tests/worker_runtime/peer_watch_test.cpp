@@ -47,7 +47,7 @@ TEST_CASE("peer watch: every rank learns every rank's pid through the store", "[
   for (int r = 0; r < P; ++r) CHECK(seen[r] == std::vector<int32_t>(P, ::getpid()));
 }
 
-TEST_CASE("peer watch: a killed peer is reported, zombie or reaped; a stopped one is not",
+TEST_CASE("peer watch: a killed peer is reported (zombie or reaped) and a stopped one is not",
           "[peer_watch]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const pid_t one = spawnSleep(), two = spawnSleep();

@@ -23,6 +23,13 @@
 //     numbered densely (Runtime::reform), so rt.rank() and rt.worldSize() may differ when
 //     reset() runs: reset() rebuilds whatever depends on them (the sampler's split, the global
 //     batch, who is rank 0), from the committed counters (the sampler position).
+//   - grow back (--recovery-policy=shrink): once a replacement is ready the launcher publishes a
+//     generation with one rank more while the ranks train; each rank takes it at its next
+//     commit (state.commit() throws an internal signal, caught here: a program's body lets it
+//     through as it does a collective's error), re-forms, and the replacement heals from the
+//     lowest rank's memory. A rank already in the next step's collective fails and rolls
+//     back that one step. The runtime's watch thread (Runtime::watchNextGeneration) is what
+//     makes the check at a commit a load of a flag, not a store round trip.
 // A failure during a recovery starts the next one (the agent publishes a newer generation, or
 // the wait ends with an error). No generation within the bound: the collective's error is
 // thrown, with why, and the program exits as without recovery (the launcher restarts).
@@ -49,6 +56,7 @@ struct ElasticLoop {
 // What happened, for logs and tests.
 struct ElasticRunStats {
   int recoveries = 0;   // generations this process moved to after a failure
+  int regroups = 0;     // generations with more ranks it moved to (grow back): no failure
   bool healed = false;  // it started as a replacement and received the state
 };
 

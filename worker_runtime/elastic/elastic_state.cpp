@@ -119,23 +119,28 @@ size_t ElasticState::bytes() const {
 
 void ElasticState::commit() {
   if (!enabled_) return;
-  ddprun::timeline::Scope span("commit", "elastic");
-  torch::NoGradGuard noGrad;
-  const auto live = liveTensors();
-  bool same = live.size() == saved_.size();
-  for (size_t i = 0; same && i < live.size(); ++i) {
-    same = saved_[i].sizes() == live[i].sizes() && saved_[i].dtype() == live[i].dtype() &&
-           saved_[i].device() == live[i].device();
+  {
+    ddprun::timeline::Scope span("commit", "elastic");
+    torch::NoGradGuard noGrad;
+    const auto live = liveTensors();
+    bool same = live.size() == saved_.size();
+    for (size_t i = 0; same && i < live.size(); ++i) {
+      same = saved_[i].sizes() == live[i].sizes() && saved_[i].dtype() == live[i].dtype() &&
+             saved_[i].device() == live[i].device();
+    }
+    if (!same) {
+      // First commit, or the optimizer created its state: buffers allocated once more.
+      saved_.clear();
+      for (const auto& t : live) {
+        saved_.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
+      }
+    }
+    for (size_t i = 0; i < live.size(); ++i) saved_[i].copy_(live[i]);
+    savedMask_ = optimizerStateMask();
+    savedCounters_ = counterValues();
+    ++commits_;
   }
-  if (!same) {
-    // First commit, or the optimizer created its state: buffers allocated once more.
-    saved_.clear();
-    for (const auto& t : live) saved_.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
-  }
-  for (size_t i = 0; i < live.size(); ++i) saved_[i].copy_(live[i]);
-  savedMask_ = optimizerStateMask();
-  savedCounters_ = counterValues();
-  ++commits_;
+  if (boundary_) boundary_();  // may throw: the group changes here (grow back)
 }
 
 void ElasticState::restore() {

@@ -45,8 +45,13 @@ class ElasticState {
   void enable() { enabled_ = true; }
   bool enabled() const { return enabled_; }
 
-  // Snapshot of the live state (no-op until enable()).
+  // Snapshot of the live state (no-op until enable()). Then the boundary check, if any.
   void commit();
+  // Called at the end of every enabled commit(), once the snapshot is complete: a commit is
+  // the point where the group may change without a rollback (runElastic installs a check that
+  // throws there when the launcher published a new generation: grow back). So a program lets
+  // what commit() throws propagate out of its loop body, as it does a collective's error.
+  void setBoundary(std::function<void()> check) { boundary_ = std::move(check); }
   // Back to the last commit. Throws ConfigError when there is none.
   void restore();
   bool committed() const { return commits_ > 0; }
@@ -85,6 +90,7 @@ class ElasticState {
   std::vector<torch::Tensor> saved_;  // the last commit's tensors
   std::vector<int64_t> savedMask_;
   std::vector<int64_t> savedCounters_;
+  std::function<void()> boundary_;
 };
 
 }  // namespace ddprun::runtime

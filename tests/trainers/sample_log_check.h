@@ -1,0 +1,117 @@
+#pragma once
+// What the job trained on, from the bundled trainers' DDPRUN_SAMPLE_LOG (trainers/sample_log.h):
+// every rank's indices of every step, with the generation that took it. Shared by the shrink
+// and grow-back tests: whatever the world size did during an epoch, every sample of it is
+// trained on exactly once.
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/catch_torch.h"
+#include "worker_runtime/sampler.h"
+
+namespace ddprun::trainers::testing {
+
+// What one epoch trained on, from the sample log: for each step, the lines of its highest
+// generation (earlier ones were rolled back), which must come from every rank of that
+// generation's world; their indices, in step order.
+struct EpochSamples {
+  std::vector<int64_t> indices;
+  std::set<int> worlds;        // the world sizes the epoch's steps ran at
+  std::vector<int> stepWorlds; // the world size of each step, in step order
+  int lastWorld = 0;           // the world size of the epoch's last step
+  int64_t steps = 0;
+  std::vector<std::string> problems;
+};
+
+inline EpochSamples epochSamples(const std::string& log, int64_t epoch) {
+  struct Line {
+    int g, rank, world;
+    std::vector<int64_t> idx;
+  };
+  std::map<int64_t, std::vector<Line>> byStep;
+  std::ifstream in(log);
+  const std::regex re(R"(g=(\d+) epoch=(\d+) step=(\d+) rank=(\d+) world=(\d+) idx=([\d,]+))");
+  for (std::string text; std::getline(in, text);) {
+    std::smatch m;
+    if (!std::regex_match(text, m, re)) continue;  // a line torn by a SIGKILL
+    if (std::stoll(m[2]) != epoch) continue;
+    Line l{std::stoi(m[1]), std::stoi(m[4]), std::stoi(m[5]), {}};
+    std::stringstream list(m[6]);
+    for (std::string x; std::getline(list, x, ',');) l.idx.push_back(std::stoll(x));
+    byStep[std::stoll(m[3])].push_back(std::move(l));
+  }
+  EpochSamples out;
+  for (auto& [step, lines] : byStep) {
+    int g = 0;
+    for (const auto& l : lines) g = std::max(g, l.g);
+    std::set<int> ranks;
+    int world = -1;
+    std::vector<int64_t> idx;
+    for (const auto& l : lines) {
+      if (l.g != g) continue;
+      if (!ranks.insert(l.rank).second) {
+        out.problems.push_back("step " + std::to_string(step) + ": rank " +
+                               std::to_string(l.rank) + " twice in generation " + std::to_string(g));
+      }
+      world = l.world;
+      // Rank r's batch is positions r, r + world, ... of the step's share of the order.
+      idx.insert(idx.end(), l.idx.begin(), l.idx.end());
+    }
+    if (static_cast<int>(ranks.size()) != world) {
+      out.problems.push_back("step " + std::to_string(step) + ": " + std::to_string(ranks.size()) +
+                             " rank(s) in generation " + std::to_string(g) + ", world " +
+                             std::to_string(world));
+    }
+    out.worlds.insert(world);
+    out.stepWorlds.push_back(world);
+    out.lastWorld = world;
+    out.indices.insert(out.indices.end(), idx.begin(), idx.end());
+    ++out.steps;
+  }
+  return out;
+}
+
+// Every sample of the epoch exactly once: no index twice, and the indices are the epoch's order
+// (the sampler's shuffle for `epoch`) up to a tail of fewer than world x batch samples, which
+// the trainer drops as PyTorch's drop_last does (an uninterrupted run drops one too).
+// Every sample of the epoch exactly once (see above); `finalWorld`: the world size of the
+// epoch's last step, whose global batch bounds the dropped tail.
+struct SampleJob {
+  int64_t examples;
+  int64_t batch;
+  uint64_t seed;
+};
+
+inline void checkEpochExactlyOnce(const std::string& log, int64_t epoch, int finalWorld,
+                                  const SampleJob& job) {
+  const int64_t kExamples = job.examples;
+  const int64_t kBatch = job.batch;
+  const EpochSamples s = epochSamples(log, epoch);
+  CHECK(s.lastWorld == finalWorld);
+  INFO("epoch " << epoch << ": " << s.steps << " steps, " << s.indices.size() << " samples");
+  for (const auto& p : s.problems) FAIL_CHECK(p);
+  std::map<int64_t, int> seen;
+  for (int64_t i : s.indices) ++seen[i];
+  int64_t twice = 0;
+  for (const auto& [i, n] : seen) twice += n > 1 ? 1 : 0;
+  CHECK(twice == 0);
+  const auto order = ddprun::runtime::distributedEpochOrder(
+      {.datasetSize = static_cast<size_t>(kExamples), .numReplicas = 1, .rank = 0, .shuffle = true, .seed = job.seed,
+       .dropLast = false},
+      epoch);
+  const int64_t taken = static_cast<int64_t>(seen.size());
+  CHECK(kExamples - taken >= 0);
+  CHECK(kExamples - taken < finalWorld * kBatch);
+  // The set taken is the order's first `taken` positions.
+  std::set<int64_t> prefix(order.begin(), order.begin() + std::min<int64_t>(taken, kExamples));
+  std::set<int64_t> got;
+  for (const auto& [i, n] : seen) got.insert(i);
+  CHECK(got == prefix);
+}
+
+}  // namespace ddprun::trainers::testing
