@@ -1,0 +1,246 @@
+#pragma once
+// Agent::Impl, the agent's state and event handlers, shared by the files that implement it:
+//   agent.cpp           the loop: rounds, starting and watching workers, their exits, decisions
+//   agent_recovery.cpp  in-process recovery: replace, shrink, grow back, hot spares
+//   agent_end.cpp       stopping the group, the exit barrier, the end of the job, the timeline
+// Private to launcher/ (not installed); the public face is agent.h.
+#include "launcher/agent.h"
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <tuple>
+
+#include "launcher/failure_report.h"
+#include "launcher/hot_spares.h"
+#include "launcher/job_cgroup.h"
+#include "launcher/launcher_error_file.h"
+#include "launcher/option_values.h"
+#include "launcher/progress_watch.h"
+#include "launcher/rendezvous_handler.h"
+#include "launcher/run_directory.h"
+#include "launcher/worker_command.h"
+#include "launcher/worker_env.h"
+#include "launcher/timeline/exchange.h"
+#include "launcher/timeline/merge.h"
+#include "launcher/worker_group.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/progress_file.h"
+#include "base/timeline.h"
+#include "rendezvous/grow_record.h"
+#include "rendezvous/recovery_keys.h"
+#include "rendezvous/store_server.h"
+
+namespace ddprun::launcher {
+
+namespace asio = boost::asio;
+// base/timeline.h: this process's track of the job's timeline (launcher/timeline/ merges them).
+namespace events = ddprun::timeline;
+
+// This machine's host name, for the timeline and the progress watch.
+inline std::string agentHostName() {
+  char h[256] = {};
+  ::gethostname(h, sizeof h - 1);
+  return h;
+}
+
+class Agent::Impl {
+ public:
+  Impl(LaunchOptions options, Environment env, AgentLink* link)
+      : options_(std::move(options)), env_(std::move(env)), link_(link), signals_(io_) {
+    // --rdzv-conf token_file reaches the workers as DDPRUN_STORE_TOKEN_FILE, so that every
+    // client of the job's store (agents and workers) holds the same token.
+    for (const auto& [k, v] : options_.rdzvConf)
+      if (k == "token_file") env_["DDPRUN_STORE_TOKEN_FILE"] = v;
+  }
+
+  int run();
+  const std::string& errorRecord() const { return errorRecord_; }
+
+ private:
+  enum class State { Rendezvous, Running, Stopping, Finishing, Leaving, Closing, Done };
+  // Why a running group is being stopped; decides what follows once it has stopped.
+  enum class StopReason { None, WorkerFailed, Decision, Signal, Error };
+
+  void waitForSignal();
+  void onSignal(int sig);
+  void nextRound();
+  void startWorkers(const RoundInfo& round);
+  std::vector<WorkerLaunch> makeLaunches(const RoundInfo& round);
+  // Local rank `lr`'s launch in `round`; `generation` > 0: a replacement (in-process recovery);
+  // `spareId` >= 0: hot spare <spareId> (in no rank, hot_spares.h).
+  WorkerLaunch makeLaunch(const RoundInfo& round, int lr, int generation, int spareId = -1);
+  // ---- Hot spares (--spares, docs/recovery.md#hot-spares) ----
+  // Whether this group may have spares; else `why` (said once per job).
+  bool sparesUsable(std::string& why) const;
+  // A key a worker SET in the agent's store: once every worker of the group has announced
+  // in-process recovery (its program runs the runtime's elastic loop), the spares start.
+  void onStoreSet(const std::string& key);
+  // Starts one spare; `idle`: under SCHED_IDLE (training is running, hot_spares.h).
+  void startSpare(bool idle);
+  // A waiting spare's exit: restarted when the group still runs (no restart spent).
+  void onSpareExited(const WorkerResult& r);
+  // The pid of a waiting spare to give a dead rank to (a ready one first), or -1.
+  pid_t pickSpare(int& id);
+  void onWorkerStarted(const WorkerResult& r);
+  // Moves the waiting spares out of SCHED_IDLE (before they are stopped).
+  void unidleSpares();
+  std::string progressTablePath() const;
+  // --stall-warning / --peer-timeout over the group's workers as they are now.
+  void watchProgress();
+  void onWorkerExited(const WorkerResult& r);
+  // In-process recovery (docs/recovery.md): whether the death of `r` can be healed without
+  // stopping the others, then the budget, then the replacement and the new generation.
+  bool canRecoverInProcess(const WorkerResult& r);
+  void recoverInProcess(const WorkerResult& r);
+  void replaceWorker(const WorkerResult& r, const JobDecision& d);
+  // --recovery-policy=shrink: the survivors go on without `r`, renumbered densely.
+  // `budgetSpent`: the death spent a restart (d.restartCount); a replacement that died before
+  // it healed spends none.
+  void shrinkGroup(const WorkerResult& r, const JobDecision& d, bool budgetSpent = true);
+  // ---- Grow back (--recovery-policy=shrink, docs/recovery.md#grow-back) ----
+  // Whether a shrunk group may take replacements back in; else `why`.
+  bool growBackUsable(std::string& why) const;
+  // Starts a replacement in the background (a hot spare under SCHED_IDLE) for each rank the
+  // group lacks and that no waiting one stands for (tryGrow: once the survivors re-formed).
+  void startReplacements();
+  // When a replacement is ready and every worker is in the newest generation: publishes the
+  // generation with one rank more (the workers take it at their next commit) and gives the
+  // replacement its rank. When the joining one has healed: done. Called on the keys the workers
+  // set (ready, announcements), never on a timer.
+  void tryGrow();
+  void growGroup(pid_t sparePid, int spareId);
+  // The joining replacement died before it healed: the group goes on without it (no restart
+  // spent) and grows back no more.
+  void abandonGrow(const WorkerResult& r);
+  // The console prefix of a worker that now has global rank `rank` in local rank slot `lr`.
+  std::string prefixFor(int rank, int lr) const;
+  // SCHED_IDLE for background spares and replacements: decided once per job.
+  bool backgroundIdle();
+  // The workers of the group now (running, not spares): its world size in-process.
+  int liveWorkers(pid_t except = -1) const;
+  // The dead rank's new process: a waiting spare (true) or none to be had (false).
+  bool giveRankToSpare(const WorkerResult& r, int generation, int& spareId, pid_t& sparePid);
+  // --peer-timeout: the worker stopped beating (progress_watch.h); kill it, a failure.
+  void onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silentSeconds);
+  void onHandlerDecision(const JobDecision& d);
+  void onGroupStopped();
+  void stoppedNotRunning();  // onGroupStopped() of a group ddprun stopped
+  void afterLocalFailure(const JobDecision& d);
+  void apply(const JobDecision& d);
+  void stopGroup(StopReason reason, int sig);
+  // Leaves the job for a signal, then exits with `code`. `groupStopped`: the signal stopped the
+  // running group (then the timeline's events are exchanged first, bounded in time).
+  void leaveAndExit(int code, bool groupStopped = false);
+  void leave(int code);
+  // The job has ended for this node: print the summary (multi-node), let the handler tell the
+  // other nodes (asyncShutdown), then exit with `code`.
+  void endJob(int code, const std::string& summary);
+  // Every local worker of the group exited 0 on its own (before ddprun stopped anything).
+  bool localSuccess() const;
+  // Every started worker process is gone already (its exit not processed yet).
+  bool workersAlreadyGone() const;
+  void finish(int code);
+  void fail(std::exception_ptr e);
+  // --timeline: this agent's track and the workers' part directory; mergeTimeline() writes the
+  // trace (at the end, and after each group so a job that dies leaves one). Never throws.
+  void openTimeline();
+  void mergeTimeline();
+  // --timeline on several nodes (c10d, static, etcd-v3 with the agent store): the agent of node
+  // rank 0 writes FILE; every other agent ships its node's events to it through the round's
+  // shared store (timeline/exchange.h).
+  bool timelineAcrossNodes() const;
+  bool timelineWriter() const { return round_.nodeRank == 0; }
+  // "<run id>/<round>": the worker group of the round, which names the bundles' keys.
+  std::string timelineGroup() const { return round_.runId + "/" + std::to_string(round_.round); }
+  // Runs `job` on the exchange thread, then `then` on the I/O thread.
+  void onExchange(std::function<void()> job, std::function<void()> then);
+  // The job that ships this node's events as they are now (the values copied: it runs on the
+  // exchange thread).
+  std::function<void()> shipTimeline(
+      std::optional<rendezvous::TcpStoreOptions> via = std::nullopt) const;
+  // The writer: the collected bundles, with the ranks each node may hold.
+  void takeBundles(timeline::Collected collected);
+  // The exit barrier (asyncFinish), once the group has stopped with every worker succeeding.
+  void exitBarrier();
+  // Runs fn on the I/O thread; an exception is kept (and rethrown by run()), never thrown.
+  template <typename Fn>
+  void guarded(Fn&& fn) {
+    try {
+      fn();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+
+  LaunchOptions options_;
+  Environment env_;
+  AgentLink* link_;
+  asio::io_context io_{1};
+  asio::signal_set signals_;
+  std::unique_ptr<RendezvousHandler> handler_;
+  std::unique_ptr<RunDirectory> runDir_;
+  WorkerCommand command_;
+  std::unique_ptr<JobCgroup> cgroup_;  // before group_: outlives the workers' guards
+  std::shared_ptr<WorkerGroup> group_;
+  std::unique_ptr<ProgressWatch> progressWatch_;  // while the group runs (--stall-warning)
+  RoundInfo round_;
+  State state_ = State::Rendezvous;
+  StopReason stopReason_ = StopReason::None;
+  std::string timelineParts_;      // --timeline: where every process writes its part file
+  int64_t timelineSince_ = 0;      // parts of processes started before this are older runs'
+  int64_t rendezvousStartUs_ = 0;  // for the "rendezvous" span
+  int signal_ = 0;
+  std::optional<WorkerResult> rootCause_;
+  JobDecision pending_;  // StopReason::Decision: what to do once the group has stopped
+  // In-process recovery: the group's generation (0 at each start of the group), the
+  // generation each local rank's current process was started in, a budget decision pending,
+  // and a failure whose budget decision was taken before the group was stopped.
+  int generation_ = 0;
+  std::vector<int> startedGeneration_;
+  bool recoveryPending_ = false;
+  // Another worker died while that decision was pending: the group restarts on the decision
+  // already taken (one restart for the window, not two).
+  bool restartOnDecision_ = false;
+  int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
+  std::optional<JobDecision> decidedFailure_;
+  // Hot spares: ids are unique in the job (their store keys are too); the group's spares have
+  // started; spares that died before they were ready, in a row (3: no more for this group).
+  int nextSpareId_ = 0;
+  bool sparesStarted_ = false;
+  int sparesDiedUnready_ = 0;
+  bool sparesNoted_ = false;     // the line saying spares cannot be used was printed
+  int idleSpares_ = -1;          // -1: not decided; 0: spares start at normal priority; 1: idle
+  // Grow back: the replacement joining now (-1: none), its rank and the generation it joins;
+  // grow back given up for this group (a replacement died before it healed).
+  pid_t growPid_ = -1;
+  int growRank_ = -1;
+  int growGeneration_ = 0;
+  bool growBackOff_ = false;
+  bool growBackNoted_ = false;  // the line saying why there is no grow back was printed
+  int exitCode_ = 1;
+  std::exception_ptr error_;
+  std::string errorRecord_;  // ddprun's own error file, when the job fails
+  std::string timelineNode_;               // this agent's track: "agent <node>"
+  std::vector<timeline::ReceivedBundle> timelineBundles_;  // the writer: the other nodes' events
+  std::vector<std::string> timelineMissing_;  // the writer: nodes that sent none
+  // The round's store the nodes' events go through (RendezvousHandler::sharedStore); none: each
+  // node writes its own FILE.
+  std::optional<rendezvous::TcpStoreOptions> timelineStore_;
+  bool timelineShipped_ = false;  // this round's bundle went out before the exit barrier
+  // Last member: destroyed (its queue run, its thread joined) while io_ is still alive.
+  std::unique_ptr<timeline::ExchangeThread> exchange_;
+};
+
+}  // namespace ddprun::launcher
