@@ -347,6 +347,24 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
                         .add("failed", r.failed() && r.stopSignal == 0 ? 1 : 0)
                         .add("stopped_by_ddprun", r.stopSignal != 0 ? 1 : 0)
                         .add("result", r.describe()));
+  if (r.pid == growFinishedPid_) return;  // stopped below: the group had finished without it
+  if (state_ == State::Running && !r.failed() && growPid_ > 0 && r.pid != growPid_ &&
+      group_->runningCount() == 1) {
+    // Grow back racing the end: every other worker finished its training before the joining
+    // replacement healed, so the re-form it waits for will never come. It has nothing to join:
+    // stop it (its exit is no failure), and the group closes as after any success.
+    DDPRUN_LOG(INFO, "launcher") << "grow back: the other workers finished before the "
+                                 << "replacement (pid " << growPid_ << ") joined; stopping it";
+    growFinishedPid_ = growPid_;
+    growPid_ = -1;
+    growBackOff_ = true;
+    for (const auto& w : group_->results()) {
+      if (w.pid == growFinishedPid_ && !w.ended) {
+        group_->kill(w.localRank, "the group finished before it joined");
+      }
+    }
+    return;
+  }
   if (state_ != State::Running || !r.failed()) return;
   if (recoveryPending_) {
     // A second failure in the window of one recovery's budget decision: that decision (one

@@ -225,6 +225,7 @@ class Agent::Impl {
   // Grow back: the replacement joining now (-1: none), its rank and the generation it joins;
   // grow back given up for this group (a replacement died before it healed).
   pid_t growPid_ = -1;
+  pid_t growFinishedPid_ = -1;  // a replacement stopped because the others finished first
   int growRank_ = -1;
   int growGeneration_ = 0;
   bool growBackOff_ = false;
