@@ -347,7 +347,8 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
                         .add("failed", r.failed() && r.stopSignal == 0 ? 1 : 0)
                         .add("stopped_by_ddprun", r.stopSignal != 0 ? 1 : 0)
                         .add("result", r.describe()));
-  if (r.pid == growFinishedPid_) return;  // stopped below: the group had finished without it
+  // Stopped below: the group had finished without it (-1, a worker that never started, is none).
+  if (growFinishedPid_ > 0 && r.pid == growFinishedPid_) return;
   if (state_ == State::Running && !r.failed() && growPid_ > 0 && r.pid != growPid_ &&
       group_->runningCount() == 1) {
     // Grow back racing the end: every other worker finished its training before the joining
