@@ -1,12 +1,45 @@
 // In-process recovery (docs/recovery.md): after a worker's death the others keep running. The
-// agent decides the budget, then replaces the dead rank (a hot spare or a new process) or shrinks
+// agent decides the budget, then replaces the dead ranks (hot spares or new processes) or shrinks
 // the group, publishes the generation record, and later grows a shrunk group back; and it keeps
 // the hot spares.
+//
+// Several deaths, one recovery: the deaths reported while a recovery's budget decision is
+// pending, and those already under way when it comes (processDying: a SIGKILL pending, a zombie
+// whose exit its guard has not reported yet), are recovered together in ONE generation, for one
+// restart of --max-restarts (torchrun's rule: one recovery, one restart). A death after the
+// decision, while that generation still re-forms (survivors in its set-up, a replacement that
+// has not healed), is the next recovery: the next generation is published (the survivors give
+// up the superseded one within 200 ms, rendezvous/superseded_store.h) as long as a survivor
+// still holds the training state; when none does, the group restarts and one line says why.
 #include "launcher/agent_impl.h"
 
-namespace ddprun::launcher {
+#include "base/process.h"
 
-bool Agent::Impl::canRecoverInProcess(const WorkerResult& r) {
+namespace ddprun::launcher {
+namespace {
+
+bool contains(const std::vector<WorkerResult>& dead, pid_t pid) {
+  for (const auto& d : dead) {
+    if (d.pid == pid) return true;
+  }
+  return false;
+}
+
+// How a dead worker ended; one taken at a decision before its exit was reported is dying.
+std::string howItEnded(const WorkerResult& w) {
+  return w.ended ? w.describe() : "killed (its exit not reported yet)";
+}
+
+// "1" or "1, 2" (in the order of the list).
+std::string rankList(const std::vector<WorkerResult>& dead) {
+  std::string s;
+  for (const auto& d : dead) s += (s.empty() ? "" : ", ") + std::to_string(d.globalRank);
+  return s;
+}
+
+}  // namespace
+
+bool Agent::Impl::canRecoverInProcess(const std::vector<WorkerResult>& dead) {
   if (options_.recovery == LaunchOptions::Recovery::Restart) return false;
   const bool asked = options_.recovery == LaunchOptions::Recovery::InProcess;
   auto refuse = [&](const std::string& why) {
@@ -20,39 +53,60 @@ bool Agent::Impl::canRecoverInProcess(const WorkerResult& r) {
   if (store == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
     return refuse("only a single node whose workers use the agent's store recovers in process");
   }
-  // Every worker the recovery relies on holds the training state of its current process: the
-  // dead one's rank (so its program runs the elastic loop) and each one still running (the
-  // survivors heal the replacement from their memory).
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  auto startedIn = [&](const WorkerResult& w) {
+    const size_t lr = static_cast<size_t>(w.localRank);
+    return lr < startedGeneration_.size() ? startedGeneration_[lr] : 0;
+  };
   auto holdsState = [&](const WorkerResult& w) {
     const auto v = store->get(prefix + rendezvous::recovery::announceKey(w.globalRank));
-    if (!v) return false;
-    const size_t lr = static_cast<size_t>(w.localRank);
-    const int since = lr < startedGeneration_.size() ? startedGeneration_[lr] : 0;
-    return std::atoi(v->c_str()) >= since;
+    return v && std::atoi(v->c_str()) >= startedIn(w);
   };
-  // The dead rank's program runs the elastic loop when a process of that rank announced it,
+  // Each dead rank's program runs the elastic loop when a process of that rank announced it,
   // this one or an earlier (a replacement or spare that died before it healed: the survivors
   // still hold the state, the next generation gets a new process).
-  if (!store->get(prefix + rendezvous::recovery::announceKey(r.globalRank))) {
-    return refuse("rank " + std::to_string(r.globalRank) + " had not announced in-process "
-                  "recovery (its program does not run the runtime's elastic loop, or it died "
-                  "before it held the training state)");
+  for (const auto& r : dead) {
+    if (!store->get(prefix + rendezvous::recovery::announceKey(r.globalRank))) {
+      return refuse("rank " + std::to_string(r.globalRank) + " had not announced in-process "
+                    "recovery (its program does not run the runtime's elastic loop, or it died "
+                    "before it held the training state)");
+    }
   }
+  // The survivors: a worker of the group's start must hold the state (its announcement says its
+  // program runs the elastic loop); a replacement or spare started for an earlier death may
+  // still be healing (it joins the next generation and heals there), but at least one survivor
+  // must hold the state to heal the others from.
   int survivors = 0;
+  int holders = 0;
+  std::string healing;
   for (const auto& w : group_->results()) {
-    if (w.ended || w.pid == r.pid || w.spare) continue;
-    if (!holdsState(w)) {
+    if (w.ended || w.spare || contains(dead, w.pid)) continue;
+    ++survivors;
+    if (holdsState(w)) {
+      ++holders;
+    } else if (startedIn(w) == 0) {
       return refuse("rank " + std::to_string(w.globalRank) + " (pid " + std::to_string(w.pid) +
                     ") does not hold the training state yet");
+    } else {
+      healing += (healing.empty() ? "" : ", ") + std::string("rank ") +
+                 std::to_string(w.globalRank) + " (pid " + std::to_string(w.pid) + ")";
     }
-    ++survivors;
   }
   if (survivors == 0) return refuse("no worker survived to heal a replacement from");
+  if (holders == 0) {
+    // Not only under --recovery=in-process: under auto the job would have recovered otherwise.
+    DDPRUN_LOG(WARN, "launcher") << "in-process recovery of rank(s) " << rankList(dead)
+                                 << " is not possible: no surviving worker holds the training "
+                                 << "state (" << healing << " started for an earlier death and "
+                                 << "had not healed yet); restarting the group from the newest "
+                                 << "checkpoint instead";
+    return false;
+  }
   if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
       survivors < options_.shrinkMinRanks) {
     // Below the job's minimum the group restarts at full size (or ends: the budget decides).
-    DDPRUN_LOG(WARN, "launcher") << "--recovery-policy=shrink: without rank " << r.globalRank
+    DDPRUN_LOG(WARN, "launcher") << "--recovery-policy=shrink: without rank"
+                                 << (dead.size() > 1 ? "s " : " ") << rankList(dead)
                                  << " the group would have " << survivors << " rank(s), below "
                                  << "the job's minimum of " << options_.shrinkMinRanks
                                  << "; restarting the group instead";
@@ -71,138 +125,191 @@ int Agent::Impl::liveWorkers(pid_t except) const {
 
 void Agent::Impl::recoverInProcess(const WorkerResult& r) {
   recoveryPending_ = true;
+  pendingDeaths_ = {r};
   const std::string what = "rank " + std::to_string(r.globalRank) + " failed (" + r.describe() + ")";
   const ErrorFile ef = readErrorFile(r.errorFile);
   const bool retryable = ef.retryable.value_or(true);
   // The budget first (--max-restarts counts each recovery): NextRound means one was left.
   handler_->asyncReportFailure(
       r.exitCode(), retryable ? what : what + ": " + ef.message, retryable,
-      [this, r](std::exception_ptr e, JobDecision d) {
+      [this](std::exception_ptr e, JobDecision d) {
         guarded([&] {
           recoveryPending_ = false;
+          std::vector<WorkerResult> dead = std::move(pendingDeaths_);
+          pendingDeaths_.clear();
           if (state_ != State::Running) return;
           if (e) std::rethrow_exception(e);
-          if (d.kind == JobDecision::Kind::NextRound && group_->runningCount() > 0 &&
-              !restartOnDecision_) {
-            if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
-              shrinkGroup(r, d);
-            } else {
-              replaceWorker(r, d);
-            }
-            return;
-          }
-          // The budget is spent (or the error cannot be retried), or every other worker ended
-          // or another one died meanwhile: the group stops as after any failure, with this death as its root cause,
-          // and the decision taken stands (no second restart counted): a restart, or the end.
-          rootCause_ = r;
-          decidedFailure_ = d;
-          DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank "
-                                        << r.localRank << ", pid " << r.pid << ") failed: "
-                                        << r.describe() << "; stopping the other workers";
-          stopGroup(StopReason::WorkerFailed, SIGTERM);
+          onRecoveryDecision(std::move(dead), d);
         });
       });
 }
 
-void Agent::Impl::replaceWorker(const WorkerResult& r, const JobDecision& d) {
-  const int generation = ++generation_;
-  recoveryRestarts_ = d.restartCount;
-  const int lr = r.localRank;
-  const std::string table = progressTablePath();
-  if (!table.empty()) {
-    progress::resetProgressRecord(table, lr, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
-  }
-  int spareId = -1;
-  pid_t sparePid = -1;
-  if (!giveRankToSpare(r, generation, spareId, sparePid)) {
-    group_->add(makeLaunch(round_, lr, generation));
-  }
-  startedGeneration_[static_cast<size_t>(lr)] = generation;
-  const std::string cause = "rank " + std::to_string(r.globalRank) + " (pid " +
-                            std::to_string(r.pid) + ") failed: " + r.describe();
-  handler_->workerStore()->set(
-      rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
-          rendezvous::recovery::generationKey(generation),
-      rendezvous::recovery::formatGenerationRecord({.generation = generation,
-                                                    .replaced = {r.globalRank},
-                                                    .cause = cause,
-                                                    .spare = spareId}));
-  events::instant("recovery", "agent",
-                  events::Args()
-                      .add("cause", cause)
-                      .add("generation", generation)
-                      .add("rank", r.globalRank)
-                      .add("spare", spareId)
-                      .add("restarts_spent", d.restartCount));
-  const std::string taker =
-      spareId >= 0 ? "spare " + std::to_string(spareId) + " (pid " + std::to_string(sparePid) +
-                         ") takes rank " + std::to_string(r.globalRank)
-                   : "a new rank " + std::to_string(r.globalRank) + " is starting";
-  DDPRUN_LOG(WARN, "launcher") << "rank " << r.globalRank << " (local rank " << lr << ", pid "
-                               << r.pid << ") failed: " << r.describe()
-                               << "; recovering in process (generation " << generation
-                               << "): the other workers keep running, " << taker << " (restart "
-                               << d.restartCount << " of " << options_.maxRestarts << " spent)";
-  if (spareId >= 0) {
-    events::instant("spare assign", "agent",
-                    events::Args()
-                        .add("spare", spareId)
-                        .add("pid", static_cast<int64_t>(sparePid))
-                        .add("rank", r.globalRank)
-                        .add("local_rank", lr)
-                        .add("generation", generation));
-    startSpare(/*idle=*/idleSpares_ == 1);  // in the background: the next failure's
-  }
-  watchProgress();  // the new process is watched from its first beat
+void Agent::Impl::addPendingDeath(const WorkerResult& r) {
+  const WorkerResult& first = pendingDeaths_.front();
+  pendingDeaths_.push_back(r);
+  DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
+                                << ", pid " << r.pid << ") failed too: " << r.describe()
+                                << "; it is recovered together with rank " << first.globalRank
+                                << " (one generation, one restart for both)";
 }
 
-void Agent::Impl::shrinkGroup(const WorkerResult& r, const JobDecision& d, bool budgetSpent) {
-  const int generation = ++generation_;
-  recoveryRestarts_ = d.restartCount;
-  const int before = liveWorkers() + 1;  // the dead one has ended
-  const int after = before - 1;
-  // The survivors keep their order: rank q > r becomes q - 1 (recovery_keys.h shrinkRank), in
-  // the agent's books as in each survivor's runtime, which reads the same record.
-  std::vector<std::pair<pid_t, int>> renumbered;
+void Agent::Impl::onRecoveryDecision(std::vector<WorkerResult> dead, const JobDecision& d) {
+  // Deaths under way whose exits the guards have not reported yet (two ranks SIGKILLed at
+  // once): taken into this recovery now; their exits are ignored when they come.
   for (const auto& w : group_->results()) {
-    if (w.ended || w.spare) continue;
-    const int rank = rendezvous::recovery::shrinkRank(w.globalRank, {r.globalRank});
-    if (rank != w.globalRank) renumbered.emplace_back(w.pid, rank);
+    if (w.ended || w.spare || w.pid <= 0 || contains(dead, w.pid)) continue;
+    if (!processDying(w.pid)) continue;
+    dead.push_back(w);
+    recoveredEarly_.push_back(w.pid);
   }
-  for (const auto& [pid, rank] : renumbered) {
-    group_->renumber(pid, rank);
-    for (const auto& w : group_->results()) {
-      if (w.pid == pid && !w.ended) group_->setPrefix(pid, prefixFor(rank, w.localRank));
+  if (d.kind == JobDecision::Kind::NextRound && canRecoverInProcess(dead)) {
+    if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+      shrinkGroup(dead, d);
+    } else {
+      replaceWorkers(dead, d);
     }
+    return;
   }
-  const std::string cause = "rank " + std::to_string(r.globalRank) + " (pid " +
-                            std::to_string(r.pid) + ") failed: " + r.describe();
+  // The budget is spent (or the error cannot be retried), or no survivor can heal the others:
+  // the group stops as after any failure, the first death its root cause, and the decision
+  // taken stands (no second restart counted): a restart, or the end.
+  recoveredEarly_.clear();
+  const WorkerResult& r = dead.front();
+  rootCause_ = r;
+  decidedFailure_ = d;
+  DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
+                                << ", pid " << r.pid << ") failed: " << r.describe()
+                                << "; stopping the other workers";
+  stopGroup(StopReason::WorkerFailed, SIGTERM);
+}
+
+void Agent::Impl::publishGeneration(const rendezvous::recovery::GenerationRecord& record,
+                                    const std::vector<WorkerResult>& dead,
+                                    const std::string& what, const JobDecision& d,
+                                    bool budgetSpent) {
+  // The record: the survivors WAIT for it (a replacement or spare reads it in init()).
   handler_->workerStore()->set(
       rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
-          rendezvous::recovery::generationKey(generation),
-      rendezvous::recovery::formatGenerationRecord({.generation = generation,
-                                                    .cause = cause,
-                                                    .removed = {r.globalRank},
-                                                    .worldSize = after}));
-  events::instant("recovery", "agent",
-                  events::Args()
-                      .add("cause", cause)
-                      .add("generation", generation)
-                      .add("rank", r.globalRank)
-                      .add("policy", "shrink")
-                      .add("world_size", after)
-                      .add("restarts_spent", d.restartCount));
-  DDPRUN_LOG(WARN, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
-                               << ", pid " << r.pid << ") failed: " << r.describe()
-                               << "; recovering in process (generation " << generation
-                               << "): the group shrinks from " << before << " to " << after
-                               << " rank(s), the others keep running ("
-                               << (budgetSpent ? "restart " + std::to_string(d.restartCount) +
-                                                     " of " + std::to_string(options_.maxRestarts) +
-                                                     " spent"
-                                               : std::string("no restart spent"))
-                               << ")";
-  watchProgress();  // the dead rank's slot is no longer watched; the others by their new ranks
+          rendezvous::recovery::generationKey(record.generation),
+      rendezvous::recovery::formatGenerationRecord(record));
+  const bool shrink = !record.removed.empty();
+  events::Args args;
+  args.add("cause", record.cause)
+      .add("generation", record.generation)
+      .add("rank", dead.front().globalRank)
+      .add("ranks", rankList(dead))
+      .add("restarts_spent", d.restartCount);
+  if (shrink) {
+    args.add("policy", "shrink").add("world_size", record.worldSize);
+  } else {
+    args.add("spare", record.spare);
+  }
+  events::instant("recovery", "agent", args);
+  std::string deaths;
+  for (const auto& w : dead) {
+    deaths += (deaths.empty() ? "" : "; ") + std::string("rank ") +
+              std::to_string(w.globalRank) + " (local rank " + std::to_string(w.localRank) +
+              ", pid " + std::to_string(w.pid) + ") failed: " + howItEnded(w);
+  }
+  const std::string budget =
+      budgetSpent ? "restart " + std::to_string(d.restartCount) + " of " +
+                        std::to_string(options_.maxRestarts) + " spent" +
+                        (dead.size() > 1 ? ", one for the " + std::to_string(dead.size()) +
+                                               " deaths"
+                                         : std::string())
+                  : std::string("no restart spent");
+  DDPRUN_LOG(WARN, "launcher") << deaths << "; recovering in process (generation "
+                               << record.generation << "): " << what << " (" << budget << ")";
+}
+
+std::string Agent::Impl::deathCause(const std::vector<WorkerResult>& dead) const {
+  std::string cause;
+  for (const auto& w : dead) {
+    cause += (cause.empty() ? "" : "; ") + std::string("rank ") + std::to_string(w.globalRank) +
+             " (pid " + std::to_string(w.pid) + ") failed: " + howItEnded(w);
+  }
+  return cause;
+}
+
+void Agent::Impl::replaceWorkers(const std::vector<WorkerResult>& dead, const JobDecision& d) {
+  const int generation = ++generation_;
+  recoveryRestarts_ = d.restartCount;
+  const std::string table = progressTablePath();
+  std::string takers;
+  std::vector<std::pair<int, pid_t>> sparesTaken;  // id, pid
+  rendezvous::recovery::GenerationRecord record{.generation = generation,
+                                                .cause = deathCause(dead)};
+  for (const auto& r : dead) {
+    const int lr = r.localRank;
+    if (!table.empty()) {
+      progress::resetProgressRecord(table, lr, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+    }
+    int spareId = -1;
+    pid_t sparePid = -1;
+    if (!giveRankToSpare(r, generation, spareId, sparePid)) {
+      group_->add(makeLaunch(round_, lr, generation));
+    }
+    startedGeneration_[static_cast<size_t>(lr)] = generation;
+    record.replaced.push_back(r.globalRank);
+    if (spareId >= 0) {
+      if (record.spare < 0) record.spare = spareId;
+      sparesTaken.emplace_back(spareId, sparePid);
+      events::instant("spare assign", "agent",
+                      events::Args()
+                          .add("spare", spareId)
+                          .add("pid", static_cast<int64_t>(sparePid))
+                          .add("rank", r.globalRank)
+                          .add("local_rank", lr)
+                          .add("generation", generation));
+    }
+    takers += (takers.empty() ? "" : ", ") +
+              (spareId >= 0 ? "spare " + std::to_string(spareId) + " (pid " +
+                                  std::to_string(sparePid) + ") takes rank " +
+                                  std::to_string(r.globalRank)
+                            : "a new rank " + std::to_string(r.globalRank) + " is starting");
+  }
+  publishGeneration(record, dead, "the other workers keep running, " + takers, d);
+  // In the background: the next failure's spares.
+  for (size_t i = 0; i < sparesTaken.size(); ++i) startSpare(/*idle=*/idleSpares_ == 1);
+  watchProgress();  // the new processes are watched from their first beat
+}
+
+void Agent::Impl::shrinkGroup(const std::vector<WorkerResult>& dead, const JobDecision& d,
+                              bool budgetSpent) {
+  const int generation = ++generation_;
+  recoveryRestarts_ = d.restartCount;
+  std::vector<int> removed;
+  for (const auto& r : dead) removed.push_back(r.globalRank);
+  // The survivors keep their order: a rank q becomes q - |{removed ranks < q}| (recovery_keys.h
+  // shrinkRank), in the agent's books as in each survivor's runtime, which reads the same record.
+  int after = 0;
+  std::vector<std::tuple<pid_t, int, int>> renumbered;  // pid, new rank, slot
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare || contains(dead, w.pid)) continue;
+    ++after;
+    const int rank = rendezvous::recovery::shrinkRank(w.globalRank, removed);
+    if (rank != w.globalRank) renumbered.emplace_back(w.pid, rank, w.localRank);
+  }
+  const int before = after + static_cast<int>(dead.size());
+  for (const auto& [pid, rank, lr] : renumbered) {
+    group_->renumber(pid, rank);
+    group_->setPrefix(pid, prefixFor(rank, lr));
+    if (pid == growPid_) growRank_ = rank;  // a joining replacement keeps joining
+  }
+  if (growPid_ > 0 && contains(dead, growPid_)) {
+    // The joining replacement died with the others: grow back ends for the group.
+    growPid_ = -1;
+    growBackOff_ = true;
+  }
+  publishGeneration({.generation = generation,
+                     .cause = deathCause(dead),
+                     .removed = removed,
+                     .worldSize = after},
+                    dead,
+                    "the group shrinks from " + std::to_string(before) + " to " +
+                        std::to_string(after) + " rank(s), the others keep running",
+                    d, budgetSpent);
+  watchProgress();  // the dead ranks' slots are no longer watched; the others by their new ranks
   // The replacement starts once the survivors have re-formed (tryGrow, on their announcements):
   // starting a process takes this loop, which serves the store their re-form goes through.
 }
@@ -376,7 +483,7 @@ void Agent::Impl::abandonGrow(const WorkerResult& r) {
                                 << runDir_->path() << ")";
   JobDecision d;
   d.restartCount = recoveryRestarts_;
-  shrinkGroup(r, d, /*budgetSpent=*/false);
+  shrinkGroup({r}, d, /*budgetSpent=*/false);
 }
 
 std::string Agent::Impl::prefixFor(int rank, int lr) const {
