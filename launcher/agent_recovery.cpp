@@ -4,14 +4,17 @@
 // the hot spares.
 //
 // Several deaths, one recovery: the deaths reported while a recovery's budget decision is
-// pending, and those already under way when it comes (processDying: a SIGKILL pending, a zombie
-// whose exit its guard has not reported yet), are recovered together in ONE generation, for one
-// restart of --max-restarts (torchrun's rule: one recovery, one restart). A death after the
-// decision, while that generation still re-forms (survivors in its set-up, a replacement that
-// has not healed), is the next recovery: the next generation is published (the survivors give
-// up the superseded one within 200 ms, rendezvous/superseded_store.h) as long as a survivor
-// still holds the training state; when none does, the group restarts and one line says why.
+// pending (and in the reactor turn after it comes), and those already under way then
+// (processDying: a SIGKILL pending, a zombie whose exit its guard has not reported yet), are
+// recovered together in ONE generation, for one restart of --max-restarts (torchrun's rule:
+// one recovery, one restart). A death after the decision, while that generation still
+// re-forms (survivors in its set-up, a replacement that has not healed), is the next recovery:
+// the next generation is published (the survivors give up the superseded one within 200 ms,
+// rendezvous/superseded_store.h) as long as a survivor still holds the training state; when
+// none does, the group restarts and one line says why.
 #include "launcher/agent_impl.h"
+
+#include <boost/asio/steady_timer.hpp>
 
 #include "base/process.h"
 
@@ -133,13 +136,19 @@ void Agent::Impl::recoverInProcess(const WorkerResult& r) {
   handler_->asyncReportFailure(
       r.exitCode(), retryable ? what : what + ": " + ef.message, retryable,
       [this](std::exception_ptr e, JobDecision d) {
-        guarded([&] {
-          recoveryPending_ = false;
-          std::vector<WorkerResult> dead = std::move(pendingDeaths_);
-          pendingDeaths_.clear();
-          if (state_ != State::Running) return;
-          if (e) std::rethrow_exception(e);
-          onRecoveryDecision(std::move(dead), d);
+        // One more turn of the reactor before acting on it: an exit report whose pipe became
+        // readable meanwhile is read first (asio queues ready descriptors before expired
+        // timers), and joins this recovery instead of being the next one.
+        auto turn = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::clock_type::now());
+        turn->async_wait([this, turn, e, d](boost::system::error_code) {
+          guarded([&] {
+            recoveryPending_ = false;
+            std::vector<WorkerResult> dead = std::move(pendingDeaths_);
+            pendingDeaths_.clear();
+            if (state_ != State::Running) return;
+            if (e) std::rethrow_exception(e);
+            onRecoveryDecision(std::move(dead), d);
+          });
         });
       });
 }
