@@ -203,6 +203,22 @@ pid_t workerPid(pid_t root, int rank, const std::string& comm) {
   return -1;
 }
 
+// The spare that holds global rank `rank` by the agent's newest "spare N (pid P) takes rank R"
+// line for it, if P is alive (not a zombie); else -1 (no spare took it, or that one died: a
+// process started for the rank has RANK=<rank>, workerPid finds it).
+pid_t spareHolding(const std::string& log, int rank) {
+  static const std::regex takes(R"(spare \d+ \(pid (\d+)\) takes rank (\d+))");
+  pid_t holder = -1;
+  for (std::sregex_iterator it(log.begin(), log.end(), takes), end; it != end; ++it) {
+    if (std::stoi((*it)[2]) == rank) holder = static_cast<pid_t>(std::stol((*it)[1]));
+  }
+  if (holder <= 0) return -1;
+  const std::string stat = readFile("/proc/" + std::to_string(holder) + "/stat");
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] == 'Z') return -1;
+  return holder;
+}
+
 // Starts argv in a process group of its own, stdout and stderr to `log`.
 pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
   std::vector<char*> args;
@@ -344,7 +360,9 @@ class Bench {
           due = false;
         }
         if (due) {
-          pid_t victim = workerPid(pid, plan.ranks[j], program);
+          // A spare that took the rank has no RANK=<rank> of its own: the agent's line names it.
+          pid_t victim = mode == "spare" ? spareHolding(readFile(log), plan.ranks[j]) : -1;
+          if (victim <= 0) victim = workerPid(pid, plan.ranks[j], program);
           // shrink: the start's rank may be gone; the next one of the start's ranks alive.
           for (int d = 1; mode == "shrink" && victim <= 0 && d < nproc; ++d) {
             victim = workerPid(pid, (plan.ranks[j] + d) % nproc, program);
