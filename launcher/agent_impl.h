@@ -1,7 +1,8 @@
 #pragma once
 // Agent::Impl, the agent's state and event handlers, shared by the files that implement it:
 //   agent.cpp           the loop: rounds, starting and watching workers, their exits, decisions
-//   agent_recovery.cpp  in-process recovery: replace, shrink, grow back, hot spares
+//   agent_recovery.cpp  in-process recovery: the deaths, the budget, replace, shrink
+//   agent_spares.cpp    the processes that join a running group: grow back, hot spares
 //   agent_end.cpp       stopping the group, the exit barrier, the end of the job, the timeline
 // Private to launcher/ (not installed); the public face is agent.h.
 #include "launcher/agent.h"
