@@ -62,7 +62,7 @@ std::optional<std::string> readProcFile(int32_t pid, const char* file) {
 
 }  // namespace
 
-bool processDying(int32_t pid) {
+bool processDying(int32_t pid, int* waitStatus) {
   if (pid <= 0) return false;
   const auto stat = readProcFile(pid, "stat");
   if (!stat) return false;  // reaped already: its own exit report says how it ended
@@ -73,7 +73,10 @@ bool processDying(int32_t pid) {
     const size_t last = stat->find_last_not_of(" \n");
     const size_t from = stat->find_last_of(' ', last);
     if (last == std::string::npos || from == std::string::npos) return false;
-    return std::strtol(stat->c_str() + from + 1, nullptr, 10) != 0;
+    const int status = static_cast<int>(std::strtol(stat->c_str() + from + 1, nullptr, 10));
+    if (status == 0) return false;
+    if (waitStatus != nullptr) *waitStatus = status;
+    return true;
   }
   const auto status = readProcFile(pid, "status");
   if (!status) return false;
@@ -83,7 +86,10 @@ bool processDying(int32_t pid) {
     if (at == std::string::npos) continue;
     const unsigned long long mask =
         std::strtoull(status->c_str() + at + std::strlen(field), nullptr, 16);
-    if (mask & (1ULL << (SIGKILL - 1))) return true;
+    if (mask & (1ULL << (SIGKILL - 1))) {
+      if (waitStatus != nullptr) *waitStatus = SIGKILL;  // as waitpid reports a SIGKILL death
+      return true;
+    }
   }
   return false;
 }

@@ -14,6 +14,8 @@ bool processDead(int32_t pid);
 // does), or it is a zombie whose wait status is not a clean exit 0. False for one that is gone
 // (reaped: its reaper knows how it ended), a live one, a clean exit. For a launcher that decides
 // about several deaths at once (two ranks SIGKILLed together, whose exit reports arrive apart).
-bool processDying(int32_t pid);
+// `waitStatus`, when given and the answer is true: the status as from waitpid (a zombie's own;
+// SIGKILL's for a pending SIGKILL).
+bool processDying(int32_t pid, int* waitStatus = nullptr);
 
 }  // namespace ddprun

@@ -28,9 +28,10 @@ bool contains(const std::vector<WorkerResult>& dead, pid_t pid) {
   return false;
 }
 
-// How a dead worker ended; one taken at a decision before its exit was reported is dying.
+// How a dead worker ended; for one taken at a decision before its exit was reported, what
+// processDying() saw (a zombie's status, or a pending SIGKILL).
 std::string howItEnded(const WorkerResult& w) {
-  return w.ended ? w.describe() : "killed (its exit not reported yet)";
+  return w.ended ? w.describe() : w.describe() + " (its exit not reported yet)";
 }
 
 // "1" or "1, 2" (in the order of the list).
@@ -167,8 +168,10 @@ void Agent::Impl::onRecoveryDecision(std::vector<WorkerResult> dead, const JobDe
   // once): taken into this recovery now; their exits are ignored when they come.
   for (const auto& w : group_->results()) {
     if (w.ended || w.spare || w.pid <= 0 || contains(dead, w.pid)) continue;
-    if (!processDying(w.pid)) continue;
+    int status = 0;
+    if (!processDying(w.pid, &status)) continue;
     dead.push_back(w);
+    dead.back().waitStatus = status;  // how it ended, for the log and the record
     recoveredEarly_.push_back(w.pid);
   }
   if (d.kind == JobDecision::Kind::NextRound && canRecoverInProcess(dead)) {

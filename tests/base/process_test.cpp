@@ -48,7 +48,10 @@ TEST_CASE("processDying: a live or stopped process is not dying, a zombie is unl
   REQUIRE(::kill(live, SIGKILL) == 0);
   awaitZombie(live);
   CHECK(ddprun::processDead(live));
-  CHECK(ddprun::processDying(live));  // killed: a failure
+  int status = 0;
+  CHECK(ddprun::processDying(live, &status));  // killed: a failure
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGKILL);
   reap(live);
   CHECK(ddprun::processDead(live));
   CHECK_FALSE(ddprun::processDying(live));  // reaped: its reaper reports how it ended
@@ -61,7 +64,10 @@ TEST_CASE("processDying: a live or stopped process is not dying, a zombie is unl
 
   const pid_t failed = child(3);
   awaitZombie(failed);
-  CHECK(ddprun::processDying(failed));
+  status = 0;
+  CHECK(ddprun::processDying(failed, &status));
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 3);
   reap(failed);
 
   CHECK_FALSE(ddprun::processDying(-1));
