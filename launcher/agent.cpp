@@ -224,6 +224,8 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   growRank_ = -1;
   growGeneration_ = 0;
   growBackOff_ = false;
+  ownGenerations_.clear();
+  openStoreLink();  // several nodes: in-process recovery through node 0's workers' store
   bool observe = false;
   if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
     std::string why;
@@ -378,6 +380,10 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
   }
   if (growPid_ > 0 && r.pid == growPid_) {  // (a worker that never started has pid -1)
     abandonGrow(r);
+    return;
+  }
+  if (acrossNodes()) {
+    checkAcrossNodes(r);  // then recoverInProcess(r) or the group stops
     return;
   }
   if (canRecoverInProcess(r)) {

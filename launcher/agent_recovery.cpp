@@ -75,15 +75,23 @@ void Agent::Impl::recoverInProcess(const WorkerResult& r) {
   const ErrorFile ef = readErrorFile(r.errorFile);
   const bool retryable = ef.retryable.value_or(true);
   // The budget first (--max-restarts counts each recovery): NextRound means one was left.
-  handler_->asyncReportFailure(
+  handler_->asyncReportRecovery(
       r.exitCode(), retryable ? what : what + ": " + ef.message, retryable,
       [this, r](std::exception_ptr e, JobDecision d) {
         guarded([&] {
           recoveryPending_ = false;
           if (state_ != State::Running) return;
           if (e) std::rethrow_exception(e);
-          if (d.kind == JobDecision::Kind::NextRound && group_->runningCount() > 0 &&
-              !restartOnDecision_) {
+          if (d.kind == JobDecision::Kind::NextRound && d.recovered &&
+              group_->runningCount() > 0 && !restartOnDecision_) {
+            if (acrossNodes()) {
+              if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+                shrinkAcross(r, d);
+              } else {
+                replaceAcross(r, d);
+              }
+              return;
+            }
             if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
               shrinkGroup(r, d);
             } else {
@@ -95,7 +103,9 @@ void Agent::Impl::recoverInProcess(const WorkerResult& r) {
           // or another one died meanwhile: the group stops as after any failure, with this death as its root cause,
           // and the decision taken stands (no second restart counted): a restart, or the end.
           rootCause_ = r;
-          decidedFailure_ = d;
+          // Several nodes: a budget spent for a recovery left the round open; the restart
+          // must end it for every node, so the failure is reported again (asyncReportFailure).
+          if (!(d.recovered && round_.nodeCount > 1)) decidedFailure_ = d;
           DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank "
                                         << r.localRank << ", pid " << r.pid << ") failed: "
                                         << r.describe() << "; stopping the other workers";
