@@ -245,7 +245,10 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
       observe = true;
     }
   }
-  if (auto* store = handler_->workerStore(); store && observe) {
+  if (acrossNodes()) {
+    // Several nodes: the spares start once this node's workers announced, as the link reads.
+    if (observe) startSparesAcross();
+  } else if (auto* store = handler_->workerStore(); store && observe) {
     store->setObserver([this](const std::string& key) {
       asio::post(io_, [this, key] { guarded([&] { onStoreSet(key); }); });
     });

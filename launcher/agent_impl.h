@@ -148,6 +148,9 @@ class Agent::Impl {
   void replaceAcross(const WorkerResult& r, const JobDecision& d);
   void shrinkAcross(const WorkerResult& r, const JobDecision& d);
   void failAcross(const WorkerResult& r, const std::string& error);
+  // --spares on several nodes: once this node's workers announced (read by the link), the
+  // spares of this group start. A spare's id is unique in the job: n x nodes + node rank.
+  void startSparesAcross();
   // --peer-timeout: the worker stopped beating (progress_watch.h); kill it, a failure.
   void onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silentSeconds);
   void onHandlerDecision(const JobDecision& d);

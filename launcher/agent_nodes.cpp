@@ -207,6 +207,22 @@ void Agent::Impl::failAcross(const WorkerResult& r, const std::string& error) {
   stopGroup(StopReason::WorkerFailed, SIGTERM);
 }
 
+void Agent::Impl::startSparesAcross() {
+  std::vector<std::string> announced;
+  for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
+    announced.push_back(keys::announceKey(round_.rankOffset + lr));
+  }
+  const int epoch = linkEpoch_;
+  storeLink_->waitFor(std::move(announced), [this, epoch] {
+    guarded([&] {
+      if (epoch != linkEpoch_ || state_ != State::Running || sparesStarted_) return;
+      backgroundIdle();  // decided now, for the spares started later
+      sparesStarted_ = true;
+      for (int i = 0; i < options_.spares; ++i) startSpare(/*idle=*/false);
+    });
+  });
+}
+
 void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
   recoveryRestarts_ = d.restartCount;
   recoveryPending_ = true;  // until the generation is published: another death restarts
@@ -231,15 +247,34 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
           }
           const int g = *generation;
           ownGenerations_.insert(g);
-          group_->add(makeLaunch(round_, lr, g));  // it builds generation g's communicator
+          // A waiting spare of this node takes the rank, else a new process (it builds
+          // generation g's communicator).
+          int spareId = -1;
+          pid_t sparePid = sparesStarted_ ? pickSpare(spareId) : -1;
+          if (sparePid > 0 && group_->assign(sparePid, lr, r.globalRank)) {
+            group_->setPrefix(sparePid, prefixFor(r.globalRank, lr));
+            if (schedulingPolicy(sparePid) == SCHED_IDLE) {
+              std::string idleError;
+              leaveIdlePriority(sparePid, idleError);
+            }
+          } else {
+            spareId = -1;
+            sparePid = -1;
+            group_->add(makeLaunch(round_, lr, g));
+          }
           startedGeneration_[static_cast<size_t>(lr)] = g;
           const std::string cause = "rank " + std::to_string(r.globalRank) + " (pid " +
                                     std::to_string(r.pid) + ") on node " +
                                     std::to_string(round_.nodeRank) + " failed: " + r.describe();
           const std::string text = keys::formatGenerationRecord(
-              {.generation = g, .replaced = {r.globalRank}, .cause = cause});
+              {.generation = g, .replaced = {r.globalRank}, .cause = cause, .spare = spareId});
+          const std::string assignment =
+              spareId < 0 ? std::string()
+                          : keys::formatSpareAssignment(
+                                {.generation = g, .rank = r.globalRank, .localRank = lr});
           storeLink_->run(
-              [g, text](rendezvous::Store& s) {
+              [g, text, spareId, assignment](rendezvous::Store& s) {
+                if (spareId >= 0) s.set(keys::spareAssignKey(spareId), assignment);
                 if (g > 1) awaitRecord(s, g - 1);
                 s.set(keys::generationKey(g), text);
               },
@@ -260,13 +295,27 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
                               .add("generation", g)
                               .add("rank", r.globalRank)
                               .add("restarts_spent", d.restartCount));
+          const std::string taker =
+              spareId >= 0 ? "spare " + std::to_string(spareId) + " (pid " +
+                                 std::to_string(sparePid) + ") takes rank " +
+                                 std::to_string(r.globalRank)
+                           : "a new rank " + std::to_string(r.globalRank) + " is starting";
           DDPRUN_LOG(WARN, "launcher") << "rank " << r.globalRank << " (local rank " << lr
                                        << ", pid " << r.pid << ") failed: " << r.describe()
                                        << "; recovering in process (generation " << g
-                                       << "): the other workers of every node keep running, a "
-                                       << "new rank " << r.globalRank << " is starting (restart "
-                                       << d.restartCount << " of " << options_.maxRestarts
-                                       << " spent)";
+                                       << "): the other workers of every node keep running, "
+                                       << taker << " (restart " << d.restartCount << " of "
+                                       << options_.maxRestarts << " spent)";
+          if (spareId >= 0) {
+            events::instant("spare assign", "agent",
+                            events::Args()
+                                .add("spare", spareId)
+                                .add("pid", static_cast<int64_t>(sparePid))
+                                .add("rank", r.globalRank)
+                                .add("local_rank", lr)
+                                .add("generation", g));
+            startSpare(/*idle=*/idleSpares_ == 1);  // in the background: the next failure's
+          }
           watchProgress();
         });
       });

@@ -32,10 +32,38 @@ WorkerStoreLink::~WorkerStoreLink() {
     jobs_.clear();
     if (jobsConn_) jobsConn_->interrupt();
     if (followConn_) followConn_->interrupt();
+    for (auto& c : waitConns_) c->interrupt();
   }
   cv_.notify_all();
   jobsThread_.join();
   followThread_.join();
+  for (auto& t : waitThreads_) t.join();
+}
+
+void WorkerStoreLink::waitFor(std::vector<std::string> keys, std::function<void()> then) {
+  waitThreads_.emplace_back([this, keys = std::move(keys), then = std::move(then)] {
+    try {
+      auto conn = std::make_shared<rdzv::TcpStore>(options_);
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (stopping_) return;
+        waitConns_.push_back(conn);
+      }
+      rdzv::PrefixStore store(prefix_, conn);
+      for (;;) {
+        try {
+          store.wait(keys, rdzv::Millis(60'000));
+          break;
+        } catch (const TimeoutError&) {
+          std::lock_guard<std::mutex> g(mu_);
+          if (stopping_) return;
+        }
+      }
+      asio::post(io_, then);
+    } catch (const std::exception& e) {
+      DDPRUN_LOG(DEBUG, "launcher") << "a wait in the workers' store ended: " << e.what();
+    }
+  });
 }
 
 void WorkerStoreLink::run(std::function<void(rdzv::Store&)> job,

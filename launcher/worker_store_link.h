@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "rendezvous/store.h"
 #include "rendezvous/tcp_store.h"
@@ -48,6 +49,11 @@ class WorkerStoreLink {
   void run(std::function<void(rendezvous::Store&)> job,
            std::function<void(const std::string& error)> then);
 
+  // Waits (on a thread and connection of its own, in rounds of a minute: no polling) until
+  // every key of `keys` is set, then runs `then` on the I/O thread; never when the store goes
+  // away or the link is destroyed first.
+  void waitFor(std::vector<std::string> keys, std::function<void()> then);
+
  private:
   void jobsMain();
   void followMain();
@@ -62,8 +68,10 @@ class WorkerStoreLink {
   bool stopping_ = false;
   std::shared_ptr<rendezvous::TcpStore> jobsConn_;    // set by the jobs' thread, under mu_
   std::shared_ptr<rendezvous::TcpStore> followConn_;  // set by the follower, under mu_
+  std::vector<std::shared_ptr<rendezvous::TcpStore>> waitConns_;  // under mu_
   std::thread jobsThread_;
   std::thread followThread_;
+  std::vector<std::thread> waitThreads_;
 };
 
 }  // namespace ddprun::launcher

@@ -132,7 +132,7 @@ TEST_CASE("two nodes, replace: a worker of node 1 SIGKILLed is replaced by its a
   REQUIRE(r2 > 0);
   REQUIRE(r3 > 0);
   REQUIRE(::kill(r2, SIGKILL) == 0);
-  REQUIRE(waitForOutput(*job.node0, "rank 2 joined generation 1", kJobTimeout));
+  REQUIRE(waitForOutput(*job.node1, "rank 2 joined generation 1", kJobTimeout));
   for (pid_t p : {r0, r1, r3}) CHECK(::kill(p, 0) == 0);
   const auto [a, b] = job.finish();
   const std::string out0 = job.node0->output(), out1 = job.node1->output();
@@ -192,4 +192,34 @@ TEST_CASE("two nodes, shrink: a worker of node 1 SIGKILLed, the group goes on at
                           {.examples = kExamples, .batch = kBatch, .seed = kSeed});
   }
   CHECK(epochSamples(log, kEpochs - 1).lastWorld == 3);
+}
+
+TEST_CASE("two nodes, --spares=1: node 1's waiting spare takes the rank of node 1's dead worker, "
+          "weights bit-identical", "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
+  // Spare ids are unique in the job: n x nodes + node rank, so node 1's first is spare 1.
+  REQUIRE(waitForOutput(*job.node1, "spare 1 (pid ", kJobTimeout));
+  REQUIRE(waitForOutput(*job.node1, "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t r0 = waitForWorker(*job.node0, 0), r2 = waitForWorker(*job.node1, 2);
+  const pid_t r3 = waitForWorker(*job.node1, 3);
+  REQUIRE(r0 > 0);
+  REQUIRE(r2 > 0);
+  REQUIRE(r3 > 0);
+  REQUIRE(::kill(r3, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
+  for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
+  const auto [a, b] = job.finish();
+  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  REQUIRE(a == 0);
+  REQUIRE(b == 0);
+  CHECK(std::regex_search(out1, std::regex(R"(rank 3 \(local rank 1, pid \d+\) failed: signal 9 )"
+                                           R"(\(SIGKILL\); recovering in process \(generation 1\): )"
+                                           R"(the other workers of every node keep running, spare 1 )"
+                                           R"(\(pid \d+\) takes rank 3)")));
+  CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
