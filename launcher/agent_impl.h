@@ -89,6 +89,8 @@ class Agent::Impl {
   // A key a worker SET in the agent's store: once every worker of the group has announced
   // in-process recovery (its program runs the runtime's elastic loop), the spares start.
   void onStoreSet(const std::string& key);
+  // Starts the group's --spares once every worker has announced (once per group).
+  void maybeStartSpares();
   // Starts one spare; `idle`: under SCHED_IDLE (training is running, hot_spares.h).
   void startSpare(bool idle);
   // A waiting spare's exit: restarted when the group still runs (no restart spent).

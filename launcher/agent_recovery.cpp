@@ -374,6 +374,12 @@ void Agent::Impl::growGroup(pid_t sparePid, int spareId) {
                                << before << " to " << after << " rank(s) at the workers' next "
                                << "commit (no restart spent)";
   watchProgress();
+  // A warm spare (--spares) grew the group: the next one starts in the background, as after
+  // a spare took a dead rank under replace.
+  if (sparesStarted_ && liveWorkers() >= options_.nprocPerNode &&
+      static_cast<int>(group_->waitingSpares().size()) < options_.spares) {
+    startSpare(/*idle=*/backgroundIdle());
+  }
 }
 
 void Agent::Impl::abandonGrow(const WorkerResult& r) {
@@ -443,11 +449,6 @@ pid_t Agent::Impl::pickSpare(int& id) {
 }
 
 bool Agent::Impl::sparesUsable(std::string& why) const {
-  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
-    why = "--recovery-policy=shrink goes on without the dead rank and starts a replacement "
-          "after the shrink (grow back), not before";
-    return false;
-  }
   if (options_.recovery == LaunchOptions::Recovery::Restart) {
     why = "they take a dead worker's rank only in an in-process recovery, and this job runs "
           "with --recovery=restart";
@@ -458,6 +459,10 @@ bool Agent::Impl::sparesUsable(std::string& why) const {
     why = "only workers that use the agent's store recover in process";
     return false;
   }
+  if (round_.nodeCount > 1 && options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+    why = "on several nodes a shrunk group does not grow back yet (docs/recovery.md#several-nodes)";
+    return false;
+  }
   return true;
 }
 
@@ -465,13 +470,19 @@ void Agent::Impl::onStoreSet(const std::string& key) {
   if (state_ != State::Running || !group_) return;
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   const bool announce = key.rfind(prefix + "ddprun/recovery/", 0) == 0;
-  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
-    // Grow back: on a spare's ready key or a worker's announcement.
-    if (announce || key.rfind(prefix + "ddprun/spare/", 0) == 0) tryGrow();
-    return;
+  if (announce) maybeStartSpares();
+  // Shrink: grow back on a spare's ready key or a worker's announcement.
+  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
+      (announce || key.rfind(prefix + "ddprun/spare/", 0) == 0)) {
+    tryGrow();
   }
+}
+
+void Agent::Impl::maybeStartSpares() {
   if (sparesStarted_ || options_.spares <= 0) return;
-  if (!announce) return;  // announceKey()s only
+  std::string why;
+  if (!sparesUsable(why)) return;
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   rendezvous::StoreServer* store = handler_->workerStore();
   for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
     if (!store->get(prefix + rendezvous::recovery::announceKey(round_.rankOffset + lr))) return;
@@ -498,10 +509,12 @@ void Agent::Impl::startSpare(bool idle) {
 
 void Agent::Impl::onSpareExited(const WorkerResult& r) {
   if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
-  // Shrink: a waiting replacement is started again only while the group lacks a rank.
+  // Shrink: a waiting replacement is started again only while the group lacks a rank or a
+  // spare (--spares).
+  const int wanted = options_.nprocPerNode + (sparesStarted_ ? options_.spares : 0);
   if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
-      (growBackOff_ || liveWorkers() + static_cast<int>(group_->waitingSpares().size()) >=
-                           options_.nprocPerNode)) {
+      (growBackOff_ ||
+       liveWorkers() + static_cast<int>(group_->waitingSpares().size()) >= wanted)) {
     return;
   }
   // Died while waiting: the training group is not touched and no restart is spent. A spare

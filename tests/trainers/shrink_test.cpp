@@ -288,3 +288,42 @@ TEST_CASE("a death that would go below the job's minimum (shrink:2) restarts the
   CHECK_THAT(out, !Contains("the group shrank"));
   CHECK(fs::exists(dir / "final.pt"));
 }
+
+TEST_CASE("shrink with a warm spare (--spares=1): a rank of three SIGKILLed, the group goes on at "
+          "two and the loaded spare grows it back to three at once, every sample exactly once",
+          "[recovery][shrink][grow][spare][slow]") {
+  if (!haveData()) return skipWithoutData();
+  constexpr int kEpochs = 8;
+  TempDir dir;
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink", "--spares=1"}, kEpochs),
+          sampleLogEnv(dir), dir / "log");
+  // The spare starts with the job (at normal priority) and loads before the death.
+  REQUIRE(waitForOutput(job, "spare 0 (pid", kJobTimeout));
+  REQUIRE(waitForOutput(job, ") ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t zero = workerPid(job.pid(), 0, "mnist_mlp");
+  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
+  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
+  REQUIRE(zero > 0);
+  REQUIRE(one > 0);
+  REQUIRE(two > 0);
+  REQUIRE(::kill(one, SIGKILL) == 0);
+  REQUIRE(waitForOutput(job, "the group grew", kJobTimeout));
+  CHECK(::kill(zero, 0) == 0);
+  CHECK(::kill(two, 0) == 0);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("the group shrinks from 3 to 2 rank(s)"));
+  // The warm spare, not a replacement started after the death, takes the free rank.
+  CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid "));
+  CHECK_THAT(out, !Contains("grow back: a replacement starts in the background"));
+  CHECK_THAT(out, Contains("rank 1 joined generation 2 and healed from rank 0's memory"));
+  // The spare used, the next one starts in the background.
+  CHECK_THAT(out, Contains("starting spare 1"));
+  CHECK_THAT(out, !Contains("restarting the worker group"));
+  const std::string log = dir / "samples";
+  CHECK(worldSequence(log, kEpochs) == std::vector<int>{3, 2, 3});
+  for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
+}
