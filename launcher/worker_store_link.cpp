@@ -97,6 +97,15 @@ void WorkerStoreLink::run(std::function<void(rdzv::Store&)> job,
 }
 
 void WorkerStoreLink::jobsMain() {
+  // Connected now, while the store is there: a recovery's first job does not wait for a
+  // connect (nor, when node 0 is gone, for the connect's retries).
+  try {
+    auto conn = std::make_shared<rdzv::TcpStore>(options_);
+    std::lock_guard<std::mutex> g(mu_);
+    if (!stopping_) jobsConn_ = conn;
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(DEBUG, "launcher") << "the workers' store is not reached yet: " << e.what();
+  }
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
