@@ -385,7 +385,10 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
     abandonGrow(r);
     return;
   }
-  if (acrossNodes()) {
+  // Several nodes: the check reads node 0's store off this thread, so it needs another worker
+  // of this node still running: the group of a node whose last worker died has ended (it would
+  // be taken for a success), and restarts as before.
+  if (acrossNodes() && liveWorkers(r.pid) > 0) {
     checkAcrossNodes(r);  // then recoverInProcess(r) or the group stops
     return;
   }
