@@ -125,7 +125,9 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
   // Whether every rank of the group holds the training state, read in the workers' store off
   // this thread: this node's survivors in the generation their process started in, every other
   // rank in any (their agents started them), and the dead rank's program runs the elastic loop.
+  // Another death of this node meanwhile (addPendingDeath) makes it a restart.
   recoveryPending_ = true;
+  pendingDeaths_ = {r};
   struct Local {
     int rank;
     int since;
@@ -172,7 +174,7 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
           recoveryPending_ = false;
           std::string refused = !error.empty() ? "the workers' store could not be read (" + error + ")"
                                                : *why;
-          if (refused.empty() && restartOnDecision_) refused = "another worker of this node died meanwhile";
+          if (refused.empty() && pendingDeaths_.size() > 1) refused = "another worker of this node died meanwhile";
           if (refused.empty() && world - 1 < 1) refused = "no worker survived to heal a replacement from";
           if (refused.empty() && options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
               world - 1 < options_.shrinkMinRanks) {
@@ -187,7 +189,7 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
             DDPRUN_LOG(WARN, "launcher") << "--recovery=in-process: " << refused
                                          << "; restarting the group instead";
           }
-          restartOnDecision_ = false;
+          pendingDeaths_.clear();
           rootCause_ = r;
           DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
                                         << ", pid " << r.pid << ") failed: " << r.describe()
@@ -198,7 +200,7 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
 }
 
 void Agent::Impl::failAcross(const WorkerResult& r, const std::string& error) {
-  restartOnDecision_ = false;
+  pendingDeaths_.clear();
   // The generation could not be published: the group restarts, a failure reported afresh (the
   // round must end for every node; the restart the recovery spent stays spent).
   DDPRUN_LOG(ERROR, "launcher") << "in-process recovery of rank " << r.globalRank << " failed: "
@@ -226,6 +228,7 @@ void Agent::Impl::startSparesAcross() {
 void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
   recoveryRestarts_ = d.restartCount;
   recoveryPending_ = true;  // until the generation is published: another death restarts
+  pendingDeaths_ = {r};
   const int lr = r.localRank;
   const std::string table = progressTablePath();
   if (!table.empty()) {
@@ -284,7 +287,7 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
                   recoveryPending_ = false;
                   if (!error.empty()) {
                     failAcross(r, error);
-                  } else if (restartOnDecision_) {
+                  } else if (pendingDeaths_.size() > 1) {
                     failAcross(r, "another worker of this node died during the recovery");
                   }
                 });
@@ -324,6 +327,7 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
 void Agent::Impl::shrinkAcross(const WorkerResult& r, const JobDecision& d) {
   recoveryRestarts_ = d.restartCount;
   recoveryPending_ = true;
+  pendingDeaths_ = {r};
   struct Out {
     int generation = 0;
     int before = 0;
@@ -377,7 +381,7 @@ void Agent::Impl::shrinkAcross(const WorkerResult& r, const JobDecision& d) {
         guarded([&] {
           if (epoch != linkEpoch_ || state_ != State::Running) return;
           recoveryPending_ = false;
-          if (!error.empty() || restartOnDecision_) {
+          if (!error.empty() || pendingDeaths_.size() > 1) {
             failAcross(r, !error.empty() ? error
                                          : "another worker of this node died during the recovery");
             return;
