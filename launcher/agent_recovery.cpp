@@ -53,9 +53,16 @@ bool Agent::Impl::canRecoverInProcess(const std::vector<WorkerResult>& dead) {
     return false;
   };
   rendezvous::StoreServer* store = handler_->workerStore();
-  if (store == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
-    return refuse("only a single node whose workers use the agent's store recovers in process");
+  if (!round_.useAgentStore) {
+    return refuse("only workers that use the agent's store recover in process");
   }
+  if (round_.nodeCount > 1) {
+    // Several nodes (agent_nodes.cpp): this path is taken when no other worker of this node
+    // runs, or for several deaths of this node at once.
+    return refuse("on several nodes a death is recovered in process only while another worker "
+                  "of its node runs, one death of the node at a time");
+  }
+  if (store == nullptr) return refuse("the agent does not host its workers' store");
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   auto startedIn = [&](const WorkerResult& w) {
     const size_t lr = static_cast<size_t>(w.localRank);

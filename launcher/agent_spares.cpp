@@ -27,7 +27,9 @@ bool Agent::Impl::growBackUsable(std::string& why) const {
     return false;
   }
   if (handler_->workerStore() == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
-    why = "only a single node whose workers use the agent's store recovers in process";
+    why = round_.nodeCount != 1 ? "on several nodes a shrunk group does not grow back yet"
+                                : "only a single node whose workers use the agent's store "
+                                  "recovers in process";
     return false;
   }
   return true;
