@@ -309,7 +309,8 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--repeat", repeat, "runs of the form scenario per size (median)");
   app.add_option("--backend", backend,
                  "c10d: ddprun vs torchrun 1.13; etcd-v3: ddprun on a 3-member etcd cluster "
-                 "started here vs ddprun on c10d")
+                 "started here vs ddprun on c10d (with --simulate: the simulated agents on a "
+                 "private one-member etcd instead of a ddprun-store)")
       ->check(CLI::IsMember({"c10d", "etcd-v3"}));
   app.add_flag("--no-torchrun", noTorchrun, "ddprun only");
   app.add_option("--torch-python", python, "python3 with torch (Debian's python3-torch)");
@@ -354,6 +355,7 @@ int benchRendezvous(int argc, char** argv) {
     sim.csv = csv;
     if (!noPlot) sim.png = ddprun::bench::resultsPath("rendezvous_simulate.png");
     sim.realCsv = realCsv;
+    sim.backend = backend;
     return ddprun::bench::simulate(sim);
   }
   const bool etcd = backend == "etcd-v3";

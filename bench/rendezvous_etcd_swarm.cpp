@@ -1,0 +1,102 @@
+#include "bench/rendezvous_etcd_swarm.h"
+
+#include <sys/resource.h>
+
+#include <fstream>
+
+#include "base/errors.h"
+#include "rendezvous/counting_store.h"
+#include "rendezvous/etcd/etcd_backend.h"
+#include "rendezvous/etcd/etcd_store.h"
+#include "rendezvous/store_server.h"
+#include "tests/etcd/etcd_cluster.h"  // a private etcd, as the tests start one
+
+namespace ddprun::bench {
+
+using namespace ddprun::rendezvous;
+using rendezvous::etcd::EtcdBackend;
+using rendezvous::etcd::EtcdBackendOptions;
+using rendezvous::etcd::EtcdStore;
+
+namespace {
+
+// EtcdBackend with every Store connection counted into one StoreTraffic; its liveness (the
+// lease and the alive/ watch) is the backend's own.
+class CountingEtcdBackend final : public RendezvousBackend {
+ public:
+  CountingEtcdBackend(EtcdBackendOptions options, std::shared_ptr<StoreTraffic> traffic,
+                      bool slotJoin)
+      : inner_(options), client_(options.client), traffic_(std::move(traffic)),
+        slotJoin_(slotJoin) {}
+  std::string name() const override { return inner_.name(); }
+  std::string describe() const override { return inner_.describe(); }
+  InterruptibleStore connect(const std::string& runId) const override {
+    auto s = std::make_shared<EtcdStore>(client_, inner_.jobPrefix(runId));
+    return {std::make_shared<CountingStore>(s, traffic_), [s] { s->interrupt(); },
+            [s] { s->cancelCall(); }};
+  }
+  std::unique_ptr<Liveness> startLiveness(LivenessContext ctx) const override {
+    return inner_.startLiveness(std::move(ctx));
+  }
+  std::string localAddress() const override { return "127.0.0.1"; }
+  bool slotJoin() const override { return slotJoin_; }
+
+ private:
+  EtcdBackend inner_;
+  rendezvous::etcd::EtcdClientOptions client_;
+  std::shared_ptr<StoreTraffic> traffic_;
+  bool slotJoin_;
+};
+
+class EtcdSwarmStore final : public SwarmStore {
+ public:
+  EtcdSwarmStore(Millis timeout, Millis leaseTtl)
+      : cluster_(1), options_{.client = cluster_.clientOptions(timeout), .leaseTtl = leaseTtl},
+        timeout_(timeout) {}
+  std::shared_ptr<const RendezvousBackend> backend(std::shared_ptr<StoreTraffic> traffic,
+                                                   bool slotJoin) const override {
+    return std::make_shared<CountingEtcdBackend>(options_, std::move(traffic), slotJoin);
+  }
+  std::shared_ptr<Store> connect(const std::string& runId) const override {
+    return std::make_shared<EtcdStore>(options_.client,
+                                       options_.keyPrefix + "/" + runId + "/");
+  }
+  TcpStoreOptions storeOptions() const override {
+    return {.host = "127.0.0.1", .timeout = timeout_, .connectTimeout = timeout_};
+  }
+  double cpuSeconds() const override { return cluster_.cpuSeconds(); }
+
+ private:
+  etcdtest::EtcdCluster cluster_;
+  EtcdBackendOptions options_;
+  Millis timeout_;
+};
+
+// Each agent holds several etcd connections (its store's, its watches', its lease keeper's
+// and watcher's), each an Asio io_context (an epoll, an eventfd, a timerfd) and a socket;
+// etcd holds the other end of each. As root, the hard limit is raised too (etcd inherits it).
+void raiseFileLimits() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max < (1u << 20)) {
+    rlimit want{1u << 20, 1u << 20};
+    (void)::setrlimit(RLIMIT_NOFILE, &want);  // fails unless privileged: then the soft limit
+  }
+  raiseFileLimit();
+}
+
+}  // namespace
+
+std::string etcdBinary() { return etcdtest::kEtcdBinary; }
+bool etcdInstalled() { return std::ifstream(etcdtest::kEtcdBinary).good(); }
+
+SwarmResult runEtcdSwarm(const SwarmOptions& o, Millis leaseTtl) {
+  if (!etcdInstalled())
+    throw Error(etcdBinary() + " not found: etcd is not installed (Debian etcd-server)");
+  if (o.protocol == "slots")
+    throw ConfigError("--protocol slots runs on the ddprun store only (rendezvous/scalable/)");
+  raiseFileLimits();
+  EtcdSwarmStore store(o.timeout, leaseTtl);
+  return runSwarmOn(store, o);
+}
+
+}  // namespace ddprun::bench
