@@ -31,7 +31,7 @@ etcdtest::EtcdCluster& sharedCluster() {
 }
 }  // namespace
 
-TEST_CASE("a watch parks its fiber; wake() and cancel() from another fiber end it") {
+TEST_CASE("a watch parks its fiber and wake() then cancel() from another fiber end it") {
   auto& cluster = sharedCluster();
   const auto options = cluster.clientOptions(Millis(10'000));
   FiberScheduler s;
