@@ -334,6 +334,10 @@ int benchRendezvous(int argc, char** argv) {
                  "i % loops)")
       ->check(CLI::Range(1, 64));
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
+  bool noLeases = false;
+  app.add_flag("--no-leases", noLeases,
+               "--simulate --backend etcd-v3: the agents without their lease liveness (no "
+               "lease, keep-alives or alive/ watch): the join's cost alone");
   std::string realCsv = ddprun::bench::resultsPath("rendezvous.csv");
   app.add_option("--real-csv", realCsv,
                  "--simulate: the agent-process results drawn on the plot (form+run rows)");
@@ -356,6 +360,7 @@ int benchRendezvous(int argc, char** argv) {
     if (!noPlot) sim.png = ddprun::bench::resultsPath("rendezvous_simulate.png");
     sim.realCsv = realCsv;
     sim.backend = backend;
+    sim.etcdLeases = !noLeases;
     return ddprun::bench::simulate(sim);
   }
   const bool etcd = backend == "etcd-v3";

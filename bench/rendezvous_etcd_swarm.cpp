@@ -25,9 +25,9 @@ namespace {
 class CountingEtcdBackend final : public RendezvousBackend {
  public:
   CountingEtcdBackend(EtcdBackendOptions options, std::shared_ptr<StoreTraffic> traffic,
-                      bool slotJoin)
+                      bool slotJoin, bool leases)
       : inner_(options), client_(options.client), traffic_(std::move(traffic)),
-        slotJoin_(slotJoin) {}
+        slotJoin_(slotJoin), leases_(leases) {}
   std::string name() const override { return inner_.name(); }
   std::string describe() const override { return inner_.describe(); }
   InterruptibleStore connect(const std::string& runId) const override {
@@ -36,6 +36,7 @@ class CountingEtcdBackend final : public RendezvousBackend {
             [s] { s->cancelCall(); }};
   }
   std::unique_ptr<Liveness> startLiveness(LivenessContext ctx) const override {
+    if (!leases_) return nullptr;
     return inner_.startLiveness(std::move(ctx));
   }
   std::string localAddress() const override { return "127.0.0.1"; }
@@ -46,16 +47,18 @@ class CountingEtcdBackend final : public RendezvousBackend {
   rendezvous::etcd::EtcdClientOptions client_;
   std::shared_ptr<StoreTraffic> traffic_;
   bool slotJoin_;
+  bool leases_;
 };
 
 class EtcdSwarmStore final : public SwarmStore {
  public:
-  EtcdSwarmStore(Millis timeout, Millis leaseTtl)
-      : cluster_(1), options_{.client = cluster_.clientOptions(timeout), .leaseTtl = leaseTtl},
-        timeout_(timeout) {}
+  EtcdSwarmStore(Millis timeout, const EtcdSwarmOptions& etcd)
+      : cluster_(1),
+        options_{.client = cluster_.clientOptions(timeout), .leaseTtl = etcd.leaseTtl},
+        timeout_(timeout), leases_(etcd.leases) {}
   std::shared_ptr<const RendezvousBackend> backend(std::shared_ptr<StoreTraffic> traffic,
                                                    bool slotJoin) const override {
-    return std::make_shared<CountingEtcdBackend>(options_, std::move(traffic), slotJoin);
+    return std::make_shared<CountingEtcdBackend>(options_, std::move(traffic), slotJoin, leases_);
   }
   std::shared_ptr<Store> connect(const std::string& runId) const override {
     return std::make_shared<EtcdStore>(options_.client,
@@ -70,6 +73,7 @@ class EtcdSwarmStore final : public SwarmStore {
   etcdtest::EtcdCluster cluster_;
   EtcdBackendOptions options_;
   Millis timeout_;
+  bool leases_;
 };
 
 // Each agent holds 7-8 etcd connections (its store's, its watches', its round watcher's, its
@@ -92,7 +96,7 @@ uint64_t raiseFileLimits() {
 std::string etcdBinary() { return etcdtest::kEtcdBinary; }
 bool etcdInstalled() { return std::ifstream(etcdtest::kEtcdBinary).good(); }
 
-SwarmResult runEtcdSwarm(const SwarmOptions& o, Millis leaseTtl) {
+SwarmResult runEtcdSwarm(const SwarmOptions& o, const EtcdSwarmOptions& etcd) {
   if (!etcdInstalled())
     throw Error(etcdBinary() + " not found: etcd is not installed (Debian etcd-server)");
   if (o.protocol == "slots")
@@ -108,7 +112,7 @@ SwarmResult runEtcdSwarm(const SwarmOptions& o, Millis leaseTtl) {
                 "and an Asio io_context's epoll, eventfd and timerfd); RLIMIT_NOFILE is " +
                 std::to_string(limit) + " and its hard limit cannot be raised here");
   }
-  EtcdSwarmStore store(o.timeout, leaseTtl);
+  EtcdSwarmStore store(o.timeout, etcd);
   return runSwarmOn(store, o);
 }
 

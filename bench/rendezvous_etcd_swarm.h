@@ -22,7 +22,15 @@ namespace ddprun::bench {
 bool etcdInstalled();
 std::string etcdBinary();
 
-// Throws Error when etcd is not installed or does not start. `leaseTtl`: each agent's lease.
-SwarmResult runEtcdSwarm(const SwarmOptions& options, Millis leaseTtl = Millis(10'000));
+struct EtcdSwarmOptions {
+  Millis leaseTtl{10'000};  // each agent's lease (--rdzv-conf lease_ttl)
+  // false: no EtcdLiveness (no lease, no keep-alives, no alive/ watch): the join's and the
+  // state log's cost alone, to tell them from the liveness's (--no-leases).
+  bool leases = true;
+};
+
+// Throws Error when etcd is not installed or does not start, or when N agents would need more
+// file descriptors than this process may open.
+SwarmResult runEtcdSwarm(const SwarmOptions& options, const EtcdSwarmOptions& etcd = {});
 
 }  // namespace ddprun::bench

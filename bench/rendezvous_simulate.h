@@ -14,6 +14,9 @@ struct SimulateOptions {
   // bench/rendezvous_etcd_swarm.h). The CSV's scenario names it: simulate-<protocol>, or
   // simulate-etcd-<protocol>.
   std::string backend = "c10d";
+  // etcd-v3 only: false runs the agents without their lease liveness (--no-leases); the
+  // scenario is then simulate-etcd-<protocol>-no-leases.
+  bool etcdLeases = true;
   uint64_t seed = 1;
   std::chrono::milliseconds spread{200};
   int loops = 1;  // threads running the agents' fibers (SwarmOptions::loops)
