@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 namespace ddprun {
@@ -33,6 +35,57 @@ bool processDead(int32_t pid) {
   if (paren == nullptr || paren + 2 >= text + n) return false;
   const char state = paren[2];
   return state == 'Z' || state == 'X';
+}
+
+namespace {
+
+// The text of /proc/<pid>/<file> (up to 4 KB), or nullopt when it cannot be read (gone).
+std::optional<std::string> readProcFile(int32_t pid, const char* file) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/" + file;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char text[4096];
+  size_t used = 0;
+  bool failed = false;
+  for (;;) {
+    const ssize_t n = ::read(fd, text + used, sizeof text - 1 - used);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) failed = true;
+    if (n <= 0) break;
+    used += static_cast<size_t>(n);
+    if (used == sizeof text - 1) break;
+  }
+  ::close(fd);
+  if (failed) return std::nullopt;
+  return std::string(text, used);
+}
+
+}  // namespace
+
+bool processDying(int32_t pid) {
+  if (pid <= 0) return false;
+  const auto stat = readProcFile(pid, "stat");
+  if (!stat) return false;  // reaped already: its own exit report says how it ended
+  const size_t paren = stat->rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat->size()) return false;
+  if ((*stat)[paren + 2] == 'Z') {
+    // A zombie: its wait status is the stat's last field (exit_code, Linux >= 3.5).
+    const size_t last = stat->find_last_not_of(" \n");
+    const size_t from = stat->find_last_of(' ', last);
+    if (last == std::string::npos || from == std::string::npos) return false;
+    return std::strtol(stat->c_str() + from + 1, nullptr, 10) != 0;
+  }
+  const auto status = readProcFile(pid, "status");
+  if (!status) return false;
+  // "SigPnd:\t0000000000000100": a hexadecimal mask, bit (signal - 1).
+  for (const char* field : {"\nSigPnd:", "\nShdPnd:"}) {
+    const size_t at = status->find(field);
+    if (at == std::string::npos) continue;
+    const unsigned long long mask =
+        std::strtoull(status->c_str() + at + std::strlen(field), nullptr, 16);
+    if (mask & (1ULL << (SIGKILL - 1))) return true;
+  }
+  return false;
 }
 
 }  // namespace ddprun

@@ -27,6 +27,9 @@
 //               ranks. A planned rank that a shrink already took is replaced by the next one of
 //               the start's ranks still alive. Not in the default --modes; with 2 ranks and 2
 //               kills the second leaves no survivor (a restart): use --nproc 3 or more.
+//   shrink-spare  shrink with --spares=1: after the shrink a loaded spare grows the group back
+//               at the survivors' next commit (with --kill-when-spare-ready: every death finds
+//               one loaded). Not in the default --modes.
 //   torchrun    torchrun (bench/torchrun_wrapper.py, Debian's torch 1.13) --max_restarts=k
 //               restarting bench/ddp_mnist.py, which checkpoints at the same interval and
 //               resumes from its newest checkpoint; --monitor_interval=0.1 by default (1.13's
@@ -119,7 +122,8 @@ struct RunResult {
 // (same clock, same day: the log's HH:MM:SS.mmm stamps compare as strings). Pure.
 int sparesReadyAtDeath(const std::string& log) {
   static const std::regex ready(R"(\[ddprun I (\S+) runtime spare \d+\] spare (\d+) \(pid (\d+)\) ready)");
-  static const std::regex takes(R"(\[ddprun W (\S+) launcher\] .*spare (\d+) \(pid (\d+)\) takes rank)");
+  static const std::regex takes(
+      R"(\[ddprun W (\S+) launcher\] .*spare (\d+) \(pid (\d+)\)(?: is ready and)? takes rank)");
   std::map<std::string, std::string> readyAt;  // "id/pid" -> stamp
   for (std::sregex_iterator it(log.begin(), log.end(), ready), end; it != end; ++it) {
     readyAt[(*it)[2].str() + "/" + (*it)[3].str()] = (*it)[1];
@@ -203,6 +207,25 @@ pid_t workerPid(pid_t root, int rank, const std::string& comm) {
   return -1;
 }
 
+bool isShrink(const std::string& mode) { return mode == "shrink" || mode == "shrink-spare"; }
+bool hasSpare(const std::string& mode) { return mode == "spare" || mode == "shrink-spare"; }
+
+// The spare that holds global rank `rank` by the agent's newest "spare N (pid P) takes rank R"
+// line for it, if P is alive (not a zombie); else -1 (no spare took it, or that one died: a
+// process started for the rank has RANK=<rank>, workerPid finds it).
+pid_t spareHolding(const std::string& log, int rank) {
+  static const std::regex takes(R"(spare \d+ \(pid (\d+)\)(?: is ready and)? takes rank (\d+))");
+  pid_t holder = -1;
+  for (std::sregex_iterator it(log.begin(), log.end(), takes), end; it != end; ++it) {
+    if (std::stoi((*it)[2]) == rank) holder = static_cast<pid_t>(std::stol((*it)[1]));
+  }
+  if (holder <= 0) return -1;
+  const std::string stat = readFile("/proc/" + std::to_string(holder) + "/stat");
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] == 'Z') return -1;
+  return holder;
+}
+
 // Starts argv in a process group of its own, stdout and stderr to `log`.
 pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
   std::vector<char*> args;
@@ -261,11 +284,9 @@ class Bench {
                                   "--nproc-per-node=" + std::to_string(nproc),
                                   "--max-restarts=" + k};
     if (mode == "restart") argv.push_back("--recovery=restart");
-    if (mode == "in-process" || mode == "spare" || mode == "shrink") {
-      argv.push_back("--recovery=in-process");
-    }
-    if (mode == "shrink") argv.push_back("--recovery-policy=shrink");
-    if (mode == "spare") argv.push_back("--spares=1");
+    if (mode != "restart") argv.push_back("--recovery=in-process");
+    if (isShrink(mode)) argv.push_back("--recovery-policy=shrink");
+    if (hasSpare(mode)) argv.push_back("--spares=1");
     argv.insert(argv.end(),
                 {bin + "/mnist_mlp", "--data", o_.data, "--train-limit",
                  std::to_string(o_.trainLimit), "--test-limit", "100", "--batch-size",
@@ -339,14 +360,16 @@ class Bench {
         }
         // --kill-when-spare-ready: not before spare j (one per death so far) has loaded.
         bool due = now >= killAt;
-        if (due && mode == "spare" && o_.killWhenSpareReady &&
+        if (due && hasSpare(mode) && o_.killWhenSpareReady &&
             countOf(readFile(log), ") ready: loaded, waiting for a rank") <= r.killsDone) {
           due = false;
         }
         if (due) {
-          pid_t victim = workerPid(pid, plan.ranks[j], program);
+          // A spare that took the rank has no RANK=<rank> of its own: the agent's line names it.
+          pid_t victim = hasSpare(mode) ? spareHolding(readFile(log), plan.ranks[j]) : -1;
+          if (victim <= 0) victim = workerPid(pid, plan.ranks[j], program);
           // shrink: the start's rank may be gone; the next one of the start's ranks alive.
-          for (int d = 1; mode == "shrink" && victim <= 0 && d < nproc; ++d) {
+          for (int d = 1; isShrink(mode) && victim <= 0 && d < nproc; ++d) {
             victim = workerPid(pid, (plan.ranks[j] + d) % nproc, program);
           }
           if (victim > 0 && ::kill(victim, SIGKILL) == 0) {
@@ -361,7 +384,7 @@ class Bench {
     const std::string output = readFile(log);
     r.inProcessRecoveries = countOf(output, "recovering in process");
     r.groupRestarts = countOf(output, "restarting the worker group");
-    if (mode == "spare") r.spareReady = sparesReadyAtDeath(output);
+    if (hasSpare(mode)) r.spareReady = sparesReadyAtDeath(output);
     {
       static const std::regex stall(R"(recovered in process in (\d+) ms: generation (\d+))");
       std::map<int, double> slowest;  // generation -> ms
@@ -375,7 +398,7 @@ class Bench {
     const int64_t trained = summarySteps(dir / "metrics.jsonl");
     if (code != 0) {
       r.why = "exited " + std::to_string(code) + " (" + log + ")";
-    } else if (mode == "shrink" ? trained < o_.steps : trained != o_.steps) {
+    } else if (isShrink(mode) ? trained < o_.steps : trained != o_.steps) {
       r.why = "trained " + std::to_string(trained) + " of " + std::to_string(o_.steps) +
               " steps (" + log + ")";
     } else if (r.killsDone != static_cast<int>(plan.targets.size())) {
@@ -434,8 +457,8 @@ int benchRecovery(int argc, char** argv) {
                "ddprun-bench recovery"};
   app.add_option("--nproc", nprocs, "world sizes, comma-separated (default 2,4)");
   app.add_option("--modes", modes,
-                 "comma-separated: restart, in-process, spare, shrink, torchrun (default: all but "
-                 "shrink)");
+                 "comma-separated: restart, in-process, spare, shrink, shrink-spare, torchrun (default: "
+                 "all but shrink and shrink-spare)");
   app.add_option("--repeats", o.repeats, "pairs of runs (undisturbed, killed) per mode and size")
       ->check(CLI::Range(1, 100));
   app.add_option("--kills", o.kills, "SIGKILLs per killed run, spread over it")
@@ -468,7 +491,8 @@ int benchRecovery(int argc, char** argv) {
     o.modes.clear();
     std::istringstream in(modes);
     for (std::string m; std::getline(in, m, ',');) {
-      if (m != "restart" && m != "in-process" && m != "spare" && m != "shrink" && m != "torchrun") {
+      if (m != "restart" && m != "in-process" && m != "spare" && m != "shrink" &&
+          m != "shrink-spare" && m != "torchrun") {
         throw CLI::ValidationError("--modes", "unknown mode '" + m + "'");
       }
       o.modes.push_back(m);
@@ -497,9 +521,11 @@ int benchRecovery(int argc, char** argv) {
   }
   const fs::path work = o.workDir;
   fs::create_directories(work);
-  if (std::find(o.modes.begin(), o.modes.end(), "spare") != o.modes.end() && !ddprunHasSpares(work)) {
-    std::printf("spare: skipped (this ddprun has no --spares: `ddprun --help` does not list it)\n");
-    o.modes.erase(std::find(o.modes.begin(), o.modes.end(), "spare"));
+  for (const char* m : {"spare", "shrink-spare"}) {
+    if (std::find(o.modes.begin(), o.modes.end(), m) != o.modes.end() && !ddprunHasSpares(work)) {
+      std::printf("%s: skipped (this ddprun has no --spares: `ddprun --help` does not list it)\n", m);
+      o.modes.erase(std::find(o.modes.begin(), o.modes.end(), m));
+    }
   }
   double loadStart[1] = {0};
   ::getloadavg(loadStart, 1);
@@ -614,7 +640,7 @@ int benchRecovery(int argc, char** argv) {
       if (ms.empty()) continue;
       std::printf("  %-24s %d ranks: p50 %.0f ms, p95 %.0f ms (%zu recoveries)", label(mode).c_str(),
                   n, percentile(ms, 0.5), percentile(ms, 0.95), ms.size());
-      if (mode == "spare") std::printf("; the spare was loaded at %d of %d deaths", ready, deaths);
+      if (hasSpare(mode)) std::printf("; the spare was loaded at %d of %d deaths", ready, deaths);
       std::printf("\n");
     }
   }

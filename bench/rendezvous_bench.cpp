@@ -1,8 +1,9 @@
 // ddprun-bench rendezvous: multi-node rendezvous, ddprun against torchrun's c10d backend, same
 // run. Every "node" is an agent process on this machine with its own loopback address.
 //
-// 1. form: N agents (--nnodes=N, nproc 1, PROGRAM `true`) from the first spawn until every
-//    agent has exited 0: connect, rendezvous, run, exit barrier. N = 4, 16, 64.
+// 1. form+run: N agents (--nnodes=N, nproc 1, PROGRAM `true`) from the first spawn until every
+//    agent has exited 0: connect, rendezvous, run, exit barrier. N = 4, 16, 64. Its "form" row:
+//    from the first spawn until the last agent logged its round closed (it knows its rank).
 // 2. recovery: N agents (--nnodes=N-1:N) run `sleep`; one agent's whole process group is
 //    SIGKILLed (a machine lost); timed until every survivor's new worker has started.
 //    Heartbeat 1 s x 3 on both sides, so the bound is 3 s + 200 ms.
@@ -18,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <cerrno>
 #include <fcntl.h>
 #include <fstream>
@@ -121,7 +123,32 @@ struct Result {
   std::optional<double> seconds;
   std::string note;
   std::optional<double> cpu;  // form: CPU seconds of every agent, worker and guard of the run
+  // form: from the first spawn until the last agent knew its rank (its "round 0 closed" log
+  // line); ddprun only (torchrun's agents do not log it).
+  std::optional<double> formed;
 };
+
+// Milliseconds since local midnight of a ddprun log line "[ddprun I HH:MM:SS.mmm ...] round 0
+// closed: ..." (base/log.cpp's format), or nullopt when the file has no such line.
+std::optional<int64_t> roundClosedAt(const std::string& file) {
+  std::ifstream in(file);
+  for (std::string l; std::getline(in, l);) {
+    if (l.find("] round 0 closed: ") == std::string::npos) continue;
+    int h = 0, m = 0, sec = 0, ms = 0;
+    if (std::sscanf(l.c_str(), "[ddprun %*c %d:%d:%d.%d", &h, &m, &sec, &ms) != 4) return std::nullopt;
+    return ((h * 60 + m) * 60 + sec) * 1000LL + ms;
+  }
+  return std::nullopt;
+}
+
+// The local time of day of `t` in milliseconds, as log lines print it.
+int64_t msOfDay(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::localtime_r(&secs, &tm);
+  const auto ms = std::chrono::duration_cast<Millis>(t.time_since_epoch()).count() % 1000;
+  return ((tm.tm_hour * 60 + tm.tm_min) * 60 + tm.tm_sec) * 1000LL + ms;
+}
 
 etcdtest::EtcdCluster* gCluster = nullptr;  // --backend etcd-v3: its members' CPU counts too
 
@@ -140,6 +167,7 @@ Result form(const Peer& peer, int n, Millis cap) {
   std::vector<pid_t> pids;
   const double cpu0 = childrenCpuSeconds();  // agents reap their workers: all of it lands here
   const auto t0 = Clock::now();
+  const int64_t t0OfDay = msOfDay(std::chrono::system_clock::now());
   try {
     for (int i = 0; i < n; ++i)
       pids.push_back(spawnAgent(peer.argv(i, n, n, port, id, {"true"}), i));
@@ -178,10 +206,22 @@ Result form(const Peer& peer, int n, Millis cap) {
   cv.notify_all();
   watchdog.join();
   if (capped || failed) showLogs(n);
+  // The round formed when the last agent logged it closed (at millisecond resolution).
+  std::optional<double> formed;
+  for (int i = 0; i < n; ++i) {
+    const auto at = roundClosedAt(logFile(i));
+    if (!at) {
+      formed.reset();
+      break;
+    }
+    int64_t since = *at - t0OfDay;
+    if (since < -43'200'000) since += 86'400'000;  // past midnight
+    formed = std::max(formed.value_or(0.0), since / 1000.0);
+  }
   removeLogs(n);
   if (capped) return {std::nullopt, "not done within " + std::to_string(cap.count() / 1000) + " s"};
   if (failed) return {std::nullopt, std::to_string(failed) + " agents failed"};
-  return {seconds(t1 - t0), "", childrenCpuSeconds() - cpu0};
+  return {seconds(t1 - t0), "", childrenCpuSeconds() - cpu0, formed};
 }
 
 // Lines "AGENT WORLD PID" appended by each worker at its start, watched with inotify.
@@ -439,20 +479,30 @@ int benchRendezvous(int argc, char** argv) {
     std::vector<Result> rs;
     for (const auto& p : peers) {
       const int runs = p.name == "torchrun" && n > 16 ? 1 : repeat;  // torchrun: ~1 s CPU per agent
-      std::vector<double> times, cpus;
+      std::vector<double> times, cpus, formedTimes;
       Result last;
       for (int k = 0; k < runs; ++k) {
         last = form(p, n, Millis(300'000));
         if (!last.seconds) break;
         times.push_back(*last.seconds);
         cpus.push_back(*last.cpu);
+        if (last.formed) formedTimes.push_back(*last.formed);
       }
       if (last.seconds) {
         last.seconds = median(times);
         last.cpu = median(cpus);
+        last.formed.reset();
+        if (formedTimes.size() == times.size()) last.formed = median(formedTimes);
       }
       rs.push_back(last);
     }
+    // "form": until every agent knows its rank; "form+run": until every agent has exited (its
+    // worker run, the exit barrier and the agent's end included).
+    std::vector<Result> formed;
+    for (const auto& r : rs) {
+      formed.push_back({r.formed, r.formed || !r.seconds ? "" : "its agents log no round-closed line", {}, {}});
+    }
+    row("form", n, formed, n == 256 && !etcd ? "ddprun < 0.5 s" : "");
     row("form+run", n, rs, n == 64 && !etcd ? "ddprun < 0.3 s" : "");
   }
   for (int n : sizes) {

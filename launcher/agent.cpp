@@ -215,7 +215,8 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   generation_ = 0;
   startedGeneration_.assign(launches.size(), 0);
   recoveryPending_ = false;
-  restartOnDecision_ = false;
+  pendingDeaths_.clear();
+  recoveredEarly_.clear();
   recoveryRestarts_ = round.restartCount;
   decidedFailure_.reset();
   sparesStarted_ = false;
@@ -367,20 +368,22 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
     return;
   }
   if (state_ != State::Running || !r.failed()) return;
+  if (auto it = std::find(recoveredEarly_.begin(), recoveredEarly_.end(), r.pid);
+      it != recoveredEarly_.end()) {
+    recoveredEarly_.erase(it);  // recovered already, with the death it came with
+    return;
+  }
   if (recoveryPending_) {
-    // A second failure in the window of one recovery's budget decision: that decision (one
-    // restart) covers both; the group restarts on it (recoverInProcess).
-    restartOnDecision_ = true;
-    DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
-                                  << ", pid " << r.pid << ") failed too: " << r.describe()
-                                  << "; the group restarts instead of recovering in process";
+    // A second failure in the window of one recovery's budget decision: recovered with it, in
+    // one generation, for one restart (onRecoveryDecision).
+    addPendingDeath(r);
     return;
   }
   if (growPid_ > 0 && r.pid == growPid_) {  // (a worker that never started has pid -1)
     abandonGrow(r);
     return;
   }
-  if (canRecoverInProcess(r)) {
+  if (canRecoverInProcess({r})) {
     recoverInProcess(r);
     return;
   }

@@ -1,7 +1,8 @@
 #pragma once
 // Agent::Impl, the agent's state and event handlers, shared by the files that implement it:
 //   agent.cpp           the loop: rounds, starting and watching workers, their exits, decisions
-//   agent_recovery.cpp  in-process recovery: replace, shrink, grow back, hot spares
+//   agent_recovery.cpp  in-process recovery: the deaths, the budget, replace, shrink
+//   agent_spares.cpp    the processes that join a running group: grow back, hot spares
 //   agent_end.cpp       stopping the group, the exit barrier, the end of the job, the timeline
 // Private to launcher/ (not installed); the public face is agent.h.
 #include "launcher/agent.h"
@@ -14,6 +15,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -87,6 +89,8 @@ class Agent::Impl {
   // A key a worker SET in the agent's store: once every worker of the group has announced
   // in-process recovery (its program runs the runtime's elastic loop), the spares start.
   void onStoreSet(const std::string& key);
+  // Starts the group's --spares once every worker has announced (once per group).
+  void maybeStartSpares();
   // Starts one spare; `idle`: under SCHED_IDLE (training is running, hot_spares.h).
   void startSpare(bool idle);
   // A waiting spare's exit: restarted when the group still runs (no restart spent).
@@ -100,15 +104,29 @@ class Agent::Impl {
   // --stall-warning / --peer-timeout over the group's workers as they are now.
   void watchProgress();
   void onWorkerExited(const WorkerResult& r);
-  // In-process recovery (docs/recovery.md): whether the death of `r` can be healed without
-  // stopping the others, then the budget, then the replacement and the new generation.
-  bool canRecoverInProcess(const WorkerResult& r);
+  // In-process recovery (docs/recovery.md): whether the deaths `dead` (one recovery) can be
+  // healed without stopping the others, then the budget, then the replacements or the shrink,
+  // and the new generation. Several deaths are one recovery (agent_recovery.cpp).
+  bool canRecoverInProcess(const std::vector<WorkerResult>& dead);
   void recoverInProcess(const WorkerResult& r);
-  void replaceWorker(const WorkerResult& r, const JobDecision& d);
-  // --recovery-policy=shrink: the survivors go on without `r`, renumbered densely.
-  // `budgetSpent`: the death spent a restart (d.restartCount); a replacement that died before
+  // A death reported while the budget decision of a recovery is pending: recovered with it.
+  void addPendingDeath(const WorkerResult& r);
+  void onRecoveryDecision(std::vector<WorkerResult> dead, const JobDecision& d);
+  // Every dead rank is taken by a waiting spare or a new process; world size and ranks stay.
+  void replaceWorkers(const std::vector<WorkerResult>& dead, const JobDecision& d);
+  // --recovery-policy=shrink: the survivors go on without `dead`, renumbered densely.
+  // `budgetSpent`: the deaths spent a restart (d.restartCount); a replacement that died before
   // it healed spends none.
-  void shrinkGroup(const WorkerResult& r, const JobDecision& d, bool budgetSpent = true);
+  void shrinkGroup(const std::vector<WorkerResult>& dead, const JobDecision& d,
+                   bool budgetSpent = true);
+  // What replace and shrink share: the generation record in the workers' store, the `recovery`
+  // event and the log line naming every dead rank ("...; recovering in process (generation g):
+  // <what> (restart n of m spent)").
+  void publishGeneration(const rendezvous::recovery::GenerationRecord& record,
+                         const std::vector<WorkerResult>& dead, const std::string& what,
+                         const JobDecision& d, bool budgetSpent = true);
+  // The record's cause: "rank r (pid p) failed: ..." for each, joined by "; ".
+  std::string deathCause(const std::vector<WorkerResult>& dead) const;
   // ---- Grow back (--recovery-policy=shrink, docs/recovery.md#grow-back) ----
   // Whether a shrunk group may take replacements back in; else `why`.
   bool growBackUsable(std::string& why) const;
@@ -210,9 +228,11 @@ class Agent::Impl {
   int generation_ = 0;
   std::vector<int> startedGeneration_;
   bool recoveryPending_ = false;
-  // Another worker died while that decision was pending: the group restarts on the decision
-  // already taken (one restart for the window, not two).
-  bool restartOnDecision_ = false;
+  // The deaths that pending decision recovers together (one generation, one restart), and the
+  // pids of deaths taken into a recovery before their exits were reported (processDying):
+  // their exits, when they come, are no new failure.
+  std::vector<WorkerResult> pendingDeaths_;
+  std::vector<pid_t> recoveredEarly_;
   int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
   std::optional<JobDecision> decidedFailure_;
   // Hot spares: ids are unique in the job (their store keys are too); the group's spares have

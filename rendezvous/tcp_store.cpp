@@ -80,7 +80,7 @@ void TcpStore::connect() {
   const Millis budget = connectedOnce_ ? std::min(options_.connectTimeout, timeout())
                                        : options_.connectTimeout;
   const auto deadline = start + budget;
-  std::mt19937_64 rng(std::random_device{}());
+  std::optional<std::mt19937_64> rng;  // seeded at the first retry: most connects need none
   auto backoff = std::chrono::milliseconds(10);
   std::string lastError;
   int attempts = 0;
@@ -105,7 +105,8 @@ void TcpStore::connect() {
     if (now >= deadline) break;
     // Exponential backoff with jitter in [0.5, 1.5), so that many clients do not retry in step.
     std::uniform_real_distribution<double> jitter(0.5, 1.5);
-    auto sleep = std::chrono::duration_cast<Clock::duration>(backoff * jitter(rng));
+    if (!rng) rng.emplace(std::random_device{}());
+    auto sleep = std::chrono::duration_cast<Clock::duration>(backoff * jitter(*rng));
     sleep = std::min(sleep, deadline - now);
     {
       // Sleeps, unless interrupt() cuts the backoff short.

@@ -545,6 +545,24 @@ void Runtime::reform(int g) {
   generation_ = g;
 }
 
+void Runtime::joinNewestGeneration(std::string why) {
+  namespace keys = rendezvous::recovery;
+  for (;;) {
+    int g = generation_ + 1;
+    while (store_->check({keys::generationKey(g + 1)})) ++g;
+    DDPRUN_LOG(INFO, "runtime") << "rank " << env_.rank << ": generation " << generation_
+                                << " was superseded before this process joined it (" << why
+                                << "): joining generation " << g;
+    try {
+      reform(g);
+      return;
+    } catch (const BackendError& e) {
+      if (!store_->check({keys::generationKey(g + 1)})) throw;
+      why = e.what();
+    }
+  }
+}
+
 void Runtime::watchNextGeneration() {
   if (watching_ || !store_) return;
   watching_ = true;  // tried once: a failure is not retried at every call
@@ -690,7 +708,24 @@ std::unique_ptr<Runtime> init(InitOptions options) {
       env.localRank = env.rank;
     }
   }
-  std::shared_ptr<Communicator> comm = makeCommunicator(env, store, options, generation);
+  std::shared_ptr<Communicator> comm;
+  std::string superseded;
+  try {
+    comm = makeCommunicator(env, store, options, generation);
+  } catch (const BackendError& e) {
+    // A replacement's generation superseded before it joined (a survivor died while it
+    // loaded): it is still in the group, so it joins the newest generation (below).
+    if (generation == 0 || !store->check({rendezvous::recovery::generationKey(generation + 1)})) {
+      throw;
+    }
+    superseded = e.what();
+  }
+  if (!comm) {
+    auto rt = std::make_unique<Runtime>(std::move(env), std::move(store), nullptr,
+                                        std::move(hosted), std::move(options), generation);
+    rt->joinNewestGeneration(superseded);
+    return rt;
+  }
   ddprun::timeline::span("communicator setup", "runtime", storeConnected,
                          ddprun::timeline::nowUs() - storeConnected,
                          ddprun::timeline::Args()

@@ -84,6 +84,12 @@ class Runtime {
   // order, numbered densely; recovery_keys.h), so a program reads them again after a recovery
   // (getenv("RANK") keeps the start's value: a process's environment cannot follow).
   void reform(int g);
+  // init() of a replacement or spare whose generation was superseded while it loaded (a
+  // survivor died: the agent published the next generation, superseded_store.h): the process
+  // is still in the group (the records name other ranks), so it reform()s into the newest
+  // generation instead of failing, and heals there. Throws what reform() throws when no newer
+  // generation explains the failure. `why`: the set-up's error, for the log.
+  void joinNewestGeneration(std::string why);
   // Tells the agent that this process holds the training state in generation() (it committed
   // or healed): from then on its death, or a peer's, can be recovered in process.
   void announceState();

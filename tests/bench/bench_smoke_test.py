@@ -87,6 +87,12 @@ def main():
         if name == "train":  # the timeline's cost: a third side and its ratio
             assert "ddprun+timeline" in text and "timeline_ratio" in text, \
                 f"{out} has no --timeline measurement:\n{text}"
+        if name == "rendezvous":  # "form" (the last agent's round-closed line) within "form+run"
+            by = {r[0]: r for r in rows[1:]}
+            assert "form" in by and "form+run" in by, f"{out} lacks the form rows:\n{text}"
+            formed, whole = float(by["form"][2]), float(by["form+run"][2])
+            assert 0 < formed <= whole, \
+                f"{out}: form {formed} s is not within form+run {whole} s:\n{text}"
         print(f"ok: ddprun-bench {name}: {len(rows) - 1} rows, {len(values)} numbers")
 
 

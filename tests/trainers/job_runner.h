@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -144,6 +145,42 @@ inline bool waitForOutput(Job& job, const std::string& text, std::chrono::second
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return true;
+}
+
+// The pids of ranks 0..n-1 of `program` under `launcher`, as the environment of their start
+// says (RANK; -1 for a rank not found).
+inline std::vector<pid_t> workerPids(pid_t launcher, int n, const std::string& program) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) pids.push_back(workerPid(launcher, r, program));
+  return pids;
+}
+
+// Every pid a process of `program` started as rank r (RANK=r in its environment) had, for each
+// r of `ranks`, polled every 50 ms from now until the job exits (bounded by `timeout`). A
+// survivor that kept its process to the end gives one pid; a restart of the group, two or more.
+inline std::map<int, std::set<pid_t>> rankPidsUntilExit(Job& job, const std::vector<int>& ranks,
+                                                        const std::string& program,
+                                                        std::chrono::seconds timeout) {
+  std::map<int, std::set<pid_t>> seen;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!job.exited() && std::chrono::steady_clock::now() < deadline) {
+    for (int r : ranks) {
+      const pid_t p = workerPid(job.pid(), r, program);
+      if (p > 0) seen[r].insert(p);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return seen;
+}
+
+// The first line of `text` that holds `what` (empty: none).
+inline std::string lineWith(const std::string& text, const std::string& what) {
+  const size_t at = text.find(what);
+  if (at == std::string::npos) return {};
+  const size_t begin = text.rfind('\n', at);
+  const size_t end = text.find('\n', at);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end == std::string::npos ? std::string::npos : end - begin - 1);
 }
 
 }  // namespace ddprun::trainers::testing

@@ -1,15 +1,17 @@
 // End to end: in-process recovery (docs/recovery.md) when the failure is harder than one clean
 // death -- the real mnist_mlp under the real ddprun --recovery=in-process, real signals.
 //
-//   - two of three ranks SIGKILLed at once;
+//   - two of three ranks SIGKILLed at once: one recovery, one generation, one restart spent;
+//   - a survivor SIGKILLed while the replacement of another rank heals: the next generation,
+//     the replacement keeps its process and heals in it;
 //   - a second death during a recovery: the replacement SIGKILLed right after it starts, before
 //     it healed;
 //   - a frozen rank (SIGSTOP): noticed by --peer-timeout, killed, recovered in process;
 //   - rank 0 SIGKILLed while it writes a checkpoint: recovered in process, and with no restart
 //     left the job ends and a new start resumes from the newest complete checkpoint.
-// Each ends with the weights of an uninterrupted run (bit for bit), or with a bounded failure
-// naming its root cause; no survivor waits for ever (every job wait is bounded, the test fails
-// on a timeout).
+// Each ends with the weights of an uninterrupted run (bit for bit), the survivors in the
+// processes they started in, or with a bounded failure naming its root cause; no survivor
+// waits for ever (every job wait is bounded, the test fails on a timeout).
 #include "tests/support/catch_torch.h"
 
 #include <sys/inotify.h>
@@ -90,6 +92,18 @@ pid_t waitForWorker(Job& job, int rank, pid_t notThis = -1) {
   return -1;
 }
 
+// The pids of ranks 0..n-1 (each found), once the job has checkpointed step 40: every rank
+// holds the training state by then.
+std::vector<pid_t> ranksOf(Job& job, const TempDir& dir, int n) {
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
+  const auto pids = workerPids(job.pid(), n, "mnist_mlp");
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(pids[r] > 0);
+  }
+  return pids;
+}
+
 int finish(Job& job) {
   const int code = job.wait(kJobTimeout);
   INFO(job.output());
@@ -130,28 +144,70 @@ std::pair<pid_t, int64_t> waitForSave(Job& job, const std::string& dir, int64_t 
 
 }  // namespace
 
-TEST_CASE("in-process recovery: two of three ranks SIGKILLed at once, weights bit-identical",
+TEST_CASE("in-process recovery: two of three ranks SIGKILLed at once are recovered in one "
+          "generation, the survivor keeps its process, weights bit-identical",
+          "[recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(3);
+  TempDir dir;
+  // One restart: both deaths are one recovery.
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process"}), {},
+          dir / "log");
+  const auto pids = ranksOf(job, dir, 3);
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  REQUIRE(::kill(pids[2], SIGKILL) == 0);
+  const auto seen = rankPidsUntilExit(job, {0}, "mnist_mlp", kJobTimeout);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  // The survivor's process from the kills to the end: no restart of the group.
+  CHECK(seen.at(0) == std::set<pid_t>{pids[0]});
+  const std::string line = lineWith(out, "recovering in process (generation 1)");
+  CHECK_THAT(line, Contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) + ") failed"));
+  CHECK_THAT(line, Contains("rank 2 (local rank 2, pid " + std::to_string(pids[2]) + ") failed"));
+  CHECK_THAT(line, Contains("(restart 1 of 1 spent, one for the 2 deaths)"));
+  CHECK_THAT(out, Contains("rank 0 recovered in process"));
+  CHECK_THAT(out, !Contains("generation 2"));
+  CHECK_THAT(out, !Contains("stopping the other workers"));
+  CHECK_THAT(out, !Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains(doneLine(3)));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("in-process recovery: a survivor SIGKILLed while the replacement of another rank "
+          "heals, the next generation takes it in process, weights bit-identical",
           "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
   const auto& reference = referenceRun(3);
   TempDir dir;
   Job job(underDdprun(3, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
           dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
-  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
-  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
-  REQUIRE(one > 0);
-  REQUIRE(two > 0);
-  REQUIRE(::kill(one, SIGKILL) == 0);
-  REQUIRE(::kill(two, SIGKILL) == 0);
+  const auto pids = ranksOf(job, dir, 3);
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  // As soon as rank 1's replacement runs (it loads LibTorch and the data for about a second
+  // before it can heal), rank 2 dies: generation 1 is still re-forming.
+  const pid_t replacement = waitForWorker(job, 1, pids[1]);
+  REQUIRE(replacement > 0);
+  REQUIRE(::kill(pids[2], SIGKILL) == 0);
+  const auto seen = rankPidsUntilExit(job, {0, 1}, "mnist_mlp", kJobTimeout);
   const int code = finish(job);
   const std::string out = job.output();
   INFO(out);
   REQUIRE(code == 0);
-  CHECK_THAT(out, Contains("rank 1 (local rank 1, pid " + std::to_string(one) + ") failed"));
-  CHECK_THAT(out, Contains("rank 2 (local rank 2, pid " + std::to_string(two) + ") failed"));
-  // Recovered in process (both ranks in one generation), or the group restarted from its newest
-  // checkpoint; either way the same weights, and no restart counted twice for one window.
+  // Rank 0 and rank 1's replacement keep their processes: the replacement joins generation 2.
+  CHECK(seen.at(0) == std::set<pid_t>{pids[0]});
+  CHECK(seen.at(1) == std::set<pid_t>{replacement});
+  CHECK_THAT(lineWith(out, "recovering in process (generation 1)"),
+             Contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) + ") failed"));
+  CHECK_THAT(lineWith(out, "recovering in process (generation 2)"),
+             Contains("rank 2 (local rank 2, pid " + std::to_string(pids[2]) + ") failed"));
+  CHECK_THAT(out, !Contains("joined generation 1 and healed"));
+  CHECK_THAT(out, Contains("rank 1 joined generation 2 and healed from rank 0's memory"));
+  CHECK_THAT(out, Contains("rank 2 joined generation 2 and healed from rank 0's memory"));
+  CHECK_THAT(out, !Contains("generation 3"));
+  CHECK_THAT(out, !Contains("stopping the other workers"));
+  CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(3)));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
@@ -163,19 +219,20 @@ TEST_CASE("in-process recovery: the replacement SIGKILLed before it healed, weig
   TempDir dir;
   Job job(underDdprun(2, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
           dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
-  const pid_t first = workerPid(job.pid(), 1, "mnist_mlp");
-  REQUIRE(first > 0);
+  const auto pids = ranksOf(job, dir, 2);
+  const pid_t first = pids[1];
   REQUIRE(::kill(first, SIGKILL) == 0);
   // The replacement, as soon as it runs (it takes about a second to load LibTorch and the data
   // and heal): the survivor is waiting for it in generation 1.
   const pid_t replacement = waitForWorker(job, 1, first);
   REQUIRE(replacement > 0);
   REQUIRE(::kill(replacement, SIGKILL) == 0);
+  const auto seen = rankPidsUntilExit(job, {0}, "mnist_mlp", kJobTimeout);
   const int code = finish(job);
   const std::string out = job.output();
   INFO(out);
   REQUIRE(code == 0);
+  CHECK(seen.at(0) == std::set<pid_t>{pids[0]});
   CHECK_THAT(out, Contains("recovering in process (generation 1)"));
   CHECK_THAT(out, Contains("pid " + std::to_string(replacement) + ") failed"));
   CHECK_THAT(out, !Contains("joined generation 1 and healed"));
@@ -191,11 +248,9 @@ TEST_CASE("in-process recovery: a frozen rank (SIGSTOP) is killed after --peer-t
   Job job(underDdprun(2, dir.path(),
                       {"--max-restarts=1", "--recovery=in-process", "--peer-timeout=2"}),
           {}, dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
-  const pid_t frozen = workerPid(job.pid(), 1, "mnist_mlp");
-  const pid_t survivor = workerPid(job.pid(), 0, "mnist_mlp");
-  REQUIRE(frozen > 0);
-  REQUIRE(survivor > 0);
+  const auto pids = ranksOf(job, dir, 2);
+  const pid_t frozen = pids[1];
+  const pid_t survivor = pids[0];
   REQUIRE(::kill(frozen, SIGSTOP) == 0);
   const pid_t replacement = waitForWorker(job, 1, frozen);
   const pid_t survivorNow = workerPid(job.pid(), 0, "mnist_mlp");

@@ -1,6 +1,8 @@
 // End to end: in-process recovery under --recovery-policy=shrink (docs/recovery.md#shrink) --
 // the real mnist_mlp under the real ddprun, real SIGKILLs.
 //
+//   - two of four SIGKILLed at once: one shrink to two ranks (one generation, one restart), the
+//     survivors in their own processes, every sample once;
 //   - a rank of three SIGKILLed: the survivors go on at two ranks in their own processes, a
 //     replacement started in the background joins at a commit (grow back to three), and the
 //     samples the job trained on, epoch by epoch, are the dataset's once each;
@@ -86,6 +88,18 @@ std::vector<int> worldSequence(const std::string& log, int epochs) {
   return seq;
 }
 
+// The pids of ranks 0..n-1 (each found), once the job has checkpointed step 20: every rank
+// holds the training state by then.
+std::vector<pid_t> ranksOf(Job& job, const TempDir& dir, int n) {
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
+  const auto pids = workerPids(job.pid(), n, "mnist_mlp");
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(pids[r] > 0);
+  }
+  return pids;
+}
+
 // Long enough at two ranks (24 epochs of ~0.5 s here) for the replacement, which starts under
 // SCHED_IDLE, to load on a busy 2-core machine.
 constexpr int kGrowEpochs = 24;
@@ -100,13 +114,8 @@ TEST_CASE("a rank of three SIGKILLed: the other two go on at two ranks in their 
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink"}, kGrowEpochs),
           sampleLogEnv(dir), dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
-  const pid_t zero = workerPid(job.pid(), 0, "mnist_mlp");
-  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
-  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
-  REQUIRE(zero > 0);
-  REQUIRE(one > 0);
-  REQUIRE(two > 0);
+  const auto pids = ranksOf(job, dir, 3);
+  const pid_t zero = pids[0], one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
   // The survivors keep their processes: still running once the group went on without rank 1.
   REQUIRE(waitForOutput(job, "the group shrank", kJobTimeout));
@@ -165,13 +174,8 @@ TEST_CASE("grow back: the replacement SIGKILLed before it healed, the job goes o
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink", "--peer-timeout=120"}, 4),
           sampleLogEnv(dir), dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
-  const pid_t zero = workerPid(job.pid(), 0, "mnist_mlp");
-  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
-  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
-  REQUIRE(zero > 0);
-  REQUIRE(one > 0);
-  REQUIRE(two > 0);
+  const auto pids = ranksOf(job, dir, 3);
+  const pid_t zero = pids[0], one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
   // Both survivors in generation 1 (each prints its line once it told the agent so).
   REQUIRE(waitForOutput(job, "as rank 0 of 2 (was rank 0 of 3; the group shrank)", kJobTimeout));
@@ -217,9 +221,7 @@ TEST_CASE("rank 0 SIGKILLed, the survivor that becomes rank 0 reports and saves,
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink"}),
           sampleLogEnv(dir), dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
-  const pid_t zero = workerPid(job.pid(), 0, "mnist_mlp");
-  REQUIRE(zero > 0);
+  const pid_t zero = ranksOf(job, dir, 3)[0];
   REQUIRE(::kill(zero, SIGKILL) == 0);
   const int code = finish(job);
   const std::string out = job.output();
@@ -238,6 +240,43 @@ TEST_CASE("rank 0 SIGKILLed, the survivor that becomes rank 0 reports and saves,
   for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }
 
+TEST_CASE("two of four ranks SIGKILLed at once: the other two go on at two ranks in their own "
+          "processes (one generation, one restart), every sample of each epoch exactly once",
+          "[recovery][shrink][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  Job job(underDdprun(4, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink"}),
+          sampleLogEnv(dir), dir / "log");
+  const auto pids = ranksOf(job, dir, 4);
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  REQUIRE(::kill(pids[2], SIGKILL) == 0);
+  const auto seen = rankPidsUntilExit(job, {0, 3}, "mnist_mlp", kJobTimeout);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK(seen.at(0) == std::set<pid_t>{pids[0]});
+  CHECK(seen.at(3) == std::set<pid_t>{pids[3]});
+  const std::string line = lineWith(out, "recovering in process (generation 1)");
+  CHECK_THAT(line, Contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) + ") failed"));
+  CHECK_THAT(line, Contains("rank 2 (local rank 2, pid " + std::to_string(pids[2]) + ") failed"));
+  CHECK_THAT(line, Contains("the group shrinks from 4 to 2 rank(s), the others keep running "
+                            "(restart 1 of 1 spent, one for the 2 deaths)"));
+  CHECK_THAT(out, Contains("as rank 1 of 2 (was rank 3 of 4; the group shrank)"));
+  CHECK_THAT(out, Contains("world size 4 -> 2 (in-process recovery, generation 1)"));
+  CHECK_THAT(out, !Contains("stopping the other workers"));
+  CHECK_THAT(out, !Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains("done: "));
+  const std::string log = dir / "samples";
+  // From 4 ranks to 2 at once (a replacement may grow the group back afterwards).
+  const auto worlds = worldSequence(log, kEpochs);
+  REQUIRE(worlds.size() >= 2);
+  CHECK(worlds[0] == 4);
+  CHECK(worlds[1] == 2);
+  for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
+}
+
 TEST_CASE("the budget spent by a shrink, the next death ends the job with its root cause",
           "[recovery][shrink][slow]") {
   if (!haveData()) return skipWithoutData();
@@ -245,11 +284,8 @@ TEST_CASE("the budget spent by a shrink, the next death ends the job with its ro
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink"}),
           sampleLogEnv(dir), dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
-  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
-  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
-  REQUIRE(one > 0);
-  REQUIRE(two > 0);
+  const auto pids = ranksOf(job, dir, 3);
+  const pid_t one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
   REQUIRE(waitForOutput(job, "the group shrank", kJobTimeout));
   // Rank 2 of the start is rank 1 of generation 1.
@@ -274,9 +310,7 @@ TEST_CASE("a death that would go below the job's minimum (shrink:2) restarts the
   Job job(underDdprun(2, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink:2"}),
           {}, dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
-  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
-  REQUIRE(one > 0);
+  const pid_t one = ranksOf(job, dir, 2)[1];
   REQUIRE(::kill(one, SIGKILL) == 0);
   const int code = finish(job);
   const std::string out = job.output();
@@ -287,4 +321,43 @@ TEST_CASE("a death that would go below the job's minimum (shrink:2) restarts the
   CHECK_THAT(out, Contains("resumed from checkpoint"));
   CHECK_THAT(out, !Contains("the group shrank"));
   CHECK(fs::exists(dir / "final.pt"));
+}
+
+TEST_CASE("shrink with a warm spare (--spares=1): a rank of three SIGKILLed, the group goes on at "
+          "two and the loaded spare grows it back to three at once, every sample exactly once",
+          "[recovery][shrink][grow][spare][slow]") {
+  if (!haveData()) return skipWithoutData();
+  constexpr int kEpochs = 8;
+  TempDir dir;
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink", "--spares=1"}, kEpochs),
+          sampleLogEnv(dir), dir / "log");
+  // The spare starts with the job (at normal priority) and loads before the death.
+  REQUIRE(waitForOutput(job, "spare 0 (pid", kJobTimeout));
+  REQUIRE(waitForOutput(job, ") ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t zero = workerPid(job.pid(), 0, "mnist_mlp");
+  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
+  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
+  REQUIRE(zero > 0);
+  REQUIRE(one > 0);
+  REQUIRE(two > 0);
+  REQUIRE(::kill(one, SIGKILL) == 0);
+  REQUIRE(waitForOutput(job, "the group grew", kJobTimeout));
+  CHECK(::kill(zero, 0) == 0);
+  CHECK(::kill(two, 0) == 0);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("the group shrinks from 3 to 2 rank(s)"));
+  // The warm spare, not a replacement started after the death, takes the free rank.
+  CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid "));
+  CHECK_THAT(out, !Contains("grow back: a replacement starts in the background"));
+  CHECK_THAT(out, Contains("rank 1 joined generation 2 and healed from rank 0's memory"));
+  // The spare used, the next one starts in the background.
+  CHECK_THAT(out, Contains("starting spare 1"));
+  CHECK_THAT(out, !Contains("restarting the worker group"));
+  const std::string log = dir / "samples";
+  CHECK(worldSequence(log, kEpochs) == std::vector<int>{3, 2, 3});
+  for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }

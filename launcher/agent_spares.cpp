@@ -1,0 +1,329 @@
+// The processes that join a running group (docs/recovery.md): grow back after a shrink, and
+// the hot spares (--spares) that take a dead rank or grow the group back. The recovery that
+// publishes the generations they join is agent_recovery.cpp.
+#include "launcher/agent_impl.h"
+
+namespace ddprun::launcher {
+
+// ---- Grow back ----
+//
+// After a shrink, once the survivors have re-formed (each announced the new generation), the
+// agent starts a replacement as it starts a hot spare in the background
+// (hot_spares.h: loaded, connected, waiting in the store, under SCHED_IDLE so that the
+// survivors' steps are not slowed). Nothing waits for it. When its ready key is set and every
+// worker has announced the newest generation (no recovery in flight), the agent publishes the
+// grow record (rendezvous/grow_record.h) and the spare's assignment in one turn of its loop; each
+// worker's runtime sees the record through its watch thread and takes it at its next commit
+// (runElastic), so the survivors have nothing to roll back; the replacement heals from the
+// lowest rank's memory and the trainers split the rest of the epoch over the larger group.
+// A grow is no failure: it spends no restart. The joining replacement's death before it
+// healed spends none either (the survivors lose no step, they re-form at a commit): the group
+// goes on without it, and grows back no more (one line says so), so a replacement that cannot
+// join costs a bounded number of re-forms. After it healed it is a worker like any other.
+
+bool Agent::Impl::growBackUsable(std::string& why) const {
+  if (options_.recovery == LaunchOptions::Recovery::Restart) {
+    why = "--recovery=restart";
+    return false;
+  }
+  if (handler_->workerStore() == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
+    why = "only a single node whose workers use the agent's store recovers in process";
+    return false;
+  }
+  return true;
+}
+
+bool Agent::Impl::backgroundIdle() {
+  if (idleSpares_ < 0) {
+    std::string why;
+    idleSpares_ = canLeaveIdlePriority(why) ? 1 : 0;
+    if (idleSpares_ == 0) {
+      DDPRUN_LOG(WARN, "launcher") << "spares and replacements started while training runs "
+                                   << "start at normal priority, not SCHED_IDLE: " << why;
+    }
+  }
+  return idleSpares_ == 1;
+}
+
+void Agent::Impl::startReplacements() {
+  std::string why;
+  if (!growBackUsable(why) || growBackOff_) return;
+  const int missing = options_.nprocPerNode - liveWorkers() -
+                      static_cast<int>(group_->waitingSpares().size());
+  for (int i = 0; i < missing; ++i) {
+    const bool idle = backgroundIdle();
+    DDPRUN_LOG(INFO, "launcher") << "grow back: a replacement starts in the background"
+                                 << (idle ? " (SCHED_IDLE)" : "") << "; the group takes it in at "
+                                 << "a commit once it is ready, nothing waits for it";
+    startSpare(idle);
+  }
+}
+
+void Agent::Impl::tryGrow() {
+  if (state_ != State::Running || !group_ || recoveryPending_ || growBackOff_) return;
+  rendezvous::StoreServer* store = handler_->workerStore();
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  auto announced = [&](int rank) {
+    const auto v = store->get(prefix + rendezvous::recovery::announceKey(rank));
+    return v ? std::atoi(v->c_str()) : -1;
+  };
+  if (growPid_ > 0) {
+    // Joining: done once it announced that it holds the state in its generation (or later).
+    if (announced(growRank_) < growGeneration_) return;
+    DDPRUN_LOG(INFO, "launcher") << "grow back: rank " << growRank_ << " (pid " << growPid_
+                                 << ") healed; the group has " << liveWorkers() << " rank(s)";
+    growPid_ = -1;
+  }
+  if (liveWorkers() >= options_.nprocPerNode) return;
+  // Every worker in the newest generation: no recovery is under way.
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare) continue;
+    if (announced(w.globalRank) < generation_) return;
+  }
+  startReplacements();  // the ones the group lacks, if not started yet
+  for (const auto& s : group_->waitingSpares()) {
+    if (s.pid <= 0) continue;
+    if (!store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId))) continue;
+    growGroup(s.pid, s.spareId);
+    return;
+  }
+}
+
+void Agent::Impl::growGroup(pid_t sparePid, int spareId) {
+  // The replacement takes the lowest slot without a running worker, and the rank that keeps
+  // the ranks in slot order: once every slot is filled again, every rank is its slot's.
+  int slot = -1;
+  for (int lr = 0; lr < options_.nprocPerNode && slot < 0; ++lr) {
+    bool taken = false;
+    for (const auto& w : group_->results()) taken = taken || (!w.ended && !w.spare && w.localRank == lr);
+    if (!taken) slot = lr;
+  }
+  DDPRUN_CHECK(slot >= 0, "a group that grows has a free slot");
+  int rank = round_.rankOffset;
+  for (const auto& w : group_->results()) {
+    if (!w.ended && !w.spare && w.localRank < slot) ++rank;
+  }
+  const int before = liveWorkers();
+  const int after = before + 1;
+  const int generation = ++generation_;
+  std::vector<std::tuple<pid_t, int, int>> renumbered;  // pid, new rank, slot
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare) continue;
+    const int now = rendezvous::recovery::growRank(w.globalRank, rank);
+    if (now != w.globalRank) renumbered.emplace_back(w.pid, now, w.localRank);
+  }
+  for (const auto& [pid, now, lr] : renumbered) {
+    group_->renumber(pid, now);
+    group_->setPrefix(pid, prefixFor(now, lr));
+  }
+  const std::string table = progressTablePath();
+  if (!table.empty()) {
+    progress::resetProgressRecord(table, slot, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+  }
+  DDPRUN_CHECK(group_->assign(sparePid, slot, rank), "a waiting spare takes the rank");
+  group_->setPrefix(sparePid, prefixFor(rank, slot));
+  if (schedulingPolicy(sparePid) == SCHED_IDLE) {
+    std::string error;
+    leaveIdlePriority(sparePid, error);
+    if (!error.empty()) {
+      DDPRUN_LOG(WARN, "launcher") << "grow back: the replacement (pid " << sparePid
+                                   << ") takes rank " << rank << " but stays at idle priority: "
+                                   << error;
+    }
+  }
+  startedGeneration_[static_cast<size_t>(slot)] = generation;
+  growPid_ = sparePid;
+  growRank_ = rank;
+  growGeneration_ = generation;
+  const std::string cause = "grow back: spare " + std::to_string(spareId) + " (pid " +
+                            std::to_string(sparePid) + ") takes rank " + std::to_string(rank);
+  // The record first: the replacement reads it as soon as it has its assignment.
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  rendezvous::StoreServer* store = handler_->workerStore();
+  store->set(prefix + rendezvous::recovery::generationKey(generation),
+             rendezvous::recovery::formatGrowRecord({.generation = generation,
+                                                 .added = rank,
+                                                 .worldSize = after,
+                                                 .spare = spareId,
+                                                 .cause = cause}));
+  store->set(prefix + rendezvous::recovery::spareAssignKey(spareId),
+             rendezvous::recovery::formatSpareAssignment(
+                 {.generation = generation, .rank = rank, .localRank = slot}));
+  events::instant("grow", "agent",
+                  events::Args()
+                      .add("generation", generation)
+                      .add("rank", rank)
+                      .add("spare", spareId)
+                      .add("pid", static_cast<int64_t>(sparePid))
+                      .add("world_size", after));
+  DDPRUN_LOG(WARN, "launcher") << "grow back (generation " << generation << "): spare "
+                               << spareId << " (pid " << sparePid << ") is ready and takes rank "
+                               << rank << " (local rank " << slot << "); the group grows from "
+                               << before << " to " << after << " rank(s) at the workers' next "
+                               << "commit (no restart spent)";
+  watchProgress();
+  // A warm spare (--spares) grew the group: the next one starts in the background, as after
+  // a spare took a dead rank under replace.
+  if (sparesStarted_ && liveWorkers() >= options_.nprocPerNode &&
+      static_cast<int>(group_->waitingSpares().size()) < options_.spares) {
+    startSpare(/*idle=*/backgroundIdle());
+  }
+}
+
+void Agent::Impl::abandonGrow(const WorkerResult& r) {
+  growPid_ = -1;
+  growBackOff_ = true;
+  DDPRUN_LOG(ERROR, "launcher") << "grow back: the replacement, rank " << r.globalRank
+                                << " (local rank " << r.localRank << ", pid " << r.pid
+                                << "), died before it healed: " << r.describe() << "; the group "
+                                << "goes on without it and grows back no more (see its log in "
+                                << runDir_->path() << ")";
+  JobDecision d;
+  d.restartCount = recoveryRestarts_;
+  shrinkGroup({r}, d, /*budgetSpent=*/false);
+}
+
+std::string Agent::Impl::prefixFor(int rank, int lr) const {
+  auto templ = env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  return link_ ? link_->linePrefix(round_.nodeRank, rank, lr)
+               : linePrefix(templ != env_.end() ? &templ->second : nullptr, options_.role, rank,
+                            lr, round_.worldSize);
+}
+
+bool Agent::Impl::giveRankToSpare(const WorkerResult& r, int generation, int& spareId,
+                                  pid_t& sparePid) {
+  if (!sparesStarted_) return false;
+  const pid_t pid = pickSpare(spareId);
+  if (pid <= 0 || !group_->assign(pid, r.localRank, r.globalRank)) return false;
+  sparePid = pid;
+  group_->setPrefix(pid, prefixFor(r.globalRank, r.localRank));
+  // A spare started under SCHED_IDLE runs at normal priority from now on: a worker at idle
+  // priority would hold back every collective of the group.
+  if (schedulingPolicy(pid) == SCHED_IDLE) {
+    std::string error;
+    leaveIdlePriority(pid, error);
+    if (!error.empty()) {
+      DDPRUN_LOG(WARN, "launcher") << "spare " << spareId << " (pid " << pid << ") takes rank "
+                                   << r.globalRank << " but stays at idle priority: " << error;
+    }
+  }
+  handler_->workerStore()->set(
+      rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
+          rendezvous::recovery::spareAssignKey(spareId),
+      rendezvous::recovery::formatSpareAssignment(
+          {.generation = generation, .rank = r.globalRank, .localRank = r.localRank}));
+  return true;
+}
+
+pid_t Agent::Impl::pickSpare(int& id) {
+  rendezvous::StoreServer* store = handler_->workerStore();
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  pid_t best = -1;
+  bool bestReady = false;
+  for (const auto& s : group_->waitingSpares()) {
+    if (s.pid <= 0) continue;  // not exec'd yet
+    const bool ready = store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value();
+    if (best > 0 && (bestReady || !ready)) continue;
+    best = s.pid;
+    bestReady = ready;
+    id = s.spareId;
+  }
+  // A spare still loading is taken too: it is further on than a process started now.
+  return best;
+}
+
+bool Agent::Impl::sparesUsable(std::string& why) const {
+  if (options_.recovery == LaunchOptions::Recovery::Restart) {
+    why = "they take a dead worker's rank only in an in-process recovery, and this job runs "
+          "with --recovery=restart";
+    return false;
+  }
+  if (handler_->workerStore() == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
+    why = "only a single node whose workers use the agent's store recovers in process";
+    return false;
+  }
+  return true;
+}
+
+void Agent::Impl::onStoreSet(const std::string& key) {
+  if (state_ != State::Running || !group_) return;
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  const bool announce = key.rfind(prefix + "ddprun/recovery/", 0) == 0;
+  if (announce) maybeStartSpares();
+  // Shrink: grow back on a spare's ready key or a worker's announcement.
+  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
+      (announce || key.rfind(prefix + "ddprun/spare/", 0) == 0)) {
+    tryGrow();
+  }
+}
+
+void Agent::Impl::maybeStartSpares() {
+  if (sparesStarted_ || options_.spares <= 0) return;
+  std::string why;
+  if (!sparesUsable(why)) return;
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  rendezvous::StoreServer* store = handler_->workerStore();
+  for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
+    if (!store->get(prefix + rendezvous::recovery::announceKey(round_.rankOffset + lr))) return;
+  }
+  backgroundIdle();  // decided now, for the spares started later
+  // Every worker runs the elastic loop: the spares of this group start now, at normal
+  // priority (they are part of the job's start, as its workers are).
+  sparesStarted_ = true;
+  for (int i = 0; i < options_.spares; ++i) startSpare(/*idle=*/false);
+}
+
+void Agent::Impl::startSpare(bool idle) {
+  if (!group_ || group_->runningCount() == 0 || state_ != State::Running) return;
+  const int id = nextSpareId_++;
+  WorkerLaunch l = makeLaunch(round_, 0, 0, id);
+  l.spawn.idlePriority = idle;
+  group_->add(std::move(l));
+  DDPRUN_LOG(INFO, "launcher") << "starting spare " << id
+                               << (idle ? " in the background (SCHED_IDLE)" : "")
+                               << ": it loads and waits for a rank";
+}
+
+void Agent::Impl::onSpareExited(const WorkerResult& r) {
+  if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
+  // Shrink: a waiting replacement is started again only while the group lacks a rank or a
+  // spare (--spares).
+  const int wanted = options_.nprocPerNode + (sparesStarted_ ? options_.spares : 0);
+  if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
+      (growBackOff_ ||
+       liveWorkers() + static_cast<int>(group_->waitingSpares().size()) >= wanted)) {
+    return;
+  }
+  // Died while waiting: the training group is not touched and no restart is spent. A spare
+  // that dies before it is ready, three times in a row, ends the spares of this group.
+  const bool wasReady =
+      handler_->workerStore()
+          ->get(rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
+                rendezvous::recovery::spareReadyKey(r.spareId))
+          .has_value();
+  sparesDiedUnready_ = wasReady ? 0 : sparesDiedUnready_ + 1;
+  events::instant("spare exit", "agent",
+                  events::Args().add("spare", r.spareId).add("pid", static_cast<int64_t>(r.pid))
+                      .add("result", r.describe()));
+  if (sparesDiedUnready_ >= 3) {
+    DDPRUN_LOG(ERROR, "launcher") << "spare " << r.spareId << " (pid " << r.pid << ") died "
+                                  << "before it was ready (" << r.describe() << "), the third "
+                                  << "in a row: no more spares for this group (see its log "
+                                  << "in " << runDir_->path() << ")";
+    return;
+  }
+  DDPRUN_LOG(WARN, "launcher") << "spare " << r.spareId << " (pid " << r.pid << ") died while "
+                               << "waiting (" << r.describe() << "): starting another; the "
+                               << "workers are not touched, no restart is spent";
+  startSpare(/*idle=*/idleSpares_ == 1);
+}
+
+void Agent::Impl::unidleSpares() {
+  if (!group_) return;
+  for (const auto& s : group_->waitingSpares()) {
+    std::string error;
+    if (s.pid > 0) leaveIdlePriority(s.pid, error);  // best effort: they are killed next
+  }
+}
+
+}  // namespace ddprun::launcher
