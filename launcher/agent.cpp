@@ -225,6 +225,8 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   growRank_ = -1;
   growGeneration_ = 0;
   growBackOff_ = false;
+  ownGenerations_.clear();
+  openStoreLink();  // several nodes: in-process recovery through node 0's workers' store
   bool observe = false;
   if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
     std::string why;
@@ -244,7 +246,10 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
       observe = true;
     }
   }
-  if (auto* store = handler_->workerStore(); store && observe) {
+  if (acrossNodes()) {
+    // Several nodes: the spares start once this node's workers announced, as the link reads.
+    if (observe) startSparesAcross();
+  } else if (auto* store = handler_->workerStore(); store && observe) {
     store->setObserver([this](const std::string& key) {
       asio::post(io_, [this, key] { guarded([&] { onStoreSet(key); }); });
     });
@@ -381,6 +386,13 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
   }
   if (growPid_ > 0 && r.pid == growPid_) {  // (a worker that never started has pid -1)
     abandonGrow(r);
+    return;
+  }
+  // Several nodes: the check reads node 0's store off this thread, so it needs another worker
+  // of this node still running: the group of a node whose last worker died has ended (it would
+  // be taken for a success), and restarts as before.
+  if (acrossNodes() && liveWorkers(r.pid) > 0) {
+    checkAcrossNodes(r);  // then recoverInProcess(r) or the group stops
     return;
   }
   if (canRecoverInProcess({r})) {

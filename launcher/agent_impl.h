@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "launcher/failure_report.h"
@@ -36,6 +37,7 @@
 #include "launcher/timeline/exchange.h"
 #include "launcher/timeline/merge.h"
 #include "launcher/worker_group.h"
+#include "launcher/worker_store_link.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/progress_file.h"
@@ -150,6 +152,23 @@ class Agent::Impl {
   int liveWorkers(pid_t except = -1) const;
   // The dead rank's new process: a waiting spare (true) or none to be had (false).
   bool giveRankToSpare(const WorkerResult& r, int generation, int& spareId, pid_t& sparePid);
+  // ---- Several nodes (agent_nodes.cpp, docs/recovery.md#several-nodes) ----
+  // In-process recovery across nodes is on: the agent store, several nodes, the link open.
+  bool acrossNodes() const;
+  // Opens this group's link to the workers' store (several nodes), or none.
+  void openStoreLink();
+  // The record of generation g, as the link's follower read it: a shrink renumbers this node's
+  // workers. In order, every generation once, its own too.
+  void onGenerationRecord(int g, const std::string& text);
+  // canRecoverInProcess for several nodes: reads the announcements off this thread, then
+  // recoverInProcess(r) or stops the group.
+  void checkAcrossNodes(const WorkerResult& r);
+  void replaceAcross(const WorkerResult& r, const JobDecision& d);
+  void shrinkAcross(const WorkerResult& r, const JobDecision& d);
+  void failAcross(const WorkerResult& r, const std::string& error);
+  // --spares on several nodes: once this node's workers announced (read by the link), the
+  // spares of this group start. A spare's id is unique in the job: n x nodes + node rank.
+  void startSparesAcross();
   // --peer-timeout: the worker stopped beating (progress_watch.h); kill it, a failure.
   void onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silentSeconds);
   void onHandlerDecision(const JobDecision& d);
@@ -260,6 +279,18 @@ class Agent::Impl {
   // node writes its own FILE.
   std::optional<rendezvous::TcpStoreOptions> timelineStore_;
   bool timelineShipped_ = false;  // this round's bundle went out before the exit barrier
+  // Several nodes: the link to the workers' store (node rank 0's), its epoch (a callback of an
+  // older group's link is dropped), each node's worker count and the world size as of
+  // generation_ (which the link's follower advances), the generations this agent wrote, and
+  // the dead worker of the recovery under way (its rank in deathGeneration_, the counts then).
+  std::unique_ptr<WorkerStoreLink> storeLink_;
+  int linkEpoch_ = 0;
+  std::vector<int> nodeCounts_;
+  int worldNow_ = 0;
+  std::set<int> ownGenerations_;
+  int deathRank_ = -1;
+  int deathGeneration_ = 0;
+  std::vector<int> deathCounts_;
   // Last member: destroyed (its queue run, its thread joined) while io_ is still alive.
   std::unique_ptr<timeline::ExchangeThread> exchange_;
 };

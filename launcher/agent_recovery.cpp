@@ -53,9 +53,16 @@ bool Agent::Impl::canRecoverInProcess(const std::vector<WorkerResult>& dead) {
     return false;
   };
   rendezvous::StoreServer* store = handler_->workerStore();
-  if (store == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
-    return refuse("only a single node whose workers use the agent's store recovers in process");
+  if (!round_.useAgentStore) {
+    return refuse("only workers that use the agent's store recover in process");
   }
+  if (round_.nodeCount > 1) {
+    // Several nodes (agent_nodes.cpp): this path is taken when no other worker of this node
+    // runs, or for several deaths of this node at once.
+    return refuse("on several nodes a death is recovered in process only while another worker "
+                  "of its node runs, one death of the node at a time");
+  }
+  if (store == nullptr) return refuse("the agent does not host its workers' store");
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   auto startedIn = [&](const WorkerResult& w) {
     const size_t lr = static_cast<size_t>(w.localRank);
@@ -133,7 +140,7 @@ void Agent::Impl::recoverInProcess(const WorkerResult& r) {
   const ErrorFile ef = readErrorFile(r.errorFile);
   const bool retryable = ef.retryable.value_or(true);
   // The budget first (--max-restarts counts each recovery): NextRound means one was left.
-  handler_->asyncReportFailure(
+  handler_->asyncReportRecovery(
       r.exitCode(), retryable ? what : what + ": " + ef.message, retryable,
       [this](std::exception_ptr e, JobDecision d) {
         // One more turn of the reactor before acting on it: an exit report whose pipe became
@@ -171,7 +178,19 @@ void Agent::Impl::onRecoveryDecision(std::vector<WorkerResult> dead, const JobDe
     dead.push_back(w);
     recoveredEarly_.push_back(w.pid);
   }
-  if (d.kind == JobDecision::Kind::NextRound && canRecoverInProcess(dead)) {
+  // Several nodes (agent_nodes.cpp): one death of this node at a time; the budget was spent
+  // in the rendezvous without ending the round (d.recovered).
+  if (acrossNodes() && d.kind == JobDecision::Kind::NextRound && d.recovered &&
+      dead.size() == 1 && liveWorkers(dead.front().pid) > 0) {
+    if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+      shrinkAcross(dead.front(), d);
+    } else {
+      replaceAcross(dead.front(), d);
+    }
+    return;
+  }
+  if (!acrossNodes() && d.kind == JobDecision::Kind::NextRound && d.recovered &&
+      canRecoverInProcess(dead)) {
     if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
       shrinkGroup(dead, d);
     } else {
@@ -185,7 +204,9 @@ void Agent::Impl::onRecoveryDecision(std::vector<WorkerResult> dead, const JobDe
   recoveredEarly_.clear();
   const WorkerResult& r = dead.front();
   rootCause_ = r;
-  decidedFailure_ = d;
+  // Several nodes: a budget spent for a recovery left the round open; the restart must end it
+  // for every node, so the failure is reported again (asyncReportFailure).
+  if (!(d.recovered && round_.nodeCount > 1)) decidedFailure_ = d;
   DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
                                 << ", pid " << r.pid << ") failed: " << r.describe()
                                 << "; stopping the other workers";

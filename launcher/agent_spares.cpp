@@ -27,7 +27,9 @@ bool Agent::Impl::growBackUsable(std::string& why) const {
     return false;
   }
   if (handler_->workerStore() == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
-    why = "only a single node whose workers use the agent's store recovers in process";
+    why = round_.nodeCount != 1 ? "on several nodes a shrunk group does not grow back yet"
+                                : "only a single node whose workers use the agent's store "
+                                  "recovers in process";
     return false;
   }
   return true;
@@ -216,13 +218,17 @@ bool Agent::Impl::giveRankToSpare(const WorkerResult& r, int generation, int& sp
 }
 
 pid_t Agent::Impl::pickSpare(int& id) {
-  rendezvous::StoreServer* store = handler_->workerStore();
+  // Several nodes: the agents other than node 0's do not host the store; they take the
+  // longest-waiting spare, the likeliest to be ready.
+  rendezvous::StoreServer* store = round_.nodeCount == 1 ? handler_->workerStore() : nullptr;
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   pid_t best = -1;
   bool bestReady = false;
   for (const auto& s : group_->waitingSpares()) {
     if (s.pid <= 0) continue;  // not exec'd yet
-    const bool ready = store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value();
+    const bool ready =
+        store ? store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value()
+              : best <= 0;
     if (best > 0 && (bestReady || !ready)) continue;
     best = s.pid;
     bestReady = ready;
@@ -238,8 +244,13 @@ bool Agent::Impl::sparesUsable(std::string& why) const {
           "with --recovery=restart";
     return false;
   }
-  if (handler_->workerStore() == nullptr || round_.nodeCount != 1 || !round_.useAgentStore) {
-    why = "only a single node whose workers use the agent's store recovers in process";
+  if (!round_.useAgentStore || (round_.nodeCount == 1 ? handler_->workerStore() == nullptr
+                                                      : storeLink_ == nullptr)) {
+    why = "only workers that use the agent's store recover in process";
+    return false;
+  }
+  if (round_.nodeCount > 1 && options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+    why = "on several nodes a shrunk group does not grow back yet (docs/recovery.md#several-nodes)";
     return false;
   }
   return true;
@@ -275,7 +286,9 @@ void Agent::Impl::maybeStartSpares() {
 
 void Agent::Impl::startSpare(bool idle) {
   if (!group_ || group_->runningCount() == 0 || state_ != State::Running) return;
-  const int id = nextSpareId_++;
+  // Several nodes: ids unique in the job, as their keys in node 0's store are.
+  const int id = round_.nodeCount > 1 ? nextSpareId_++ * round_.nodeCount + round_.nodeRank
+                                      : nextSpareId_++;
   WorkerLaunch l = makeLaunch(round_, 0, 0, id);
   l.spawn.idlePriority = idle;
   group_->add(std::move(l));
@@ -296,11 +309,12 @@ void Agent::Impl::onSpareExited(const WorkerResult& r) {
   }
   // Died while waiting: the training group is not touched and no restart is spent. A spare
   // that dies before it is ready, three times in a row, ends the spares of this group.
+  // Several nodes: not read (the store is node 0's); counted as not ready.
+  rendezvous::StoreServer* store = round_.nodeCount == 1 ? handler_->workerStore() : nullptr;
   const bool wasReady =
-      handler_->workerStore()
-          ->get(rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
-                rendezvous::recovery::spareReadyKey(r.spareId))
-          .has_value();
+      store && store->get(rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
+                          rendezvous::recovery::spareReadyKey(r.spareId))
+                   .has_value();
   sparesDiedUnready_ = wasReady ? 0 : sparesDiedUnready_ + 1;
   events::instant("spare exit", "agent",
                   events::Args().add("spare", r.spareId).add("pid", static_cast<int64_t>(r.pid))

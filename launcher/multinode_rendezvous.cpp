@@ -396,6 +396,35 @@ void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& wh
   });
 }
 
+void MultiNodeRendezvous::asyncReportRecovery(int exitCode, const std::string& what,
+                                              bool retryable, DecisionHandler done) {
+  submit([this, exitCode, what, retryable, done = std::move(done)] {
+    std::exception_ptr error;
+    JobDecision d;
+    try {
+      auto& p = protocol();
+      switch (p.reportRecovery(exitCode, what, retryable)) {
+        case rdzv::DynamicRendezvous::AfterRecovery::Recover:
+          d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                          .restartCount = p.state().restarts, .recovered = true};
+          break;
+        case rdzv::DynamicRendezvous::AfterRecovery::Restart:
+          d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                          .restartCount = p.state().restarts};
+          break;
+        case rdzv::DynamicRendezvous::AfterRecovery::JobFailed:
+          d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
+                          .reason = p.jobFailure(),
+                          .summary = summary(true, p.jobExitCode(), p.jobFailure())};
+          break;
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    asio::post(io_, [done, error, d] { done(error, d); });
+  });
+}
+
 void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
   submit([this, done = std::move(done)] {
     std::exception_ptr error;

@@ -57,6 +57,10 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   void asyncNextRound(int localWorldSize, RoundHandler done) override;
   void asyncReportFailure(int exitCode, const std::string& what, bool retryable,
                           DecisionHandler done) override;
+  void asyncReportRecovery(int exitCode, const std::string& what, bool retryable,
+                           DecisionHandler done) override;
+  // Node rank 0 in agent-store mode: the store it hosts for every node's workers.
+  rendezvous::StoreServer* workerStore() override { return workerStore_.get(); }
   void asyncFinish(DecisionHandler done) override;
   void asyncLeave(const std::string& reason, DoneHandler done) override;
   void asyncShutdown(DoneHandler done) override;

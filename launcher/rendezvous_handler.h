@@ -65,6 +65,9 @@ struct JobDecision {
   std::string reason;  // one line for the log: "node 2 joined", "rank 5 on node 1 failed"
   int restartCount = 0;  // the job's restarts spent after this decision (NextRound)
   bool storeLost = false;  // Failed because the rendezvous store cannot be reached
+  // NextRound of asyncReportRecovery: the restart was spent and the round goes on (the other
+  // nodes' workers keep running); false: the round had ended, restart as after any failure.
+  bool recovered = false;
   // Multi-node, Finished/Failed: how the job ended, the same line on every node (empty for one
   // node, where the exit code and the failure report say it all).
   std::string summary;
@@ -106,6 +109,17 @@ class RendezvousHandler {
   // file says retrying cannot help): Failed at once, spending nothing.
   virtual void asyncReportFailure(int exitCode, const std::string& what, bool retryable,
                                   DecisionHandler done) = 0;
+  // The same for a death the agent recovers in process (docs/recovery.md): one restart of the
+  // budget, but the round goes on, so no other node restarts: NextRound with `recovered` set.
+  // One node: asyncReportFailure (its rounds are this agent's).
+  virtual void asyncReportRecovery(int exitCode, const std::string& what, bool retryable,
+                                   DecisionHandler done) {
+    asyncReportFailure(exitCode, what, retryable,
+                       [done = std::move(done)](std::exception_ptr e, JobDecision d) {
+                         d.recovered = !e && d.kind == JobDecision::Kind::NextRound;
+                         done(e, d);
+                       });
+  }
   // Every local worker succeeded: the exit barrier. Finished once the job is done; NextRound
   // when the round ended first (rejoin); Failed when the job failed elsewhere.
   virtual void asyncFinish(DecisionHandler done) = 0;
@@ -130,8 +144,9 @@ class RendezvousHandler {
     (void)round;
     return std::nullopt;
   }
-  // The workers' store when this agent hosts it for all of them (one node, the agent store):
-  // in-process recovery publishes its generations there (docs/recovery.md). Null otherwise.
+  // The workers' store when this agent hosts it for all of them (the agent store: one node, or
+  // node rank 0 of several): in-process recovery publishes its generations there
+  // (docs/recovery.md). Null otherwise (the other nodes reach it as clients: workerStoreAddress).
   virtual rendezvous::StoreServer* workerStore() { return nullptr; }
 };
 

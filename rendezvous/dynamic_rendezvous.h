@@ -112,6 +112,13 @@ class DynamicRendezvous {
   // at once when `retryable` is false (the error cannot go away by retrying).
   AfterFailure reportFailure(int exitCode, const std::string& what, bool retryable = true);
 
+  enum class AfterRecovery { Recover, Restart, JobFailed };
+  // A worker of this node died and the agent would recover in process (docs/recovery.md): spends
+  // one restart of the job's budget while the round goes on (Recover: the other nodes are not
+  // told, their workers keep running; the agent is still in the round). Restart when the round
+  // had already ended (call nextRound(), as after reportFailure); JobFailed as reportFailure.
+  AfterRecovery reportRecovery(int exitCode, const std::string& what, bool retryable = true);
+
   enum class AfterSuccess { Finished, Rejoin, JobFailed };
   // This node's workers succeeded: the exit barrier. Finished once every member is done (or was
   // lost after the first one was: a finishing job is never re-formed); Rejoin when the round

@@ -184,6 +184,35 @@ DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
   return AfterFailure::Restart;
 }
 
+DynamicRendezvous::AfterRecovery DynamicRendezvous::reportRecovery(int exitCode,
+                                                                  const std::string& what,
+                                                                  bool retryable) {
+  DDPRUN_CHECK(inRound_, "reportRecovery() outside a round");
+  watch(-1);
+  reconnectIfInterrupted();
+  const std::string reason = "workers of node " + self_.id + " failed: " + what;
+  auto r = log_->update(current_, [&](const RoundState& s) {
+    return transition::recoverWorkers(s, round_.round, self_.id, exitCode, reason,
+                                      options_.limits, !retryable);
+  });
+  current_ = r.now;
+  view_.offer(current_);
+  if (r.now.state.phase == Phase::Failed) {
+    inRound_ = false;
+    jobExitCode_ = r.now.state.exitCode;
+    jobFailure_ = r.now.state.reason;
+    return AfterRecovery::JobFailed;
+  }
+  if (!r.wrote || r.now.state.round != round_.round || r.now.state.phase != Phase::Closed) {
+    inRound_ = false;
+    DDPRUN_LOG(INFO, "rendezvous") << "round " << round_.round
+                                   << " had already ended; no restart spent";
+    return AfterRecovery::Restart;
+  }
+  watch(round_.round);  // still in the round: its end is news again
+  return AfterRecovery::Recover;
+}
+
 DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {
   DDPRUN_CHECK(inRound_, "finishRound() outside a round");
   watch(-1);

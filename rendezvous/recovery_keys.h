@@ -13,6 +13,9 @@
 //                              next one, and read every record between theirs and it
 //   ddprun/spare/<id>/ready    a hot spare (ddprun --spares, DDPRUN_SPARE=<id>) is loaded and
 //                              waiting: its pid, set by the spare's runtime
+//   ddprun/generation_counter  several nodes: ADD allocates generation numbers to the agents
+//   ddprun/node_workers        several nodes: each node's worker count at the start (node 0's
+//                              agent writes it)
 //   ddprun/spare/<id>/rank     the spare's assignment (SpareAssignment below): written once by
 //                              the agent, in the same turn as the generation that names the
 //                              spare; the spare WAITs for it
@@ -34,6 +37,11 @@ inline std::string generationKey(int generation) {
 inline std::string generationScope(int generation) { return "gen/" + std::to_string(generation); }
 inline std::string spareReadyKey(int id) { return "ddprun/spare/" + std::to_string(id) + "/ready"; }
 inline std::string spareAssignKey(int id) { return "ddprun/spare/" + std::to_string(id) + "/rank"; }
+// Several nodes: the counter that allocates generation numbers (every node's agent publishes
+// its own; an ADD gives each a number no other agent has) and node rank 0's agent's list of
+// each node's worker count at the group's start ("<c0>,<c1>,...").
+inline std::string generationCounterKey() { return "ddprun/generation_counter"; }
+inline std::string nodeWorkersKey() { return "ddprun/node_workers"; }
 
 // What the agent publishes for a generation: its number, and one line of why. Two kinds:
 //   replace (--recovery-policy=replace): the ranks that left are taken by new processes (world
@@ -50,6 +58,11 @@ struct GenerationRecord {
   int spare = -1;
   std::vector<int> removed;   // shrink: non-empty (then replaced is empty)
   int worldSize = 0;          // shrink: the world size of generation g
+  // shrink on several nodes: each node's worker count in generation g, by the round's node
+  // rank (a node may have 0), summing to worldSize; empty on one node. Ranks stay in node order,
+  // so a survivor's local rank is its rank minus the counts of the nodes before its own.
+  // Text: " nodes=<c0>,<c1>,..." after world_size.
+  std::vector<int> nodes;
 };
 
 // A survivor's rank in a shrunk generation, from its rank in the one before; -1 when the rank
@@ -71,7 +84,8 @@ inline std::string formatGenerationRecord(const GenerationRecord& r) {
   };
   if (!r.removed.empty()) {
     return "generation=" + std::to_string(r.generation) + " removed=" + list(r.removed) +
-           " world_size=" + std::to_string(r.worldSize) + "\n" + r.cause;
+           " world_size=" + std::to_string(r.worldSize) +
+           (r.nodes.empty() ? std::string() : " nodes=" + list(r.nodes)) + "\n" + r.cause;
   }
   return "generation=" + std::to_string(r.generation) + " replaced=" + list(r.replaced) +
          (r.spare >= 0 ? " spare=" + std::to_string(r.spare) : std::string()) + "\n" + r.cause;
@@ -104,6 +118,18 @@ inline std::optional<GenerationRecord> parseGenerationRecord(const std::string& 
     const long v = std::strtol(ws.c_str() + 11, &end, 10);
     if (*end != '\0' || v < 1 || v > (1 << 24)) return std::nullopt;
     r.worldSize = static_cast<int>(v);
+    if (std::string nodes; head >> nodes) {
+      if (nodes.rfind("nodes=", 0) != 0) return std::nullopt;
+      std::istringstream counts(nodes.substr(6));
+      long sum = 0;
+      for (std::string x; std::getline(counts, x, ',');) {
+        const long c = std::strtol(x.c_str(), &end, 10);
+        if (x.empty() || *end != '\0' || c < 0 || c > (1 << 24)) return std::nullopt;
+        r.nodes.push_back(static_cast<int>(c));
+        sum += c;
+      }
+      if (r.nodes.empty() || sum != r.worldSize) return std::nullopt;
+    }
     if (std::string extra; head >> extra) return std::nullopt;
   } else if (std::string spare; head >> spare) {
     if (spare.rfind("spare=", 0) != 0 || spare.size() == 6) return std::nullopt;

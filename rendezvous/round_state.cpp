@@ -328,6 +328,16 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
   return next;
 }
 
+std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, const std::string& id,
+                                         int exitCode, const std::string& reason,
+                                         const JobLimits& lim, bool final) {
+  if (s.phase != Phase::Closed || s.round != round || !s.member(id)) return std::nullopt;
+  if (final || s.restarts >= lim.maxRestarts) return failWorkers(s, round, id, exitCode, reason, lim, final);
+  RoundState next = s;
+  next.restarts = s.restarts + 1;
+  return next;
+}
+
 std::optional<RoundState> nodeDone(const RoundState& s, int64_t round, const std::string& id) {
   if (s.phase != Phase::Closed || s.round != round || !s.member(id) || contains(s.done, id)) {
     return std::nullopt;

@@ -195,6 +195,14 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
                                       int exitCode, const std::string& reason,
                                       const JobLimits& lim, bool final = false);
 
+// A worker of node `id` died in round `round` and its agent recovers in process (docs/recovery.md:
+// the others keep running): spend one restart of the job-wide budget and keep the round (no
+// round r+1, so no other node restarts), or end the job as Failed when none is left, or at once
+// when `final`. No-op when round `round` is over (the agents restart as for any new round).
+std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, const std::string& id,
+                                         int exitCode, const std::string& reason,
+                                         const JobLimits& lim, bool final = false);
+
 // Node `id`'s workers succeeded in round `round`: it is done. The first done node makes the round
 // finishing: from then on arrivals wait instead of opening a new round, and departures are lost
 // (see remove). Once every member is done or lost the job is Finished. No-op when already done or

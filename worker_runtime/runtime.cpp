@@ -155,12 +155,12 @@ std::shared_ptr<rendezvous::Store> connectAgentStore(const WorkerEnv& env, Milli
 }
 
 // Whether the launcher may keep this process alive after a peer's death (Runtime::inProcessRecovery,
-// before the store is connected): DDPRUN_RECOVERY=in-process|auto, the agent's store, one node,
-// more than one rank.
+// before the store is connected): DDPRUN_RECOVERY=in-process|auto, the agent's store (on several
+// nodes node rank 0's agent's, which every node's workers use), more than one rank.
 bool inProcessRecoveryWanted(const WorkerEnv& env, const InitOptions& options) {
   const auto mode = options.env("DDPRUN_RECOVERY");
   if (!mode || (*mode != "in-process" && *mode != "auto")) return false;
-  return env.useAgentStore && env.groupWorldSize == 1 && env.worldSize > 1;
+  return env.useAgentStore && env.worldSize > 1;
 }
 
 // The communicator of `generation` over `store` (the attempt's store; generation g > 0: its keys
@@ -508,6 +508,36 @@ void Runtime::applyShrinks(int g) {
     DDPRUN_CHECK(record->worldSize == env_.worldSize - static_cast<int>(record->removed.size()),
                  "generation " << next << " has world size " << record->worldSize << ", "
                                << env_.worldSize << " - " << record->removed.size() << " expected");
+    if (homeNode_ < 0) homeNode_ = env_.groupRank;
+    if (!record->nodes.empty()) {
+      // Several nodes: the ranks stay in node order; this node's count and those before it
+      // give the local rank, the nodes that still have workers the node rank.
+      const auto& counts = record->nodes;
+      if (homeNode_ >= static_cast<int>(counts.size())) {
+        throw BackendError("in-process recovery: generation " + std::to_string(next) +
+                           "'s record names " + std::to_string(counts.size()) +
+                           " node(s), this process runs on node " + std::to_string(homeNode_));
+      }
+      int before = 0, nodeRank = 0, nodes = 0;
+      for (int n = 0; n < static_cast<int>(counts.size()); ++n) {
+        if (n < homeNode_) {
+          before += counts[static_cast<size_t>(n)];
+          if (counts[static_cast<size_t>(n)] > 0) ++nodeRank;
+        }
+        if (counts[static_cast<size_t>(n)] > 0) ++nodes;
+      }
+      env_.rank = rank;
+      env_.localRank = rank - before;
+      env_.localWorldSize = counts[static_cast<size_t>(homeNode_)];
+      env_.groupRank = nodeRank;
+      env_.groupWorldSize = nodes;
+      env_.worldSize = record->worldSize;
+      DDPRUN_CHECK(env_.localRank >= 0 && env_.localRank < env_.localWorldSize,
+                   "generation " << next << ": rank " << rank << " is not on node " << homeNode_);
+      log::setIdentity("rank " + std::to_string(env_.rank));
+      shrunkUpTo_ = next;
+      continue;
+    }
     env_.rank = rank;
     env_.localRank = rank - offset;
     env_.worldSize = record->worldSize;

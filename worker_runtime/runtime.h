@@ -128,6 +128,9 @@ class Runtime {
   // (reform()), each once.
   void applyShrinks(int g);
   int shrunkUpTo_ = 0;  // the newest generation whose record applyShrinks() has read
+  // Several nodes: the node (GROUP_RANK of the start) this process runs on, which a shrink
+  // record's per-node counts are indexed by (-1: not read yet).
+  int homeNode_ = -1;
   // watchNextGeneration(): the watch of the generation after generation_ (null: none).
   class GenerationWatch;
   std::unique_ptr<GenerationWatch> watch_;

@@ -144,6 +144,28 @@ TEST_CASE("worker failures spend the job-wide budget once, then fail the job", "
   CHECK_THROWS_AS(transition::join(*failed, node("d3"), lim), JobEndedError);
 }
 
+TEST_CASE("an in-process recovery spends the budget in the same round, then fails the job",
+          "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 2, .maxRestarts = 1};
+  RoundState s = joinAll({}, {node("i1"), node("i2")}, lim);
+  auto r1 = transition::recoverWorkers(s, 0, node("i2").id, 9, "rank 2 died", lim);
+  REQUIRE(r1);
+  CHECK(r1->round == 0);  // no new round: the other node does not restart
+  CHECK(r1->phase == Phase::Closed);
+  CHECK(r1->restarts == 1);
+  CHECK(r1->members.size() == 2);
+  // A round already over: nothing spent (the agents restart with the new round).
+  CHECK_FALSE(transition::recoverWorkers(s, 3, node("i2").id, 9, "late", lim).has_value());
+  auto failed = transition::recoverWorkers(*r1, 0, node("i1").id, 9, "rank 0 died", lim);
+  REQUIRE(failed);
+  CHECK(failed->phase == Phase::Failed);
+  CHECK(failed->reason.find("no restart is left") != std::string::npos);
+  auto once = transition::recoverWorkers(s, 0, node("i1").id, 2, "bad config", lim, true);
+  REQUIRE(once);
+  CHECK(once->phase == Phase::Failed);
+  CHECK(once->restarts == 0);
+}
+
 TEST_CASE("once a node is finishing, arrivals wait instead of restarting", "[rdzv][state]") {
   JobLimits lim{.minNodes = 1, .maxNodes = 3};
   RoundState s = joinAll({}, {node("f1"), node("f2")}, lim);

@@ -4,6 +4,8 @@
 //   - two of three ranks SIGKILLed at once: one recovery, one generation, one restart spent;
 //   - a survivor SIGKILLed while the replacement of another rank heals: the next generation,
 //     the replacement keeps its process and heals in it;
+//   - the only survivor SIGKILLed while the replacement loads: nobody holds the state, the
+//     group restarts from its newest checkpoint, one line saying why;
 //   - a second death during a recovery: the replacement SIGKILLed right after it starts, before
 //     it healed;
 //   - a frozen rank (SIGSTOP): noticed by --peer-timeout, killed, recovered in process;
@@ -209,6 +211,36 @@ TEST_CASE("in-process recovery: a survivor SIGKILLed while the replacement of an
   CHECK_THAT(out, !Contains("stopping the other workers"));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(3)));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("in-process recovery: rank 0 SIGKILLed while rank 1's replacement loads, no survivor "
+          "holds the state: the group restarts naming why, weights bit-identical",
+          "[recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(2);
+  TempDir dir;
+  Job job(underDdprun(2, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
+          dir / "log");
+  const auto pids = ranksOf(job, dir, 2);
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  // The only survivor dies before the replacement (a second of start-up) could heal from it.
+  const pid_t replacement = waitForWorker(job, 1, pids[1]);
+  REQUIRE(replacement > 0);
+  REQUIRE(::kill(pids[0], SIGKILL) == 0);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("recovering in process (generation 1)"));
+  CHECK_THAT(out, Contains("in-process recovery of rank(s) 0 is not possible: no surviving "
+                           "worker holds the training state (rank 1 (pid " +
+                           std::to_string(replacement) + ") started for an earlier death and "
+                           "had not healed yet); restarting the group from the newest "
+                           "checkpoint instead"));
+  CHECK_THAT(out, !Contains("generation 2"));
+  CHECK_THAT(out, Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains("done: 256 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 

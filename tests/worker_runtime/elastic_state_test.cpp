@@ -210,6 +210,26 @@ TEST_CASE("recovery keys: a shrink record round-trips, re-densifies ranks and re
   }
 }
 
+TEST_CASE("recovery keys: a shrink record of several nodes carries each node's count",
+          "[runtime][elastic]") {
+  namespace keys = ddprun::rendezvous::recovery;
+  const std::string text = keys::formatGenerationRecord(
+      {.generation = 3, .cause = "rank 2 on node 1 died", .removed = {2}, .worldSize = 3,
+       .nodes = {2, 1, 0}});
+  CHECK(text.rfind("generation=3 removed=2 world_size=3 nodes=2,1,0\n", 0) == 0);
+  const auto r = keys::parseGenerationRecord(text);
+  REQUIRE(r);
+  CHECK(r->nodes == std::vector<int>{2, 1, 0});
+  CHECK(r->worldSize == 3);
+  for (const char* bad : {"generation=2 removed=1 world_size=3 nodes=2,2",  // 4 != 3
+                          "generation=2 removed=1 world_size=3 nodes=", "generation=2 removed=1 "
+                          "world_size=3 nodes=2,-1,2", "generation=2 removed=1 world_size=3 "
+                          "node=3", "generation=2 removed=1 world_size=3 nodes=3 x"}) {
+    INFO(bad);
+    CHECK_FALSE(keys::parseGenerationRecord(bad));
+  }
+}
+
 TEST_CASE("grow record: round-trips, inserts the replacement's rank and names what is wrong",
           "[runtime][elastic]") {
   namespace grow = ddprun::rendezvous::recovery;

@@ -1,0 +1,225 @@
+// End to end: in-process recovery on a job of two nodes (docs/recovery.md#several-nodes) -- two
+// real ddprun agents on loopback addresses 127.0.0.2 and 127.0.0.3 (the static rendezvous: node
+// rank 0 is 127.0.0.2, whose agent hosts the workers' store), two mnist_mlp ranks each, real
+// SIGKILLs of a worker of node 1:
+//   - replace: a new rank 2 is started by node 1's agent, node 0's workers (and node 1's other
+//     one) keep their processes, no group restart, weights bit-identical to an uninterrupted
+//     run of the same two nodes;
+//   - shrink: the group goes on at three ranks across the two nodes, node 1's other worker
+//     renumbered by its agent, every sample of each epoch exactly once.
+#include "tests/support/catch_torch.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+
+#include <filesystem>
+#include <map>
+#include <regex>
+
+#include "fashion_mnist.h"
+#include "job_runner.h"
+#include "sample_log_check.h"
+#include "test_files.h"
+#include "trained_weights.h"
+#include "tests/support/skip.h"
+#include "trainers/mnist_data.h"
+
+using namespace ddprun::trainers;
+using namespace ddprun::trainers::testing;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = DDPRUN_BIN_DIR;
+constexpr auto kJobTimeout = std::chrono::seconds(240);
+constexpr int64_t kExamples = 4096;
+constexpr int64_t kBatch = 16;
+constexpr int kEpochs = 2;
+constexpr uint64_t kSeed = 11;
+
+// A free TCP port on `addr` (loopback), for the static rendezvous's store.
+int freePort(const char* addr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, addr, &a.sin_addr);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The agent of node `node` (0: 127.0.0.2, 1: 127.0.0.3) of a two-node job, two ranks each.
+std::vector<std::string> agent(int node, int port, const std::string& dir,
+                               std::vector<std::string> flags) {
+  const std::string addr = node == 0 ? "127.0.0.2" : "127.0.0.3";
+  std::vector<std::string> argv = {kBin + "/ddprun", "--nnodes=2", "--nproc-per-node=2",
+                                   "--rdzv-backend=static", "--master-addr=127.0.0.2",
+                                   "--master-port=" + std::to_string(port),
+                                   "--node-rank=" + std::to_string(node), "--local-addr=" + addr,
+                                   "--rdzv-id=nodes-recovery"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const std::vector<std::string> trainer = {
+      kBin + "/mnist_mlp", "--train-limit", std::to_string(kExamples), "--test-limit", "1000",
+      "--batch-size", std::to_string(kBatch), "--epochs", std::to_string(kEpochs),
+      "--seed", std::to_string(kSeed), "--lr", "0.05", "--log-interval", "32",
+      "--checkpoint-dir", dir + "/ckpt", "--checkpoint-interval", "10",
+      "--save-weights", dir + "/final.pt"};
+  argv.insert(argv.end(), trainer.begin(), trainer.end());
+  return argv;
+}
+
+struct TwoNodes {
+  std::unique_ptr<Job> node0, node1;
+  TwoNodes(const TempDir& dir, std::vector<std::string> flags,
+           std::map<std::string, std::string> env = {}) {
+    const int port = freePort("127.0.0.2");
+    node0 = std::make_unique<Job>(agent(0, port, dir.path(), flags), env, dir / "node0.log");
+    node1 = std::make_unique<Job>(agent(1, port, dir.path(), flags), env, dir / "node1.log");
+  }
+  // Both exit codes (bounded); the output of each in the test's log.
+  std::pair<int, int> finish() {
+    const int a = node0->wait(kJobTimeout);
+    const int b = node1->wait(kJobTimeout);
+    INFO("node 0:\n" << node0->output());
+    INFO("node 1:\n" << node1->output());
+    return {a, b};
+  }
+};
+
+// The uninterrupted two-node run (once per test process).
+const TempDir& referenceRun() {
+  static std::unique_ptr<TempDir> dir;
+  if (dir) return *dir;
+  dir = std::make_unique<TempDir>();
+  TwoNodes job(*dir, {});
+  const auto [a, b] = job.finish();
+  INFO(job.node0->output() << "\n" << job.node1->output());
+  REQUIRE(a == 0);
+  REQUIRE(b == 0);
+  REQUIRE_THAT(job.node0->output(), Contains("done: "));
+  return *dir;
+}
+
+pid_t waitForWorker(Job& job, int rank) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
+    const pid_t p = workerPid(job.pid(), rank, "mnist_mlp");
+    if (p > 0) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("two nodes, replace: a worker of node 1 SIGKILLed is replaced by its agent, the other "
+          "workers of both nodes keep their processes, weights bit-identical",
+          "[recovery][nodes][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process"});
+  REQUIRE(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout));
+  const pid_t r0 = waitForWorker(*job.node0, 0), r1 = waitForWorker(*job.node0, 1);
+  const pid_t r2 = waitForWorker(*job.node1, 2), r3 = waitForWorker(*job.node1, 3);
+  REQUIRE(r0 > 0);
+  REQUIRE(r1 > 0);
+  REQUIRE(r2 > 0);
+  REQUIRE(r3 > 0);
+  REQUIRE(::kill(r2, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.node1, "rank 2 joined generation 1", kJobTimeout));
+  for (pid_t p : {r0, r1, r3}) CHECK(::kill(p, 0) == 0);
+  const auto [a, b] = job.finish();
+  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  REQUIRE(a == 0);
+  REQUIRE(b == 0);
+  CHECK_THAT(out1, Contains("rank 2 (local rank 0, pid " + std::to_string(r2) + ") failed: "
+                            "signal 9 (SIGKILL); recovering in process (generation 1): the other "
+                            "workers of every node keep running, a new rank 2 is starting "
+                            "(restart 1 of 1 spent)"));
+  CHECK_THAT(out0, Contains("generation 1 of the worker group (another node recovered in "
+                            "process; this node's workers keep running)"));
+  CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
+  CHECK_THAT(out0, !Contains("resumed from checkpoint"));
+  // The survivors never restarted: the same processes ran to the end.
+  CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
+  CHECK_THAT(out0, Contains("done: "));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("two nodes, shrink: a worker of node 1 SIGKILLed, the group goes on at three ranks "
+          "across both nodes, every sample of each epoch exactly once",
+          "[recovery][nodes][shrink][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink"},
+               {{"DDPRUN_SAMPLE_LOG", dir / "samples"}});
+  REQUIRE(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout));
+  const pid_t r0 = waitForWorker(*job.node0, 0), r1 = waitForWorker(*job.node0, 1);
+  const pid_t r2 = waitForWorker(*job.node1, 2), r3 = waitForWorker(*job.node1, 3);
+  REQUIRE(r0 > 0);
+  REQUIRE(r1 > 0);
+  REQUIRE(r2 > 0);
+  REQUIRE(r3 > 0);
+  REQUIRE(::kill(r2, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.node1, "as rank 2 of 3 (was rank 3 of 4; the group shrank)",
+                        kJobTimeout));
+  for (pid_t p : {r0, r1, r3}) CHECK(::kill(p, 0) == 0);
+  const auto [a, b] = job.finish();
+  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  REQUIRE(a == 0);
+  REQUIRE(b == 0);
+  CHECK_THAT(out1, Contains("rank 2 (local rank 0, pid " + std::to_string(r2) + ") failed: "
+                            "signal 9 (SIGKILL); recovering in process (generation 1): the group "
+                            "shrinks from 4 to 3 rank(s), the others of every node keep running "
+                            "(restart 1 of 1 spent)"));
+  CHECK_THAT(out0, Contains("world size 4 -> 3 (in-process recovery, generation 1)"));
+  CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
+  CHECK_THAT(out0, Contains("done: "));
+  // Node 1's agent renumbered its survivor: its console prefix says rank 2 after the shrink.
+  CHECK(std::regex_search(out1, std::regex(R"(\[rank 2\]: \[ddprun W [0-9:.]+ runtime rank 2\] )"
+                                           R"(rank 2 recovered in process)")));
+  const std::string log = dir / "samples";
+  for (int e = 0; e < kEpochs; ++e) {
+    checkEpochExactlyOnce(log, e, epochSamples(log, e).lastWorld,
+                          {.examples = kExamples, .batch = kBatch, .seed = kSeed});
+  }
+  CHECK(epochSamples(log, kEpochs - 1).lastWorld == 3);
+}
+
+TEST_CASE("two nodes, --spares=1: node 1's waiting spare takes the rank of node 1's dead worker, "
+          "weights bit-identical", "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
+  // Spare ids are unique in the job: n x nodes + node rank, so node 1's first is spare 1.
+  REQUIRE(waitForOutput(*job.node1, "spare 1 (pid ", kJobTimeout));
+  REQUIRE(waitForOutput(*job.node1, "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t r0 = waitForWorker(*job.node0, 0), r2 = waitForWorker(*job.node1, 2);
+  const pid_t r3 = waitForWorker(*job.node1, 3);
+  REQUIRE(r0 > 0);
+  REQUIRE(r2 > 0);
+  REQUIRE(r3 > 0);
+  REQUIRE(::kill(r3, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
+  for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
+  const auto [a, b] = job.finish();
+  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  REQUIRE(a == 0);
+  REQUIRE(b == 0);
+  CHECK(std::regex_search(out1, std::regex(R"(rank 3 \(local rank 1, pid \d+\) failed: signal 9 )"
+                                           R"(\(SIGKILL\); recovering in process \(generation 1\): )"
+                                           R"(the other workers of every node keep running, spare 1 )"
+                                           R"(\(pid \d+\) takes rank 3)")));
+  CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
