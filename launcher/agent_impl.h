@@ -3,6 +3,7 @@
 //   agent.cpp           the loop: rounds, starting and watching workers, their exits, decisions
 //   agent_recovery.cpp  in-process recovery: the deaths, the budget, replace, shrink
 //   agent_spares.cpp    the processes that join a running group: grow back, hot spares
+//   agent_nodes.cpp     in-process recovery on several nodes (node 0's workers' store via the link)
 //   agent_end.cpp       stopping the group, the exit barrier, the end of the job, the timeline
 // Private to launcher/ (not installed); the public face is agent.h.
 #include "launcher/agent.h"

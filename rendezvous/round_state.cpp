@@ -335,6 +335,11 @@ std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, con
   if (final || s.restarts >= lim.maxRestarts) return failWorkers(s, round, id, exitCode, reason, lim, final);
   RoundState next = s;
   next.restarts = s.restarts + 1;
+  // The reason names the node: two agents recovering at once from the same version must not
+  // write the same bytes (the log's compare-set would let both believe they won, spending one
+  // restart for two recoveries).
+  next.reason = reason + " (recovered in process: restart " + std::to_string(next.restarts) +
+                " of " + std::to_string(lim.maxRestarts) + ")";
   return next;
 }
 

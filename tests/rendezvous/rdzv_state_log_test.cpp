@@ -43,6 +43,32 @@ TEST_CASE("16 threads join through one log: every join lands exactly once", "[rd
   CHECK_FALSE(log.waitMarker(overKey(0), Millis(0)).has_value());
 }
 
+TEST_CASE("two nodes recovering in process from the same version spend two restarts",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const JobLimits lim{.minNodes = 2, .maxNodes = 2, .maxRestarts = 2};
+  StateLog a(*store, lim), b(*store, lim);
+  NodeInfo x{.id = "x", .addr = "x"}, y{.id = "y", .addr = "y"};
+  a.update(a.latest(), [&](const RoundState& s) { return transition::join(s, x, lim); });
+  const Versioned closed = b.update(b.latest(), [&](const RoundState& s) {
+    return transition::join(s, y, lim);
+  }).now;
+  REQUIRE(closed.state.phase == Phase::Closed);
+  // Both start from the closed version, as two agents whose workers died at once.
+  auto rx = a.update(closed, [&](const RoundState& s) {
+    return transition::recoverWorkers(s, 0, "x", 9, "rank 1 died", lim);
+  });
+  auto ry = b.update(closed, [&](const RoundState& s) {
+    return transition::recoverWorkers(s, 0, "y", 9, "rank 2 died", lim);
+  });
+  CHECK(rx.wrote);
+  CHECK(ry.wrote);
+  CHECK(rx.now.state.restarts == 1);
+  CHECK(ry.now.state.restarts == 2);
+  CHECK(ry.now.version == closed.version + 2);
+  CHECK(ry.now.state.round == 0);
+}
+
 TEST_CASE("a no-op transition is only accepted on the newest version", "[rdzv][log]") {
   auto store = std::make_shared<MemoryStore>();
   const JobLimits lim{.minNodes = 1, .maxNodes = 4};

@@ -223,3 +223,38 @@ TEST_CASE("two nodes, --spares=1: node 1's waiting spare takes the rank of node 
   CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
+
+TEST_CASE("two nodes, a worker of each SIGKILLed at once: two generations (numbers from the "
+          "store's ADD, written in order), two restarts spent, weights bit-identical",
+          "[recovery][nodes][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  TwoNodes job(dir, {"--max-restarts=2", "--recovery=in-process"});
+  REQUIRE(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout));
+  const pid_t r0 = waitForWorker(*job.node0, 0), r1 = waitForWorker(*job.node0, 1);
+  const pid_t r2 = waitForWorker(*job.node1, 2), r3 = waitForWorker(*job.node1, 3);
+  REQUIRE(r0 > 0);
+  REQUIRE(r1 > 0);
+  REQUIRE(r2 > 0);
+  REQUIRE(r3 > 0);
+  REQUIRE(::kill(r1, SIGKILL) == 0);
+  REQUIRE(::kill(r2, SIGKILL) == 0);
+  const auto [a, b] = job.finish();
+  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  REQUIRE(a == 0);
+  REQUIRE(b == 0);
+  // The survivors kept their processes: they ran to the end (the job's exit waited for them).
+  CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
+  CHECK(std::regex_search(out1, std::regex(R"(rank 3 recovered in process in \d+ ms)")));
+  // One restart each, counted in the rendezvous: the second recovery spent the second.
+  const std::string both = out0 + out1;
+  CHECK_THAT(both, Contains("(restart 1 of 2 spent)"));
+  CHECK_THAT(both, Contains("(restart 2 of 2 spent)"));
+  CHECK_THAT(both, Contains("recovering in process (generation 1)"));
+  CHECK_THAT(both, Contains("recovering in process (generation 2)"));
+  CHECK_THAT(both, !Contains("restarting the worker"));
+  CHECK_THAT(out0, !Contains("resumed from checkpoint"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
