@@ -311,6 +311,16 @@ void FiberScheduler::sleepUntil(Clock::time_point t) {
 }
 
 int FiberScheduler::poll(int fd, short events, Clock::time_point deadline) {
+  return waitFd(fd, events, deadline, nullptr);
+}
+
+int FiberScheduler::pollOrWake(int fd, short events, Clock::time_point deadline,
+                               const void* channel) {
+  return waitFd(fd, events, deadline, channel);
+}
+
+int FiberScheduler::waitFd(int fd, short events, Clock::time_point deadline,
+                           const void* channel) {
   if (current_ == nullptr || deadline <= Clock::now() || fd < 0) {  // one look, without waiting
     pollfd p{fd, events, 0};
     return ::poll(&p, 1, 0);
@@ -338,8 +348,11 @@ int FiberScheduler::poll(int fd, short events, Clock::time_point deadline) {
   s.want = events;
   s.fiber = current_->id;
   s.generation = current_->generation;
+  const uint32_t id = current_->id, generation = current_->generation;
+  if (channel) parked_.emplace(channel, std::make_pair(id, generation));
   const Woken w = suspend(deadline);
   fds_[fd].waiting = false;  // fds_ may have grown meanwhile: no reference kept across
+  if (channel && w != Woken::Channel) unpark(channel, id, generation);
   return w == Woken::Ready ? 1 : 0;
 }
 
@@ -372,11 +385,23 @@ void FiberScheduler::forget(int fd) {
 bool FiberScheduler::park(std::unique_lock<std::mutex>* lock, const void* channel,
                           Clock::time_point deadline) {
   DDPRUN_CHECK(current_ != nullptr, "a fiber wait outside a fiber (on the scheduler's own stack)");
-  parked_.emplace(channel, std::make_pair(current_->id, current_->generation));
+  const uint32_t id = current_->id, generation = current_->generation;
+  parked_.emplace(channel, std::make_pair(id, generation));
   if (lock) lock->unlock();
   const Woken w = suspend(deadline);
+  if (w != Woken::Channel) unpark(channel, id, generation);  // else wake() erased it
   if (lock) lock->lock();
   return w != Woken::Timer;
+}
+
+void FiberScheduler::unpark(const void* channel, uint32_t id, uint32_t generation) {
+  auto [b, e] = parked_.equal_range(channel);
+  for (auto it = b; it != e; ++it) {
+    if (it->second.first == id && it->second.second == generation) {
+      parked_.erase(it);
+      return;
+    }
+  }
 }
 
 void FiberScheduler::wake(const void* channel) {

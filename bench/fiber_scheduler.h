@@ -61,6 +61,8 @@ class FiberScheduler final : public rendezvous::Blocking {
   bool park(std::unique_lock<std::mutex>* lock, const void* channel,
             rendezvous::Clock::time_point deadline) override;
   void wake(const void* channel) override;
+  int pollOrWake(int fd, short events, rendezvous::Clock::time_point deadline,
+                 const void* channel) override;
   std::function<void()> start(std::function<void()> body) override;
   void forget(int fd) override;
 
@@ -74,6 +76,10 @@ class FiberScheduler final : public rendezvous::Blocking {
   Woken suspend(rendezvous::Clock::time_point deadline);
   // False when the waker was stale (the fiber was woken otherwise, or ended).
   bool resume(Fiber* f, Woken why, uint32_t generation);
+  // poll() and pollOrWake(): `channel` null, or also woken by wake(channel).
+  int waitFd(int fd, short events, rendezvous::Clock::time_point deadline, const void* channel);
+  // Drops the parked_ entry of a fiber woken otherwise than through its channel.
+  void unpark(const void* channel, uint32_t id, uint32_t generation);
   void onSocketEvent(int fd, uint32_t events);
   void switchTo(Fiber* f);
   static void trampoline(unsigned hi, unsigned lo);  // makecontext's entry

@@ -349,7 +349,8 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--repeat", repeat, "runs of the form scenario per size (median)");
   app.add_option("--backend", backend,
                  "c10d: ddprun vs torchrun 1.13; etcd-v3: ddprun on a 3-member etcd cluster "
-                 "started here vs ddprun on c10d")
+                 "started here vs ddprun on c10d (with --simulate: the simulated agents on a "
+                 "private one-member etcd instead of a ddprun-store)")
       ->check(CLI::IsMember({"c10d", "etcd-v3"}));
   app.add_flag("--no-torchrun", noTorchrun, "ddprun only");
   app.add_option("--torch-python", python, "python3 with torch (Debian's python3-torch)");
@@ -373,6 +374,10 @@ int benchRendezvous(int argc, char** argv) {
                  "i % loops)")
       ->check(CLI::Range(1, 64));
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
+  bool noLeases = false;
+  app.add_flag("--no-leases", noLeases,
+               "--simulate --backend etcd-v3: the agents without their lease liveness (no "
+               "lease, keep-alives or alive/ watch): the join's cost alone");
   std::string realCsv = ddprun::bench::resultsPath("rendezvous.csv");
   app.add_option("--real-csv", realCsv,
                  "--simulate: the agent-process results drawn on the plot (form+run rows)");
@@ -394,6 +399,8 @@ int benchRendezvous(int argc, char** argv) {
     sim.csv = csv;
     if (!noPlot) sim.png = ddprun::bench::resultsPath("rendezvous_simulate.png");
     sim.realCsv = realCsv;
+    sim.backend = backend;
+    sim.etcdLeases = !noLeases;
     return ddprun::bench::simulate(sim);
   }
   const bool etcd = backend == "etcd-v3";

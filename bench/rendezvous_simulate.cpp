@@ -1,5 +1,6 @@
 // ddprun-bench rendezvous --simulate N,...: the rendezvous protocol's cost against N, with N
-// agents simulated in this process (bench/rendezvous_swarm.h) against a real ddprun-store.
+// agents simulated in this process (bench/rendezvous_swarm.h) against a real ddprun-store, or
+// with --backend etcd-v3 a private etcd (bench/rendezvous_etcd_swarm.h).
 // Writes bench/results/rendezvous_simulate.csv and, with gnuplot, a PNG of time and bytes per
 // agent against N (log axes), the real-process `form+run` times of rendezvous.csv on it too.
 #include "bench/rendezvous_simulate.h"
@@ -13,6 +14,7 @@
 
 #include "base/log.h"
 #include "bench/paths.h"
+#include "bench/rendezvous_etcd_swarm.h"
 #include "bench/rendezvous_swarm.h"
 
 namespace ddprun::bench {
@@ -39,7 +41,7 @@ void plot(const std::string& csv, const std::string& realCsv, const std::string&
      << "set title 'ddprun rendezvous: forming and re-forming a round of N agents'\n"
      << "plot ";
   const char* sep = "";
-  for (const char* p : {"log", "slots", "agents"}) {
+  for (const char* p : {"log", "slots", "agents", "etcd-agents"}) {
     const std::string sel = "(strcol(1) eq 'simulate-" + std::string(p) + "' ? $2 : 1/0)";
     gp << sep << "'" << csv << "' using " << sel << ":3 every ::1 with linespoints title 'form, "
        << p << " (simulated agents)', \\\n"
@@ -66,6 +68,17 @@ void plot(const std::string& csv, const std::string& realCsv, const std::string&
 
 int simulate(const SimulateOptions& o) {
   log::setLevel(log::Level::Warn);  // thousands of agents' "round closed" lines otherwise
+  const bool etcd = o.backend == "etcd-v3";
+  if (etcd && !etcdInstalled()) {
+    std::fprintf(stderr, "ddprun-bench rendezvous --simulate --backend etcd-v3: skipped: %s is not "
+                 "installed (Debian etcd-server; scripts/setup installs it)\n", etcdBinary().c_str());
+    return 77;
+  }
+  // The CSV's scenario: the protocol, and etcd when the keys are there.
+  auto scenario = [&](const std::string& protocol) {
+    return "simulate-" + std::string(etcd ? "etcd-" : "") + protocol +
+           (etcd && !o.etcdLeases ? "-no-leases" : "");
+  };
   const std::string csvPath = o.csv.empty() ? resultsPath("rendezvous_simulate.csv") : o.csv;
   // The rows of protocols not run this time are kept from the file (one plot, several runs).
   std::vector<std::string> kept;
@@ -76,7 +89,7 @@ int simulate(const SimulateOptions& o) {
       if (header || line.empty()) continue;
       bool rerun = false;
       for (const auto& p : o.protocols)
-        rerun = rerun || line.rfind("simulate-" + p + ",", 0) == 0;
+        rerun = rerun || line.rfind(scenario(p) + ",", 0) == 0;
       if (!rerun) kept.push_back(line);
     }
   }
@@ -86,9 +99,11 @@ int simulate(const SimulateOptions& o) {
          "reform_round_trips_median,reform_round_trips_max,reform_bytes_median,reform_bytes_max,"
          "seed,spread_ms,note\n";
   for (const auto& line : kept) out << line << "\n";
-  std::printf("simulated agents against one ddprun-store (seed %llu, arrivals spread over %lld ms)\n",
+  std::printf("simulated agents against %s (seed %llu, arrivals spread over %lld ms)\n",
+              etcd ? ("a private etcd (one member of " + etcdBinary() + ")").c_str()
+                   : "one ddprun-store",
               static_cast<unsigned long long>(o.seed), static_cast<long long>(o.spread.count()));
-  std::printf("%-6s %7s | %8s %8s | %7s %7s | %-17s %-19s | %-17s %-19s | %s\n", "proto", "agents", "form",
+  std::printf("%-11s %7s | %8s %8s | %7s %7s | %-17s %-19s | %-17s %-19s | %s\n", "proto", "agents", "form",
               "re-form", "cpu frm", "cpu ref", "form rt med/max", "form bytes med/max",
               "re-form rt med/max", "re-form bytes", "note");
   for (const std::string& protocol : o.protocols) {
@@ -99,9 +114,13 @@ int simulate(const SimulateOptions& o) {
     if (stop) {
       note = "skipped: a smaller N failed or took longer than the cap";
     } else {
-      r = runSwarm(o.storeBinary, SwarmOptions{.agents = n, .seed = o.seed, .spread = o.spread,
-                                               .maxNproc = 4, .timeout = o.cap,
-                                               .protocol = protocol, .loops = o.loops});
+      const SwarmOptions so{.agents = n, .seed = o.seed, .spread = o.spread, .maxNproc = 4,
+                            .timeout = o.cap, .protocol = protocol, .loops = o.loops};
+      try {
+        r = etcd ? runEtcdSwarm(so, {.leases = o.etcdLeases}) : runSwarm(o.storeBinary, so);
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
       note = r.error;
       if (r.connectSeconds > 0) {
         char b[96];
@@ -134,9 +153,9 @@ int simulate(const SimulateOptions& o) {
       if (v) std::snprintf(b, sizeof b, "%.3f", *v);
       return std::string(b);
     };
-    std::printf("%-6s %7d | %8s %8s | %7.2f %7.2f | %7lld / %-7lld %8lld / %-8lld | %7lld / %-7lld "
+    std::printf("%-11s %7d | %8s %8s | %7.2f %7.2f | %7lld / %-7lld %8lld / %-8lld | %7lld / %-7lld "
                 "%8lld / %-8lld | %s\n",
-                protocol.c_str(), n, num(r.formSeconds).c_str(), num(r.reformSeconds).c_str(), r.formStoreCpu,
+                scenario(protocol).substr(9).c_str(), n, num(r.formSeconds).c_str(), num(r.reformSeconds).c_str(), r.formStoreCpu,
                 r.reformStoreCpu, (long long)r.form.medianRoundTrips,
                 (long long)r.form.maxRoundTrips, (long long)r.form.medianBytes,
                 (long long)r.form.maxBytes, (long long)r.reform.medianRoundTrips,
@@ -144,7 +163,7 @@ int simulate(const SimulateOptions& o) {
                 (long long)r.reform.maxBytes, note.c_str());
     std::fflush(stdout);
     auto cell = [](const std::optional<double>& v) { return v ? std::to_string(*v) : ""; };
-    out << "simulate-" << protocol << "," << n << "," << cell(r.formSeconds) << "," << cell(r.reformSeconds) << ","
+    out << scenario(protocol) << "," << n << "," << cell(r.formSeconds) << "," << cell(r.reformSeconds) << ","
         << r.formStoreCpu << "," << r.reformStoreCpu << "," << r.form.medianRoundTrips << ","
         << r.form.maxRoundTrips << "," << r.form.medianBytes << "," << r.form.maxBytes << ","
         << r.reform.medianRoundTrips << "," << r.reform.maxRoundTrips << ","

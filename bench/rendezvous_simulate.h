@@ -10,6 +10,13 @@ namespace ddprun::bench {
 struct SimulateOptions {
   std::vector<int> sizes;
   std::vector<std::string> protocols = {"agents"};  // bench/rendezvous_swarm.h: agents, log, slots
+  // Where the keys live: "c10d" (a ddprun-store process) or "etcd-v3" (a private etcd,
+  // bench/rendezvous_etcd_swarm.h). The CSV's scenario names it: simulate-<protocol>, or
+  // simulate-etcd-<protocol>.
+  std::string backend = "c10d";
+  // etcd-v3 only: false runs the agents without their lease liveness (--no-leases); the
+  // scenario is then simulate-etcd-<protocol>-no-leases.
+  bool etcdLeases = true;
   uint64_t seed = 1;
   std::chrono::milliseconds spread{200};
   int loops = 1;  // threads running the agents' fibers (SwarmOptions::loops)
@@ -20,6 +27,7 @@ struct SimulateOptions {
   std::string realCsv;                      // rendezvous.csv: real-process points on the plot
 };
 
+// 0, or 77 when --backend etcd-v3 and etcd is not installed (said on stderr).
 int simulate(const SimulateOptions& options);
 
 }  // namespace ddprun::bench

@@ -136,6 +136,10 @@ std::string checkRound(const std::vector<RoundInfo>& rounds, const std::vector<N
 std::vector<NodeInfo> membersOfRound(const TcpStoreOptions& store, const std::string& runId,
                                      const JobLimits& limits, int64_t round) {
   PrefixStore conn("ddprun/rdzv/" + runId, std::make_shared<TcpStore>(store));
+  return membersOfRound(conn, limits, round);
+}
+
+std::vector<NodeInfo> membersOfRound(Store& conn, const JobLimits& limits, int64_t round) {
   StateLog log(conn, limits);
   const auto v = log.waitMarker(closedKey(round), Millis(0));
   if (!v) throw StoreError("round " + std::to_string(round) + " never closed");
@@ -186,15 +190,46 @@ struct SimAgent {
 
 }  // namespace
 
+namespace {
+
+// A ddprun-store process; agents' connections counted (CountingBackend), no heartbeats.
+class TcpSwarmStore final : public SwarmStore {
+ public:
+  TcpSwarmStore(const std::string& binary, Millis timeout)
+      : process_(binary),
+        options_{.host = "127.0.0.1", .port = process_.port(), .timeout = timeout,
+                 .connectTimeout = timeout} {}
+  std::shared_ptr<const RendezvousBackend> backend(std::shared_ptr<StoreTraffic> traffic,
+                                                   bool slotJoin) const override {
+    return std::make_shared<CountingBackend>(options_, HeartbeatOptions{.interval = Millis(0)},
+                                             std::move(traffic), slotJoin);
+  }
+  std::shared_ptr<Store> connect(const std::string& runId) const override {
+    return std::make_shared<PrefixStore>("ddprun/rdzv/" + runId,
+                                         std::make_shared<TcpStore>(options_));
+  }
+  TcpStoreOptions storeOptions() const override { return options_; }
+  double cpuSeconds() const override { return process_.cpuSeconds(); }
+
+ private:
+  StoreProcess process_;
+  TcpStoreOptions options_;
+};
+
+}  // namespace
+
 SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   if (o.protocol == "slots") return runSlotSwarm(storeBinary, o);
   raiseFileLimit();
-  StoreProcess store(storeBinary);
+  TcpSwarmStore store(storeBinary, o.timeout);
+  return runSwarmOn(store, o);
+}
+
+SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
   const int n = o.agents;
   const JobLimits limits{.minNodes = std::max(1, n - 1), .maxNodes = n, .maxRestarts = 0};
   const std::string runId = "simulate" + std::to_string(n) + "-" + std::to_string(::getpid());
-  TcpStoreOptions storeOptions{.host = "127.0.0.1", .port = store.port(), .timeout = o.timeout,
-                               .connectTimeout = o.timeout};
+  const TcpStoreOptions storeOptions = store.storeOptions();
 
   std::mt19937_64 rng(o.seed);
   std::vector<Millis> arrival(n);
@@ -263,9 +298,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
         Release release{fibers, slots};
         DynamicRendezvousOptions opt;
         opt.runId = runId;
-        opt.backend = std::make_shared<CountingBackend>(
-          storeOptions, HeartbeatOptions{.interval = Millis(0)}, a.traffic,
-          /*slotJoin=*/o.protocol == "agents");
+        opt.backend = store.backend(a.traffic, /*slotJoin=*/o.protocol == "agents");
         opt.store = storeOptions;
         opt.limits = limits;
         opt.localAddr = agentAddr(i);
@@ -370,7 +403,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   if (o.corruptView && n >= 2) rounds[0].nodeRank = rounds[1].nodeRank;
   std::vector<NodeInfo> members;
   try {
-    members = membersOfRound(storeOptions, runId, limits, rounds[0].round);
+    members = membersOfRound(*store.connect(runId), limits, rounds[0].round);
   } catch (const std::exception& e) {
     r.error = e.what();
   }
@@ -390,8 +423,8 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
   const double self1 = StoreProcess::cpuSecondsOf(::getpid());
   Clock::time_point tEvict;
   try {
-    PrefixStore conn("ddprun/rdzv/" + runId, std::make_shared<TcpStore>(storeOptions));
-    StateLog log(conn, limits, /*spill=*/o.protocol == "agents");
+    auto conn = store.connect(runId);
+    StateLog log(*conn, limits, /*spill=*/o.protocol == "agents");
     const std::string why = "node " + agents[victim].id + " simulated lost";
     auto w = log.update(log.refresh(log.latest()), [&](const RoundState& s) {
       return transition::remove(s, agents[victim].id, why, limits);
@@ -420,7 +453,7 @@ SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& o) {
       firstDone = std::min(firstDone, agents[i].reformedAt);
     }
     try {
-      members = membersOfRound(storeOptions, runId, limits, rounds[0].round);
+      members = membersOfRound(*store.connect(runId), limits, rounds[0].round);
     } catch (const std::exception& e) {
       r.error = e.what();
     }

@@ -2,7 +2,8 @@
 // A swarm of simulated agents: many agents' real rendezvous code (DynamicRendezvous, the
 // state log, the round state machine, TcpStore) in one process, each agent a fiber
 // (bench/fiber_scheduler.h: its blocking calls park it) with its own store connection to a
-// real `ddprun-store` process, its round trips and bytes counted
+// real `ddprun-store` process -- or, through a SwarmStore, to another store: a private etcd
+// (bench/rendezvous_etcd_swarm.h) -- its round trips and bytes counted
 // (rendezvous/counting_store.h). `ddprun-bench rendezvous --simulate N` uses it to measure
 // how the protocol's cost grows with N, and tests use it to check the protocol's invariants
 // with thousands of agents.
@@ -63,6 +64,29 @@ std::vector<rendezvous::NodeInfo> membersOfRound(const rendezvous::TcpStoreOptio
                                                  const std::string& runId,
                                                  const rendezvous::JobLimits& limits,
                                                  int64_t round);
+// The same on `job`, a connection to the job's keys (prefixed as the agents' are).
+std::vector<rendezvous::NodeInfo> membersOfRound(rendezvous::Store& job,
+                                                 const rendezvous::JobLimits& limits,
+                                                 int64_t round);
+
+// Where the simulated agents' keys live, as runSwarmOn sees it: a ddprun-store process
+// (runSwarm), or a private etcd (bench/rendezvous_etcd_swarm.h). Used from the harness's
+// thread (connect, cpuSeconds) and from the agents' fibers (backend: the object is then
+// shared, immutable).
+class SwarmStore {
+ public:
+  virtual ~SwarmStore() = default;
+  // Agent's backend (rendezvous_backend.h): every Store call its connections make is counted
+  // into `traffic` (CountingStore); the liveness it starts is the backend's own, or none.
+  virtual std::shared_ptr<const rendezvous::RendezvousBackend> backend(
+      std::shared_ptr<rendezvous::StoreTraffic> traffic, bool slotJoin) const = 0;
+  // A connection to job `runId`'s keys, for the harness: the eviction, the checks.
+  virtual std::shared_ptr<rendezvous::Store> connect(const std::string& runId) const = 0;
+  // DynamicRendezvousOptions::store (its timeout is read_timeout).
+  virtual rendezvous::TcpStoreOptions storeOptions() const = 0;
+  // CPU seconds the store's process(es) have used so far.
+  virtual double cpuSeconds() const = 0;
+};
 
 // Per-agent cost of one phase: median and max over the agents.
 struct Cost {
@@ -112,6 +136,8 @@ struct SwarmResult {
 // N agents form round 1 (--nnodes=N-1:N, closed at MAX), one agent drawn at random is then
 // evicted, the N-1 survivors re-form. Invariants are checked after each round.
 SwarmResult runSwarm(const std::string& storeBinary, const SwarmOptions& options);
+// The same against `store` ("agents" and "log" protocols).
+SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& options);
 SwarmResult runSlotSwarm(const std::string& storeBinary, const SwarmOptions& options);
 
 }  // namespace ddprun::bench

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 
 namespace ddprun::rendezvous {
 
@@ -30,6 +31,17 @@ void forgetFd(int fd) {
 void closeFd(int fd) {
   forgetFd(fd);
   ::close(fd);
+}
+
+void sleepFor(Clock::duration d) {
+  Blocking* b = tCurrent;
+  if (!b) {
+    std::this_thread::sleep_for(d);
+    return;
+  }
+  const auto until = Clock::now() + d;
+  const char channel = 0;  // private: nothing wakes it but the deadline
+  while (Clock::now() < until) b->park(nullptr, &channel, until);
 }
 
 bool CondVar::waitOnce(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {

@@ -3,12 +3,15 @@
 //
 // A real agent blocks in the kernel: TcpStore waits for its socket with poll() and socket
 // timeouts, DynamicRendezvous waits on condition variables and runs its round watcher on a
-// std::thread. Nothing here changes that: with no Blocking installed on a thread (the only
-// case outside the simulator), pollFd, CondVar and Background are exactly poll(),
-// std::condition_variable and std::thread.
+// std::thread, the etcd backend's HTTP connections run their own Asio io_context. Nothing
+// here changes that: with no Blocking installed on a thread (the only case outside the
+// simulator), pollFd, CondVar, Background and sleepFor are exactly poll(),
+// std::condition_variable, std::thread and std::this_thread::sleep_for, and the etcd
+// connection runs its io_context as it always has.
 //
 // The simulated agents of `ddprun-bench rendezvous --simulate` (bench/fiber_scheduler.h) run
-// ten thousand agents' real code -- DynamicRendezvous, the slot join, TcpStore -- on fibers of
+// ten thousand agents' real code -- DynamicRendezvous, the slot join, TcpStore, or the etcd
+// backend (EtcdStore, EtcdWatch, EtcdLiveness's lease keeper and watcher) -- on fibers of
 // one thread. Their scheduler installs itself as the thread's Blocking; then each of these
 // waits parks the fiber (the socket is watched by the scheduler's epoll, the deadline by its
 // timer) and another fiber runs, instead of the thread blocking. The waits are the only
@@ -43,8 +46,13 @@ class Blocking {
   // False at the deadline. May return early (callers re-check their condition).
   virtual bool park(std::unique_lock<std::mutex>* lock, const void* channel,
                     Clock::time_point deadline) = 0;
-  // Wakes everything parked on `channel`.
+  // Wakes everything parked on `channel`, and every pollOrWake() on it.
   virtual void wake(const void* channel) = 0;
+  // poll(), also ended by wake(channel) (from a fiber of this thread): returns 0 then, as at
+  // the deadline, and the caller re-checks why it woke. For a wait on a socket that another
+  // fiber may cut short (the etcd HTTP connection's cancel() and wake()).
+  virtual int pollOrWake(int fd, short events, Clock::time_point deadline,
+                         const void* channel) = 0;
   // Runs `body` concurrently with the caller (a fiber); the returned function waits for it.
   virtual std::function<void()> start(std::function<void()> body) = 0;
   // `fd`, which poll() may have seen, is about to be closed: a Blocking that keeps state per
@@ -61,6 +69,8 @@ int pollFd(int fd, short events, Millis timeout);
 void forgetFd(int fd);
 // forgetFd(fd), then ::close(fd).
 void closeFd(int fd);
+// std::this_thread::sleep_for, or parking the fiber (nothing wakes it early).
+void sleepFor(Clock::duration d);
 
 // std::condition_variable, or parking on the installed Blocking (see the contract above).
 class CondVar {

@@ -52,13 +52,13 @@ void EtcdClient::cancelCall() {
   std::lock_guard<std::mutex> g(mu_);
   ++cancels_;
   if (conn_) conn_->cancel();
-  cv_.notify_all();
+  cv_.notifyAll();
 }
 
 void EtcdClient::pause(Millis d) {
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t c = cancels_;
-  cv_.wait_for(lock, d, [&] { return cancels_ != c; });
+  cv_.waitFor(lock, d, [&] { return cancels_ != c; });
 }
 
 HttpConnection& EtcdClient::connectionTo(size_t member) {

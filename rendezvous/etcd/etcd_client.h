@@ -13,14 +13,16 @@
 // failure throws AmbiguousError, and the caller decides (EtcdStore re-reads the key).
 // Requests etcd refuses (a bad request, a lease that does not exist) throw EtcdError.
 //
-// One thread uses a client at a time; interrupt() and cancelCall() may come from any thread.
+// One thread uses a client at a time; interrupt() and cancelCall() may come from any thread
+// (under a rendezvous::Blocking: from a fiber of the thread that uses it, rendezvous/blocking.h;
+// its waits -- the HTTP connection's, the backoff between members -- then park the fiber).
 #include <atomic>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "rendezvous/blocking.h"
 #include "rendezvous/etcd/gateway.h"
 #include "rendezvous/etcd/http_connection.h"
 #include "rendezvous/store.h"
@@ -96,7 +98,7 @@ class EtcdClient {
   EtcdClientOptions options_;
   size_t current_ = 0;
   std::mutex mu_;  // guards conn_ (replaced by the calling thread, cancelled by any)
-  std::condition_variable cv_;
+  CondVar cv_;  // the backoff's wait: cancelCall() cuts it short
   std::unique_ptr<HttpConnection> conn_;
   std::atomic<bool> interrupted_{false};
   std::atomic<uint64_t> cancels_{0};

@@ -36,8 +36,8 @@ EtcdLiveness::EtcdLiveness(EtcdLivenessOptions options, const LivenessContext& c
     std::lock_guard<std::mutex> g(mu_);
     if (watch_) watch_->wake();
   });
-  keeper_ = std::thread([this] { keep(); });
-  watcher_ = std::thread([this] { watch(); });
+  keeper_ = Background([this] { keep(); });
+  watcher_ = Background([this] { watch(); });
 }
 
 EtcdLiveness::~EtcdLiveness() { stop(false); }
@@ -64,7 +64,7 @@ void EtcdLiveness::keep() {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopKeeping_) return;
   keeperClient_ = &c;
-  while (!cv_.wait_for(lock, options_.leaseTtl / 3, [&] { return stopKeeping_; })) {
+  while (!cv_.waitFor(lock, options_.leaseTtl / 3, [&] { return stopKeeping_; })) {
     lock.unlock();
     try {
       if (c.leaseKeepAlive(lease_).ttl == 0) {
@@ -224,7 +224,7 @@ void EtcdLiveness::stop(bool withdraw) {
     stopKeeping_ = true;
     if (keeperClient_) keeperClient_->interrupt();
   }
-  cv_.notify_all();
+  cv_.notifyAll();
   if (keeper_.joinable()) keeper_.join();
   // A clean exit revokes the lease either way: the key goes now, not after the TTL. Not when
   // the keeper has already found etcd unreachable: that would only delay the exit.

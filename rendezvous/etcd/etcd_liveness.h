@@ -19,12 +19,15 @@
 // reached for min(read_timeout, lease_ttl) -- quorum lost, or this node cut off -- the keeper
 // reports the store lost: the agent stops its workers, since the others may already have
 // evicted it.
+//
+// The keeper and the watcher are rendezvous::Background tasks, their waits CondVar and the
+// etcd client's (rendezvous/blocking.h): threads for a real agent, fibers of the agent's
+// thread for a simulated one (`ddprun-bench rendezvous --simulate --backend etcd`).
 #include <atomic>
-#include <condition_variable>
 #include <mutex>
 #include <set>
-#include <thread>
 
+#include "rendezvous/blocking.h"
 #include "rendezvous/etcd/etcd_client.h"
 #include "rendezvous/etcd/etcd_watch.h"
 #include "rendezvous/liveness.h"
@@ -77,7 +80,7 @@ class EtcdLiveness final : public Liveness {
   std::atomic<int64_t> lease_{0};
 
   std::mutex mu_;  // guards the flags and the objects other threads cut short
-  std::condition_variable cv_;
+  CondVar cv_;
   bool stopKeeping_ = false;
   bool stopWatching_ = false;
   bool lost_ = false;  // the keeper gave up: etcd unreachable
@@ -90,8 +93,8 @@ class EtcdLiveness final : public Liveness {
   // The ring successor on a compact state, read once per version (the watcher thread's).
   int64_t ringVersion_ = -1;
   std::string ringTarget_;
-  std::thread keeper_;
-  std::thread watcher_;
+  Background keeper_;
+  Background watcher_;
 };
 
 }  // namespace ddprun::rendezvous::etcd

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <random>
-#include <thread>
 
 #include "base/log.h"
+#include "rendezvous/blocking.h"
 
 namespace ddprun::rendezvous::etcd {
 
@@ -80,7 +80,7 @@ std::vector<Event> EtcdWatch::next(Clock::time_point deadline) {
                            " could not be re-established on any member within " +
                            secondsText(options_.timeout) + " (last error: " + lastError_ + ")");
       } else {
-        std::this_thread::sleep_for(backoff);
+        sleepFor(backoff);
         backoff = std::min(backoff * 2, Millis(500));
       }
       const auto failDeadline = *failingSince + options_.timeout;

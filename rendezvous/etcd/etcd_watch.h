@@ -8,7 +8,9 @@
 // client timeout: when no member serves the watch for that long, next() throws NetworkError
 // naming every endpoint. A watch never polls: between events it holds one idle connection.
 //
-// One thread calls next(); cancel() and wake() may come from any thread.
+// One thread calls next(); cancel() and wake() may come from any thread (under a
+// rendezvous::Blocking: from a fiber of that thread; next() then parks the fiber, and so does
+// the backoff between re-opening attempts).
 #include <atomic>
 #include <memory>
 #include <mutex>

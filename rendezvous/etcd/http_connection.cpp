@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "base/errors.h"
+#include "rendezvous/blocking.h"
 
 namespace ddprun::rendezvous::etcd {
 
@@ -73,6 +74,10 @@ struct HttpConnection::Impl {
   error_code readError;
   std::atomic<bool> cancelled{false};
   std::atomic<bool> woken{false};
+  // Under a Blocking: what the pending operation waits for on the socket (POLLIN, POLLOUT).
+  // TLS may need either direction at any step (a handshake, a renegotiation): both, and a
+  // spurious wake-up only costs another io.poll().
+  short want = POLLIN;
 
   bool open() const { return plain || secure; }
   tcp::socket& socket() { return secure ? secure->next_layer() : *plain; }
@@ -83,20 +88,46 @@ struct HttpConnection::Impl {
     else fn(*plain);
   }
 
+  // Sets what a wait under a Blocking watches the socket for: `plainEvents` on plain HTTP.
+  void expect(short plainEvents) { want = tls ? short(POLLIN | POLLOUT) : plainEvents; }
+
   // Runs handlers until `done`; false when the deadline passes or cancel()/wake() comes first.
   bool run(const bool& done, Clock::time_point deadline) {
+    rendezvous::Blocking* const coop = rendezvous::Blocking::current();
     io.restart();
     while (!done) {
       if (cancelled || woken || Clock::now() >= deadline) return false;
-      io.run_one_until(deadline);
+      if (!coop) {
+        io.run_one_until(deadline);
+        if (io.stopped()) io.restart();
+        continue;
+      }
+      // Under a Blocking (see the header): the ready handlers, then the fiber parks on the
+      // socket. Asio's reactor registers the socket edge-triggered with an epoll of its own,
+      // so an edge the scheduler woke us for is still there for io.poll()'s epoll_wait.
+      io.poll();
       if (io.stopped()) io.restart();
+      if (done || cancelled || woken) continue;
+      if (open() && socket().is_open()) {
+        coop->pollOrWake(socket().native_handle(), want, deadline, this);
+      } else {
+        coop->park(nullptr, this, std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
+      }
     }
     return true;
+  }
+
+  // cancel() and wake(): end a wait in run(), on whichever thread (or fiber) it is.
+  void interruptRun() {
+    io.stop();
+    if (rendezvous::Blocking* b = rendezvous::Blocking::current()) b->wake(this);
   }
 
   // Closes the socket and completes every pending handler (with operation_aborted).
   void close() {
     if (open()) {
+      // A scheduler that watches the socket must drop it before its number is reused.
+      if (socket().is_open()) rendezvous::forgetFd(socket().native_handle());
       error_code ignored;
       socket().shutdown(tcp::socket::shutdown_both, ignored);
       socket().close(ignored);
@@ -136,13 +167,20 @@ struct HttpConnection::Impl {
     bool done = false;
     error_code result;
     const std::string host = member.host;
-    resolver.async_resolve(host, std::to_string(member.port), [&](error_code ec, tcp::resolver::results_type rs) {
+    // Before each endpoint it tries, async_connect closes the socket of the previous attempt:
+    // a scheduler watching that descriptor drops it first (see close()).
+    auto forgetPrevious = [this](const error_code&, const tcp::endpoint&) {
+      if (socket().is_open()) rendezvous::forgetFd(socket().native_handle());
+      return true;
+    };
+    auto onResolved = [&, forgetPrevious](error_code ec, tcp::resolver::results_type rs) {
       if (ec) {
         result = ec;
         done = true;
         return;
       }
-      asio::async_connect(socket(), rs, [&](error_code ec2, const tcp::endpoint&) {
+      expect(POLLOUT);
+      asio::async_connect(socket(), rs, forgetPrevious, [&](error_code ec2, const tcp::endpoint&) {
         if (ec2 || !secure) {
           result = ec2;
           done = true;
@@ -152,12 +190,20 @@ struct HttpConnection::Impl {
         asio::ip::make_address(host, ignored);
         if (ignored) SSL_set_tlsext_host_name(secure->native_handle(), host.c_str());  // a name
         secure->set_verify_callback(ssl::host_name_verification(host));
+        expect(POLLIN | POLLOUT);
         secure->async_handshake(ssl::stream_base::client, [&](error_code ec3) {
           result = ec3;
           done = true;
         });
       });
-    });
+    };
+    if (rendezvous::Blocking::current()) {
+      error_code ec;  // synchronous under a Blocking (see the header)
+      auto rs = resolver.resolve(host, std::to_string(member.port), ec);
+      onResolved(ec, std::move(rs));
+    } else {
+      resolver.async_resolve(host, std::to_string(member.port), onResolved);
+    }
     if (!run(done, deadline)) fail("connect", false, deadline);
     if (result) {
       close();
@@ -195,12 +241,12 @@ const MemberAddress& HttpConnection::member() const { return impl_->member; }
 
 void HttpConnection::cancel() {
   impl_->cancelled = true;
-  impl_->io.stop();
+  impl_->interruptRun();
 }
 
 void HttpConnection::wake() {
   impl_->woken = true;
-  impl_->io.stop();
+  impl_->interruptRun();
 }
 
 void HttpConnection::close() { impl_->close(); }
@@ -216,6 +262,7 @@ HttpConnection::Reply HttpConnection::post(const std::string& target, const std:
   parser.body_limit(kMaxReply);
   bool done = false;
   error_code result;
+  c.expect(POLLOUT);
   c.withStream([&](auto& s) {
     http::async_write(s, req, [&](error_code ec, size_t) {
       if (ec) {
@@ -223,6 +270,7 @@ HttpConnection::Reply HttpConnection::post(const std::string& target, const std:
         done = true;
         return;
       }
+      c.expect(POLLIN);
       http::async_read(s, c.buffer, parser, [&](error_code ec2, size_t) {
         result = ec2;
         done = true;
@@ -246,6 +294,7 @@ int HttpConnection::openStream(const std::string& target, const std::string& bod
   c.stream->body_limit(boost::none);  // a watch runs for the job's lifetime; lines are bounded
   bool done = false;
   error_code result;
+  c.expect(POLLOUT);
   c.withStream([&](auto& s) {
     http::async_write(s, req, [&](error_code ec, size_t) {
       if (ec) {
@@ -253,6 +302,7 @@ int HttpConnection::openStream(const std::string& target, const std::string& bod
         done = true;
         return;
       }
+      c.expect(POLLIN);
       http::async_read_header(s, c.buffer, *c.stream, [&](error_code ec2, size_t) {
         result = ec2;
         done = true;
@@ -284,6 +334,7 @@ std::optional<std::string> HttpConnection::nextLine(Clock::time_point deadline) 
                           std::to_string(kMaxLine) + " bytes");
     }
     if (c.stream->is_done()) c.fail("the member ended the stream", true, deadline);
+    c.expect(POLLIN);
     if (!c.readPending) {
       c.readPending = true;
       c.readDone = false;

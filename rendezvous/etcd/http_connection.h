@@ -8,6 +8,17 @@
 // operation in progress (it then fails at once with NetworkError) or wake() a stream read
 // (nextLine() returns early, the stream intact).
 //
+// On a thread with a rendezvous::Blocking installed (the simulated agents' fibers of
+// `ddprun-bench rendezvous --simulate --backend etcd`, rendezvous/blocking.h) the same Asio
+// operations run, but the connection never blocks the thread: it runs the handlers that are
+// ready (io_context::poll) and parks the fiber on its socket through the Blocking
+// (pollOrWake) until the socket is ready, the deadline passes, or cancel()/wake() -- which
+// must then come from a fiber of the same thread -- wake it. A host name is then resolved
+// synchronously (getaddrinfo on that thread; a numeric address, as the simulation uses,
+// costs nothing), since Asio's asynchronous resolver completes from a thread of its own that
+// no socket wait would notice. With no Blocking installed nothing of this runs: the
+// io_context blocks in run_one_until as before.
+//
 // A reply is bounded in size (kMaxReply for a whole body, kMaxLine for one streamed message):
 // a member cannot make us hold more than that.
 #include <chrono>

@@ -1,0 +1,36 @@
+#pragma once
+// Simulated agents on the etcd backend: `ddprun-bench rendezvous --simulate N --backend etcd-v3`
+// and the tests of tests/etcd/etcd_fibers_test.cpp.
+//
+// runSwarmOn (bench/rendezvous_swarm.h) against a private etcd: one member of Debian's
+// etcd-server (tests/etcd/etcd_cluster.h: a temporary data directory, free loopback client
+// and peer ports, killed and its directory removed at the end). Each simulated agent runs the
+// etcd backend's real code on fibers: EtcdStore for the join and the state log, and
+// EtcdLiveness -- its lease, the keeper's keep-alives every lease_ttl / 3, the watch on
+// alive/ -- so every one of its HTTP requests, watches and keep-alives parks its fiber
+// (rendezvous/etcd/http_connection.h). Its Store calls are counted (CountingStore): the round
+// trips and bytes per agent are Store calls and their payload, as on the ddprun store (an
+// etcd get or wait of a missing key is a range and a watch; lease traffic is not counted,
+// as heartbeats are not on the ddprun store).
+#include <string>
+
+#include "bench/rendezvous_swarm.h"
+
+namespace ddprun::bench {
+
+// Whether the etcd binary the bench was built against (ETCD_BINARY) is installed.
+bool etcdInstalled();
+std::string etcdBinary();
+
+struct EtcdSwarmOptions {
+  Millis leaseTtl{10'000};  // each agent's lease (--rdzv-conf lease_ttl)
+  // false: no EtcdLiveness (no lease, no keep-alives, no alive/ watch): the join's and the
+  // state log's cost alone, to tell them from the liveness's (--no-leases).
+  bool leases = true;
+};
+
+// Throws Error when etcd is not installed or does not start, or when N agents would need more
+// file descriptors than this process may open.
+SwarmResult runEtcdSwarm(const SwarmOptions& options, const EtcdSwarmOptions& etcd = {});
+
+}  // namespace ddprun::bench

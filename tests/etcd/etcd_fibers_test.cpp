@@ -1,0 +1,137 @@
+// The etcd backend on fibers (issue 20): its waits go through the Blocking seam
+// (rendezvous/blocking.h), so simulated agents on the etcd backend park their fiber where a
+// real agent blocks its thread -- an HTTP request, a watch's stream, the backoff, the lease
+// keeper's pause -- and many agents share one thread. Against a real etcd (one member of
+// Debian's etcd-server on loopback, tests/etcd/etcd_cluster.h).
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "base/log.h"
+#include "bench/fiber_scheduler.h"
+#include "bench/rendezvous_etcd_swarm.h"
+#include "etcd_cluster.h"
+#include "rendezvous/etcd/etcd_client.h"
+#include "rendezvous/etcd/etcd_watch.h"
+
+using ddprun::NetworkError;
+using namespace ddprun::bench;
+using namespace ddprun::rendezvous;
+using namespace ddprun::rendezvous::etcd;
+
+namespace {
+etcdtest::EtcdCluster& sharedCluster() {
+  static etcdtest::EtcdCluster cluster(1);
+  return cluster;
+}
+}  // namespace
+
+TEST_CASE("a watch parks its fiber and wake() then cancel() from another fiber end it") {
+  auto& cluster = sharedCluster();
+  const auto options = cluster.clientOptions(Millis(10'000));
+  FiberScheduler s;
+  std::atomic<int> ticks{0};
+  bool ticking = true;
+  std::string outcome;
+  int ticksDuringWatch = -1;
+  EtcdWatch* watch = nullptr;
+  s.spawn([&] {  // watches a key nobody writes
+    EtcdClient c(options);
+    const int64_t rev = c.range({.key = "/fibers/never"}).header.revision;
+    EtcdWatch w(options, {.key = "/fibers/never", .startRevision = rev + 1});
+    watch = &w;
+    const int before = ticks;
+    const auto t0 = Clock::now();
+    auto events = w.next(Clock::now() + Millis(60'000));  // until the other fiber's wake()
+    ticksDuringWatch = ticks - before;
+    outcome = events.empty() && Clock::now() - t0 < Millis(5'000) ? "woken" : "not woken";
+    try {
+      w.next(Clock::now() + Millis(60'000));  // until cancel()
+      outcome += ", next() returned";
+    } catch (const NetworkError& e) {
+      outcome += std::string(", cancelled: ") + e.what();
+    }
+    watch = nullptr;
+    ticking = false;
+  });
+  s.spawn([&] {  // another fiber of the same thread: runs while the watch waits
+    while (ticking) {
+      ++ticks;
+      s.sleepUntil(Clock::now() + Millis(10));
+      if (ticks == 30 && watch) watch->wake();
+      if (ticks == 60 && watch) watch->cancel();
+    }
+  });
+  s.run();
+  INFO(outcome);
+  CHECK(outcome.rfind("woken, cancelled: ", 0) == 0);
+  CHECK(outcome.find("cancelled") != std::string::npos);
+  // The thread went on running the other fiber (about 30 ticks of 10 ms) while the watch waited.
+  CHECK(ticksDuringWatch >= 20);
+}
+
+TEST_CASE("a request's deadline holds on a fiber (a member that never answers)") {
+  // A listening socket that accepts nothing: the HTTP request waits on a fiber until the
+  // client's timeout, while another fiber keeps running; the error is the client's usual one.
+  const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(l, 16) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+  const EtcdClientOptions o{.endpoints = {{"127.0.0.1", ntohs(a.sin_port)}}, .timeout = Millis(600)};
+  FiberScheduler s;
+  std::string error;
+  Clock::duration took{};
+  bool done = false;
+  int ticks = 0;
+  s.spawn([&] {
+    EtcdClient c(o);
+    const auto t0 = Clock::now();
+    try {
+      c.range({.key = "/x"});
+    } catch (const NetworkError& e) {
+      error = e.what();
+    }
+    took = Clock::now() - t0;
+    done = true;
+  });
+  s.spawn([&] {
+    while (!done) {
+      ++ticks;
+      s.sleepUntil(Clock::now() + Millis(10));
+    }
+  });
+  s.run();
+  ::close(l);
+  INFO(error);
+  CHECK(error.find("failed on every member") != std::string::npos);
+  CHECK(took >= Millis(550));
+  CHECK(took < Millis(5'000));
+  CHECK(ticks >= 30);  // the other fiber ran meanwhile
+}
+
+TEST_CASE("200 simulated agents on one thread form a round and re-form after an eviction") {
+  // Each agent's whole etcd backend (its store, its watches, its lease keeper and alive/
+  // watcher) runs on fibers of one thread: one wait that blocked the thread instead of parking
+  // would stall every other agent until the timeout, and the round would not form.
+  const SwarmResult r = runEtcdSwarm(SwarmOptions{.agents = 200, .seed = 20, .spread = Millis(200),
+                                                  .timeout = Millis(90'000), .protocol = "agents",
+                                                  .loops = 1});
+  INFO(r.error);
+  REQUIRE(r.error.empty());
+  // runSwarmOn checked each round: dense unique node ranks, one world size, one master.
+  REQUIRE(r.formSeconds);
+  REQUIRE(r.reformSeconds);
+  CHECK(*r.formSeconds < 60);
+  CHECK(*r.reformSeconds < 60);
+  CHECK(r.form.maxRoundTrips > 0);
+  CHECK(r.formStoreCpu > 0);
+}
