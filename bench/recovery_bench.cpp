@@ -211,9 +211,10 @@ bool isShrink(const std::string& mode) { return mode == "shrink" || mode == "shr
 bool hasSpare(const std::string& mode) { return mode == "spare" || mode == "shrink-spare"; }
 
 // The spare that holds global rank `rank` by the agent's newest "spare N (pid P) takes rank R"
-// line for it, if P is alive (not a zombie); else -1 (no spare took it, or that one died: a
-// process started for the rank has RANK=<rank>, workerPid finds it).
-pid_t spareHolding(const std::string& log, int rank) {
+// line for it, if P is alive (not a zombie) and still runs `comm` (pids are reused); else -1
+// (no spare took it, or that one died: a process started for the rank has RANK=<rank>,
+// workerPid finds it).
+pid_t spareHolding(const std::string& log, int rank, const std::string& comm) {
   static const std::regex takes(R"(spare \d+ \(pid (\d+)\)(?: is ready and)? takes rank (\d+))");
   pid_t holder = -1;
   for (std::sregex_iterator it(log.begin(), log.end(), takes), end; it != end; ++it) {
@@ -223,7 +224,9 @@ pid_t spareHolding(const std::string& log, int rank) {
   const std::string stat = readFile("/proc/" + std::to_string(holder) + "/stat");
   const size_t close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] == 'Z') return -1;
-  return holder;
+  std::string name = readFile("/proc/" + std::to_string(holder) + "/comm");
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  return name == comm.substr(0, 15) ? holder : -1;
 }
 
 // Starts argv in a process group of its own, stdout and stderr to `log`.
@@ -366,7 +369,7 @@ class Bench {
         }
         if (due) {
           // A spare that took the rank has no RANK=<rank> of its own: the agent's line names it.
-          pid_t victim = hasSpare(mode) ? spareHolding(readFile(log), plan.ranks[j]) : -1;
+          pid_t victim = hasSpare(mode) ? spareHolding(readFile(log), plan.ranks[j], program) : -1;
           if (victim <= 0) victim = workerPid(pid, plan.ranks[j], program);
           // shrink: the start's rank may be gone; the next one of the start's ranks alive.
           for (int d = 1; isShrink(mode) && victim <= 0 && d < nproc; ++d) {

@@ -21,6 +21,12 @@ WorkerStoreLink::WorkerStoreLink(asio::io_context& io, rdzv::TcpStoreOptions sto
     : io_(io), options_(std::move(store)), prefix_(std::move(attemptPrefix)),
       onRecord_(std::move(onRecord)) {
   options_.tokenFromEnvironment = false;
+  // Every connection is made by its first call, on its thread, so that the destructor can
+  // interrupt it at once: when node 0's agent has ended (the job is over), a connect would
+  // otherwise retry for connectTimeout and hold this agent's exit as long.
+  options_.connectInConstructor = false;
+  jobsConn_ = std::make_shared<rdzv::TcpStore>(options_);
+  followConn_ = std::make_shared<rdzv::TcpStore>(options_);
   jobsThread_ = std::thread([this] { jobsMain(); });
   followThread_ = std::thread([this] { followMain(); });
 }
@@ -41,14 +47,13 @@ WorkerStoreLink::~WorkerStoreLink() {
 }
 
 void WorkerStoreLink::waitFor(std::vector<std::string> keys, std::function<void()> then) {
-  waitThreads_.emplace_back([this, keys = std::move(keys), then = std::move(then)] {
+  auto conn = std::make_shared<rdzv::TcpStore>(options_);  // connects on its thread
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    waitConns_.push_back(conn);
+  }
+  waitThreads_.emplace_back([this, conn, keys = std::move(keys), then = std::move(then)] {
     try {
-      auto conn = std::make_shared<rdzv::TcpStore>(options_);
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        if (stopping_) return;
-        waitConns_.push_back(conn);
-      }
       rdzv::PrefixStore store(prefix_, conn);
       for (;;) {
         try {
@@ -73,18 +78,7 @@ void WorkerStoreLink::run(std::function<void(rdzv::Store&)> job,
     jobs_.push_back([this, job = std::move(job), then = std::move(then)] {
       std::string error;
       try {
-        std::shared_ptr<rdzv::TcpStore> conn;
-        {
-          std::lock_guard<std::mutex> g(mu_);
-          conn = jobsConn_;
-        }
-        if (!conn) {
-          conn = std::make_shared<rdzv::TcpStore>(options_);
-          std::lock_guard<std::mutex> g(mu_);
-          if (stopping_) conn->interrupt();
-          jobsConn_ = conn;
-        }
-        rdzv::PrefixStore store(prefix_, conn);
+        rdzv::PrefixStore store(prefix_, jobsConn_);
         job(store);
       } catch (const std::exception& e) {
         error = e.what();
@@ -100,10 +94,8 @@ void WorkerStoreLink::jobsMain() {
   // Connected now, while the store is there: a recovery's first job does not wait for a
   // connect (nor, when node 0 is gone, for the connect's retries).
   try {
-    auto conn = std::make_shared<rdzv::TcpStore>(options_);
-    std::lock_guard<std::mutex> g(mu_);
-    if (!stopping_) jobsConn_ = conn;
-  } catch (const std::exception& e) {
+    jobsConn_->ping();
+  } catch (const std::exception& e) {  // a job's call connects again
     DDPRUN_LOG(DEBUG, "launcher") << "the workers' store is not reached yet: " << e.what();
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -121,13 +113,7 @@ void WorkerStoreLink::jobsMain() {
 void WorkerStoreLink::followMain() {
   namespace keys = rdzv::recovery;
   try {
-    auto conn = std::make_shared<rdzv::TcpStore>(options_);
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      if (stopping_) return;
-      followConn_ = conn;
-    }
-    rdzv::PrefixStore store(prefix_, conn);
+    rdzv::PrefixStore store(prefix_, followConn_);
     for (int g = 1;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);

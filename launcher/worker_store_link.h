@@ -66,8 +66,9 @@ class WorkerStoreLink {
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
   bool stopping_ = false;
-  std::shared_ptr<rendezvous::TcpStore> jobsConn_;    // set by the jobs' thread, under mu_
-  std::shared_ptr<rendezvous::TcpStore> followConn_;  // set by the follower, under mu_
+  // Made (unconnected) by the constructor, connected by their threads' first calls.
+  std::shared_ptr<rendezvous::TcpStore> jobsConn_;
+  std::shared_ptr<rendezvous::TcpStore> followConn_;
   std::vector<std::shared_ptr<rendezvous::TcpStore>> waitConns_;  // under mu_
   std::thread jobsThread_;
   std::thread followThread_;

@@ -68,6 +68,7 @@ TcpStore::TcpStore(TcpStoreOptions options)
                       ": an authentication token needs the ddprun dialect (torch's TCPStore "
                       "has no authentication)");
   }
+  if (!options_.connectInConstructor) return;
   std::lock_guard<std::mutex> g(mu_);
   connect();
 }

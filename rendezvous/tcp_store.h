@@ -39,11 +39,17 @@ struct TcpStoreOptions {
   // Off for stores that are never authenticated, such as the store workers meet in (PyTorch
   // workers could not authenticate to it).
   bool tokenFromEnvironment = true;
+  // false: the constructor does not connect, the first call does (within connectTimeout), and
+  // interrupt() from another thread cuts that connect's retries short. For a connection made
+  // on a background thread whose owner must be able to stop it at once (a store that is gone
+  // would otherwise hold the constructor, and the owner's join, for connectTimeout).
+  bool connectInConstructor = true;
 };
 
 class TcpStore final : public Store {
  public:
-  // Connects and performs the handshake. Throws NetworkError/TimeoutError when the server
+  // Connects and performs the handshake (unless options.connectInConstructor is false: then the
+  // first call does). Throws NetworkError/TimeoutError when the server
   // cannot be reached within connectTimeout, AuthError when it refuses our token (or wants
   // one we lack), StoreError when it is not the kind of server `dialect` says.
   explicit TcpStore(TcpStoreOptions options);
