@@ -18,6 +18,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -115,6 +116,12 @@ class Agent::Impl {
   // A death reported while the budget decision of a recovery is pending: recovered with it.
   void addPendingDeath(const WorkerResult& r);
   void onRecoveryDecision(std::vector<WorkerResult> dead, const JobDecision& d);
+  // The budget decision, acted on once no running worker's exit is still unreported (its
+  // process gone, its guard's report not read yet), or after kExitReportWait.
+  void afterExitReports(std::exception_ptr e, JobDecision d,
+                        std::chrono::steady_clock::time_point until);
+  bool exitUnreported() const;
+  static constexpr std::chrono::milliseconds kExitReportWait{200};
   // Every dead rank is taken by a waiting spare or a new process; world size and ranks stay.
   void replaceWorkers(const std::vector<WorkerResult>& dead, const JobDecision& d);
   // --recovery-policy=shrink: the survivors go on without `dead`, renumbered densely.

@@ -150,15 +150,41 @@ void Agent::Impl::recoverInProcess(const WorkerResult& r) {
         auto turn = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::clock_type::now());
         turn->async_wait([this, turn, e, d](boost::system::error_code) {
           guarded([&] {
-            recoveryPending_ = false;
-            std::vector<WorkerResult> dead = std::move(pendingDeaths_);
-            pendingDeaths_.clear();
-            if (state_ != State::Running) return;
-            if (e) std::rethrow_exception(e);
-            onRecoveryDecision(std::move(dead), d);
+            afterExitReports(e, d, std::chrono::steady_clock::now() + kExitReportWait);
           });
         });
       });
+}
+
+bool Agent::Impl::exitUnreported() const {
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare || w.pid <= 0) continue;
+    // Gone (its guard reaped it) or a zombie that exited 0: its guard's report is on its way;
+    // a death processDying() sees is taken in by onRecoveryDecision without it.
+    if (processDead(w.pid) && !processDying(w.pid)) return true;
+  }
+  return false;
+}
+
+void Agent::Impl::afterExitReports(std::exception_ptr e, JobDecision d,
+                                   std::chrono::steady_clock::time_point until) {
+  // A worker that died with the first and was already reaped by its guard leaves no trace
+  // processDying() can read: wait (in 5 ms turns, up to kExitReportWait) for its guard's
+  // report, which joins this recovery (pendingDeaths_) instead of being the next one.
+  if (state_ == State::Running && group_ && std::chrono::steady_clock::now() < until &&
+      exitUnreported()) {
+    auto again = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(5));
+    again->async_wait([this, again, e, d, until](boost::system::error_code) {
+      guarded([&] { afterExitReports(e, d, until); });
+    });
+    return;
+  }
+  recoveryPending_ = false;
+  std::vector<WorkerResult> dead = std::move(pendingDeaths_);
+  pendingDeaths_.clear();
+  if (state_ != State::Running) return;
+  if (e) std::rethrow_exception(e);
+  onRecoveryDecision(std::move(dead), d);
 }
 
 void Agent::Impl::addPendingDeath(const WorkerResult& r) {

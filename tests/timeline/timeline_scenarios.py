@@ -217,7 +217,10 @@ def rank_killed(tmp):
 
 
 def straggler(tmp):
-    job = Job(tmp, "straggler", ["--train-limit", "6144", "--test-limit", "500", "--epochs", "1",
+    # Long enough (~800 steps, 2-3 s of training) for several stops of rank 1 to land between
+    # its collectives, where they show as late arrivals: a stop inside a collective shows as
+    # the others' wait in it instead, and with 200 steps a run could see only one or two stops.
+    job = Job(tmp, "straggler", ["--train-limit", "24576", "--test-limit", "500", "--epochs", "1",
                                  "--batch-size", "16"])
     victim = worker_pid(job.mark, 1)
     stop = threading.Event()
