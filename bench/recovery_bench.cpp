@@ -64,6 +64,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/process.h"
 #include "bench/paths.h"
 #include "bench/registry.h"
 
@@ -163,6 +164,13 @@ int newestCheckpoint(const fs::path& dir) {
   return newest;
 }
 
+// /proc/<pid>/comm without its newline ("" when the process is gone).
+std::string commOf(pid_t pid) {
+  std::string name = readFile("/proc/" + std::to_string(pid) + "/comm");
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  return name;
+}
+
 // The living worker of global rank `rank` under `root` (a descendant whose executable name is
 // `comm` and whose environment has RANK=<rank>, not a zombie), or -1.
 pid_t workerPid(pid_t root, int rank, const std::string& comm) {
@@ -195,9 +203,7 @@ pid_t workerPid(pid_t root, int rank, const std::string& comm) {
     for (pid_t c : children[p]) {
       todo.push_back(c);
       if (state[c] == 'Z') continue;
-      std::string name = readFile("/proc/" + std::to_string(c) + "/comm");
-      if (!name.empty() && name.back() == '\n') name.pop_back();
-      if (name != comm.substr(0, 15)) continue;
+      if (commOf(c) != comm.substr(0, 15)) continue;
       std::istringstream env(readFile("/proc/" + std::to_string(c) + "/environ"));
       for (std::string entry; std::getline(env, entry, '\0');) {
         if (entry == want) return c;
@@ -220,13 +226,8 @@ pid_t spareHolding(const std::string& log, int rank, const std::string& comm) {
   for (std::sregex_iterator it(log.begin(), log.end(), takes), end; it != end; ++it) {
     if (std::stoi((*it)[2]) == rank) holder = static_cast<pid_t>(std::stol((*it)[1]));
   }
-  if (holder <= 0) return -1;
-  const std::string stat = readFile("/proc/" + std::to_string(holder) + "/stat");
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] == 'Z') return -1;
-  std::string name = readFile("/proc/" + std::to_string(holder) + "/comm");
-  if (!name.empty() && name.back() == '\n') name.pop_back();
-  return name == comm.substr(0, 15) ? holder : -1;
+  if (holder <= 0 || ddprun::processDead(holder)) return -1;
+  return commOf(holder) == comm.substr(0, 15) ? holder : -1;
 }
 
 // Starts argv in a process group of its own, stdout and stderr to `log`.
