@@ -56,9 +56,13 @@ class EtcdSwarmStore final : public SwarmStore {
       : cluster_(1),
         options_{.client = cluster_.clientOptions(timeout), .leaseTtl = etcd.leaseTtl},
         timeout_(timeout), leases_(etcd.leases) {}
+  // Each agent's clients take turns on one connection for their requests
+  // (SharedConnections); its watches have theirs.
   std::shared_ptr<const RendezvousBackend> backend(std::shared_ptr<StoreTraffic> traffic,
                                                    bool slotJoin) const override {
-    return std::make_shared<CountingEtcdBackend>(options_, std::move(traffic), slotJoin, leases_);
+    EtcdBackendOptions o = options_;
+    o.client.shared = std::make_shared<rendezvous::etcd::SharedConnections>();
+    return std::make_shared<CountingEtcdBackend>(o, std::move(traffic), slotJoin, leases_);
   }
   std::shared_ptr<Store> connect(const std::string& runId) const override {
     return std::make_shared<EtcdStore>(options_.client,

@@ -138,6 +138,13 @@ int simulate(const SimulateOptions& o) {
           note += b;
         }
       }
+      if (r.descriptorsFormed > 0) {
+        char b[96];
+        std::snprintf(b, sizeof b, "%s%lld descriptors open in this process when formed (%.1f per agent)",
+                      note.empty() ? "" : "; ", static_cast<long long>(r.descriptorsFormed),
+                      static_cast<double>(r.descriptorsFormed) / n);
+        note += b;
+      }
       if (r.formSwarmCpu > 0) {
         char b[128];
         std::snprintf(b, sizeof b, "%sagents' CPU form %.2f s / re-form %.2f s (%d thread%s)",

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
@@ -414,6 +415,12 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
   }
   r.formSeconds = seconds(last - t0);
   r.formFirstSeconds = seconds(firstDone - t0);
+  {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
+         it.increment(ec))
+      ++r.descriptorsFormed;
+  }
   r.formStoreCpu = store.cpuSeconds() - cpu0;
   r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);

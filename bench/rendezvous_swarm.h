@@ -126,6 +126,9 @@ struct SwarmResult {
   // closed round reaching every agent (its WAIT woken, its last reads).
   double formFirstSeconds = 0, reformFirstSeconds = 0;
   double formStoreCpu = 0, reformStoreCpu = 0;
+  // File descriptors open in this process once every agent had its round (/proc/self/fd): what
+  // bounds N in one process (RLIMIT_NOFILE) when each agent holds several connections.
+  int64_t descriptorsFormed = 0;
   // CPU this process (the simulated agents: their fibers, sockets, the kernel's loopback TCP
   // work done on their behalf) used in each phase.
   double formSwarmCpu = 0, reformSwarmCpu = 0;

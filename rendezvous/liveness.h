@@ -3,8 +3,8 @@
 //
 // The signal depends on the backend: on a ddprun store, a heartbeat ring (heartbeat.h: each
 // node bumps its beat keys, each watches its successor's); on etcd, a key per node bound to
-// that node's lease, which etcd deletes when the lease is not kept alive, and every agent
-// watches (etcd/etcd_liveness.h). Either way a node found dead is evicted with
+// that node's lease, which etcd deletes when the lease is not kept alive, each agent watching
+// its ring successor's (etcd/etcd_liveness.h). Either way a node found dead is evicted with
 // transition::remove, a compare-set on the state log that opens a new round for the
 // survivors, whose round watchers then fire at once.
 //

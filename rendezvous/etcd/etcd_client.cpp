@@ -49,10 +49,17 @@ void EtcdClient::interrupt() {
 }
 
 void EtcdClient::cancelCall() {
-  std::lock_guard<std::mutex> g(mu_);
-  ++cancels_;
-  if (conn_) conn_->cancel();
-  cv_.notifyAll();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    ++cancels_;
+    if (conn_) conn_->cancel();
+    if (borrowed_) borrowed_->cancel();
+    cv_.notifyAll();
+  }
+  if (SharedConnections* s = options_.shared.get()) {
+    { std::lock_guard<std::mutex> g(s->mu_); }  // a waiter has checked, or will see, cancels_
+    s->cv_.notifyAll();
+  }
 }
 
 void EtcdClient::pause(Millis d) {
@@ -71,13 +78,61 @@ HttpConnection& EtcdClient::connectionTo(size_t member) {
   return *conn_;
 }
 
+HttpConnection::Reply EtcdClient::postShared(size_t member, const std::string& target,
+                                             const std::string& body, Clock::time_point deadline,
+                                             uint64_t cancels) {
+  SharedConnections& s = *options_.shared;
+  auto stopped = [&] { return interrupted_ || cancels_ != cancels; };
+  HttpConnection* c = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(s.mu_);
+    s.cv_.wait(lock, [&] { return !s.busy_ || stopped(); });
+    if (stopped()) throw NetworkError(describe() + ": " + target + ": interrupted");
+    s.busy_ = true;
+    if (s.conns_.size() < options_.endpoints.size()) s.conns_.resize(options_.endpoints.size());
+    auto& slot = s.conns_[member];
+    try {
+      if (!slot) slot = std::make_unique<HttpConnection>(options_.endpoints[member], options_.tls);
+    } catch (...) {
+      s.busy_ = false;
+      lock.unlock();
+      s.cv_.notifyAll();
+      throw;
+    }
+    c = slot.get();
+  }
+  struct Release {
+    EtcdClient& client;
+    SharedConnections& s;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> g(client.mu_);
+        client.borrowed_ = nullptr;
+      }
+      {
+        std::lock_guard<std::mutex> g(s.mu_);
+        s.busy_ = false;
+      }
+      s.cv_.notifyAll();
+    }
+  } release{*this, s};
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    borrowed_ = c;
+  }
+  if (stopped()) throw NetworkError(describe() + ": " + target + ": interrupted");
+  return c->post(target, body, deadline);
+}
+
 std::string EtcdClient::callOnce(size_t member, const std::string& target,
-                                 const std::string& body, Clock::time_point deadline) {
+                                 const std::string& body, Clock::time_point deadline,
+                                 uint64_t cancels) {
   const std::string who = "member " + options_.endpoints[member].text();
   HttpConnection::Reply r;
   ++requests_;
   try {
-    r = connectionTo(member).post(target, body, deadline);
+    r = options_.shared ? postShared(member, target, body, deadline, cancels)
+                        : connectionTo(member).post(target, body, deadline);
   } catch (const HttpConnection::Failure& f) {
     throw AttemptFailed{who + ": " + f.what(), f.maybeSent()};
   } catch (const TimeoutError& e) {
@@ -113,7 +168,8 @@ std::string EtcdClient::call(const std::string& target, const std::string& body,
       throw NetworkError(describe() + ": " + target + ": interrupted");
     }
     try {
-      return callOnce(current_, target, body, std::min(deadline, Clock::now() + perAttempt));
+      return callOnce(current_, target, body, std::min(deadline, Clock::now() + perAttempt),
+                      cancels);
     } catch (const AttemptFailed& f) {
       if (interrupted_ || cancels_ != cancels) {
         throw NetworkError(describe() + ": " + target + ": interrupted");
@@ -169,7 +225,8 @@ StatusReply EtcdClient::status(size_t member) {
   DDPRUN_CHECK(member < options_.endpoints.size(), "no member " << member);
   const auto deadline = Clock::now() + options_.timeout;
   try {
-    return parseStatus(callOnce(member, "/v3/maintenance/status", "{}", deadline));
+    return parseStatus(
+        callOnce(member, "/v3/maintenance/status", "{}", deadline, cancels_.load()));
   } catch (const AttemptFailed& f) {
     throw NetworkError(describe() + ": status: " + f.what);
   }

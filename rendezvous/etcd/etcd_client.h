@@ -29,10 +29,32 @@
 
 namespace ddprun::rendezvous::etcd {
 
+class SharedConnections;
+
 struct EtcdClientOptions {
   std::vector<MemberAddress> endpoints;                // every member of the cluster
   std::shared_ptr<boost::asio::ssl::context> tls;      // null: http
   Millis timeout{60'000};                              // each call, failover included
+  // Null (a real agent): each client has its own connection. Otherwise the clients made with
+  // these options take turns on the connections of `shared` (see SharedConnections).
+  std::shared_ptr<SharedConnections> shared;
+};
+
+// The HTTP connections (one per member) that several EtcdClients take turns on: each
+// simulated agent of `ddprun-bench rendezvous --simulate --backend etcd-v3` gives its clients
+// -- its store's, its round watcher's, its lease keeper's and liveness watcher's -- one, so
+// that it holds one connection for its requests instead of one per client (watches have
+// their own: a stream holds its connection). A client holds it for one request; another that
+// needs it meanwhile waits (CondVar), and cancelCall()/interrupt() end that wait too. A real
+// agent does not share: its clients run on threads of their own and must not wait for one
+// another (the keeper's keep-alive behind a slow request).
+class SharedConnections {
+ private:
+  friend class EtcdClient;
+  std::mutex mu_;
+  CondVar cv_;
+  bool busy_ = false;
+  std::vector<std::unique_ptr<HttpConnection>> conns_;  // by member, made at first use
 };
 
 // "etcd at http://127.0.0.1:2379,127.0.0.1:22379": how errors name the cluster.
@@ -90,9 +112,16 @@ class EtcdClient {
  private:
   // POSTs to the members in turn until one serves it (see the header comment).
   std::string call(const std::string& target, const std::string& body, bool idempotent);
+  // One attempt; `cancels`: cancels_ when the call began (a later cancel ends a wait for
+  // the shared connection).
   std::string callOnce(size_t member, const std::string& target, const std::string& body,
-                       Clock::time_point deadline);
+                       Clock::time_point deadline, uint64_t cancels);
   HttpConnection& connectionTo(size_t member);
+  // POSTs on the shared connection to `member`, waiting for it as long as another client
+  // holds it.
+  HttpConnection::Reply postShared(size_t member, const std::string& target,
+                                   const std::string& body, Clock::time_point deadline,
+                                   uint64_t cancels);
   void pause(Millis d);
 
   EtcdClientOptions options_;
@@ -100,6 +129,7 @@ class EtcdClient {
   std::mutex mu_;  // guards conn_ (replaced by the calling thread, cancelled by any)
   CondVar cv_;  // the backoff's wait: cancelCall() cuts it short
   std::unique_ptr<HttpConnection> conn_;
+  HttpConnection* borrowed_ = nullptr;  // the shared connection while this client holds it
   std::atomic<bool> interrupted_{false};
   std::atomic<uint64_t> cancels_{0};
   std::atomic<int64_t> requests_{0};

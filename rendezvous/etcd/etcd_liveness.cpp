@@ -1,7 +1,5 @@
 #include "rendezvous/etcd/etcd_liveness.h"
 
-#include <algorithm>
-
 #include "base/errors.h"
 #include "base/log.h"
 
@@ -14,18 +12,6 @@ constexpr auto kForever = std::chrono::hours(24 * 365);
 
 std::string aliveKey(const std::string& id) { return kAlivePrefix + id; }
 
-std::string evictorOf(const std::vector<std::string>& ids, const std::set<std::string>& deadIds,
-                      const std::string& dead) {
-  auto it = std::lower_bound(ids.begin(), ids.end(), dead);
-  const size_t n = ids.size();
-  size_t start = static_cast<size_t>(it - ids.begin());  // where `dead` is (or would be)
-  for (size_t step = 1; step <= n; ++step) {
-    const std::string& candidate = ids[(start + n - step) % n];
-    if (candidate != dead && !deadIds.count(candidate)) return candidate;
-  }
-  return {};
-}
-
 EtcdLiveness::EtcdLiveness(EtcdLivenessOptions options, const LivenessContext& ctx)
     : options_(std::move(options)), self_(ctx.self), limits_(ctx.limits), spill_(ctx.spill),
       view_(ctx.view),
@@ -33,8 +19,12 @@ EtcdLiveness::EtcdLiveness(EtcdLivenessOptions options, const LivenessContext& c
   EtcdClient c(options_.client);
   announce(c);
   view_.onChange([this] {
-    std::lock_guard<std::mutex> g(mu_);
-    if (watch_) watch_->wake();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++viewChanges_;
+      if (watch_) watch_->wake();
+    }
+    cv_.notifyAll();
   });
   keeper_ = Background([this] { keep(); });
   watcher_ = Background([this] { watch(); });
@@ -60,7 +50,7 @@ void EtcdLiveness::report(std::exception_ptr e) {
 void EtcdLiveness::keep() {
   EtcdClientOptions o = options_.client;
   o.timeout = std::min(o.timeout, options_.leaseTtl);
-  EtcdClient c(o);
+  EtcdClient c(o);  // connects at its first call (inside the try below)
   std::unique_lock<std::mutex> lock(mu_);
   if (stopKeeping_) return;
   keeperClient_ = &c;
@@ -86,6 +76,34 @@ void EtcdLiveness::keep() {
   keeperClient_ = nullptr;
 }
 
+void EtcdLiveness::setWatch(EtcdWatch* w) {
+  std::lock_guard<std::mutex> g(mu_);
+  watch_ = w;
+  if (w && stopWatching_) w->cancel();  // stopWatching() came before it could see this one
+}
+
+const std::string& EtcdLiveness::targetIn(Store& store, const Versioned& v) {
+  if (ringVersion_ != v.version) {  // the ring changes only with the version
+    ringTarget_ = v.state.phase == Phase::Finished || v.state.phase == Phase::Failed
+                      ? std::string()
+                      : ringTarget(store, v.state, self_);
+    ringVersion_ = v.version;
+  }
+  return ringTarget_;
+}
+
+void EtcdLiveness::evict(StateLog& log, const std::string& target) {
+  const std::string reason = "node " + target + " was evicted: its etcd lease expired (lease_ttl=" +
+                             secondsText(options_.leaseTtl) + ")";
+  auto r = log.update(view_.get(), [&](const RoundState& s) {
+    return transition::remove(s, target, reason, limits_);
+  });
+  if (r.wrote) DDPRUN_LOG(WARN, "rendezvous") << reason << " (round " << r.now.state.round << ")";
+  view_.offer(r.now);
+}
+
+// Watches the ring successor's key (see the header); re-targets when a newer version moves
+// the ring, evicts the successor when its key is missing or deleted.
 void EtcdLiveness::watch() {
   try {
     auto client = std::make_shared<EtcdClient>(options_.client);
@@ -97,41 +115,61 @@ void EtcdLiveness::watch() {
       evictConn_ = conn;
     }
     StateLog log(*conn.store, limits_, spill_);
-    const std::string prefix = options_.prefix + kAlivePrefix;
+    std::string target;               // whose key `w` watches
+    std::unique_ptr<EtcdWatch> w;
+    bool dead = false;                // `target`'s key is gone
+    int64_t evictedAt = -1;           // the version `target` was last evicted from
+    auto drop = [&] {
+      setWatch(nullptr);
+      w.reset();
+      target.clear();
+      dead = false;
+    };
     for (;;) {
-      RangeReply r = client->range({.key = prefix, .rangeEnd = prefixEnd(prefix)});
-      alive_.clear();
-      for (const auto& kv : r.kvs) alive_.insert(kv.key.substr(prefix.size()));
-      EtcdWatch w(options_.client, {.key = prefix, .rangeEnd = prefixEnd(prefix),
-                                    .startRevision = r.header.revision + 1});
+      uint64_t changes;
       {
         std::lock_guard<std::mutex> g(mu_);
         if (stopWatching_) return;
-        watch_ = &w;
+        changes = viewChanges_;
       }
-      struct Clear {
-        EtcdLiveness* l;
-        ~Clear() {
-          std::lock_guard<std::mutex> g(l->mu_);
-          l->watch_ = nullptr;
-        }
-      } clear{this};
-      try {
-        for (;;) {
-          evaluate(*client, *conn.store, log);
-          for (const Event& e : w.next(Clock::now() + kForever)) {
-            const std::string id = e.kv.key.substr(prefix.size());
-            if (e.type == Event::Type::Put) {
-              alive_.insert(id);
-              dead_.erase(id);
-            } else {
-              alive_.erase(id);
-              dead_.insert(id);
-            }
+      const Versioned v = view_.get();
+      const std::string next = targetIn(*conn.store, v);
+      if (next != target) {
+        drop();
+        target = next;
+        evictedAt = -1;
+        if (!target.empty()) {
+          // Read, then watch from the revision after the read: no death is lost in between.
+          const std::string key = options_.prefix + aliveKey(target);
+          const RangeReply r = client->range({.key = key, .countOnly = true});
+          dead = r.count == 0;
+          if (!dead) {
+            w = std::make_unique<EtcdWatch>(
+                options_.client, WatchCreate{.key = key, .startRevision = r.header.revision + 1});
+            setWatch(w.get());
           }
         }
+      }
+      if (dead && evictedAt != v.version) {
+        evict(log, target);
+        evictedAt = v.version;  // again only from a newer version that still names it
+        continue;
+      }
+      if (!w) {  // nobody to watch (or already evicted): wait for a newer version
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopWatching_ || viewChanges_ != changes; });
+        continue;
+      }
+      try {
+        // Empty when woken by a newer version: the loop re-reads the ring.
+        for (const Event& e : w->next(Clock::now() + kForever))
+          dead = e.type == Event::Type::Delete;  // the last event says (a re-announce puts it back)
+        if (dead) {
+          setWatch(nullptr);
+          w.reset();
+        }
       } catch (const CompactedError&) {
-        continue;  // history gone: read alive/ again
+        drop();  // history gone: read the key again
       }
     }
   } catch (const Error&) {
@@ -139,68 +177,6 @@ void EtcdLiveness::watch() {
     const bool report = !stopWatching_;
     lock.unlock();
     if (report) this->report(std::current_exception());
-  }
-}
-
-bool EtcdLiveness::isDead(EtcdClient& c, const std::string& id) {
-  if (dead_.count(id)) return true;
-  if (alive_.count(id)) return false;
-  const bool alive = c.range({.key = options_.prefix + aliveKey(id), .countOnly = true}).count > 0;
-  (alive ? alive_ : dead_).insert(id);
-  return !alive;
-}
-
-void EtcdLiveness::evaluate(EtcdClient& c, Store& store, StateLog& log) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (stopWatching_) return;
-  }
-  const Versioned v = view_.get();
-  if (v.state.phase == Phase::Finished || v.state.phase == Phase::Failed) return;
-  if (v.state.compact()) {
-    // The versions name their lists: each agent watches its successor in list order, as the
-    // heartbeat ring does, O(1) reads per version. Two dead in a row: evicting the first
-    // makes the second this agent's successor in the next version, evaluated in turn.
-    if (ringVersion_ != v.version) {  // alive/ events come often; versions rarely
-      ringTarget_ = ringTarget(store, v.state, self_);
-      ringVersion_ = v.version;
-    }
-    const std::string target = ringTarget_;
-    if (target.empty() || !isDead(c, target)) return;
-    const std::string reason = "node " + target + " was evicted: its etcd lease expired (lease_ttl=" +
-                               secondsText(options_.leaseTtl) + ")";
-    auto r = log.update(v, [&](const RoundState& s) {
-      return transition::remove(s, target, reason, limits_);
-    });
-    if (r.wrote) DDPRUN_LOG(WARN, "rendezvous") << reason << " (round " << r.now.state.round << ")";
-    view_.offer(r.now);
-    return;
-  }
-  const std::vector<std::string> ids = v.state.allIds();
-  // Nodes we have no news of yet (their key's PUT may still be on its way in the watch): each
-  // announced itself before joining, so one fresh read of alive/ tells, for all of them.
-  std::vector<std::string> unknown;
-  for (const auto& id : ids)
-    if (id != self_ && !dead_.count(id) && !alive_.count(id)) unknown.push_back(id);
-  if (!unknown.empty()) {
-    const std::string prefix = options_.prefix + kAlivePrefix;
-    std::set<std::string> now;
-    for (const auto& kv : c.range({.key = prefix, .rangeEnd = prefixEnd(prefix)}).kvs)
-      now.insert(kv.key.substr(prefix.size()));
-    for (const auto& id : unknown) (now.count(id) ? alive_ : dead_).insert(id);
-  }
-  std::vector<std::string> gone;
-  for (const auto& id : ids)
-    if (id != self_ && dead_.count(id)) gone.push_back(id);
-  for (const auto& id : gone) {
-    if (evictorOf(ids, dead_, id) != self_) continue;
-    const std::string reason = "node " + id + " was evicted: its etcd lease expired (lease_ttl=" +
-                               secondsText(options_.leaseTtl) + ")";
-    auto r = log.update(view_.get(), [&](const RoundState& s) {
-      return transition::remove(s, id, reason, limits_);
-    });
-    if (r.wrote) DDPRUN_LOG(WARN, "rendezvous") << reason << " (round " << r.now.state.round << ")";
-    view_.offer(r.now);
   }
 }
 
@@ -212,6 +188,7 @@ void EtcdLiveness::stopWatching() {
     if (watcherClient_) watcherClient_->interrupt();
     if (evictConn_.interrupt) evictConn_.interrupt();
   }
+  cv_.notifyAll();  // a watcher waiting for a newer version
   view_.onChange(nullptr);
   if (watcher_.joinable()) watcher_.join();
 }

@@ -7,11 +7,17 @@
 // the node stops without a word (kill -9, a machine lost) etcd deletes the key as the lease
 // expires; a clean exit revokes the lease, and the key goes at once.
 //
-// Watching: a thread reads `alive/` and then watches it from the revision after that read
-// (a stream, no polling). A node the current state mentions is dead once its key is deleted
-// (an event) or found missing by a fresh read; the live node just before it in the ring of
-// the state's ids (sorted) evicts it with transition::remove, so one agent writes while every
-// agent learns of the death from etcd at once. There are no heartbeat counters.
+// Watching: the nodes of the newest state form the heartbeat ring of the ddprun store
+// (ringTarget, state_log.h: the member list in order, the expected list while a round is
+// joining), and each agent watches only its successor's key: it reads `alive/<successor>`
+// and watches that one key from the revision after the read (a stream, no polling). When the
+// key is missing or deleted (the lease expired, or was revoked) the agent evicts its successor
+// with transition::remove; every agent learns of it from the new round. Two dead in a row:
+// evicting the first makes the second this agent's successor in the next version, found
+// missing by the read that starts its watch. A watcher that dies is evicted by its own
+// predecessor, and so on around the ring. One key read and one watch per node whatever the
+// job's size, and one watch event per death: a formation of N nodes costs etcd O(N) (every
+// node watching all of `alive/` cost it N^2 events). There are no heartbeat counters.
 //
 // If the keeper finds its own lease gone (the process was paused longer than the TTL, and the
 // others may have evicted it), it takes a new lease and announces itself again; the agent's
@@ -25,7 +31,6 @@
 // thread for a simulated one (`ddprun-bench rendezvous --simulate --backend etcd`).
 #include <atomic>
 #include <mutex>
-#include <set>
 
 #include "rendezvous/blocking.h"
 #include "rendezvous/etcd/etcd_client.h"
@@ -43,11 +48,6 @@ struct EtcdLivenessOptions {
 // The key that says node `id` is alive, relative to the job's prefix.
 std::string aliveKey(const std::string& id);
 
-// Which node evicts dead node `dead`: the nearest node before it, around the ring of `ids`
-// (sorted), that is not dead itself. Empty when every other node is dead.
-std::string evictorOf(const std::vector<std::string>& ids, const std::set<std::string>& deadIds,
-                      const std::string& dead);
-
 class EtcdLiveness final : public Liveness {
  public:
   // Grants the lease and puts this node's key before returning (throws when etcd cannot be
@@ -62,12 +62,13 @@ class EtcdLiveness final : public Liveness {
   void announce(EtcdClient& c);
   void keep();
   void watch();
-  // Evicts every dead node this agent is the evictor of; `c` reads unknown nodes' keys. On a
-  // compact state (the slot join: the version names its lists) the ring is the heartbeat
-  // ring's (ringTarget, read from `store` in O(1)): this agent evicts its successor when dead.
-  void evaluate(EtcdClient& c, Store& store, StateLog& log);
-  // Whether node `id` is dead, reading its key when the watch has told nothing of it yet.
-  bool isDead(EtcdClient& c, const std::string& id);
+  // The node this agent watches in `v`: its ring successor (O(1) reads of `store`, once per
+  // version); empty when alone, not in the ring, or the job is over.
+  const std::string& targetIn(Store& store, const Versioned& v);
+  // Evicts `target` from the newest state (a compare-set on the state log).
+  void evict(StateLog& log, const std::string& target);
+  // Publishes the watch in progress (null: none) to stopWatching() and the view's callback.
+  void setWatch(EtcdWatch* w);
   void report(std::exception_ptr e);
 
   EtcdLivenessOptions options_;
@@ -84,13 +85,13 @@ class EtcdLiveness final : public Liveness {
   bool stopKeeping_ = false;
   bool stopWatching_ = false;
   bool lost_ = false;  // the keeper gave up: etcd unreachable
+  uint64_t viewChanges_ = 0;  // newer versions offered so far (wakes a watcher with no target)
   EtcdClient* keeperClient_ = nullptr;
   EtcdWatch* watch_ = nullptr;
   std::shared_ptr<EtcdClient> watcherClient_;
   InterruptibleStore evictConn_;
 
-  std::set<std::string> alive_, dead_;  // the watcher thread's view of alive/
-  // The ring successor on a compact state, read once per version (the watcher thread's).
+  // The ring successor, read once per version (the watcher thread's).
   int64_t ringVersion_ = -1;
   std::string ringTarget_;
   Background keeper_;

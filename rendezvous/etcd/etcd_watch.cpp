@@ -90,6 +90,8 @@ std::vector<Event> EtcdWatch::next(Clock::time_point deadline) {
         const std::string earlier = lastError_;  // a real error says more than the deadline
         broken("member " + options_.endpoints[member_].text() + ": " + e.what());
         if (!earlier.empty()) lastError_ = earlier;
+      } catch (const ConnectionLimitError&) {
+        throw;  // this process's limit: no member would do better
       } catch (const Error& e) {
         broken("member " + options_.endpoints[member_].text() + ": " + e.what());
       }

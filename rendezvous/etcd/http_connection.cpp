@@ -3,9 +3,13 @@
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs it in C++20
 
 #include <poll.h>
+#include <cerrno>
+
+#include <sys/resource.h>
 
 #include <atomic>
 #include <boost/asio/connect.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -60,10 +64,73 @@ std::shared_ptr<ssl::context> makeTlsContext(const TlsFiles& files) {
   return ctx;
 }
 
+namespace {
+
+std::string descriptorLimit() {
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  return "this process may open " + std::to_string(rl.rlim_cur) +
+         " file descriptors: RLIMIT_NOFILE";
+}
+
+// The io_context a new connection runs on. With no Blocking installed: one of its own (an
+// epoll, an eventfd and a timerfd), as a real agent's connections always had. Under a
+// Blocking: the one its thread's connections share (they all run on that thread's fibers, and
+// each run() below only polls it), so that ten thousand simulated agents' connections cost a
+// socket each, not a socket and three descriptors more. Creating one fails when the process is
+// out of descriptors: that is said here, as an Error naming the limit, rather than Asio's
+// boost::system::system_error escaping a background thread or fiber (which would end the
+// process).
+std::shared_ptr<asio::io_context> contextFor(const MemberAddress& member) {
+  auto make = [&] {
+    try {
+      return std::make_shared<asio::io_context>(1);
+    } catch (const boost::system::system_error& e) {
+      throw ConnectionLimitError(
+          "cannot open a connection to etcd member " + member.text() +
+          ": its I/O context (an epoll, an eventfd, a timerfd) cannot be created: " + e.what() +
+          " (" + descriptorLimit() + ")");
+    }
+  };
+  rendezvous::Blocking* const b = rendezvous::Blocking::current();
+  if (!b) return make();
+  // The shared one never runs out of work (a work guard): an io_context whose work reaches
+  // zero stops itself, and a poll() of a stopped one runs nothing until restart(). With one
+  // io_context per connection the connection's own next run() restarted it; a shared one
+  // would stop inside another connection's poll(), which then leaves this connection's
+  // completions unrun while its fiber parks for an edge already taken -- until its deadline.
+  struct Shared {
+    explicit Shared(std::shared_ptr<asio::io_context> c)
+        : io(std::move(c)), guard(asio::make_work_guard(*io)) {}
+    std::shared_ptr<asio::io_context> io;
+    asio::executor_work_guard<asio::io_context::executor_type> guard;  // released first
+  };
+  thread_local std::weak_ptr<asio::io_context> shared;
+  thread_local rendezvous::Blocking* owner = nullptr;
+  auto io = shared.lock();
+  if (!io || owner != b) {
+    auto holder = std::make_shared<Shared>(make());
+    io = std::shared_ptr<asio::io_context>(holder, holder->io.get());
+    shared = io;
+    owner = b;
+  }
+  return io;
+}
+
+}  // namespace
+
 struct HttpConnection::Impl {
+  explicit Impl(const MemberAddress& m)
+      : member(m), ioHolder(contextFor(m)), io(*ioHolder),
+        sharedIo(rendezvous::Blocking::current() != nullptr) {}
   MemberAddress member;
   std::shared_ptr<ssl::context> tls;
-  asio::io_context io{1};
+  // Declared before every object that uses it, so destroyed after them.
+  std::shared_ptr<asio::io_context> ioHolder;
+  asio::io_context& io;
+  // Shared with the other connections of this thread (made under a Blocking): only polled,
+  // never run or stopped, and used from this thread's fibers only.
+  const bool sharedIo;
   tcp::resolver resolver{io};
   std::unique_ptr<tcp::socket> plain;
   std::unique_ptr<ssl::stream<tcp::socket>> secure;
@@ -104,7 +171,11 @@ struct HttpConnection::Impl {
       }
       // Under a Blocking (see the header): the ready handlers, then the fiber parks on the
       // socket. Asio's reactor registers the socket edge-triggered with an epoll of its own,
-      // so an edge the scheduler woke us for is still there for io.poll()'s epoll_wait.
+      // so an edge the scheduler woke us for is still there for io.poll()'s epoll_wait. The
+      // io_context is shared with the thread's other connections, so another fiber's poll()
+      // may run our handlers first; having drained the socket, it can leave the scheduler's
+      // epoll nothing to report (epoll re-checks readiness when it reports), so each of our
+      // handlers also wakes this wait (notify()).
       io.poll();
       if (io.stopped()) io.restart();
       if (done || cancelled || woken) continue;
@@ -117,9 +188,15 @@ struct HttpConnection::Impl {
     return true;
   }
 
+  // Every completion handler of ours calls it: ends the owner's wait in run() when the
+  // handler ran in another fiber's poll() of the shared io_context (see run()).
+  void notify() {
+    if (rendezvous::Blocking* b = rendezvous::Blocking::current()) b->wake(this);
+  }
+
   // cancel() and wake(): end a wait in run(), on whichever thread (or fiber) it is.
   void interruptRun() {
-    io.stop();
+    if (!sharedIo) io.stop();  // a shared one is only polled: the wake below ends the wait
     if (rendezvous::Blocking* b = rendezvous::Blocking::current()) b->wake(this);
   }
 
@@ -134,7 +211,11 @@ struct HttpConnection::Impl {
     }
     resolver.cancel();
     io.restart();
-    io.run();
+    // Runs the aborted handlers. A shared io_context also has other connections' work, which
+    // run() would wait for: poll() runs what is ready, this connection's aborted operations
+    // among it (closing the socket queued them).
+    if (sharedIo) io.poll();
+    else io.run();
     plain.reset();
     secure.reset();
     stream.reset();
@@ -181,6 +262,7 @@ struct HttpConnection::Impl {
       }
       expect(POLLOUT);
       asio::async_connect(socket(), rs, forgetPrevious, [&](error_code ec2, const tcp::endpoint&) {
+        notify();
         if (ec2 || !secure) {
           result = ec2;
           done = true;
@@ -192,6 +274,7 @@ struct HttpConnection::Impl {
         secure->set_verify_callback(ssl::host_name_verification(host));
         expect(POLLIN | POLLOUT);
         secure->async_handshake(ssl::stream_base::client, [&](error_code ec3) {
+          notify();
           result = ec3;
           done = true;
         });
@@ -207,6 +290,10 @@ struct HttpConnection::Impl {
     if (!run(done, deadline)) fail("connect", false, deadline);
     if (result) {
       close();
+      if (result.value() == EMFILE || result.value() == ENFILE) {
+        throw ConnectionLimitError("cannot connect to etcd member " + member.text() + ": " +
+                                   result.message() + " (" + descriptorLimit() + ")");
+      }
       throw HttpConnection::Failure(
           std::string(tls ? "TLS connect" : "connect") + " failed: " + result.message(), false);
     }
@@ -230,8 +317,7 @@ struct HttpConnection::Impl {
 };
 
 HttpConnection::HttpConnection(MemberAddress member, std::shared_ptr<ssl::context> tls)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->member = std::move(member);
+    : impl_(std::make_unique<Impl>(member)) {
   impl_->tls = std::move(tls);
 }
 
@@ -265,6 +351,7 @@ HttpConnection::Reply HttpConnection::post(const std::string& target, const std:
   c.expect(POLLOUT);
   c.withStream([&](auto& s) {
     http::async_write(s, req, [&](error_code ec, size_t) {
+      c.notify();
       if (ec) {
         result = ec;
         done = true;
@@ -272,6 +359,7 @@ HttpConnection::Reply HttpConnection::post(const std::string& target, const std:
       }
       c.expect(POLLIN);
       http::async_read(s, c.buffer, parser, [&](error_code ec2, size_t) {
+        c.notify();
         result = ec2;
         done = true;
       });
@@ -297,6 +385,7 @@ int HttpConnection::openStream(const std::string& target, const std::string& bod
   c.expect(POLLOUT);
   c.withStream([&](auto& s) {
     http::async_write(s, req, [&](error_code ec, size_t) {
+      c.notify();
       if (ec) {
         result = ec;
         done = true;
@@ -304,6 +393,7 @@ int HttpConnection::openStream(const std::string& target, const std::string& bod
       }
       c.expect(POLLIN);
       http::async_read_header(s, c.buffer, *c.stream, [&](error_code ec2, size_t) {
+        c.notify();
         result = ec2;
         done = true;
       });
@@ -340,6 +430,7 @@ std::optional<std::string> HttpConnection::nextLine(Clock::time_point deadline) 
       c.readDone = false;
       c.withStream([&](auto& s) {
         http::async_read_some(s, c.buffer, *c.stream, [&c](error_code ec, size_t) {
+          c.notify();
           c.readError = ec;
           c.readDone = true;
           c.readPending = false;

@@ -53,6 +53,13 @@ struct TlsFiles {
 // Builds the client TLS context (peer verification on); throws ConfigError naming the file.
 std::shared_ptr<boost::asio::ssl::context> makeTlsContext(const TlsFiles& files);
 
+// This process cannot open one more connection: it is out of file descriptors (RLIMIT_NOFILE).
+// Not a member's failure, so not tried again on another member; the message names the limit.
+class ConnectionLimitError : public Error {
+ public:
+  using Error::Error;
+};
+
 inline constexpr size_t kMaxReply = 64u << 20;  // one unary reply
 inline constexpr size_t kMaxLine = 16u << 20;   // one message of a stream
 
@@ -73,7 +80,8 @@ class HttpConnection {
     bool maybeSent_;
   };
 
-  // `tls` null: plain HTTP. Connects lazily, at the first request.
+  // `tls` null: plain HTTP. Connects lazily, at the first request. Throws
+  // ConnectionLimitError when its I/O context cannot be created (see contextFor in the .cpp).
   HttpConnection(MemberAddress member, std::shared_ptr<boost::asio::ssl::context> tls);
   ~HttpConnection();
   HttpConnection(const HttpConnection&) = delete;

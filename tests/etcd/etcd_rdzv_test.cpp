@@ -2,8 +2,14 @@
 // --rdzv-backend=etcd-v3 form their rounds by the slot join, as on the ddprun store -- a slot is
 // a ticket (one txn, no retry however many join at once), one state version closes the round
 // and names its member list instead of carrying it, the etcd requests per agent do not grow with
-// the number of agents, and a node whose lease goes is evicted through the ring of the list.
+// the number of agents, and a node whose lease goes is evicted through the ring of the list;
+// each agent's lease liveness watches only its ring successor's key (O(1) watch events per
+// agent, where every agent watching all of alive/ cost etcd N^2 per formation).
 #include <catch2/catch.hpp>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <future>
