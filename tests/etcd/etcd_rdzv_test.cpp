@@ -115,7 +115,52 @@ std::vector<int64_t> formAndCount(const std::string& runId, int n) {
   return cost;
 }
 
+// A counter of etcd's /metrics (Prometheus text), read over a plain HTTP/1.0 GET.
+double etcdMetric(const MemberAddress& m, const std::string& name) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(m.port);
+  ::inet_pton(AF_INET, m.host.c_str(), &a.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: " + m.text() + "\r\n\r\n";
+  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  std::string reply;
+  char buf[65536];
+  for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) > 0;) reply.append(buf, static_cast<size_t>(k));
+  ::close(fd);
+  std::istringstream in(reply);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  FAIL("etcd's /metrics has no " << name);
+  return 0;
+}
+
 }  // namespace
+
+TEST_CASE("etcd rendezvous: the lease liveness costs etcd O(1) watch events per agent to form "
+          "(each agent watches its ring successor's key, not all of alive/)",
+          "[etcd][rdzv][liveness]") {
+  const MemberAddress member = sharedCluster().endpoints().front();
+  const std::string kEvents = "etcd_debugging_mvcc_events_total";
+  auto eventsFor = [&](const std::string& runId, int n) {
+    const double before = etcdMetric(member, kEvents);
+    EtcdAgents a = startAgents(runId, n, {.minNodes = 1, .maxNodes = n});
+    auto rounds = allNextRound(a.ptrs());
+    std::set<int> ranks;
+    for (const auto& r : rounds) ranks.insert(r.nodeRank);
+    CHECK(static_cast<int>(ranks.size()) == n);
+    return etcdMetric(member, kEvents) - before;  // before the agents go (their revokes)
+  };
+  const double small = eventsFor("events4", 4);
+  const double large = eventsFor("events32", 32);
+  INFO("watch events etcd sent to form: 4 agents " << small << ", 32 agents " << large);
+  // Every agent watching alive/ got each later agent's announcement: 32 x 31 / 2 = 496 events
+  // at 32 agents on top of the join's own (a few per agent).
+  CHECK(large / 32 <= small / 4 + 2);
+  CHECK(large <= 32 * 6);
+}
 
 TEST_CASE("etcd rendezvous: the slot join forms a round with one compact version, re-forms "
           "after a node's lease goes, and finishes with tickets",
