@@ -80,12 +80,13 @@ class EtcdSwarmStore final : public SwarmStore {
   bool leases_;
 };
 
-// Each agent holds 7-8 etcd connections (its store's, its watches', its round watcher's, its
-// lease keeper's and alive/ watcher's), each an Asio io_context (an epoll, an eventfd, a
-// timerfd) and a socket: about 27 descriptors per agent in this process, measured at 256
-// agents (6,940), and 7 in etcd (1,810). Raises the limit as far as allowed (the hard limit
-// too, with CAP_SYS_RESOURCE; etcd inherits it) and returns it.
-constexpr uint64_t kFdsPerAgent = 28;
+// Each agent's clients take turns on one connection (SharedConnections) and its watches hold
+// one each -- its join's or its round watcher's, and its lease watcher's -- and every
+// connection of a thread shares that thread's io_context: 3.0 descriptors per agent in this
+// process, measured at 256 agents (it was about 27 with a connection per client and an
+// io_context per connection), and as many in etcd. Raises the limit as far as allowed (the
+// hard limit too, with CAP_SYS_RESOURCE; etcd inherits it) and returns it.
+constexpr uint64_t kFdsPerAgent = 3;
 uint64_t raiseFileLimits() {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max < (1u << 20)) {
@@ -112,8 +113,8 @@ SwarmResult runEtcdSwarm(const SwarmOptions& o, const EtcdSwarmOptions& etcd) {
   if (need > limit) {
     throw Error(std::to_string(o.agents) + " simulated agents on etcd need about " +
                 std::to_string(need) + " file descriptors in this process (" +
-                std::to_string(kFdsPerAgent) + " per agent: 7-8 HTTP connections, each a socket "
-                "and an Asio io_context's epoll, eventfd and timerfd); RLIMIT_NOFILE is " +
+                std::to_string(kFdsPerAgent) + " per agent: an HTTP connection for its requests "
+                "and one per watch, its round's and its ring successor's key); RLIMIT_NOFILE is " +
                 std::to_string(limit) + " and its hard limit cannot be raised here");
   }
   EtcdSwarmStore store(o.timeout, etcd);
