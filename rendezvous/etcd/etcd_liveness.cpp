@@ -117,6 +117,12 @@ void EtcdLiveness::watch() {
     StateLog log(*conn.store, limits_, spill_);
     std::string target;               // whose key `w` watches
     std::unique_ptr<EtcdWatch> w;
+    // Unpublished before `w` goes, however this function ends: the view's callback and
+    // stopWatching() reach the watch through watch_.
+    struct Unpublish {
+      EtcdLiveness* l;
+      ~Unpublish() { l->setWatch(nullptr); }
+    } unpublish{this};
     bool dead = false;                // `target`'s key is gone
     int64_t evictedAt = -1;           // the version `target` was last evicted from
     auto drop = [&] {
