@@ -4,6 +4,7 @@
 //   agent_recovery.cpp  in-process recovery: the deaths, the budget, replace, shrink
 //   agent_spares.cpp    the processes that join a running group: grow back, hot spares
 //   agent_nodes.cpp     in-process recovery on several nodes (node 0's workers' store via the link)
+//   agent_node_loss.cpp a lost node recovered in process (node rank 0's agent)
 //   agent_end.cpp       stopping the group, the exit barrier, the end of the job, the timeline
 // Private to launcher/ (not installed); the public face is agent.h.
 #include "launcher/agent.h"
@@ -60,6 +61,12 @@ inline std::string agentHostName() {
   ::gethostname(h, sizeof h - 1);
   return h;
 }
+
+// Generation records on several nodes (agent_nodes.cpp): each node's worker count as
+// ddprun/node_workers and a record's nodes= hold it ("2,0,2"), and record g read once it is
+// there (bounded: a TimeoutError naming the generation).
+std::vector<int> parseCounts(const std::string& text);
+std::string awaitRecord(rendezvous::Store& s, int g);
 
 class Agent::Impl {
  public:
@@ -174,6 +181,14 @@ class Agent::Impl {
   void replaceAcross(const WorkerResult& r, const JobDecision& d);
   void shrinkAcross(const WorkerResult& r, const JobDecision& d);
   void failAcross(const WorkerResult& r, const std::string& error);
+  // Node rank 0: another node was lost (its agent gone) and the round goes on
+  // (docs/recovery.md#a-lost-node). Under shrink, once the survivors hold the state and at
+  // least the job's minimum of ranks is left: spends a restart and publishes a generation
+  // without the node's ranks; otherwise the round is re-formed without it (restart semantics,
+  // one line saying why).
+  void onNodeLost(const JobDecision& d);
+  void shrinkLostNode(int node, const std::string& cause, const JobDecision& d);
+  void reformWithoutNode(const std::string& what, const std::string& why);
   // --spares on several nodes: once this node's workers announced (read by the link), the
   // spares of this group start. A spare's id is unique in the job: n x nodes + node rank.
   void startSparesAcross();
@@ -296,6 +311,7 @@ class Agent::Impl {
   std::vector<int> nodeCounts_;
   int worldNow_ = 0;
   std::set<int> ownGenerations_;
+  bool nodeLossPending_ = false;  // node rank 0: a lost node's recovery is under way
   int deathRank_ = -1;
   int deathGeneration_ = 0;
   std::vector<int> deathCounts_;

@@ -20,22 +20,22 @@ namespace ddprun::launcher {
 
 namespace keys = rendezvous::recovery;
 
-namespace {
-constexpr rendezvous::Millis kPreviousRecordWait{30'000};
-
 std::vector<int> parseCounts(const std::string& text) {
   std::vector<int> v;
   std::istringstream in(text);
   for (std::string x; std::getline(in, x, ',');) v.push_back(std::atoi(x.c_str()));
   return v;
 }
+
+namespace {
 std::string formatCounts(const std::vector<int>& v) {
   std::string s;
   for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
   return s;
 }
+constexpr rendezvous::Millis kPreviousRecordWait{30'000};
+}  // namespace
 
-// Waits (bounded) for generation g's record and reads it.
 std::string awaitRecord(rendezvous::Store& s, int g) {
   try {
     s.wait({keys::generationKey(g)}, kPreviousRecordWait);
@@ -46,7 +46,6 @@ std::string awaitRecord(rendezvous::Store& s, int g) {
   }
   return s.get(keys::generationKey(g));
 }
-}  // namespace
 
 bool Agent::Impl::acrossNodes() const {
   return round_.nodeCount > 1 && round_.useAgentStore && storeLink_ != nullptr &&

@@ -297,6 +297,15 @@ std::optional<RoundState> remove(const RoundState& s, const std::string& id,
     next.reason = reason;
     return finishIfAllDone(std::move(next));
   }
+  if (s.member(id) && lim.keepRoundOnNodeLoss && s.rankOf(id) > 0) {
+    // Lost in process: the others keep running; node rank 0's agent decides (its watcher reads
+    // every version of the round) and spends the restart, or re-forms (reformWithoutLost).
+    if (contains(s.lost, id)) return std::nullopt;
+    RoundState next = s;
+    next.lost.push_back(id);
+    next.reason = reason + " (lost in process: node rank 0 decides)";
+    return next;
+  }
   if (s.member(id)) return openNext(s, id, reason);
   RoundState next = s;
   if (!erase(next.waiting)) return std::nullopt;
@@ -341,6 +350,13 @@ std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, con
   next.reason = reason + " (recovered in process: restart " + std::to_string(next.restarts) +
                 " of " + std::to_string(lim.maxRestarts) + ")";
   return next;
+}
+
+std::optional<RoundState> reformWithoutLost(const RoundState& s, int64_t round,
+                                            const std::string& reason) {
+  if (s.phase != Phase::Closed || s.round != round || s.lost.empty() || s.finishing())
+    return std::nullopt;
+  return openNext(s, "", reason);  // openNext leaves the lost members out
 }
 
 std::optional<RoundState> nodeDone(const RoundState& s, int64_t round, const std::string& id) {
