@@ -61,7 +61,7 @@ void Agent::Impl::onNodeLost(const JobDecision& d) {
   const int world = worldNow_;
   auto missing = std::make_shared<std::string>();
   const int epoch = linkEpoch_;
-  const std::string cause = what + ": " + d.reason;
+  const std::string cause = "node rank " + std::to_string(k) + " was lost: " + d.reason;
   storeLink_->run(
       [missing, first, count, world](rendezvous::Store& s) {
         for (int rank = 0; rank < world; ++rank) {

@@ -303,7 +303,7 @@ std::optional<RoundState> remove(const RoundState& s, const std::string& id,
     if (contains(s.lost, id)) return std::nullopt;
     RoundState next = s;
     next.lost.push_back(id);
-    next.reason = reason + " (lost in process: node rank 0 decides)";
+    next.reason = reason + " (lost in process)";
     return next;
   }
   if (s.member(id)) return openNext(s, id, reason);

@@ -124,7 +124,8 @@ TEST_CASE("three nodes, shrink: node 1's agent and worker SIGKILLed, node rank 0
   REQUIRE(a == 0);
   REQUIRE(c == 0);
   // One writer, node rank 0's agent: one restart spent, node 1's rank removed.
-  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 \(127\.0\.0\.3-\S+\) was lost: .*; )"
+  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node 127\.0\.0\.3-\S+ was )"
+                                           R"(evicted: no heartbeat for 900 ms \(lost in process\); )"
                                            R"(recovering in process \(generation 1\): its )"
                                            R"(rank\(s\) 1 are removed, the group shrinks from 3 )"
                                            R"(to 2 rank\(s\), the workers of every other node )"
