@@ -336,6 +336,12 @@ void Agent::Impl::watchProgress() {
                .onSilent =
                    [this](const ProgressWatch::Worker& w, long pid, double silent) {
                      guarded([&] { onWorkerSilent(w, pid, silent); });
+                   },
+               .onFirstSign =
+                   [this] {
+                     guarded([&] {
+                       if (state_ == State::Running && acrossNodes()) storeLink();
+                     });
                    }});
 }
 

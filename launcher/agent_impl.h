@@ -168,10 +168,21 @@ class Agent::Impl {
   // The dead rank's new process: a waiting spare (true) or none to be had (false).
   bool giveRankToSpare(const WorkerResult& r, int generation, int& spareId, pid_t& sparePid);
   // ---- Several nodes (agent_nodes.cpp, docs/recovery.md#several-nodes) ----
-  // In-process recovery across nodes is on: the agent store, several nodes, the link open.
+  // In-process recovery across nodes is on: the agent store, several nodes, recovery not
+  // `restart` (the link is then wanted, opened or not yet).
   bool acrossNodes() const;
-  // Opens this group's link to the workers' store (several nodes), or none.
+  // A new group: whether it wants a link to the workers' store (several nodes), and opens it
+  // at once only when nothing will say that the workers run the runtime (no progress table).
+  // Otherwise the link opens on first use (storeLink()): when the progress watch first sees a
+  // worker of this node beat or step (ProgressWatch::Options::onFirstSign), or a spare, a
+  // death or a recovery needs it. No generation can be written before every rank announced,
+  // which needs the runtime, whose heartbeat starts first thing in init(); and a late link's
+  // follower reads the records from generation 1, so nothing is missed. A program without
+  // the runtime (`true`, a shell, a Python script) thus costs node 0 no connection and this
+  // agent no thread: at 256 nodes, 512 connections and 512 threads less at the round's start.
   void openStoreLink();
+  // This group's link, opened now if it is not yet; only when acrossNodes().
+  WorkerStoreLink& storeLink();
   // The record of generation g, as the link's follower read it: a shrink renumbers this node's
   // workers. In order, every generation once, its own too.
   void onGenerationRecord(int g, const std::string& text);
@@ -307,6 +318,7 @@ class Agent::Impl {
   // generation_ (which the link's follower advances), the generations this agent wrote, and
   // the dead worker of the recovery under way (its rank in deathGeneration_, the counts then).
   std::unique_ptr<WorkerStoreLink> storeLink_;
+  bool linkWanted_ = false;  // several nodes, the agent store, recovery not `restart`
   int linkEpoch_ = 0;
   std::vector<int> nodeCounts_;
   int worldNow_ = 0;

@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <random>
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/node_address.h"
 #include "rendezvous/prefix_store.h"
 
@@ -20,13 +20,9 @@ bool hasSpace(const std::string& s) {
   return std::any_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
 }
 
-std::string randomHex(int digits) {
-  std::random_device rd;
-  std::uniform_int_distribution<int> d(0, 15);
-  std::string s;
-  for (int i = 0; i < digits; ++i) s += "0123456789abcdef"[d(rd)];
-  return s;
-}
+// From getrandom(2) (auth.h), not std::random_device: constructing one asks the CPU for
+// RDRAND with CPUID, which traps to the hypervisor in a VM -- at every agent's start.
+std::string randomHex(int digits) { return auth::randomId().substr(0, static_cast<size_t>(digits)); }
 
 }  // namespace
 
