@@ -39,7 +39,8 @@ void Agent::Impl::onNodeLost(const JobDecision& d) {
           "in-process";
   } else if (nodeLossPending_) {
     why = "the loss of another node is being recovered";
-  } else if (k <= 0 || static_cast<size_t>(k) >= nodes || nodeCounts_[static_cast<size_t>(k)] <= 0) {
+  } else if (k <= 0 || static_cast<size_t>(k) >= nodes ||
+             nodeCounts_[static_cast<size_t>(k)] <= 0) {
     why = "its worker count in the group is not known to this agent";
   } else if (options_.recoveryPolicy != LaunchOptions::RecoveryPolicy::Shrink) {
     why = "--recovery-policy=replace takes a lost node's ranks only with spares on other nodes, "
@@ -85,7 +86,8 @@ void Agent::Impl::onNodeLost(const JobDecision& d) {
           // at once: the generation counter orders the two records.
           nodeLossPending_ = true;
           handler_->asyncReportNodeLoss(
-              cause, /*inProcess=*/true, [this, k, cause, epoch](std::exception_ptr e, JobDecision dec) {
+              cause, /*inProcess=*/true,
+              [this, k, cause, epoch](std::exception_ptr e, JobDecision dec) {
                 guarded([&] {
                   if (e) std::rethrow_exception(e);
                   if (epoch != linkEpoch_ || state_ != State::Running) return;
@@ -118,7 +120,10 @@ void Agent::Impl::shrinkLostNode(int node, const std::string& cause, const JobDe
         // Each node's count in generation g-1: the records after the one this agent applied.
         for (int k = known + 1; k < g; ++k) {
           const auto rec = keys::parseGenerationRecord(awaitRecord(s, k));
-          if (!rec) throw Error("generation " + std::to_string(k) + "'s record is not a replace or shrink record");
+          if (!rec) {
+            throw Error("generation " + std::to_string(k) +
+                        "'s record is not a replace or shrink record");
+          }
           if (!rec->removed.empty() && !rec->nodes.empty()) counts = rec->nodes;
         }
         if (g > 1 && known + 1 >= g) awaitRecord(s, g - 1);  // written in order

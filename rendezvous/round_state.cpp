@@ -157,7 +157,8 @@ RoundState finishIfAllDone(RoundState s) {
   } else {
     s.reason = "the workers of " + std::to_string(s.done.size()) + " node(s) succeeded in round " +
                std::to_string(s.round) + " and " + std::to_string(s.lost.size()) +
-               " node(s) were lost in the exit barrier (last: " + s.reason + ")";
+               " node(s) were lost in the exit barrier or, in process, before it (last: " +
+               s.reason + ")";
   }
   return s;
 }
