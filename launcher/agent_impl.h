@@ -199,7 +199,8 @@ class Agent::Impl {
   // one line saying why).
   void onNodeLost(const JobDecision& d);
   void shrinkLostNode(int node, const std::string& cause, const JobDecision& d);
-  void reformWithoutNode(const std::string& what, const std::string& why);
+  // `spent`: a restart was spent for it already (its generation could not be published).
+  void reformWithoutNode(const std::string& what, const std::string& why, bool spent = false);
   // --spares on several nodes: once this node's workers announced (read by the link), the
   // spares of this group start. A spare's id is unique in the job: n x nodes + node rank.
   void startSparesAcross();

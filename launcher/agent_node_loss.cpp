@@ -9,9 +9,13 @@ namespace ddprun::launcher {
 
 namespace keys = rendezvous::recovery;
 
-void Agent::Impl::reformWithoutNode(const std::string& what, const std::string& why) {
+void Agent::Impl::reformWithoutNode(const std::string& what, const std::string& why,
+                                    bool spent) {
   DDPRUN_LOG(WARN, "launcher") << what << "; it is not recovered in process: " << why
-                               << "; restarting the group without it (no restart spent)";
+                               << "; restarting the group without it ("
+                               << (spent ? "the restart this recovery spent stays spent"
+                                         : "no restart spent")
+                               << ")";
   const int epoch = linkEpoch_;
   handler_->asyncReportNodeLoss(what, /*inProcess=*/false,
                                 [this, epoch](std::exception_ptr e, JobDecision d) {
@@ -159,7 +163,8 @@ void Agent::Impl::shrinkLostNode(int node, const std::string& cause, const JobDe
           if (!error.empty()) {
             // The restart stays spent; the round must end for every node.
             reformWithoutNode("node rank " + std::to_string(node) + " was lost",
-                              "its generation could not be published (" + error + ")");
+                              "its generation could not be published (" + error + ")",
+                              /*spent=*/true);
             return;
           }
           ownGenerations_.insert(out->generation);
