@@ -34,6 +34,9 @@
 //               restarting bench/ddp_mnist.py, which checkpoints at the same interval and
 //               resumes from its newest checkpoint; --monitor_interval=0.1 by default (1.13's
 //               default, 5 s, would add seconds per failure of pure waiting)
+// --timeline-split: the ddprun modes run with --timeline, and each killed run's lost time is also
+// split by step number into start-up and end, the failure's window and the rest of the training
+// (recovery_timeline.h): the window's noise is a few ms where the whole run's is tenths of a s.
 // A run counts only when it exited 0, trained to its final step (the metrics summary says so)
 // and every kill landed; otherwise the repeat is reported as failed, never as a time.
 // bench/results/recovery.csv: one row per repeat and mode, then p50/p95 rows.
@@ -66,6 +69,7 @@
 
 #include "base/process.h"
 #include "bench/paths.h"
+#include "bench/recovery_timeline.h"
 #include "bench/registry.h"
 
 extern char** environ;
@@ -95,6 +99,8 @@ struct Options {
   // spare mode: arm each kill only once a spare is loaded (a death rarer than a spare's start-up,
   // as in a long job); by default every mode is killed at the same steps.
   bool killWhenSpareReady = false;
+  // ddprun modes run with --timeline, and the lost time is split by part (recovery_timeline.h)
+  bool timelineSplit = false;
 };
 
 // The kills of one run: which rank, and how far (0..1 of a checkpoint interval) past t_j.
@@ -116,6 +122,9 @@ struct RunResult {
   std::vector<double> survivorStallMs;
   // spare mode: the deaths whose spare had logged "ready" before the agent saw the death.
   int spareReady = 0;
+  // --timeline-split, ddprun modes: the run's timeline (or why there is none)
+  std::optional<ddprun::bench::RunTimeline> timeline;
+  std::string timelineWhy;
 };
 
 // The spare mode's deaths at which the spare that took the rank was already loaded: the time of
@@ -291,6 +300,7 @@ class Bench {
     if (mode != "restart") argv.push_back("--recovery=in-process");
     if (isShrink(mode)) argv.push_back("--recovery-policy=shrink");
     if (hasSpare(mode)) argv.push_back("--spares=1");
+    if (o_.timelineSplit) argv.push_back("--timeline=" + (dir / "timeline.json").string());
     argv.insert(argv.end(),
                 {bin + "/mnist_mlp", "--data", o_.data, "--train-limit",
                  std::to_string(o_.trainLimit), "--test-limit", "100", "--batch-size",
@@ -389,6 +399,9 @@ class Bench {
     r.inProcessRecoveries = countOf(output, "recovering in process");
     r.groupRestarts = countOf(output, "restarting the worker group");
     if (hasSpare(mode)) r.spareReady = sparesReadyAtDeath(output);
+    if (o_.timelineSplit && mode != "torchrun") {
+      r.timeline = ddprun::bench::readRunTimeline((dir / "timeline.json").string(), &r.timelineWhy);
+    }
     {
       static const std::regex stall(R"(recovered in process in (\d+) ms: generation (\d+))");
       std::map<int, double> slowest;  // generation -> ms
@@ -452,6 +465,45 @@ std::vector<int> parseInts(const std::string& s) {
   return out;
 }
 
+// --timeline-split: per mode and size, p50 and p95 over the repeats of each part of the time
+// lost per failure (recovery_timeline.h), in ms.
+template <typename SplitsOf>
+void printSplits(const Options& o, SplitsOf splitsOf) {
+  std::printf("\nwhere the time lost per failure goes (--timeline-split; ms, p50 / p95 over the "
+              "repeats; window: %lld steps before the recovery to %lld after, against the same "
+              "steps undisturbed)\n",
+              static_cast<long long>(ddprun::bench::kWindowBefore),
+              static_cast<long long>(ddprun::bench::kWindowAfter));
+  std::printf("| %-24s | ranks | start-up + end | failure's window | rest of training | total |\n",
+              "mode");
+  std::printf("|--------------------------|-------|----------------|------------------|------------------|-------|\n");
+  for (int n : o.nprocs) {
+    for (const auto& mode : o.modes) {
+      std::vector<double> edges, windows, rests, totals;
+      for (const auto& s : splitsOf(mode, n)) {
+        double w = 0;
+        bool whole = true;
+        for (const auto& x : s.window) whole = whole && x.has_value(), w += x.value_or(0.0);
+        if (!whole || s.window.empty()) continue;  // a window cut by the run's start or end
+        const double k = static_cast<double>(s.window.size());
+        edges.push_back((s.startup + s.end) / k * 1e3);
+        windows.push_back(w / k * 1e3);
+        rests.push_back(s.rest() / k * 1e3);
+        totals.push_back((s.startup + s.end + s.training) / k * 1e3);
+      }
+      if (windows.empty()) continue;
+      auto cell = [](const std::vector<double>& v) {
+        char b[48];
+        std::snprintf(b, sizeof b, "%.0f / %.0f", percentile(v, 0.5), percentile(v, 0.95));
+        return std::string(b);
+      };
+      std::printf("| %-24s | %5d | %14s | %16s | %16s | %s (%zu) |\n", label(mode).c_str(), n,
+                  cell(edges).c_str(), cell(windows).c_str(), cell(rests).c_str(),
+                  cell(totals).c_str(), windows.size());
+    }
+  }
+}
+
 int benchRecovery(int argc, char** argv) {
   Options o;
   std::string nprocs = "2,4", modes = "restart,in-process,spare,torchrun";
@@ -489,6 +541,11 @@ int benchRecovery(int argc, char** argv) {
                "in every mode, and the summary says at how many deaths the spare was loaded. The "
                "spare started after a death runs at SCHED_IDLE: with no idle core it may not load "
                "before the job ends, so use it with --kills 1 or long jobs");
+  app.add_flag("--timeline-split", o.timelineSplit,
+               "ddprun modes run with --timeline, and the time lost per failure is split into "
+               "start-up and end, the failure's window (5 steps before the recovery to 20 after, "
+               "against the same steps undisturbed) and the rest of the training (replace modes; "
+               "shrink changes what a step is)");
   try {
     app.parse(argc, argv);
     o.nprocs = parseInts(nprocs);
@@ -546,6 +603,7 @@ int benchRecovery(int argc, char** argv) {
     int inProcess = 0, restarts = 0;
     std::vector<double> stallMs;  // the killed run's survivorStallMs
     int spareReady = 0;           // the killed run's spareReady
+    std::optional<ddprun::bench::TimeSplit> split;  // --timeline-split
   };
   std::map<std::pair<std::string, int>, std::vector<Sample>> samples;
   // Repeats outermost, modes alternating inside: drift on the machine spreads over all modes.
@@ -563,6 +621,12 @@ int benchRecovery(int argc, char** argv) {
         s.restarts = killed.groupRestarts;
         s.stallMs = killed.survivorStallMs;
         s.spareReady = killed.spareReady;
+        if (clean.timeline && killed.timeline && !isShrink(mode)) {
+          s.split = ddprun::bench::splitLostTime(*clean.timeline, *killed.timeline);
+        } else if (o.timelineSplit && mode != "torchrun" && !isShrink(mode)) {
+          std::printf("  (no split for this repeat: %s)\n",
+                      (clean.timeline ? killed.timelineWhy : clean.timelineWhy).c_str());
+        }
         s.status = !clean.ok    ? "failed: undisturbed run " + clean.why
                    : !killed.ok ? "failed: killed run " + killed.why
                                 : "ok";
@@ -648,6 +712,13 @@ int benchRecovery(int argc, char** argv) {
       std::printf("\n");
     }
   }
+  if (o.timelineSplit) printSplits(o, [&](const std::string& mode, int n) {
+    std::vector<ddprun::bench::TimeSplit> out;
+    for (const Sample& s : samples[{mode, n}]) {
+      if (s.status == "ok" && s.split) out.push_back(*s.split);
+    }
+    return out;
+  });
   std::printf("results: %s\n", o.csv.c_str());
   if (failed > 0) std::printf("%d repeat(s) failed (see the lines above and their logs)\n", failed);
   return failed == 0 ? 0 : 1;

@@ -85,6 +85,12 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # ddprun_<version>_<arch>.deb
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# OpenSSL is dlopen()ed at its first use (rendezvous/openssl/lazy_openssl.h), so no program's
+# DT_NEEDED names it and dpkg-shlibdeps cannot see it: it is named here (the package of
+# libssl.so.3 and libcrypto.so.3, the sonames the forwarders load).
+if(DDPRUN_LAZY_OPENSSL)
+  set(CPACK_DEBIAN_PACKAGE_DEPENDS "libssl3")
+endif()
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "openssh-client")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS
   "slurm-client, libtorch-dev, libgloo-dev, libboost-dev, libssl-dev, nlohmann-json3-dev, zlib1g-dev, cmake")

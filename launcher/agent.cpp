@@ -215,6 +215,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   generation_ = 0;
   startedGeneration_.assign(launches.size(), 0);
   recoveryPending_ = false;
+  nodeLossPending_ = false;
   pendingDeaths_.clear();
   recoveredEarly_.clear();
   recoveryRestarts_ = round.restartCount;
@@ -335,6 +336,12 @@ void Agent::Impl::watchProgress() {
                .onSilent =
                    [this](const ProgressWatch::Worker& w, long pid, double silent) {
                      guarded([&] { onWorkerSilent(w, pid, silent); });
+                   },
+               .onFirstSign =
+                   [this] {
+                     guarded([&] {
+                       if (state_ == State::Running && acrossNodes()) storeLink();
+                     });
                    }});
 }
 
@@ -445,8 +452,14 @@ void Agent::Impl::onWorkerSilent(const ProgressWatch::Worker& w, long pid, doubl
 }
 
 void Agent::Impl::onHandlerDecision(const JobDecision& d) {
+  if (d.kind == JobDecision::Kind::NodeLost) {
+    onNodeLost(d);  // the round goes on (agent_nodes.cpp)
+    return;
+  }
   if (state_ != State::Running) return;  // other states get their decision as a completion
   switch (d.kind) {
+    case JobDecision::Kind::NodeLost:
+      break;
     case JobDecision::Kind::NextRound:
       events::instant("restart", "agent",
                         events::Args()

@@ -182,6 +182,9 @@ void Agent::Impl::apply(const JobDecision& d) {
     case JobDecision::Kind::Failed:
       endJob(d.exitCode, d.summary);
       break;
+    case JobDecision::Kind::NodeLost:
+      DDPRUN_CHECK(false, "a NodeLost decision comes only to the listener");
+      break;
   }
 }
 

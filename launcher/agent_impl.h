@@ -4,6 +4,7 @@
 //   agent_recovery.cpp  in-process recovery: the deaths, the budget, replace, shrink
 //   agent_spares.cpp    the processes that join a running group: grow back, hot spares
 //   agent_nodes.cpp     in-process recovery on several nodes (node 0's workers' store via the link)
+//   agent_node_loss.cpp a lost node recovered in process (node rank 0's agent)
 //   agent_end.cpp       stopping the group, the exit barrier, the end of the job, the timeline
 // Private to launcher/ (not installed); the public face is agent.h.
 #include "launcher/agent.h"
@@ -60,6 +61,12 @@ inline std::string agentHostName() {
   ::gethostname(h, sizeof h - 1);
   return h;
 }
+
+// Generation records on several nodes (agent_nodes.cpp): each node's worker count as
+// ddprun/node_workers and a record's nodes= hold it ("2,0,2"), and record g read once it is
+// there (bounded: a TimeoutError naming the generation).
+std::vector<int> parseCounts(const std::string& text);
+std::string awaitRecord(rendezvous::Store& s, int g);
 
 class Agent::Impl {
  public:
@@ -161,10 +168,21 @@ class Agent::Impl {
   // The dead rank's new process: a waiting spare (true) or none to be had (false).
   bool giveRankToSpare(const WorkerResult& r, int generation, int& spareId, pid_t& sparePid);
   // ---- Several nodes (agent_nodes.cpp, docs/recovery.md#several-nodes) ----
-  // In-process recovery across nodes is on: the agent store, several nodes, the link open.
+  // In-process recovery across nodes is on: the agent store, several nodes, recovery not
+  // `restart` (the link is then wanted, opened or not yet).
   bool acrossNodes() const;
-  // Opens this group's link to the workers' store (several nodes), or none.
+  // A new group: whether it wants a link to the workers' store (several nodes), and opens it
+  // at once only when nothing will say that the workers run the runtime (no progress table).
+  // Otherwise the link opens on first use (storeLink()): when the progress watch first sees a
+  // worker of this node beat or step (ProgressWatch::Options::onFirstSign), or a spare, a
+  // death or a recovery needs it. No generation can be written before every rank announced,
+  // which needs the runtime, whose heartbeat starts first thing in init(); and a late link's
+  // follower reads the records from generation 1, so nothing is missed. A program without
+  // the runtime (`true`, a shell, a Python script) thus costs node 0 no connection and this
+  // agent no thread: at 256 nodes, 512 connections and 512 threads less at the round's start.
   void openStoreLink();
+  // This group's link, opened now if it is not yet; only when acrossNodes().
+  WorkerStoreLink& storeLink();
   // The record of generation g, as the link's follower read it: a shrink renumbers this node's
   // workers. In order, every generation once, its own too.
   void onGenerationRecord(int g, const std::string& text);
@@ -174,6 +192,15 @@ class Agent::Impl {
   void replaceAcross(const WorkerResult& r, const JobDecision& d);
   void shrinkAcross(const WorkerResult& r, const JobDecision& d);
   void failAcross(const WorkerResult& r, const std::string& error);
+  // Node rank 0: another node was lost (its agent gone) and the round goes on
+  // (docs/recovery.md#a-lost-node). Under shrink, once the survivors hold the state and at
+  // least the job's minimum of ranks is left: spends a restart and publishes a generation
+  // without the node's ranks; otherwise the round is re-formed without it (restart semantics,
+  // one line saying why).
+  void onNodeLost(const JobDecision& d);
+  void shrinkLostNode(int node, const std::string& cause, const JobDecision& d);
+  // `spent`: a restart was spent for it already (its generation could not be published).
+  void reformWithoutNode(const std::string& what, const std::string& why, bool spent = false);
   // --spares on several nodes: once this node's workers announced (read by the link), the
   // spares of this group start. A spare's id is unique in the job: n x nodes + node rank.
   void startSparesAcross();
@@ -292,10 +319,12 @@ class Agent::Impl {
   // generation_ (which the link's follower advances), the generations this agent wrote, and
   // the dead worker of the recovery under way (its rank in deathGeneration_, the counts then).
   std::unique_ptr<WorkerStoreLink> storeLink_;
+  bool linkWanted_ = false;  // several nodes, the agent store, recovery not `restart`
   int linkEpoch_ = 0;
   std::vector<int> nodeCounts_;
   int worldNow_ = 0;
   std::set<int> ownGenerations_;
+  bool nodeLossPending_ = false;  // node rank 0: a lost node's recovery is under way
   int deathRank_ = -1;
   int deathGeneration_ = 0;
   std::vector<int> deathCounts_;

@@ -20,22 +20,22 @@ namespace ddprun::launcher {
 
 namespace keys = rendezvous::recovery;
 
-namespace {
-constexpr rendezvous::Millis kPreviousRecordWait{30'000};
-
 std::vector<int> parseCounts(const std::string& text) {
   std::vector<int> v;
   std::istringstream in(text);
   for (std::string x; std::getline(in, x, ',');) v.push_back(std::atoi(x.c_str()));
   return v;
 }
+
+namespace {
 std::string formatCounts(const std::vector<int>& v) {
   std::string s;
   for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
   return s;
 }
+constexpr rendezvous::Millis kPreviousRecordWait{30'000};
+}  // namespace
 
-// Waits (bounded) for generation g's record and reads it.
 std::string awaitRecord(rendezvous::Store& s, int g) {
   try {
     s.wait({keys::generationKey(g)}, kPreviousRecordWait);
@@ -46,10 +46,9 @@ std::string awaitRecord(rendezvous::Store& s, int g) {
   }
   return s.get(keys::generationKey(g));
 }
-}  // namespace
 
 bool Agent::Impl::acrossNodes() const {
-  return round_.nodeCount > 1 && round_.useAgentStore && storeLink_ != nullptr &&
+  return round_.nodeCount > 1 && round_.useAgentStore && linkWanted_ &&
          options_.recovery != LaunchOptions::Recovery::Restart;
 }
 
@@ -58,17 +57,25 @@ void Agent::Impl::openStoreLink() {
   ++linkEpoch_;
   nodeCounts_.clear();
   worldNow_ = round_.worldSize;
-  if (round_.nodeCount <= 1 || !round_.useAgentStore ||
-      options_.recovery == LaunchOptions::Recovery::Restart) {
-    return;
-  }
-  const std::string prefix = keys::attemptPrefix(round_.restartCount);
+  linkWanted_ = round_.nodeCount > 1 && round_.useAgentStore &&
+                options_.recovery != LaunchOptions::Recovery::Restart;
+  if (!linkWanted_) return;
   if (auto* store = handler_->workerStore()) {
     // Node rank 0: each node's worker count, for the writers of shrink records.
     nodeCounts_ = round_.nodeWorkers;
     if (static_cast<int>(nodeCounts_.size()) != round_.nodeCount) nodeCounts_.clear();
-    if (!nodeCounts_.empty()) store->set(prefix + "/" + keys::nodeWorkersKey(), formatCounts(nodeCounts_));
+    if (!nodeCounts_.empty()) {
+      store->set(keys::attemptPrefix(round_.restartCount) + "/" + keys::nodeWorkersKey(),
+                 formatCounts(nodeCounts_));
+    }
   }
+  if (progressTablePath().empty()) storeLink();  // no progress watch to say when
+}
+
+WorkerStoreLink& Agent::Impl::storeLink() {
+  DDPRUN_CHECK(linkWanted_, "the workers' store link of a group that has none");
+  if (storeLink_) return *storeLink_;
+  const std::string prefix = keys::attemptPrefix(round_.restartCount);
   std::string host = round_.masterAddr;  // "[::1]" -> "::1"
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   const int epoch = linkEpoch_;
@@ -84,6 +91,7 @@ void Agent::Impl::openStoreLink() {
           if (epoch == linkEpoch_) onGenerationRecord(g, text);
         });
       });
+  return *storeLink_;
 }
 
 void Agent::Impl::onGenerationRecord(int g, const std::string& text) {
@@ -147,7 +155,7 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
   deathRank_ = r.globalRank;
   deathGeneration_ = generation_;
   deathCounts_ = nodeCounts_;
-  storeLink_->run(
+  storeLink().run(
       [why, local, world, dead = r.globalRank](rendezvous::Store& s) {
         if (!s.check({keys::announceKey(dead)})) {
           *why = "rank " + std::to_string(dead) + " had not announced in-process recovery (its "
@@ -215,7 +223,7 @@ void Agent::Impl::startSparesAcross() {
     announced.push_back(keys::announceKey(round_.rankOffset + lr));
   }
   const int epoch = linkEpoch_;
-  storeLink_->waitFor(std::move(announced), [this, epoch] {
+  storeLink().waitFor(std::move(announced), [this, epoch] {
     guarded([&] {
       if (epoch != linkEpoch_ || state_ != State::Running || sparesStarted_) return;
       backgroundIdle();  // decided now, for the spares started later
@@ -236,7 +244,7 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
   }
   auto generation = std::make_shared<int>(0);
   const int epoch = linkEpoch_;
-  storeLink_->run(
+  storeLink().run(
       [generation](rendezvous::Store& s) {
         *generation = static_cast<int>(s.add(keys::generationCounterKey(), 1));
       },
@@ -275,7 +283,7 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
               spareId < 0 ? std::string()
                           : keys::formatSpareAssignment(
                                 {.generation = g, .rank = r.globalRank, .localRank = lr});
-          storeLink_->run(
+          storeLink().run(
               [g, text, spareId, assignment](rendezvous::Store& s) {
                 if (spareId >= 0) s.set(keys::spareAssignKey(spareId), assignment);
                 if (g > 1) awaitRecord(s, g - 1);
@@ -341,7 +349,7 @@ void Agent::Impl::shrinkAcross(const WorkerResult& r, const JobDecision& d) {
   const std::string cause = "rank " + std::to_string(r.globalRank) + " (pid " +
                             std::to_string(r.pid) + ") on node " + std::to_string(node) +
                             " failed: " + r.describe();
-  storeLink_->run(
+  storeLink().run(
       [out, known = deathGeneration_, rank = deathRank_, counts = deathCounts_, node, nodeCount,
        cause](rendezvous::Store& s) mutable {
         const int g = static_cast<int>(s.add(keys::generationCounterKey(), 1));

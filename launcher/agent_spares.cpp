@@ -245,7 +245,7 @@ bool Agent::Impl::sparesUsable(std::string& why) const {
     return false;
   }
   if (!round_.useAgentStore || (round_.nodeCount == 1 ? handler_->workerStore() == nullptr
-                                                      : storeLink_ == nullptr)) {
+                                                      : !linkWanted_)) {
     why = "only workers that use the agent's store recover in process";
     return false;
   }

@@ -85,7 +85,11 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
   }
   rdzv::DynamicRendezvousOptions r;
   r.runId = o.rdzvId;
-  r.limits = {.minNodes = o.minNodes, .maxNodes = o.maxNodes, .maxRestarts = o.maxRestarts};
+  // A lost node's ranks are recovered in process by node rank 0's agent when its workers' store
+  // (the agent store) holds the group's generations (docs/recovery.md#a-lost-node).
+  r.limits = {.minNodes = o.minNodes, .maxNodes = o.maxNodes, .maxRestarts = o.maxRestarts,
+              .keepRoundOnNodeLoss =
+                  o.agentStore && o.recovery != LaunchOptions::Recovery::Restart};
   r.localAddr = o.localAddr;
   r.nproc = o.nprocPerNode;
   r.store.timeout = kReadTimeout;
@@ -313,6 +317,11 @@ void MultiNodeRendezvous::onEvent(const rdzv::RoundEvent& e) {
       d.exitCode = 1;
       d.storeLost = true;
       break;
+    case rdzv::RoundEvent::Kind::NodeLost:
+      d.kind = JobDecision::Kind::NodeLost;
+      d.lostNode = e.lostNodeRank;
+      d.lostId = e.lostId;
+      break;
   }
   asio::post(io_, [this, d] {
     if (listener_) listener_(d);
@@ -373,85 +382,91 @@ void MultiNodeRendezvous::hostWorkerStore(const RoundInfo& info) {
                                     .limits = storeLimits_});
 }
 
-void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& what,
-                                             bool retryable, DecisionHandler done) {
-  submit([this, exitCode, what, retryable, done = std::move(done)] {
+void MultiNodeRendezvous::submitDecision(
+    std::function<JobDecision(rdzv::DynamicRendezvous&)> decide, DecisionHandler done) {
+  submit([this, decide = std::move(decide), done = std::move(done)] {
     std::exception_ptr error;
     JobDecision d;
     try {
-      auto& p = protocol();
-      if (p.reportFailure(exitCode, what, retryable) ==
-          rdzv::DynamicRendezvous::AfterFailure::Restart) {
-        d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
-                        .restartCount = p.state().restarts};
-      } else {
-        d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
-                        .reason = p.jobFailure(),
-                        .summary = summary(true, p.jobExitCode(), p.jobFailure())};
-      }
+      d = decide(protocol());
     } catch (...) {
       error = std::current_exception();
     }
     asio::post(io_, [done, error, d] { done(error, d); });
   });
+}
+
+JobDecision MultiNodeRendezvous::jobFailed() {
+  auto& p = protocol();
+  return JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
+                     .reason = p.jobFailure(),
+                     .summary = summary(true, p.jobExitCode(), p.jobFailure())};
+}
+
+JobDecision MultiNodeRendezvous::afterRecovery(rdzv::DynamicRendezvous::AfterRecovery outcome,
+                                               const std::string& what) {
+  switch (outcome) {
+    case rdzv::DynamicRendezvous::AfterRecovery::Recover:
+      return JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                         .restartCount = protocol().state().restarts, .recovered = true};
+    case rdzv::DynamicRendezvous::AfterRecovery::Restart:
+      return JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                         .restartCount = protocol().state().restarts};
+    case rdzv::DynamicRendezvous::AfterRecovery::JobFailed:
+      break;
+  }
+  return jobFailed();
+}
+
+void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& what,
+                                             bool retryable, DecisionHandler done) {
+  submitDecision(
+      [this, exitCode, what, retryable](rdzv::DynamicRendezvous& p) {
+        if (p.reportFailure(exitCode, what, retryable) ==
+            rdzv::DynamicRendezvous::AfterFailure::Restart) {
+          return JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                             .restartCount = p.state().restarts};
+        }
+        return jobFailed();
+      },
+      std::move(done));
 }
 
 void MultiNodeRendezvous::asyncReportRecovery(int exitCode, const std::string& what,
                                               bool retryable, DecisionHandler done) {
-  submit([this, exitCode, what, retryable, done = std::move(done)] {
-    std::exception_ptr error;
-    JobDecision d;
-    try {
-      auto& p = protocol();
-      switch (p.reportRecovery(exitCode, what, retryable)) {
-        case rdzv::DynamicRendezvous::AfterRecovery::Recover:
-          d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
-                          .restartCount = p.state().restarts, .recovered = true};
-          break;
-        case rdzv::DynamicRendezvous::AfterRecovery::Restart:
-          d = JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
-                          .restartCount = p.state().restarts};
-          break;
-        case rdzv::DynamicRendezvous::AfterRecovery::JobFailed:
-          d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
-                          .reason = p.jobFailure(),
-                          .summary = summary(true, p.jobExitCode(), p.jobFailure())};
-          break;
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-    asio::post(io_, [done, error, d] { done(error, d); });
-  });
+  submitDecision(
+      [this, exitCode, what, retryable](rdzv::DynamicRendezvous& p) {
+        return afterRecovery(p.reportRecovery(exitCode, what, retryable), what);
+      },
+      std::move(done));
+}
+
+void MultiNodeRendezvous::asyncReportNodeLoss(const std::string& what, bool inProcess,
+                                              DecisionHandler done) {
+  submitDecision(
+      [this, what, inProcess](rdzv::DynamicRendezvous& p) {
+        return afterRecovery(p.reportNodeLoss(what, inProcess), what);
+      },
+      std::move(done));
 }
 
 void MultiNodeRendezvous::asyncFinish(DecisionHandler done) {
-  submit([this, done = std::move(done)] {
-    std::exception_ptr error;
-    JobDecision d;
-    try {
-      auto& p = protocol();
-      switch (p.finishRound()) {
-        case rdzv::DynamicRendezvous::AfterSuccess::Finished:
-          d = JobDecision{.kind = JobDecision::Kind::Finished, .reason = p.state().reason,
-                          .summary = summary(false, 0, p.state().reason)};
-          break;
-        case rdzv::DynamicRendezvous::AfterSuccess::Rejoin:
-          d = JobDecision{.kind = JobDecision::Kind::NextRound,
-                          .reason = "the round ended before every node had finished",
-                          .restartCount = p.state().restarts};
-          break;
-        case rdzv::DynamicRendezvous::AfterSuccess::JobFailed:
-          d = JobDecision{.kind = JobDecision::Kind::Failed, .exitCode = p.jobExitCode(),
-                          .reason = p.jobFailure(),
-                          .summary = summary(true, p.jobExitCode(), p.jobFailure())};
-          break;
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-    asio::post(io_, [done, error, d] { done(error, d); });
-  });
+  submitDecision(
+      [this](rdzv::DynamicRendezvous& p) {
+        switch (p.finishRound()) {
+          case rdzv::DynamicRendezvous::AfterSuccess::Finished:
+            return JobDecision{.kind = JobDecision::Kind::Finished, .reason = p.state().reason,
+                               .summary = summary(false, 0, p.state().reason)};
+          case rdzv::DynamicRendezvous::AfterSuccess::Rejoin:
+            return JobDecision{.kind = JobDecision::Kind::NextRound,
+                               .reason = "the round ended before every node had finished",
+                               .restartCount = p.state().restarts};
+          case rdzv::DynamicRendezvous::AfterSuccess::JobFailed:
+            break;
+        }
+        return jobFailed();
+      },
+      std::move(done));
 }
 
 void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done) {

@@ -61,6 +61,7 @@ class MultiNodeRendezvous final : public RendezvousHandler {
                            DecisionHandler done) override;
   // Node rank 0 in agent-store mode: the store it hosts for every node's workers.
   rendezvous::StoreServer* workerStore() override { return workerStore_.get(); }
+  void asyncReportNodeLoss(const std::string& what, bool inProcess, DecisionHandler done) override;
   void asyncFinish(DecisionHandler done) override;
   void asyncLeave(const std::string& reason, DoneHandler done) override;
   void asyncShutdown(DoneHandler done) override;
@@ -74,6 +75,15 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   void threadMain();
   rendezvous::DynamicRendezvous& protocol();  // connects on first use (handler's thread)
   void onEvent(const rendezvous::RoundEvent& e);
+  // Runs `decide` on the handler's thread and posts its JobDecision (or its exception) to
+  // `done`: what every call that asks the protocol for the job's next step shares.
+  void submitDecision(std::function<JobDecision(rendezvous::DynamicRendezvous&)> decide,
+                      DecisionHandler done);
+  // The decision after an in-process recovery's report (a death, or a lost node).
+  JobDecision afterRecovery(rendezvous::DynamicRendezvous::AfterRecovery outcome,
+                            const std::string& what);
+  // Failed: the job's failure as the protocol recorded it.
+  JobDecision jobFailed();
   std::string heldBy(const std::string& bindError) const;
   void checkOwnStore();  // on the handler's thread, before the first round
   void hostWorkerStore(const RoundInfo& info);  // on the io_context

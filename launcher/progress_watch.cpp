@@ -156,6 +156,11 @@ struct ProgressWatch::Impl : std::enable_shared_from_this<ProgressWatch::Impl> {
       }
       const auto sample = progress::readProgressRecord(w.fd, w.worker.localRank);
       if (!sample) continue;
+      if (!signed_ && (sample->heartbeats > 0 || sample->steps > 0)) {
+        signed_ = true;
+        if (options.onFirstSign) options.onFirstSign();
+        if (stopped) return;  // as for onSilent
+      }
       if (const auto silent = w.heartbeat.observe(now, sample->heartbeats)) {
         if (options.onSilent) options.onSilent(w.worker, pid, *silent);
         if (stopped) return;  // the callback may end the watch (it is then being destroyed)
@@ -178,6 +183,7 @@ struct ProgressWatch::Impl : std::enable_shared_from_this<ProgressWatch::Impl> {
   asio::steady_timer timer;
   std::vector<Watched> watched;
   bool stopped = false;
+  bool signed_ = false;  // onFirstSign was called
 };
 
 ProgressWatch::ProgressWatch(asio::io_context& io, Options options)

@@ -120,6 +120,10 @@ class ProgressWatch {
     std::function<long(int localRank)> pidOf;
     // A worker that stopped beating for freeze.timeoutSeconds (seconds measured), once.
     std::function<void(const Worker& worker, long pid, double silentSeconds)> onSilent;
+    // Once per watch, at the first read that finds any worker's heartbeat or step counter
+    // above 0: a worker of this group runs the runtime (the agent then opens what only such
+    // workers use, its link to the workers' store on several nodes).
+    std::function<void()> onFirstSign;
   };
   ProgressWatch(boost::asio::io_context& io, Options options);
   ~ProgressWatch();  // stops watching; no line comes after it

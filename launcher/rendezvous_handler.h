@@ -59,6 +59,9 @@ struct JobDecision {
     NextRound,  // stop the workers (if running) and join the next round
     Finished,   // the job succeeded everywhere: exit 0
     Failed,     // the job failed (here or elsewhere, budget spent, store lost): exit exitCode
+    // A listener event of node rank 0 only (several nodes, in-process recovery): another node
+    // was lost (its agent gone) and the round goes on; answer with asyncReportNodeLoss.
+    NodeLost,
   };
   Kind kind = Kind::NextRound;
   int exitCode = 0;    // Failed: ddprun's exit code (the root cause's, or 1)
@@ -68,6 +71,9 @@ struct JobDecision {
   // NextRound of asyncReportRecovery: the restart was spent and the round goes on (the other
   // nodes' workers keep running); false: the round had ended, restart as after any failure.
   bool recovered = false;
+  // NodeLost: the lost node's rank in the round and its id.
+  int lostNode = -1;
+  std::string lostId;
   // Multi-node, Finished/Failed: how the job ended, the same line on every node (empty for one
   // node, where the exit code and the failure report say it all).
   std::string summary;
@@ -119,6 +125,14 @@ class RendezvousHandler {
                          d.recovered = !e && d.kind == JobDecision::Kind::NextRound;
                          done(e, d);
                        });
+  }
+  // Node rank 0 after a NodeLost event: `inProcess` spends one restart and keeps the round
+  // (NextRound with `recovered` set: the agent publishes a generation without the node's
+  // ranks), else the round is re-formed without the node, no restart spent (NextRound). Failed
+  // when no restart is left. `what` names the node (the rendezvous state's reason).
+  virtual void asyncReportNodeLoss(const std::string& what, bool inProcess, DecisionHandler done) {
+    (void)inProcess;
+    asyncReportFailure(1, what, true, std::move(done));  // one node: never called
   }
   // Every local worker succeeded: the exit barrier. Finished once the job is done; NextRound
   // when the round ended first (rejoin); Failed when the job failed elsewhere.

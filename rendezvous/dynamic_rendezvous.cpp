@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <random>
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/node_address.h"
 #include "rendezvous/prefix_store.h"
 
@@ -20,13 +20,9 @@ bool hasSpace(const std::string& s) {
   return std::any_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
 }
 
-std::string randomHex(int digits) {
-  std::random_device rd;
-  std::uniform_int_distribution<int> d(0, 15);
-  std::string s;
-  for (int i = 0; i < digits; ++i) s += "0123456789abcdef"[d(rd)];
-  return s;
-}
+// From getrandom(2) (auth.h), not std::random_device: constructing one asks the CPU for
+// RDRAND with CPUID, which traps to the hypervisor in a VM -- at every agent's start.
+std::string randomHex(int digits) { return auth::randomId().substr(0, static_cast<size_t>(digits)); }
 
 }  // namespace
 
@@ -149,6 +145,8 @@ void DynamicRendezvous::watch(int64_t round) {
       disarmLocked(lock);
     } else {
       watchRound_ = round;
+      watchFrom_ = current_;
+      watchLosses_ = options_.limits.keepRoundOnNodeLoss && round_.nodeRank == 0;
     }
   }
   cv_.notifyAll();
@@ -190,6 +188,8 @@ void DynamicRendezvous::watcherLoop() {
     cv_.wait(lock, [&] { return stopping_ || watchRound_ >= 0; });
     if (stopping_) return;
     const int64_t r = watchRound_;
+    const Versioned from = watchFrom_;
+    const bool losses = watchLosses_;
     if (sharedWatcher_) {
       // Armed: the agent is not using its connection, and does not replace it (reconnect)
       // before disarming, which waits for watcherBusy_ to clear.
@@ -209,6 +209,7 @@ void DynamicRendezvous::watcherLoop() {
     try {
       StateLog log(*conn.store, options_.limits);
       std::optional<Versioned> v;
+      if (losses) v = watchVersions(log, r, from, armed);
       while (!v && armed()) v = log.waitMarkerRead(overKey(r), kWatchSlice);
       if (v) {
         ended = std::move(*v);
@@ -251,6 +252,35 @@ void DynamicRendezvous::watcherLoop() {
     emit(e);
     lock.lock();
   }
+}
+
+std::optional<Versioned> DynamicRendezvous::watchVersions(StateLog& log, int64_t r, Versioned cur,
+                                                          const std::function<bool()>& armed) {
+  // Every version, not a marker: a member lost in process leaves the round open, so no marker
+  // says so; the versions of a running round are few (recoveries, the exit barrier).
+  while (armed()) {
+    const RoundState& s = cur.state;
+    if (s.round != r || s.phase != Phase::Closed) return cur;  // the round is over
+    if (!s.finishing()) {
+      for (const auto& id : s.lost) {
+        if (!reportedLost_.insert(id).second) continue;
+        const auto at = position(log.store(), s, RoundState::List::Members, id);
+        if (!at) continue;  // not a member: nothing of it runs
+        RoundEvent e;
+        e.kind = RoundEvent::Kind::NodeLost;
+        e.round = r;
+        e.restarts = s.restarts;
+        e.message = s.reason;
+        e.lostId = id;
+        e.lostNodeRank = static_cast<int>(at->index);
+        DDPRUN_LOG(WARN, "rendezvous") << "node rank " << e.lostNodeRank << " (" << id
+                                       << ") is lost; the round goes on: " << s.reason;
+        emit(e);
+      }
+    }
+    if (auto nv = log.waitNewer(cur, kWatchSlice)) cur = std::move(*nv);
+  }
+  return std::nullopt;
 }
 
 void DynamicRendezvous::emit(const RoundEvent& e) {

@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -80,12 +81,18 @@ struct RoundEvent {
     JobFailed,    // workers failed somewhere and no restart is left
     JobFinished,  // the job finished while this node was not looking (it was lost: paused, cut off)
     StoreLost,    // the store cannot be reached: the agent must stop
+    // Node rank 0 only, with JobLimits::keepRoundOnNodeLoss: a member was lost in process (its
+    // agent evicted or gone) while the round goes on; answer with reportNodeLoss().
+    NodeLost,
   };
   Kind kind;
   int64_t round = 0;
   int exitCode = 0;    // JobFailed: the root cause's exit code
   int restarts = 0;    // the job's restarts after the event (more than the round's: one was spent)
   std::string message;
+  // NodeLost: the lost node's id and its node rank in the round.
+  std::string lostId;
+  int lostNodeRank = -1;
 };
 
 class DynamicRendezvous {
@@ -118,6 +125,13 @@ class DynamicRendezvous {
   // told, their workers keep running; the agent is still in the round). Restart when the round
   // had already ended (call nextRound(), as after reportFailure); JobFailed as reportFailure.
   AfterRecovery reportRecovery(int exitCode, const std::string& what, bool retryable = true);
+
+  // Node rank 0, after a NodeLost event: `inProcess` spends one restart while the round goes on
+  // (Recover; its agent publishes the generation without the lost node's ranks), or not
+  // (Restart: the round is re-formed without the node, no restart spent, as an eviction always
+  // did). Restart as well when the round had already ended; JobFailed when no restart is left.
+  // `what` (naming the node) becomes the state's reason.
+  AfterRecovery reportNodeLoss(const std::string& what, bool inProcess);
 
   enum class AfterSuccess { Finished, Rejoin, JobFailed };
   // This node's workers succeeded: the exit barrier. Finished once every member is done (or was
@@ -179,6 +193,11 @@ class DynamicRendezvous {
   bool pauseWatcher(int64_t r);
   void disarmLocked(std::unique_lock<std::mutex>& lock);
   void watcherLoop();
+  // The watcher of node rank 0 with keepRoundOnNodeLoss: reads every version of round `r` from
+  // `from` on, emits NodeLost for each member lost in process, and returns the version that
+  // ended the round (nullopt: disarmed meanwhile).
+  std::optional<Versioned> watchVersions(StateLog& log, int64_t r, Versioned from,
+                                         const std::function<bool()>& armed);
   void emit(const RoundEvent& e);
   void onBackgroundError(std::exception_ptr e);
   Versioned fresh();
@@ -218,6 +237,9 @@ class DynamicRendezvous {
   // simulator's fibers they park fibers instead (rendezvous/blocking.h).
   CondVar cv_;
   int64_t watchRound_ = -1;
+  Versioned watchFrom_;      // the state the agent knew when it armed the watcher
+  bool watchLosses_ = false;  // node rank 0 with keepRoundOnNodeLoss: watchVersions
+  std::set<std::string> reportedLost_;  // the watcher's: NodeLost emitted once per node
   bool watcherBusy_ = false;  // the watcher is in a call on the shared connection
   bool stopping_ = false;
   bool storeLost_ = false;

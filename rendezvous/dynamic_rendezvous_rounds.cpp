@@ -35,6 +35,7 @@ RoundInfo DynamicRendezvous::nextRound() {
   self_.masterPort = pickFreePort();
   const Versioned closed = options_.backend->slotJoin() ? joinBySlots() : joinAndWait();
   round_ = roundInfo(closed.state);
+  if (closed.version > current_.version) current_ = closed;
   roundNo_ = round_.round;
   inRound_ = true;
   watch(round_.round);
@@ -210,6 +211,33 @@ DynamicRendezvous::AfterRecovery DynamicRendezvous::reportRecovery(int exitCode,
     return AfterRecovery::Restart;
   }
   watch(round_.round);  // still in the round: its end is news again
+  return AfterRecovery::Recover;
+}
+
+DynamicRendezvous::AfterRecovery DynamicRendezvous::reportNodeLoss(const std::string& what,
+                                                                  bool inProcess) {
+  DDPRUN_CHECK(inRound_, "reportNodeLoss() outside a round");
+  watch(-1);
+  reconnectIfInterrupted();
+  auto r = log_->update(current_, [&](const RoundState& s) {
+    return inProcess ? transition::recoverWorkers(s, round_.round, self_.id, 1, what,
+                                                  options_.limits)
+                     : transition::reformWithoutLost(s, round_.round, what);
+  });
+  current_ = r.now;
+  view_.offer(current_);
+  if (r.now.state.phase == Phase::Failed) {
+    inRound_ = false;
+    jobExitCode_ = r.now.state.exitCode;
+    jobFailure_ = r.now.state.reason;
+    return AfterRecovery::JobFailed;
+  }
+  if (!inProcess || !r.wrote || r.now.state.round != round_.round ||
+      r.now.state.phase != Phase::Closed) {
+    inRound_ = false;
+    return AfterRecovery::Restart;
+  }
+  watch(round_.round);
   return AfterRecovery::Recover;
 }
 

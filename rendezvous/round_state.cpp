@@ -157,7 +157,8 @@ RoundState finishIfAllDone(RoundState s) {
   } else {
     s.reason = "the workers of " + std::to_string(s.done.size()) + " node(s) succeeded in round " +
                std::to_string(s.round) + " and " + std::to_string(s.lost.size()) +
-               " node(s) were lost in the exit barrier (last: " + s.reason + ")";
+               " node(s) were lost in the exit barrier or, in process, before it (last: " +
+               s.reason + ")";
   }
   return s;
 }
@@ -297,6 +298,15 @@ std::optional<RoundState> remove(const RoundState& s, const std::string& id,
     next.reason = reason;
     return finishIfAllDone(std::move(next));
   }
+  if (s.member(id) && lim.keepRoundOnNodeLoss && s.rankOf(id) > 0) {
+    // Lost in process: the others keep running; node rank 0's agent decides (its watcher reads
+    // every version of the round) and spends the restart, or re-forms (reformWithoutLost).
+    if (contains(s.lost, id)) return std::nullopt;
+    RoundState next = s;
+    next.lost.push_back(id);
+    next.reason = reason + " (lost in process)";
+    return next;
+  }
   if (s.member(id)) return openNext(s, id, reason);
   RoundState next = s;
   if (!erase(next.waiting)) return std::nullopt;
@@ -341,6 +351,13 @@ std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, con
   next.reason = reason + " (recovered in process: restart " + std::to_string(next.restarts) +
                 " of " + std::to_string(lim.maxRestarts) + ")";
   return next;
+}
+
+std::optional<RoundState> reformWithoutLost(const RoundState& s, int64_t round,
+                                            const std::string& reason) {
+  if (s.phase != Phase::Closed || s.round != round || s.lost.empty() || s.finishing())
+    return std::nullopt;
+  return openNext(s, "", reason);  // openNext leaves the lost members out
 }
 
 std::optional<RoundState> nodeDone(const RoundState& s, int64_t round, const std::string& id) {

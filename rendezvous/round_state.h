@@ -79,6 +79,8 @@ struct RoundState {
   std::vector<NodeInfo> expected; // Joining: nodes of the round before, awaited back (id, prevRank)
   std::vector<std::string> done;  // Closed: members whose workers succeeded (in the exit barrier)
   std::vector<std::string> lost;  // Closed, finishing: members that left or were evicted since;
+                                  // Closed, not finishing: members lost in process
+                                  // (JobLimits::keepRoundOnNodeLoss);
                                   // Joining: nodes removed while it was open
   int exitCode = 0;               // Failed: the root cause's exit code
   std::string reason;             // why this round was opened / the job ended (one line)
@@ -128,6 +130,14 @@ struct JobLimits {
   int minNodes = 1;
   int maxNodes = 1;
   int maxRestarts = 0;
+  // A member other than node rank 0 that is evicted (or leaves) while its closed round runs is
+  // *lost in process* instead of re-forming the job: it is listed in `lost` and the round goes
+  // on, so that node rank 0's agent can keep the other nodes' workers running (in-process
+  // recovery, docs/recovery.md#a-lost-node). That agent then spends a restart and keeps the
+  // round (recoverWorkers) or re-forms it without the node (reformWithoutLost). Set by agents
+  // that recover in process with the agent store; node rank 0's own loss re-forms as before
+  // (the workers' store is gone with it).
+  bool keepRoundOnNodeLoss = false;
 };
 
 // Text encoding, one record per line; decode throws StoreError naming `what` on bad input:
@@ -183,7 +193,10 @@ std::optional<RoundState> closeAtDeadline(const RoundState& s, int64_t round, co
 // in `lost` until the round closes, so that a slot it took does not make it a member. In a
 // finishing round a member that is not done is *lost* instead: the job is not re-formed (a node's
 // workers succeed only once the whole group is through its collectives), and it is Finished once
-// every member is done or lost. A done member leaving changes nothing.
+// every member is done or lost. A done member leaving changes nothing. With
+// JobLimits::keepRoundOnNodeLoss a member of a closed round other than node rank 0 is listed in
+// `lost` and the round goes on (no restart spent here: node rank 0's agent decides); a member
+// already lost changes nothing.
 std::optional<RoundState> remove(const RoundState& s, const std::string& id,
                                  const std::string& reason, const JobLimits& lim);
 
@@ -202,6 +215,12 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
 std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, const std::string& id,
                                          int exitCode, const std::string& reason,
                                          const JobLimits& lim, bool final = false);
+
+// Round `round` has members lost in process (remove with keepRoundOnNodeLoss) and node rank 0's
+// agent cannot recover them in process: round r+1 opens awaiting the others, as an eviction
+// always did, spending no restart. No-op when round `round` is over or lost no member.
+std::optional<RoundState> reformWithoutLost(const RoundState& s, int64_t round,
+                                            const std::string& reason);
 
 // Node `id`'s workers succeeded in round `round`: it is done. The first done node makes the round
 // finishing: from then on arrivals wait instead of opening a new round, and departures are lost

@@ -19,7 +19,8 @@ namespace ddprun::rendezvous {
 //   reason <text to the end of the line>
 //   member|waiting <id> <addr> <nproc> <masterPort> <fixedRank> <prevRank>
 //   expected <id> <prevRank>
-//   done|lost <id>             (a finishing round: members in the exit barrier / lost since)
+//   done|lost <id>             (a finishing round: members in the exit barrier / lost since;
+//                               lost in a closed round that is not finishing: lost in process)
 //   members-list <ref> <count> <world> <masterAddr> <masterPort>   (a compact state: the
 //   waiting-list|expected-list <ref> <count>  lists are in the store, see StateLog; ListRef)
 // Hand-written both ways: a state is re-read on every lost compare-set, so it must be cheap.
@@ -265,6 +266,14 @@ void validateState(const RoundState& s, const JobLimits& lim, const std::string&
   }
   std::sort(ids.begin(), ids.end());
   if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) bad("a member appears twice");
+  // A closed round's lost nodes are members: at most MAX. Each is listed once (a joining round's
+  // too: the nodes removed while it was open).
+  if (s.phase != Phase::Joining && static_cast<int64_t>(s.lost.size()) > lim.maxNodes) {
+    bad(std::to_string(s.lost.size()) + " lost nodes, more than MAX=" + std::to_string(lim.maxNodes));
+  }
+  std::vector<std::string_view> lostIds(s.lost.begin(), s.lost.end());
+  std::sort(lostIds.begin(), lostIds.end());
+  if (std::adjacent_find(lostIds.begin(), lostIds.end()) != lostIds.end()) bad("a lost node appears twice");
   if (s.phase == Phase::Failed && (s.exitCode < -255 || s.exitCode > 255)) {
     bad("exit code " + std::to_string(s.exitCode) + " out of range");
   }

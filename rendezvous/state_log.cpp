@@ -77,6 +77,12 @@ std::optional<ListPosition> position(Store& store, const RoundState& s, RoundSta
 std::string ringTarget(Store& store, const RoundState& s, const std::string& self) {
   const RoundState::List which =
       s.phase != Phase::Joining ? RoundState::List::Members : RoundState::List::Expected;
+  // A closed round's members lost in process (JobLimits::keepRoundOnNodeLoss) stay in its list
+  // but are watched no more: the ring goes on to the next member that is not lost.
+  auto lost = [&](const std::string& id) {
+    return which == RoundState::List::Members &&
+           std::find(s.lost.begin(), s.lost.end(), id) != s.lost.end();
+  };
   const ListRef& ref = s.listRef(which);
   if (ref.ref == 0) {
     if (s.phase == Phase::Joining && !s.members.empty()) {
@@ -88,18 +94,29 @@ std::string ringTarget(Store& store, const RoundState& s, const std::string& sel
     // A loaded state of the slot join: the same ring as on its compact form (list order), so
     // that the agent that wrote it and those that read it agree on who watches whom.
     const auto& list = s.list(which);
-    for (size_t i = 0; i < list.size(); ++i)
-      if (list[i].id == self) return list.size() < 2 ? "" : list[(i + 1) % list.size()].id;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].id != self) continue;
+      if (lost(self)) return {};
+      for (size_t k = 1; k < list.size(); ++k) {
+        const std::string& next = list[(i + k) % list.size()].id;
+        if (!lost(next)) return next;
+      }
+      return {};
+    }
     return {};
   }
-  if (ref.count < 2) return {};
+  if (ref.count < 2 || lost(self)) return {};
   const auto p = position(store, s, which, self);
   if (!p) return {};
-  const std::string key = listKey(ref.ref, (p->index + 1) % ref.count);
-  const auto nodes = decodeNodeLines({store.get(key)},
-                                     ref.ofMembers ? RoundState::List::Members : which,
-                                     "'" + key + "'");
-  return nodes.at(0).id;
+  // At most lost.size() + 1 reads: the lost members are few.
+  for (int64_t k = 1; k < ref.count; ++k) {
+    const std::string key = listKey(ref.ref, (p->index + k) % ref.count);
+    const auto nodes = decodeNodeLines({store.get(key)},
+                                       ref.ofMembers ? RoundState::List::Members : which,
+                                       "'" + key + "'");
+    if (!lost(nodes.at(0).id)) return nodes.at(0).id;
+  }
+  return {};
 }
 
 void StateLog::hydrate(RoundState& s) {

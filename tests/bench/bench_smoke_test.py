@@ -4,7 +4,7 @@ naming both ddprun and its peer (or a ratio), and every measured number finite a
 
 Speed is not checked here (that is what the benchmarks are for); only that they run and
 report. Usage: bench_smoke_test.py BENCHMARK   (store, launch, rendezvous, rendezvous-simulate,
-rendezvous-simulate-etcd, allreduce, train, recovery)
+rendezvous-simulate-etcd, allreduce, train, recovery, recovery-split)
 """
 import csv
 import math
@@ -30,6 +30,11 @@ ARGS = {
     # one kill of a 2-rank job, ddprun restarting and torchrun restarting (both lose seconds)
     "recovery": ["--nproc", "2", "--modes", "restart,torchrun", "--repeats", "1", "--kills", "1",
                  "--steps", "60", "--checkpoint-interval", "10", "--train-limit", "4096"],
+    # with timelines: where an in-process recovery's lost time goes (the kill near step 50 leaves
+    # its window, 20 steps past the recovery, inside the run)
+    "recovery-split": ["--nproc", "2", "--modes", "in-process", "--repeats", "1", "--kills", "1",
+                       "--steps", "100", "--checkpoint-interval", "10", "--train-limit", "4096",
+                       "--timeline-split"],
 }
 # Words that name ddprun's side and the peer's in each benchmark's CSV.
 PEERS = {
@@ -41,6 +46,7 @@ PEERS = {
     "allreduce": ("ddprun", "gloo"),
     "train": ("ddprun", "pytorch"),
     "recovery": ("ddprun-restart", "torchrun"),
+    "recovery-split": ("ddprun-in-process", "ddprun-in-process"),
 }
 
 
@@ -59,7 +65,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, f"{name}.csv")
         cmd = [BENCH, name.split("-")[0], *ARGS[name], "--csv", out]
-        if name in ("train", "recovery"):
+        if name.startswith(("train", "recovery")):
             cmd += ["--work-dir", os.path.join(tmp, "work")]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
         print(proc.stdout[-3000:])
@@ -93,6 +99,11 @@ def main():
             formed, whole = float(by["form"][2]), float(by["form+run"][2])
             assert 0 < formed <= whole, \
                 f"{out}: form {formed} s is not within form+run {whole} s:\n{text}"
+        if name == "recovery-split":  # the split table has the in-process row, all four parts
+            row = [l for l in proc.stdout.splitlines()
+                   if l.startswith("| ddprun in-process") and l.count("/") == 4]
+            assert "where the time lost per failure goes" in proc.stdout and len(row) == 1, \
+                f"no split of the in-process recovery's lost time:\n{proc.stdout}"
         print(f"ok: ddprun-bench {name}: {len(rows) - 1} rows, {len(values)} numbers")
 
 

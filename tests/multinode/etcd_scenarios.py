@@ -236,9 +236,79 @@ def _serves(etcd, i):
     return bool(s.get("leader"))
 
 
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir("/proc/%d/task" % p):
+                with open("/proc/%d/task/%s/children" % (p, task)) as f:
+                    kids = [int(x) for x in f.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            pass
+    return out
+
+
+def comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def etcd_node_loss(t):
+    """(a) A lost node recovered in process on etcd (docs/recovery.md#a-lost-node): three agents
+    (one mnist_mlp rank each, --recovery-policy=shrink); node 1's agent and worker SIGKILLed
+    once step 20 is checkpointed: its lease expires, it is evicted as lost in process, node
+    rank 0's agent removes its rank, and the workers of nodes 0 and 2 keep their processes."""
+    start_cluster(t)
+    ckpt = os.path.join(t.dir, "ckpt")
+    trainer = [os.path.join(harness.BIN, "mnist_mlp"), "--train-limit", "4096",
+               "--test-limit", "1000", "--batch-size", "16", "--epochs", "2", "--seed", "11",
+               "--log-interval", "32", "--checkpoint-dir", ckpt, "--checkpoint-interval", "10"]
+    conf = CONF.replace("last_call_timeout=0.5", "last_call_timeout=20").replace(
+        "lease_ttl=5", "lease_ttl=2")
+    nodes = []
+    for name, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4")):
+        args = ["--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=etcd-v3",
+                "--rdzv-endpoint=%s" % t.etcd.endpoints(), "--rdzv-id=loss",
+                "--local-addr=%s" % addr, "--rdzv-conf=%s" % conf, "--max-restarts=1",
+                "--recovery=in-process", "--recovery-policy=shrink"] + trainer
+        nodes.append(harness.Node(t, name, args))
+    a, b, c = nodes
+
+    def checkpointed():
+        try:
+            return any(int(f[5:-6]) >= 20 for f in os.listdir(ckpt)
+                       if f.startswith("ckpt-") and f.endswith(".ddpck"))
+        except (OSError, ValueError):
+            return False
+    t.wait_for("the checkpoint of step 20", checkpointed, 120)
+    survivors = {n.name: [p for p in descendants(n.proc.pid) if comm(p) == "mnist_mlp"]
+                 for n in (a, c)}
+    victims = [p for p in descendants(b.proc.pid) if comm(p) == "mnist_mlp"]
+    check(all(len(v) == 1 for v in survivors.values()) and len(victims) == 1,
+          "one worker per node: %s, %s" % (survivors, victims))
+    b.signal(signal.SIGKILL)
+    for p in victims:
+        os.kill(p, signal.SIGKILL)
+    for n in (a, c):
+        check(n.wait(120) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
+    out_a, out_c = a.stdout() + a.stderr(), c.stdout() + c.stderr()
+    check("recovering in process (generation 1): its rank(s) 1 are removed, the group shrinks "
+          "from 3 to 2 rank(s)" in out_a, "node rank 0's agent removed the lost node's rank")
+    check("as rank 1 of 2 (was rank 2 of 3; the group shrank)" in out_c,
+          "node 2's worker kept its process, renumbered 2 -> 1")
+    check("restarting the workers" not in out_a + out_c, "no group restarted")
+    check("rank 0 recovered in process in" in out_a, "node 0's worker kept its process")
+
+
 SCENARIOS = {f.__name__: f for f in (
     etcd_train, etcd_torch_ddp, etcd_leader_killed, etcd_store_host_killed, etcd_quorum_lost,
-    etcd_two_jobs, etcd_member_restarted, etcd_timeline_sigterm)}
+    etcd_two_jobs, etcd_member_restarted, etcd_timeline_sigterm, etcd_node_loss)}
 
 
 def main():

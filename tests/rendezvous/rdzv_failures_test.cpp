@@ -231,3 +231,49 @@ TEST_CASE("closeJob: the store host waits until every node knows the job ended",
   closing.get();
   CHECK(Clock::now() - t0 < Millis(30'000));  // released by b's acknowledgement, not the timeout
 }
+
+TEST_CASE("a node lost in process: only node rank 0 hears of it, the round goes on or re-forms "
+          "as it answers", "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3, .maxRestarts = 2,
+                      .keepRoundOnNodeLoss = true};
+  auto a = makeAgent(agentOptions(server.port(), "lostproc", 2, lim));
+  auto b = makeAgent(agentOptions(server.port(), "lostproc", 3, lim));
+  auto c = makeAgent(agentOptions(server.port(), "lostproc", 4, lim));
+  auto r = allNextRound({a.get(), b.get(), c.get()});
+  REQUIRE(r[0].nodeRank == 0);
+  const std::string bId = b->rdzv->self().id;
+  // b's heartbeats stop: node rank 0 (a) hears NodeLost, c hears nothing, the round goes on.
+  b.reset();
+  auto e = a->events.next(Millis(5'000));
+  REQUIRE(e);
+  CHECK(e->kind == RoundEvent::Kind::NodeLost);
+  CHECK(e->lostId == bId);
+  CHECK(e->lostNodeRank == 1);
+  CHECK(e->round == r[0].round);
+  CHECK(e->message.find("lost in process") != std::string::npos);
+  CHECK_FALSE(c->events.next(Millis(300)).has_value());
+  // In process: one restart, the same round; still nothing for c.
+  CHECK(a->rdzv->reportNodeLoss("node rank 1 was lost", true) ==
+        DynamicRendezvous::AfterRecovery::Recover);
+  CHECK(a->rdzv->state().round == r[0].round);
+  CHECK(a->rdzv->state().restarts == 1);
+  CHECK_FALSE(c->events.next(Millis(300)).has_value());
+  CHECK_FALSE(a->events.next(Millis(100)).has_value());  // once per lost node
+  // c leaves the job for good while the round runs: lost in process too, and this time node
+  // rank 0 re-forms without it (no restart spent), which every running agent hears.
+  c->rdzv->leave("SIGTERM");
+  auto e2 = a->events.next(Millis(5'000));
+  REQUIRE(e2);
+  CHECK(e2->kind == RoundEvent::Kind::NodeLost);
+  CHECK(e2->lostNodeRank == 2);
+  CHECK(a->rdzv->reportNodeLoss("node rank 2 was lost", false) ==
+        DynamicRendezvous::AfterRecovery::Restart);
+  CHECK(a->rdzv->state().round == r[0].round + 1);
+  CHECK(a->rdzv->state().restarts == 1);
+  // The next round: a alone, without b and c (neither is expected back).
+  auto next = allNextRound({a.get()});
+  CHECK(next[0].nodeCount == 1);
+  CHECK(next[0].nodeRank == 0);
+  CHECK(next[0].restartCount == 1);
+}

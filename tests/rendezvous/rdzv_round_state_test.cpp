@@ -305,3 +305,70 @@ TEST_CASE("natural order compares numbers inside addresses", "[rdzv][state]") {
   CHECK(naturalLess("node", "node1"));
   CHECK_FALSE(naturalLess("x", "x"));
 }
+
+TEST_CASE("a node lost in process: the closed round goes on, node rank 0 decides",
+          "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 3, .maxRestarts = 1, .keepRoundOnNodeLoss = true};
+  RoundState s = joinAll({}, {node("127.0.0.2"), node("127.0.0.3"), node("127.0.0.4")}, lim);
+  REQUIRE(s.phase == Phase::Closed);
+  const std::string one = s.members[1].id, zero = s.members[0].id;
+  auto lost = transition::remove(s, one, "node evicted", lim);
+  REQUIRE(lost);
+  CHECK(lost->round == 0);  // no new round: the others keep running
+  CHECK(lost->phase == Phase::Closed);
+  CHECK(lost->restarts == 0);  // spent by node rank 0's agent, or not at all
+  CHECK(lost->lost == std::vector<std::string>{one});
+  CHECK(lost->members.size() == 3);
+  CHECK_FALSE(lost->finishing());
+  CHECK_FALSE(transition::remove(*lost, one, "again", lim).has_value());  // once
+  // The state survives its encoding, and the validation lets it through.
+  const RoundState back = decodeState(encodeState(*lost), "'state/9'");
+  CHECK(back == *lost);
+  validateState(back, lim, "'state/9'");
+  // In process: node rank 0 spends the restart, the round goes on.
+  auto kept = transition::recoverWorkers(*lost, 0, zero, 1, "node rank 1 was lost", lim);
+  REQUIRE(kept);
+  CHECK(kept->round == 0);
+  CHECK(kept->restarts == 1);
+  // The exit barrier does not wait for the lost node.
+  auto done = transition::nodeDone(*kept, 0, zero);
+  REQUIRE(done);
+  CHECK(done->phase == Phase::Closed);
+  done = transition::nodeDone(*done, 0, s.members[2].id);
+  REQUIRE(done);
+  CHECK(done->phase == Phase::Finished);
+  // Not in process: round 1 without the lost node, no restart spent.
+  auto again = transition::reformWithoutLost(*lost, 0, "node rank 1 was lost; restarting");
+  REQUIRE(again);
+  CHECK(again->round == 1);
+  CHECK(again->restarts == 0);
+  REQUIRE(again->expected.size() == 2);
+  CHECK(again->expected[0].id == zero);
+  CHECK(again->expected[1].id == s.members[2].id);
+  CHECK_FALSE(transition::reformWithoutLost(s, 0, "nothing lost").has_value());
+  CHECK_FALSE(transition::reformWithoutLost(*lost, 5, "another round").has_value());
+  // A failure after the loss restarts without it too.
+  auto failed = transition::failWorkers(*lost, 0, zero, 1, "exit 1", lim);
+  REQUIRE(failed);
+  CHECK(failed->expected.size() == 2);
+  // Node rank 0's loss re-forms as before (the workers' store is gone with it), and so does
+  // any loss without keepRoundOnNodeLoss.
+  auto zeroLost = transition::remove(s, zero, "node 0 evicted", lim);
+  REQUIRE(zeroLost);
+  CHECK(zeroLost->round == 1);
+  JobLimits plain = lim;
+  plain.keepRoundOnNodeLoss = false;
+  auto restart = transition::remove(s, one, "node evicted", plain);
+  REQUIRE(restart);
+  CHECK(restart->round == 1);
+}
+
+TEST_CASE("a state naming a lost node twice is refused", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 3, .maxRestarts = 1, .keepRoundOnNodeLoss = true};
+  RoundState s = joinAll({}, {node("127.0.0.2"), node("127.0.0.3"), node("127.0.0.4")}, lim);
+  s.lost = {s.members[1].id, s.members[1].id};
+  CHECK_THROWS_WITH(validateState(decodeState(encodeState(s), "'state/4'"), lim, "'state/4'"),
+                    Catch::Contains("a lost node appears twice"));
+  s.lost = {"a-1", "b-1", "c-1", "d-1"};
+  CHECK_THROWS_WITH(validateState(s, lim, "'state/4'"), Catch::Contains("more than MAX=3"));
+}

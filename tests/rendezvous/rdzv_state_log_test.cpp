@@ -190,6 +190,17 @@ TEST_CASE("spilled lists: a version names the member list, readers get their own
   }
   CHECK_FALSE(position(*store, c.state, RoundState::List::Members, "stranger"));
   CHECK(ringTarget(*store, c.state, "stranger") == "");
+  {
+    // Members lost in process are watched no more: the ring skips them (two in a row too), and
+    // a lost node watches nobody; the same on the compact and the loaded state.
+    RoundState cl = c.state, vl = v.state;
+    cl.lost = vl.lost = {full[3].id, full[4].id};
+    CHECK(ringTarget(*store, cl, full[2].id) == full[5].id);
+    CHECK(ringTarget(*store, vl, full[2].id) == full[5].id);
+    CHECK(ringTarget(*store, cl, full[1].id) == full[2].id);
+    CHECK(ringTarget(*store, cl, full[3].id) == "");
+    CHECK(ringTarget(*store, vl, full[4].id) == "");
+  }
   // Loading the lists gives the state back.
   RoundState h = c.state;
   reader.hydrate(h);

@@ -29,24 +29,15 @@ namespace {
 const std::string kBin = DDPRUN_BIN_DIR;
 constexpr auto kJobTimeout = std::chrono::seconds(120);
 
-// One training job's settings: 4096 examples, global batch 32 -> 128 steps per epoch, 2 epochs.
-// Checkpoints every 10 steps; none of the runs differs in anything that reaches the weights.
+// One training job's settings: 4096 examples, global batch 32 -> 128 steps per epoch, 2 epochs
+// (job_runner.h's MlpRun); none of the runs differs in anything that reaches the weights.
 std::vector<std::string> trainerArgs(const std::string& dir, int perRankBatch, int epochs = 2) {
-  return {kBin + "/mnist_mlp",   "--train-limit",    "4096",      "--test-limit",
-          "1000",                "--batch-size",     std::to_string(perRankBatch),
-          "--epochs",            std::to_string(epochs), "--seed", "11",
-          "--lr",                "0.05",             "--log-interval", "32",
-          "--checkpoint-dir",    dir + "/ckpt",      "--checkpoint-interval", "10",
-          "--metrics",           dir + "/metrics.jsonl", "--save-weights", dir + "/final.pt"};
+  return mlpCommand({.dir = dir, .batch = perRankBatch, .epochs = epochs, .metrics = true});
 }
 
 std::vector<std::string> underDdprun(int nproc, const std::vector<std::string>& trainer,
-                                std::vector<std::string> launcherFlags = {}) {
-  std::vector<std::string> argv = {kBin + "/ddprun", "--standalone",
-                                   "--nproc-per-node=" + std::to_string(nproc)};
-  argv.insert(argv.end(), launcherFlags.begin(), launcherFlags.end());
-  argv.insert(argv.end(), trainer.begin(), trainer.end());
-  return argv;
+                                     std::vector<std::string> launcherFlags = {}) {
+  return standaloneJob(nproc, trainer, launcherFlags);
 }
 
 struct Finished {

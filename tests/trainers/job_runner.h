@@ -88,6 +88,41 @@ inline pid_t sparePid(pid_t launcher, int id, const std::string& program) {
   return descendantWithEnv(launcher, "DDPRUN_SPARE=" + std::to_string(id), program);
 }
 
+// The bundled mnist_mlp as the trainer tests run it: `examples` of Fashion-MNIST (the data set
+// the trainer finds by itself), seed 11, SGD at lr 0.05, a checkpoint every 10 steps in
+// <dir>/ckpt, the final weights in <dir>/final.pt, and with `metrics` the JSON lines in
+// <dir>/metrics.jsonl. Every test that compares weights or samples runs these same settings.
+struct MlpRun {
+  std::string dir;
+  int64_t batch = 16;  // per rank
+  int epochs = 2;
+  int64_t examples = 4096;
+  uint64_t seed = 11;
+  bool metrics = false;
+};
+
+inline std::vector<std::string> mlpCommand(const MlpRun& r) {
+  std::vector<std::string> argv = {
+      std::string(DDPRUN_BIN_DIR) + "/mnist_mlp", "--train-limit", std::to_string(r.examples),
+      "--test-limit", "1000", "--batch-size", std::to_string(r.batch),
+      "--epochs", std::to_string(r.epochs), "--seed", std::to_string(r.seed),
+      "--lr", "0.05", "--log-interval", "32",
+      "--checkpoint-dir", r.dir + "/ckpt", "--checkpoint-interval", "10",
+      "--save-weights", r.dir + "/final.pt"};
+  if (r.metrics) argv.insert(argv.end(), {"--metrics", r.dir + "/metrics.jsonl"});
+  return argv;
+}
+
+// `ddprun --standalone --nproc-per-node=<nproc> <launcherFlags...> <program...>`.
+inline std::vector<std::string> standaloneJob(int nproc, const std::vector<std::string>& program,
+                                              const std::vector<std::string>& launcherFlags = {}) {
+  std::vector<std::string> argv = {std::string(DDPRUN_BIN_DIR) + "/ddprun", "--standalone",
+                                   "--nproc-per-node=" + std::to_string(nproc)};
+  argv.insert(argv.end(), launcherFlags.begin(), launcherFlags.end());
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
 class Job {
  public:
   // Starts argv[0] (a path) with the process environment plus `env`.

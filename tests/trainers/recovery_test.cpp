@@ -36,26 +36,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = DDPRUN_BIN_DIR;
 constexpr auto kJobTimeout = std::chrono::seconds(180);
 
-// 4096 examples, `nproc` ranks x 16, 2 epochs; a checkpoint every 10 steps.
-std::vector<std::string> trainerArgs(const std::string& dir) {
-  return {kBin + "/mnist_mlp",   "--train-limit", "4096",  "--test-limit", "1000",
-          "--batch-size",        "16",            "--epochs", "2",          "--seed", "11",
-          "--lr",                "0.05",          "--log-interval", "32",
-          "--checkpoint-dir",    dir + "/ckpt",   "--checkpoint-interval", "10",
-          "--save-weights",      dir + "/final.pt"};
-}
-
+// 4096 examples, `nproc` ranks x 16, 2 epochs (job_runner.h's MlpRun).
 std::vector<std::string> underDdprun(int nproc, const std::string& dir,
                                      std::vector<std::string> launcherFlags) {
-  std::vector<std::string> argv = {kBin + "/ddprun", "--standalone",
-                                   "--nproc-per-node=" + std::to_string(nproc)};
-  argv.insert(argv.end(), launcherFlags.begin(), launcherFlags.end());
-  const auto trainer = trainerArgs(dir);
-  argv.insert(argv.end(), trainer.begin(), trainer.end());
-  return argv;
+  return standaloneJob(nproc, mlpCommand({.dir = dir}), launcherFlags);
 }
 
 // The uninterrupted run of `nproc` ranks (once per test process and size).

@@ -37,28 +37,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = DDPRUN_BIN_DIR;
 constexpr auto kJobTimeout = std::chrono::seconds(180);
 constexpr int64_t kExamples = 4096;
 constexpr int64_t kBatch = 16;
 constexpr int kEpochs = 2;
 constexpr uint64_t kSeed = 11;
 
-// 4096 examples, ranks x 16, `epochs` epochs; a checkpoint every 10 steps.
+// 4096 examples, ranks x 16, `epochs` epochs (job_runner.h's MlpRun).
 std::vector<std::string> underDdprun(int nproc, const std::string& dir,
                                      std::vector<std::string> launcherFlags,
                                      int epochs = kEpochs) {
-  std::vector<std::string> argv = {kBin + "/ddprun", "--standalone",
-                                   "--nproc-per-node=" + std::to_string(nproc)};
-  argv.insert(argv.end(), launcherFlags.begin(), launcherFlags.end());
-  const std::vector<std::string> trainer = {
-      kBin + "/mnist_mlp", "--train-limit", std::to_string(kExamples), "--test-limit", "1000",
-      "--batch-size", std::to_string(kBatch), "--epochs", std::to_string(epochs),
-      "--seed", std::to_string(kSeed), "--lr", "0.05", "--log-interval", "32",
-      "--checkpoint-dir", dir + "/ckpt", "--checkpoint-interval", "10",
-      "--save-weights", dir + "/final.pt"};
-  argv.insert(argv.end(), trainer.begin(), trainer.end());
-  return argv;
+  return standaloneJob(nproc,
+                       mlpCommand({.dir = dir, .batch = kBatch, .epochs = epochs,
+                                   .examples = kExamples, .seed = kSeed}),
+                       launcherFlags);
 }
 
 std::map<std::string, std::string> sampleLogEnv(const TempDir& dir) {

@@ -1,0 +1,177 @@
+// End to end: a lost node recovered in process (docs/recovery.md#a-lost-node) -- three real
+// ddprun agents on loopback addresses 127.0.0.2, .3 and .4 (the c10d rendezvous hosted by
+// node rank 0's agent on 127.0.0.2, heartbeats every 0.3 s), one mnist_mlp rank each. Node 1's
+// agent and its worker are SIGKILLed together (the agent first: a lost machine); under
+// `--recovery-policy=shrink` the rendezvous keeps the round (node 1 lost in process), node rank
+// 0's agent spends one restart and publishes a generation without node 1's rank, and the
+// workers of nodes 0 and 2 keep their processes: the group goes on at two ranks, node 2's
+// worker renumbered 2 -> 1 by its agent, every sample of each epoch exactly once.
+#include "tests/support/catch_torch.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+
+#include <map>
+#include <regex>
+
+#include "fashion_mnist.h"
+#include "job_runner.h"
+#include "sample_log_check.h"
+#include "test_files.h"
+#include "tests/support/skip.h"
+
+using namespace ddprun::trainers;
+using namespace ddprun::trainers::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const std::string kBin = DDPRUN_BIN_DIR;
+constexpr auto kJobTimeout = std::chrono::seconds(240);
+constexpr int64_t kExamples = 4096;
+constexpr int64_t kBatch = 16;
+constexpr int kEpochs = 2;
+constexpr uint64_t kSeed = 11;
+// Fast eviction (0.3 s x 3 missed beats); the store host waits 2 s, not 30, for the lost node
+// to learn that the job ended (it never will: it is dead).
+const std::string kConf =
+    "heartbeat=0.3,missed_heartbeats=3,last_call_timeout=20,join_timeout=60,read_timeout=10,"
+    "close_timeout=2,exit_barrier_timeout=60";
+
+int freePort(const char* addr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, addr, &a.sin_addr);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The agent on 127.0.0.<2 + node>; node ranks follow the addresses (the first round).
+std::vector<std::string> agent(int node, int port, const std::string& dir,
+                               std::vector<std::string> flags) {
+  const std::string addr = "127.0.0." + std::to_string(2 + node);
+  std::vector<std::string> argv = {kBin + "/ddprun", "--nnodes=2:3", "--nproc-per-node=1",
+                                   "--rdzv-backend=c10d",
+                                   "--rdzv-endpoint=127.0.0.2:" + std::to_string(port),
+                                   "--local-addr=" + addr, "--rdzv-id=node-loss",
+                                   "--rdzv-conf=" + kConf};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const std::vector<std::string> trainer = {
+      kBin + "/mnist_mlp", "--train-limit", std::to_string(kExamples), "--test-limit", "1000",
+      "--batch-size", std::to_string(kBatch), "--epochs", std::to_string(kEpochs),
+      "--seed", std::to_string(kSeed), "--lr", "0.05", "--log-interval", "32",
+      "--checkpoint-dir", dir + "/ckpt", "--checkpoint-interval", "10",
+      "--save-weights", dir + "/final.pt"};
+  argv.insert(argv.end(), trainer.begin(), trainer.end());
+  return argv;
+}
+
+struct ThreeNodes {
+  std::unique_ptr<Job> node[3];
+  ThreeNodes(const TempDir& dir, std::vector<std::string> flags,
+             std::map<std::string, std::string> env = {}) {
+    const int port = freePort("127.0.0.2");
+    for (int n = 0; n < 3; ++n) {
+      node[n] = std::make_unique<Job>(agent(n, port, dir.path(), flags), env,
+                                      dir / ("node" + std::to_string(n) + ".log"));
+    }
+  }
+};
+
+pid_t waitForWorker(Job& job, int rank) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
+    const pid_t p = workerPid(job.pid(), rank, "mnist_mlp");
+    if (p > 0) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("three nodes, shrink: node 1's agent and worker SIGKILLed, node rank 0 recovers the "
+          "lost node in process, the workers of nodes 0 and 2 keep their processes, exactly once",
+          "[recovery][nodes][shrink][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink"},
+                 {{"DDPRUN_SAMPLE_LOG", dir / "samples"}});
+  REQUIRE(waitForCheckpoint(*job.node[0], dir / "ckpt", 20, kJobTimeout));
+  const pid_t r0 = waitForWorker(*job.node[0], 0), r1 = waitForWorker(*job.node[1], 1);
+  const pid_t r2 = waitForWorker(*job.node[2], 2);
+  REQUIRE(r0 > 0);
+  REQUIRE(r1 > 0);
+  REQUIRE(r2 > 0);
+  // The node is lost: its agent first (no report of the worker's death can leave it), then its
+  // worker (only processes of this test's own ddprun).
+  REQUIRE(::kill(job.node[1]->pid(), SIGKILL) == 0);
+  REQUIRE(::kill(r1, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.node[2], "as rank 1 of 2 (was rank 2 of 3; the group shrank)",
+                        kJobTimeout));
+  for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
+  const int a = job.node[0]->wait(kJobTimeout);
+  const int c = job.node[2]->wait(kJobTimeout);
+  job.node[1]->wait(kJobTimeout);
+  const std::string out0 = job.node[0]->output(), out2 = job.node[2]->output();
+  INFO("node 0:\n" << out0 << "\nnode 2:\n" << out2);
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  // One writer, node rank 0's agent: one restart spent, node 1's rank removed.
+  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node 127\.0\.0\.3-\S+ was )"
+                                           R"(evicted: no heartbeat for 900 ms \(lost in process\); )"
+                                           R"(recovering in process \(generation 1\): its )"
+                                           R"(rank\(s\) 1 are removed, the group shrinks from 3 )"
+                                           R"(to 2 rank\(s\), the workers of every other node )"
+                                           R"(keep running \(restart 1 of 1 spent\))")));
+  CHECK_THAT(out2, Contains("generation 1 of the worker group (another node recovered in "
+                            "process; this node's workers keep running)"));
+  CHECK_THAT(out0 + out2, !Contains("restarting the worker"));
+  CHECK_THAT(out0, !Contains("resumed from checkpoint"));
+  CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
+  CHECK_THAT(out0, Contains("done: "));
+  // Node 2's agent renumbered its worker: its console prefix says rank 1 after the shrink.
+  CHECK(std::regex_search(out2, std::regex(R"(\[rank 1\]: \[ddprun W [0-9:.]+ runtime rank 1\] )"
+                                           R"(rank 1 recovered in process)")));
+  const std::string log = dir / "samples";
+  for (int e = 0; e < kEpochs; ++e) {
+    checkEpochExactlyOnce(log, e, epochSamples(log, e).lastWorld,
+                          {.examples = kExamples, .batch = kBatch, .seed = kSeed});
+  }
+  CHECK(epochSamples(log, kEpochs - 1).lastWorld == 2);
+}
+
+TEST_CASE("three nodes, shrink:3: node 1 lost below the job's minimum, the group restarts "
+          "without it (no restart spent), one line naming why",
+          "[recovery][nodes][shrink][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink:3"});
+  REQUIRE(waitForCheckpoint(*job.node[0], dir / "ckpt", 20, kJobTimeout));
+  const pid_t r0 = waitForWorker(*job.node[0], 0), r1 = waitForWorker(*job.node[1], 1);
+  REQUIRE(r0 > 0);
+  REQUIRE(r1 > 0);
+  REQUIRE(::kill(job.node[1]->pid(), SIGKILL) == 0);
+  REQUIRE(::kill(r1, SIGKILL) == 0);
+  const int a = job.node[0]->wait(kJobTimeout);
+  const int c = job.node[2]->wait(kJobTimeout);
+  job.node[1]->wait(kJobTimeout);
+  const std::string out0 = job.node[0]->output(), out2 = job.node[2]->output();
+  INFO("node 0:\n" << out0 << "\nnode 2:\n" << out2);
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 \(\S+\) was lost; it is not recovered )"
+                                           R"(in process: --recovery-policy=shrink: without its 1 )"
+                                           R"(rank\(s\) the group would have 2, below the job's )"
+                                           R"(minimum of 3; restarting the group without it \(no )"
+                                           R"(restart spent\))")));
+  CHECK_THAT(out0 + out2, Contains("restarting the workers (membership changed, no restart spent)"));
+  CHECK_THAT(out0, Contains("resumed from checkpoint"));
+  CHECK_THAT(out0, Contains("done: "));
+}
