@@ -6,9 +6,10 @@
 // etcd-server (tests/etcd/etcd_cluster.h: a temporary data directory, free loopback client
 // and peer ports, killed and its directory removed at the end). Each simulated agent runs the
 // etcd backend's real code on fibers: EtcdStore for the join and the state log, and
-// EtcdLiveness -- its lease, the keeper's keep-alives every lease_ttl / 3, the watch on
-// alive/ -- so every one of its HTTP requests, watches and keep-alives parks its fiber
-// (rendezvous/etcd/http_connection.h). Its Store calls are counted (CountingStore): the round
+// EtcdLiveness -- its lease, the keeper's keep-alives every lease_ttl / 3, the watch on its
+// ring successor's alive/ key -- so every one of its HTTP requests, watches and keep-alives
+// parks its fiber (rendezvous/etcd/http_connection.h). An agent's clients take turns on one
+// connection for their requests (SharedConnections); each watch has its own. Its Store calls are counted (CountingStore): the round
 // trips and bytes per agent are Store calls and their payload, as on the ddprun store (an
 // etcd get or wait of a missing key is a range and a watch; lease traffic is not counted,
 // as heartbeats are not on the ddprun store).
