@@ -32,12 +32,14 @@ std::string loadAverage() {
 void plot(const std::string& csv, const std::string& realCsv, const std::string& png) {
   const std::string script = png + ".gp";
   std::ofstream gp(script);
-  gp << "set terminal pngcairo size 900,560\n"
+  gp << "set terminal pngcairo size 900,760\n"
      << "set output '" << png << "'\n"
      << "set datafile separator ','\n"
      << "set logscale xy\nset logscale y2\n"
      << "set xlabel 'agents (N)'\nset ylabel 'seconds'\nset y2label 'bytes per agent (median)'\n"
-     << "set ytics nomirror\nset y2tics\nset key top left\nset grid\n"
+     << "set ytics nomirror\nset y2tics\nset grid\n"
+     // below the axes: inside, the legend covered the points it names; file names print as they are
+     << "set key outside below font ',9'\nset termoption noenhanced\n"
      << "set title 'ddprun rendezvous: forming and re-forming a round of N agents'\n"
      << "plot ";
   const char* sep = "";
@@ -54,7 +56,9 @@ void plot(const std::string& csv, const std::string& realCsv, const std::string&
   if (!realCsv.empty() && std::ifstream(realCsv).good()) {
     gp << ", \\\n     '" << realCsv << "' using (strcol(1) eq 'form+run' ? $2 : 1/0):3 every ::1 "
        << "with points pt 7 ps 1.5 title 'form+run, agent processes ("
-       << realCsv.substr(realCsv.rfind('/') + 1) << ")'";
+       << realCsv.substr(realCsv.rfind('/') + 1) << ")', \\\n     '" << realCsv
+       << "' using (strcol(1) eq 'form' ? $2 : 1/0):3 every ::1 with points pt 5 ps 1.2 title "
+       << "'form, agent processes'";
   }
   gp << "\n";
   gp.close();
