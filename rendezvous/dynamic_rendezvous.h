@@ -171,6 +171,9 @@ class DynamicRendezvous {
   const RoundState& state() const { return current_.state; }
 
  private:
+  // After reportRecovery's or reportNodeLoss's write: JobFailed when the job failed, Recover
+  // when `stays` and the write kept this closed round, else Restart (this agent leaves the round).
+  AfterRecovery afterRecoveryWrite(const StateLog::Result& r, bool stays);
   InterruptibleStore connect() const;
   void checkSettings();
   RoundInfo roundInfo(const RoundState& s) const;

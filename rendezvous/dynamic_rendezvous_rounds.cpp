@@ -196,6 +196,11 @@ DynamicRendezvous::AfterRecovery DynamicRendezvous::reportRecovery(int exitCode,
     return transition::recoverWorkers(s, round_.round, self_.id, exitCode, reason,
                                       options_.limits, !retryable);
   });
+  return afterRecoveryWrite(r, /*stays=*/true);
+}
+
+DynamicRendezvous::AfterRecovery DynamicRendezvous::afterRecoveryWrite(const StateLog::Result& r,
+                                                                      bool stays) {
   current_ = r.now;
   view_.offer(current_);
   if (r.now.state.phase == Phase::Failed) {
@@ -204,10 +209,14 @@ DynamicRendezvous::AfterRecovery DynamicRendezvous::reportRecovery(int exitCode,
     jobFailure_ = r.now.state.reason;
     return AfterRecovery::JobFailed;
   }
-  if (!r.wrote || r.now.state.round != round_.round || r.now.state.phase != Phase::Closed) {
+  const bool sameRound =
+      r.wrote && r.now.state.round == round_.round && r.now.state.phase == Phase::Closed;
+  if (!stays || !sameRound) {
     inRound_ = false;
-    DDPRUN_LOG(INFO, "rendezvous") << "round " << round_.round
-                                   << " had already ended; no restart spent";
+    if (stays) {  // meant to stay in the round, but it ended meanwhile
+      DDPRUN_LOG(INFO, "rendezvous") << "round " << round_.round
+                                     << " had already ended; no restart spent";
+    }
     return AfterRecovery::Restart;
   }
   watch(round_.round);  // still in the round: its end is news again
@@ -224,21 +233,7 @@ DynamicRendezvous::AfterRecovery DynamicRendezvous::reportNodeLoss(const std::st
                                                   options_.limits)
                      : transition::reformWithoutLost(s, round_.round, what);
   });
-  current_ = r.now;
-  view_.offer(current_);
-  if (r.now.state.phase == Phase::Failed) {
-    inRound_ = false;
-    jobExitCode_ = r.now.state.exitCode;
-    jobFailure_ = r.now.state.reason;
-    return AfterRecovery::JobFailed;
-  }
-  if (!inProcess || !r.wrote || r.now.state.round != round_.round ||
-      r.now.state.phase != Phase::Closed) {
-    inRound_ = false;
-    return AfterRecovery::Restart;
-  }
-  watch(round_.round);
-  return AfterRecovery::Recover;
+  return afterRecoveryWrite(r, /*stays=*/inProcess);
 }
 
 DynamicRendezvous::AfterSuccess DynamicRendezvous::finishRound() {

@@ -7,7 +7,11 @@
 // in its group is killed; the destructor kills a job that is still running.
 // workerPid() finds a worker of a running launcher from outside (by /proc), so a test can kill it
 // at an arbitrary moment, as a crash would: nothing in the trainer knows about tests.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +22,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,6 +116,23 @@ inline std::vector<std::string> mlpCommand(const MlpRun& r) {
       "--save-weights", r.dir + "/final.pt"};
   if (r.metrics) argv.insert(argv.end(), {"--metrics", r.dir + "/metrics.jsonl"});
   return argv;
+}
+
+// A free TCP port on loopback address `addr` (for a job's store or rendezvous endpoint): bound
+// once to port 0 and released, so another process may take it first (rare; the job then fails
+// naming the port).
+inline int freePort(const char* addr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("freePort: socket() failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, addr, &a.sin_addr);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  if (!ok) throw std::runtime_error(std::string("freePort: cannot bind ") + addr);
+  return ntohs(a.sin_port);
 }
 
 // `ddprun --standalone --nproc-per-node=<nproc> <launcherFlags...> <program...>`.

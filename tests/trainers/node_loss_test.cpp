@@ -39,18 +39,6 @@ const std::string kConf =
     "heartbeat=0.3,missed_heartbeats=3,last_call_timeout=20,join_timeout=60,read_timeout=10,"
     "close_timeout=2,exit_barrier_timeout=60";
 
-int freePort(const char* addr) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, addr, &a.sin_addr);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // The agent on 127.0.0.<2 + node>; node ranks follow the addresses (the first round).
 std::vector<std::string> agent(int node, int port, const std::string& dir,
@@ -62,12 +50,8 @@ std::vector<std::string> agent(int node, int port, const std::string& dir,
                                    "--local-addr=" + addr, "--rdzv-id=node-loss",
                                    "--rdzv-conf=" + kConf};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  const std::vector<std::string> trainer = {
-      kBin + "/mnist_mlp", "--train-limit", std::to_string(kExamples), "--test-limit", "1000",
-      "--batch-size", std::to_string(kBatch), "--epochs", std::to_string(kEpochs),
-      "--seed", std::to_string(kSeed), "--lr", "0.05", "--log-interval", "32",
-      "--checkpoint-dir", dir + "/ckpt", "--checkpoint-interval", "10",
-      "--save-weights", dir + "/final.pt"};
+  const auto trainer = mlpCommand(
+      {.dir = dir, .batch = kBatch, .epochs = kEpochs, .examples = kExamples, .seed = kSeed});
   argv.insert(argv.end(), trainer.begin(), trainer.end());
   return argv;
 }
