@@ -4,6 +4,8 @@
 // view is checked (bench/rendezvous_swarm.h checkRound: dense unique node ranks, one
 // membership, one world size, prefix-sum offsets, one MASTER_ADDR:PORT), every live agent is in
 // it, the restart count moved only on failures, and at the end the exit barrier finishes the job.
+// Run with node ranks kept from round to round and with arrival ranks (the rounds closed from
+// the counters: DynamicRendezvousOptions::arrivalRanks).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -18,11 +20,12 @@ using namespace rdzvtest;
 
 TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keeps the invariants") {
   ddprun::log::setLevel(ddprun::log::Level::Warn);
+  const bool arrival = GENERATE(false, true);
   const char* env = std::getenv("DDPRUN_TEST_SEED");
   const uint64_t seed =
       env && *env ? std::strtoull(env, nullptr, 10) : std::random_device{}() % 1'000'000 + 1;
   std::printf("rdzv churn: DDPRUN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  INFO("seed " << seed);
+  INFO("seed " << seed << (arrival ? ", arrival ranks" : ", stable ranks"));
   std::mt19937_64 rng(seed);
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 2, .maxNodes = 6, .maxRestarts = 100};
@@ -32,6 +35,7 @@ TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keep
     o.nproc = static_cast<int>(rng() % 3) + 1;
     o.lastCallTimeout = Millis(600'000);  // rounds close by their target, never by the clock
     o.joinTimeout = Millis(30'000);
+    o.arrivalRanks = arrival;
     return makeAgent(o);
   };
   std::vector<std::unique_ptr<Agent>> live;
