@@ -105,15 +105,25 @@ TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keep
     // failures -- names its lists instead of carrying them: O(1) bytes whatever N.
     TcpStore raw(TcpStoreOptions{.host = "127.0.0.1", .port = server.port()});
     const std::string prefix = "ddprun/rdzv/churn/";
-    int64_t versions = 0;
+    int64_t versions = 0, fromCounters = 0, deltas = 0;
     for (int64_t v = 1; raw.check({prefix + stateKey(v)}); ++v, ++versions) {
       const std::string text = raw.get(prefix + stateKey(v));
+      // Closed from the counters (arrival ranks): the member list the joiners wrote, 10^9 + r.
+      if (text.find("\nmembers-list 1000000") != std::string::npos) ++fromCounters;
+      // An eviction, departure or failure written as a delta: the member list (without one).
+      if (text.find(" members") != std::string::npos &&
+          text.find("\nexpected-list ") != std::string::npos)
+        ++deltas;
       INFO("version " << v << ":\n" << text);
       CHECK(text.find("\nmember ") == std::string::npos);
       CHECK(text.find("\nexpected ") == std::string::npos);
       CHECK(text.find("\nwaiting ") == std::string::npos);
     }
     CHECK(versions >= 20);
+    INFO(fromCounters << " rounds closed from the counters, " << deltas << " removal deltas");
+    if (arrival) CHECK(fromCounters >= 10);
+    else CHECK(fromCounters == 0);
+    CHECK(deltas >= 1);
   }
   std::vector<std::future<DynamicRendezvous::AfterSuccess>> done;
   for (auto& a : live)
