@@ -119,13 +119,16 @@ int simulate(const SimulateOptions& o) {
       note = "skipped: a smaller N failed or took longer than the cap";
     } else {
       const SwarmOptions so{.agents = n, .seed = o.seed, .spread = o.spread, .maxNproc = 4,
-                            .timeout = o.cap, .protocol = protocol, .loops = o.loops};
+                            .timeout = o.cap, .protocol = protocol, .loops = o.loops,
+                            .arrivalRanks = o.arrivalRanks};
       try {
         r = etcd ? runEtcdSwarm(so, {.leases = o.etcdLeases}) : runSwarm(o.storeBinary, so);
       } catch (const std::exception& e) {
         r.error = e.what();
       }
       note = r.error;
+      if (protocol == "agents" && !etcd && !o.arrivalRanks)
+        note += std::string(note.empty() ? "" : "; ") + "rank order stable";
       if (r.connectSeconds > 0) {
         char b[96];
         std::snprintf(b, sizeof b, "%sset-up (fibers, connections) %.2f s before the first arrival, not timed",
