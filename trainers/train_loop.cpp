@@ -195,7 +195,9 @@ class TrainingRun {
     }
     planRun();
     ddp_.reset();  // its hooks go before the new one's come
-    ddp_.emplace(model_, rt_.comm());
+    // In a generation after the first, runElastic healed every rank from one root just before
+    // (parameters and buffers included): DDP's own broadcast of rank 0's would repeat it.
+    ddp_.emplace(model_, rt_.comm(), runtime::DdpOptions{.initSync = rt_.generation() == 0});
   }
 
   void commit() {

@@ -159,7 +159,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   std::vector<torch::Tensor> buffers = module_->buffers();
   std::vector<torch::Tensor> everything = params;
   everything.insert(everything.end(), buffers.begin(), buffers.end());
-  broadcastFromRankZero(everything, *comm_);
+  if (options.initSync) broadcastFromRankZero(everything, *comm_);
   std::vector<torch::Tensor> trained;
   std::vector<size_t> trainedIndex;  // position in module->parameters()
   for (size_t i = 0; i < params.size(); ++i) {

@@ -56,6 +56,10 @@ struct DdpOptions {
   // Put the buckets in memory the communicator lends (shm), .grad() views into them. false: own
   // buckets and copies, as on other backends (for A/B measurements).
   bool shareBuckets = true;
+  // Broadcast rank 0's parameters and buffers at construction (PyTorch's init_sync). false only
+  // when every rank is known to hold the same values already: after an in-process recovery's
+  // heal (ElasticState::broadcast), which just made them the root's. The model check stays.
+  bool initSync = true;
 };
 
 // A bucket as built at construction (for logs and tests). `params` index into

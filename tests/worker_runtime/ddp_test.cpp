@@ -236,6 +236,27 @@ TEST_CASE("DDP over shm: the buckets are lent shared memory and .grad() views in
   }
 }
 
+TEST_CASE("construction broadcasts rank 0's parameters unless initSync is off", "[ddp]") {
+  const int P = 2;
+  auto comms = makeGroup(P);
+  std::vector<std::vector<torch::Tensor>> synced(P), kept(P), before(P);
+  runRanks(P, [&](int r) {
+    auto a = makeModel(3 + r);  // different weights on each rank
+    DistributedDataParallel ddp(a, comms[r]);
+    for (auto& p : a->parameters()) synced[r].push_back(p.detach().clone());
+    auto b = makeModel(3 + r);
+    for (auto& p : b->parameters()) before[r].push_back(p.detach().clone());
+    // What a recovery does after healing (the ranks hold equal values already): no broadcast.
+    DistributedDataParallel kept_ddp(b, comms[r], {.initSync = false});
+    for (auto& p : b->parameters()) kept[r].push_back(p.detach().clone());
+  });
+  for (size_t i = 0; i < synced[0].size(); ++i) {
+    CHECK(torch::equal(synced[1][i], synced[0][i]));
+    CHECK(torch::equal(kept[1][i], before[1][i]));  // rank 1 kept its own
+  }
+  CHECK_FALSE(torch::equal(kept[1][0], kept[0][0]));
+}
+
 TEST_CASE("no_sync accumulates locally, the next backward syncs the accumulated sum", "[ddp]") {
   for (auto [transport, make] : kTransports) {
     INFO("transport " << transport);

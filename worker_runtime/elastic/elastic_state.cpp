@@ -1,6 +1,7 @@
 #include "worker_runtime/elastic/elastic_state.h"
 
 #include <cstring>
+#include <map>
 
 #include "base/errors.h"
 #include "base/timeline.h"
@@ -154,9 +155,14 @@ void ElasticState::restore() {
 }
 
 void ElasticState::broadcast(Communicator& comm, int root) {
+  // Five collectives whatever the state holds (a heal is on the critical path of a recovery,
+  // and each collective waits for the slowest rank, often a replacement that runs this code for
+  // the first time): the root's layout (its length, then the layout), one agreement, the
+  // values packed by dtype, the counters.
   torch::NoGradGuard noGrad;
   const auto device = comm.device();
   const auto i64 = torch::TensorOptions().dtype(torch::kInt64);
+  const bool isRoot = comm.rank() == root;
   // Every rank throws when one found a difference (the others would wait for it in vain).
   auto agree = [&](const std::string& problem) {
     auto ok = torch::tensor(std::vector<int64_t>{problem.empty() ? 1 : 0}, i64).to(device);
@@ -167,69 +173,93 @@ void ElasticState::broadcast(Communicator& comm, int root) {
                         std::to_string(root) + "'s (its error names it)");
     }
   };
-  // 1. Which optimizer state exists on root: this rank creates or drops its own to match.
-  {
-    const auto mask = optimizerStateMask();
-    auto count = torch::tensor(std::vector<int64_t>{static_cast<int64_t>(mask.size())}, i64).to(device);
-    comm.broadcast(count, root);
-    const int64_t rootCount = count.to(torch::kCPU).item<int64_t>();
-    agree(rootCount == static_cast<int64_t>(mask.size())
-              ? std::string()
-              : "elastic state: rank " + std::to_string(root) + " has " + std::to_string(rootCount) +
-                    " optimizer parameters, rank " + std::to_string(comm.rank()) + " " +
-                    std::to_string(mask.size()) + " (the ranks must register the same state)");
-    if (!mask.empty()) {
-      auto m = torch::tensor(mask, i64).to(device);
-      comm.broadcast(m, root);
-      auto cpu = m.to(torch::kCPU);
-      matchOptimizerState(std::vector<int64_t>(cpu.data_ptr<int64_t>(),
-                                               cpu.data_ptr<int64_t>() + cpu.numel()));
-    }
+  // 1. The root's layout: [optimizer parameters m, m state flags, tensors n, counters c, n
+  //    element counts]. Which optimizer state exists on root (this rank creates or drops its
+  //    own to match), and the sizes, so that a different program fails naming the tensor
+  //    instead of corrupting.
+  auto sizesOf = [this](const std::vector<torch::Tensor>& live) {
+    std::vector<int64_t> sizes{static_cast<int64_t>(live.size()),
+                               static_cast<int64_t>(counters_.size())};
+    for (const auto& t : live) sizes.push_back(t.numel());
+    return sizes;
+  };
+  std::vector<int64_t> layout;
+  if (isRoot) {
+    layout = optimizerStateMask();
+    layout.insert(layout.begin(), static_cast<int64_t>(layout.size()));
+    const auto sizes = sizesOf(liveTensors());
+    layout.insert(layout.end(), sizes.begin(), sizes.end());
   }
-  // 2. The sizes, so that a different program fails naming the tensor instead of corrupting.
-  const auto live = liveTensors();
-  std::vector<int64_t> sizes{static_cast<int64_t>(live.size()),
-                             static_cast<int64_t>(counters_.size())};
-  for (const auto& t : live) sizes.push_back(t.numel());
-  {
-    auto count = torch::tensor(std::vector<int64_t>{static_cast<int64_t>(sizes.size())}, i64).to(device);
-    comm.broadcast(count, root);
-    std::string problem;
-    if (count.to(torch::kCPU).item<int64_t>() != static_cast<int64_t>(sizes.size())) {
-      problem = "elastic state: rank " + std::to_string(comm.rank()) + " holds " +
-                std::to_string(live.size()) + " tensors and " + std::to_string(counters_.size()) +
-                " counters, rank " + std::to_string(root) + " another number";
-    }
-    agree(problem);
-    auto mine = torch::tensor(sizes, i64);
-    auto theirs = mine.to(device);
-    comm.broadcast(theirs, root);
-    theirs = theirs.to(torch::kCPU);
-    const auto* a = theirs.data_ptr<int64_t>();
-    for (size_t i = 0; i < sizes.size() && problem.empty(); ++i) {
-      if (a[i] == sizes[i]) continue;
-      problem = "elastic state: rank " + std::to_string(comm.rank()) + "'s tensors differ from rank " +
-                std::to_string(root) + "'s";
-      if (i < 2) {
-        problem += " (" + std::to_string(a[0]) + " tensors and " + std::to_string(a[1]) +
-                   " counters there, " + std::to_string(sizes[0]) + " and " +
-                   std::to_string(sizes[1]) + " here)";
-      } else {
-        problem += " (tensor " + std::to_string(i - 2) + ": " + std::to_string(a[i]) +
-                   " elements there, " + std::to_string(sizes[i]) + " here)";
+  auto length = torch::tensor(std::vector<int64_t>{static_cast<int64_t>(layout.size())}, i64).to(device);
+  comm.broadcast(length, root);
+  auto theirs = isRoot ? torch::tensor(layout, i64).to(device)
+                       : torch::zeros({length.to(torch::kCPU).item<int64_t>()}, i64).to(device);
+  comm.broadcast(theirs, root);
+  theirs = theirs.to(torch::kCPU);
+  const auto* a = theirs.data_ptr<int64_t>();
+  const int64_t n = theirs.numel();
+  std::string problem;
+  if (!isRoot) {
+    const auto mask = optimizerStateMask();
+    const int64_t rootCount = n > 0 ? a[0] : -1;
+    if (rootCount != static_cast<int64_t>(mask.size()) || n < 3 + rootCount) {
+      problem = "elastic state: rank " + std::to_string(root) + " has " + std::to_string(rootCount) +
+                " optimizer parameters, rank " + std::to_string(comm.rank()) + " " +
+                std::to_string(mask.size()) + " (the ranks must register the same state)";
+    } else {
+      matchOptimizerState(std::vector<int64_t>(a + 1, a + 1 + rootCount));
+      const auto live = liveTensors();
+      const auto sizes = sizesOf(live);
+      const int64_t* r = a + 1 + rootCount;  // the root's sizes
+      const int64_t rootSizes = n - 1 - rootCount;
+      if (rootSizes != static_cast<int64_t>(sizes.size())) {
+        problem = "elastic state: rank " + std::to_string(comm.rank()) + " holds " +
+                  std::to_string(live.size()) + " tensors and " + std::to_string(counters_.size()) +
+                  " counters, rank " + std::to_string(root) + " another number";
+      }
+      for (size_t i = 0; i < sizes.size() && problem.empty(); ++i) {
+        if (r[i] == sizes[i]) continue;
+        problem = "elastic state: rank " + std::to_string(comm.rank()) +
+                  "'s tensors differ from rank " + std::to_string(root) + "'s";
+        if (i < 2) {
+          problem += " (" + std::to_string(r[0]) + " tensors and " + std::to_string(r[1]) +
+                     " counters there, " + std::to_string(sizes[0]) + " and " +
+                     std::to_string(sizes[1]) + " here)";
+        } else {
+          problem += " (tensor " + std::to_string(i - 2) + ": " + std::to_string(r[i]) +
+                     " elements there, " + std::to_string(sizes[i]) + " here)";
+        }
       }
     }
-    agree(problem);
   }
-  // 3. The values: in place where a tensor may be broadcast as it is, else through a copy.
-  for (const auto& t : live) {
-    if (t.numel() == 0) continue;
-    if (t.is_contiguous() && t.device() == device) {
-      comm.broadcast(t, root);
+  agree(problem);
+  // 2. The values, one broadcast per dtype: packed into one buffer, or in place when a dtype has
+  //    a single tensor that may be broadcast as it is.
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> byType;
+  for (const auto& t : liveTensors()) {
+    if (t.numel() > 0) byType[t.scalar_type()].push_back(t);
+  }
+  for (auto& [type, tensors] : byType) {
+    if (tensors.size() == 1 && tensors[0].is_contiguous() && tensors[0].device() == device) {
+      comm.broadcast(tensors[0], root);
+      continue;
+    }
+    int64_t total = 0;
+    for (const auto& t : tensors) total += t.numel();
+    torch::Tensor flat;
+    if (isRoot) {
+      std::vector<torch::Tensor> parts;
+      for (const auto& t : tensors) parts.push_back(t.reshape({-1}).to(device));
+      flat = torch::cat(parts);
     } else {
-      auto tmp = t.contiguous().to(device);
-      comm.broadcast(tmp, root);
-      t.copy_(tmp);
+      flat = torch::empty({total}, torch::TensorOptions().dtype(type).device(device));
+    }
+    comm.broadcast(flat, root);
+    if (isRoot) continue;
+    int64_t at = 0;
+    for (auto& t : tensors) {
+      t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
     }
   }
   if (!counters_.empty()) {
