@@ -218,7 +218,6 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   nodeLossPending_ = false;
   pendingDeaths_.clear();
   recoveredEarly_.clear();
-  exitsSeenEarly_.clear();
   recoveryRestarts_ = round.restartCount;
   decidedFailure_.reset();
   sparesStarted_ = false;
@@ -352,11 +351,6 @@ void Agent::Impl::watchProgress() {
 void Agent::Impl::onWorkerExited(const WorkerResult& r) {
   if (r.spare) {
     onSpareExited(r);
-    return;
-  }
-  if (auto it = std::find(exitsSeenEarly_.begin(), exitsSeenEarly_.end(), r.pid);
-      it != exitsSeenEarly_.end()) {
-    exitsSeenEarly_.erase(it);  // handled when a survivor's hint showed it dying
     return;
   }
   // The last worker: the group closes now and kills its waiting spares; one under SCHED_IDLE

@@ -292,9 +292,6 @@ class Agent::Impl {
   // their exits, when they come, are no new failure.
   std::vector<WorkerResult> pendingDeaths_;
   std::vector<pid_t> recoveredEarly_;
-  // Deaths seen before their exits were reported, on a survivor's hint (noticeDyingWorkers) and
-  // handled as if reported then: their guards' reports, when they come, are dropped.
-  std::vector<pid_t> exitsSeenEarly_;
   int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
   std::optional<JobDecision> decidedFailure_;
   // Hot spares: ids are unique in the job (their store keys are too); the group's spares have

@@ -189,27 +189,20 @@ void Agent::Impl::afterExitReports(std::exception_ptr e, JobDecision d,
 
 void Agent::Impl::noticeDyingWorkers() {
   if (state_ != State::Running || !group_) return;
-  auto known = [](const std::vector<pid_t>& v, pid_t pid) {
-    return std::find(v.begin(), v.end(), pid) != v.end();
-  };
-  std::vector<WorkerResult> dying;
+  std::vector<std::pair<pid_t, int>> dying;  // pid, wait status
   for (const auto& w : group_->results()) {
-    if (w.ended || w.spare || w.pid <= 0 || known(exitsSeenEarly_, w.pid) ||
-        known(recoveredEarly_, w.pid) || contains(pendingDeaths_, w.pid)) {
+    if (w.ended || w.spare || w.pid <= 0 || contains(pendingDeaths_, w.pid) ||
+        std::find(recoveredEarly_.begin(), recoveredEarly_.end(), w.pid) != recoveredEarly_.end()) {
       continue;
     }
     int status = 0;
-    if (!processDying(w.pid, &status)) continue;
-    WorkerResult r = w;  // as its guard will report it
-    r.ended = true;
-    r.waitStatus = status;
-    r.endTime = std::chrono::system_clock::now();
-    dying.push_back(std::move(r));
+    if (processDying(w.pid, &status)) dying.emplace_back(w.pid, status);
   }
-  for (const auto& r : dying) {
-    if (state_ != State::Running) return;
-    onWorkerExited(r);
-    exitsSeenEarly_.push_back(r.pid);
+  // Each ends in the group now (its `exited` callback, onWorkerExited, as from its guard), so
+  // that everything reading the group (survivors, grow back) no longer counts it.
+  for (const auto& [pid, status] : dying) {
+    if (state_ != State::Running || !group_) return;
+    group_->endEarly(pid, status);
   }
 }
 

@@ -140,6 +140,16 @@ bool WorkerGroup::assign(pid_t pid, int localRank, int globalRank) {
   return false;
 }
 
+bool WorkerGroup::endEarly(pid_t pid, int waitStatus) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (results_[i].spare || results_[i].pid != pid || slots_[i]->ended) continue;
+    results_[i].waitStatus = waitStatus;
+    onWorkerEnded(i);
+    return true;
+  }
+  return false;
+}
+
 bool WorkerGroup::renumber(pid_t pid, int globalRank) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     WorkerResult& r = results_[i];
@@ -260,7 +270,7 @@ void WorkerGroup::onRecord(size_t i, const GuardRecord& r) {
                                    << "; its guard alone stops what it starts";
       break;
     case GuardRecord::Exited:
-      res.waitStatus = r.value;
+      if (!slots_[i]->ended) res.waitStatus = r.value;  // else ended early (endEarly): as then
       onWorkerEnded(i);
       break;
     default:

@@ -98,6 +98,11 @@ class WorkerGroup : public std::enable_shared_from_this<WorkerGroup> {
   // its local rank, the slot of its logs and progress record, stays). False when `pid` is no
   // running worker of this group.
   bool renumber(pid_t pid, int globalRank);
+  // Worker `pid` (running, not a waiting spare) is known to have ended with `waitStatus` before
+  // its guard reports it (its zombie's status, read from /proc: base/process.h processDying):
+  // it ends now, as if reported (the `exited` callback runs), and the guard's report, when it
+  // comes, changes nothing. False when no such worker runs.
+  bool endEarly(pid_t pid, int waitStatus);
   // The console prefix of the lines of worker `pid` (a spare, or a running worker) from now on:
   // the launcher's books follow a rank change, the process's own RANK variable cannot (its
   // environment is fixed at exec; a program reads Runtime::rank()). No-op for an unknown pid.
