@@ -394,6 +394,12 @@ int benchRendezvous(int argc, char** argv) {
   app.add_flag("--no-leases", noLeases,
                "--simulate --backend etcd-v3: the agents without their lease liveness (no "
                "lease, keep-alives or alive/ watch): the join's cost alone");
+  std::string etcdTransport = "grpc";
+  app.add_option("--etcd-transport", etcdTransport,
+                 "--simulate --backend etcd-v3: grpc (HTTP/2, one connection per agent: the "
+                 "default for http://) or gateway (the JSON gateway over HTTP/1.1, a connection "
+                 "per watch)")
+      ->check(CLI::IsMember({"grpc", "gateway"}));
   std::string realCsv = ddprun::bench::resultsPath("rendezvous.csv");
   app.add_option("--real-csv", realCsv,
                  "--simulate: the agent-process results drawn on the plot (form+run rows)");
@@ -417,6 +423,7 @@ int benchRendezvous(int argc, char** argv) {
     sim.realCsv = realCsv;
     sim.backend = backend;
     sim.etcdLeases = !noLeases;
+    sim.etcdGateway = etcdTransport == "gateway";
     return ddprun::bench::simulate(sim);
   }
   const bool etcd = backend == "etcd-v3";

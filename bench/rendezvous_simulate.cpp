@@ -81,7 +81,7 @@ int simulate(const SimulateOptions& o) {
   // The CSV's scenario: the protocol, and etcd when the keys are there.
   auto scenario = [&](const std::string& protocol) {
     return "simulate-" + std::string(etcd ? "etcd-" : "") + protocol +
-           (etcd && !o.etcdLeases ? "-no-leases" : "");
+           (etcd && !o.etcdLeases ? "-no-leases" : "") + (etcd && o.etcdGateway ? "-gateway" : "");
   };
   const std::string csvPath = o.csv.empty() ? resultsPath("rendezvous_simulate.csv") : o.csv;
   // The rows of protocols not run this time are kept from the file (one plot, several runs).
@@ -121,7 +121,7 @@ int simulate(const SimulateOptions& o) {
       const SwarmOptions so{.agents = n, .seed = o.seed, .spread = o.spread, .maxNproc = 4,
                             .timeout = o.cap, .protocol = protocol, .loops = o.loops};
       try {
-        r = etcd ? runEtcdSwarm(so, {.leases = o.etcdLeases}) : runSwarm(o.storeBinary, so);
+        r = etcd ? runEtcdSwarm(so, {.leases = o.etcdLeases, .gateway = o.etcdGateway}) : runSwarm(o.storeBinary, so);
       } catch (const std::exception& e) {
         r.error = e.what();
       }
