@@ -53,7 +53,7 @@ class CountingEtcdBackend final : public RendezvousBackend {
 class EtcdSwarmStore final : public SwarmStore {
  public:
   EtcdSwarmStore(Millis timeout, const EtcdSwarmOptions& etcd)
-      : cluster_(1),
+      : cluster_(1, {}, nullptr, etcd.dataParent),
         options_{.client = cluster_.clientOptions(timeout), .leaseTtl = etcd.leaseTtl},
         timeout_(timeout), leases_(etcd.leases) {
     options_.client.transport =

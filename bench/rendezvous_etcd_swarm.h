@@ -33,6 +33,11 @@ struct EtcdSwarmOptions {
   // true: the JSON gateway (HTTP/1.1: a connection per open watch) instead of gRPC (one
   // HTTP/2 connection per agent carrying its calls and watches).
   bool gateway = false;
+  // Where etcd's data directory goes (--etcd-data-parent). The bench's default is /dev/shm, a
+  // tmpfs: etcd 3.4 fsyncs its WAL and its backend on every commit and has no flag to stop
+  // (--unsafe-no-fsync came with 3.5); on this machine's disk those fsyncs, not etcd's CPU,
+  // bound it beyond about 1,000 agents (the applied index lags, keep-alives time out).
+  std::string dataParent = "/tmp";
 };
 
 // Throws Error when etcd is not installed or does not start, or when N agents would need more

@@ -104,7 +104,8 @@ int simulate(const SimulateOptions& o) {
          "seed,spread_ms,note\n";
   for (const auto& line : kept) out << line << "\n";
   std::printf("simulated agents against %s (seed %llu, arrivals spread over %lld ms)\n",
-              etcd ? ("a private etcd (one member of " + etcdBinary() + ")").c_str()
+              etcd ? ("a private etcd (one member of " + etcdBinary() + ", data in " +
+                     o.etcdDataParent + ", " + (o.etcdGateway ? "JSON gateway" : "gRPC") + ")").c_str()
                    : "one ddprun-store",
               static_cast<unsigned long long>(o.seed), static_cast<long long>(o.spread.count()));
   std::printf("%-11s %7s | %8s %8s | %7s %7s | %-17s %-19s | %-17s %-19s | %s\n", "proto", "agents", "form",
@@ -121,7 +122,8 @@ int simulate(const SimulateOptions& o) {
       const SwarmOptions so{.agents = n, .seed = o.seed, .spread = o.spread, .maxNproc = 4,
                             .timeout = o.cap, .protocol = protocol, .loops = o.loops};
       try {
-        r = etcd ? runEtcdSwarm(so, {.leases = o.etcdLeases, .gateway = o.etcdGateway}) : runSwarm(o.storeBinary, so);
+        r = etcd ? runEtcdSwarm(so, {.leaseTtl = o.etcdLeaseTtl, .leases = o.etcdLeases, .gateway = o.etcdGateway,
+                                   .dataParent = o.etcdDataParent}) : runSwarm(o.storeBinary, so);
       } catch (const std::exception& e) {
         r.error = e.what();
       }

@@ -20,6 +20,8 @@ struct SimulateOptions {
   // etcd-v3 only: the agents use the JSON gateway (--etcd-transport gateway) instead of gRPC;
   // the scenario then ends in -gateway.
   bool etcdGateway = false;
+  std::string etcdDataParent = "/dev/shm";  // EtcdSwarmOptions::dataParent
+  std::chrono::milliseconds etcdLeaseTtl{10'000};  // EtcdSwarmOptions::leaseTtl
   uint64_t seed = 1;
   std::chrono::milliseconds spread{200};
   int loops = 1;  // threads running the agents' fibers (SwarmOptions::loops)

@@ -14,6 +14,13 @@ constexpr int kUnavailable = 14;       // gRPC: no leader, leader changed, reque
 constexpr int kDeadlineExceeded = 4;
 constexpr Millis kMinAttempt{2'000};   // one member's share of a call, at least
 
+// etcd refuses a proposal while its applied index lags the committed one by more than 5,000
+// entries ("etcdserver: too many requests"), before proposing it: nothing was applied, and the
+// call is worth retrying (after the backoff) whatever it is.
+bool overloaded(const std::string& message) {
+  return message.find("too many requests") != std::string::npos;
+}
+
 // The failure of one attempt on one member, and whether another member may do better.
 struct AttemptFailed {
   std::string what;
@@ -175,6 +182,7 @@ std::string EtcdClient::grpcOnce(size_t member, const std::string& method,
   }
   if (r.code == 0) return std::move(r.body);
   const std::string status = "grpc-status " + std::to_string(r.code) + " (" + r.message + ")";
+  if (overloaded(r.message)) throw AttemptFailed{who + ": " + method + ": " + status, false};
   if (r.code == kUnavailable || r.code == kDeadlineExceeded) {
     // "no leader" is refused before anything is proposed; the others may have been applied.
     const bool applied = r.message.find("no leader") == std::string::npos;
@@ -205,6 +213,7 @@ std::string EtcdClient::callOnce(size_t member, const std::string& target,
   const int code = err ? err->code : 0;
   const std::string message = err ? err->message : "HTTP " + std::to_string(r.status) + ": " +
                                                         r.body.substr(0, 200);
+  if (overloaded(message)) throw AttemptFailed{who + ": " + message, false};
   if (code == kUnavailable || code == kDeadlineExceeded || r.status == 502 ||
       r.status == 503 || r.status == 504) {
     // "no leader" is refused before anything is proposed; the others may have been applied.
