@@ -390,6 +390,12 @@ int benchRendezvous(int argc, char** argv) {
                  "i % loops)")
       ->check(CLI::Range(1, 64));
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
+  std::string rankOrder = "arrival";
+  app.add_option("--rank-order", rankOrder,
+                 "--simulate --protocol agents: arrival (node ranks in slot order, constant "
+                 "store work for every agent) or stable (kept from the round before: the closer "
+                 "reads every record)")
+      ->check(CLI::IsMember({"arrival", "stable"}));
   bool noLeases = false;
   app.add_flag("--no-leases", noLeases,
                "--simulate --backend etcd-v3: the agents without their lease liveness (no "
@@ -423,6 +429,7 @@ int benchRendezvous(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  sim.arrivalRanks = rankOrder == "arrival";
   if (!sim.sizes.empty()) {
     sim.spread = Millis(spreadMs);
     sim.cap = Millis(capS * 1000);

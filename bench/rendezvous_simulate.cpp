@@ -120,7 +120,8 @@ int simulate(const SimulateOptions& o) {
       note = "skipped: a smaller N failed or took longer than the cap";
     } else {
       const SwarmOptions so{.agents = n, .seed = o.seed, .spread = o.spread, .maxNproc = 4,
-                            .timeout = o.cap, .protocol = protocol, .loops = o.loops};
+                            .timeout = o.cap, .protocol = protocol, .loops = o.loops,
+                            .arrivalRanks = o.arrivalRanks};
       try {
         r = etcd ? runEtcdSwarm(so, {.leaseTtl = o.etcdLeaseTtl, .leases = o.etcdLeases, .gateway = o.etcdGateway,
                                    .dataParent = o.etcdDataParent}) : runSwarm(o.storeBinary, so);
@@ -128,6 +129,8 @@ int simulate(const SimulateOptions& o) {
         r.error = e.what();
       }
       note = r.error;
+      if (protocol == "agents" && !etcd && !o.arrivalRanks)
+        note += std::string(note.empty() ? "" : "; ") + "rank order stable";
       if (r.connectSeconds > 0) {
         char b[96];
         std::snprintf(b, sizeof b, "%sset-up (fibers, connections) %.2f s before the first arrival, not timed",
