@@ -308,6 +308,7 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
         opt.lastCallTimeout = o.timeout;  // round 1 closes at MAX, round 2 when every survivor is back
         opt.heartbeat = {.interval = Millis(0)};
         opt.watcherOnAgentConnection = true;  // one connection per agent
+        opt.arrivalRanks = o.arrivalRanks;
         a.atStart = a.traffic->snapshot();
         // The watcher's event, on the watcher's fiber: wakes this agent's.
         a.rdzv = std::make_unique<DynamicRendezvous>(opt, [&a, &fibers](const RoundEvent& e) {
@@ -433,9 +434,7 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
     auto conn = store.connect(runId);
     StateLog log(*conn, limits, /*spill=*/o.protocol == "agents");
     const std::string why = "node " + agents[victim].id + " simulated lost";
-    auto w = log.update(log.refresh(log.latest()), [&](const RoundState& s) {
-      return transition::remove(s, agents[victim].id, why, limits);
-    });
+    auto w = removeNode(log, log.refresh(log.latest()), agents[victim].id, why);
     tEvict = Clock::now();
     if (!w.wrote) r.error = "the eviction of " + agents[victim].id + " wrote nothing";
   } catch (const std::exception& e) {

@@ -110,6 +110,10 @@ struct SwarmOptions {
   std::string protocol = "agents";
   // Threads that run the agents' fibers (bench/fiber_scheduler.h), agent i on thread i % loops.
   int loops = 1;
+  // "agents": node ranks in arrival order (DynamicRendezvousOptions::arrivalRanks: every agent's
+  // store work constant, the closer's included); false: kept from the round before (the closer
+  // reads every record and writes the member list).
+  bool arrivalRanks = true;
   // Tests only: after round 1, the harness makes agent 0's view claim agent 1's node rank before
   // checking it, so that a test can see a violated invariant fail the run.
   bool corruptView = false;

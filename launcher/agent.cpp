@@ -218,6 +218,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   nodeLossPending_ = false;
   pendingDeaths_.clear();
   recoveredEarly_.clear();
+  exitsSeenEarly_.clear();
   recoveryRestarts_ = round.restartCount;
   decidedFailure_.reset();
   sparesStarted_ = false;
@@ -228,10 +229,13 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   growBackOff_ = false;
   ownGenerations_.clear();
   openStoreLink();  // several nodes: in-process recovery through node 0's workers' store
-  bool observe = false;
+  // In-process recovery on one node: a survivor's hint (recovery_keys.h suspectKey) lets the
+  // agent see a death before its exit is reaped.
+  bool observe = options_.recovery != LaunchOptions::Recovery::Restart && round.useAgentStore &&
+                 round.nodeCount == 1;
   if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
     std::string why;
-    observe = growBackUsable(why);
+    observe = growBackUsable(why) || observe;
   }
   if (options_.spares > 0) {
     std::string why;
@@ -348,6 +352,11 @@ void Agent::Impl::watchProgress() {
 void Agent::Impl::onWorkerExited(const WorkerResult& r) {
   if (r.spare) {
     onSpareExited(r);
+    return;
+  }
+  if (auto it = std::find(exitsSeenEarly_.begin(), exitsSeenEarly_.end(), r.pid);
+      it != exitsSeenEarly_.end()) {
+    exitsSeenEarly_.erase(it);  // handled when a survivor's hint showed it dying
     return;
   }
   // The last worker: the group closes now and kills its waiting spares; one under SCHED_IDLE

@@ -100,6 +100,11 @@ class Agent::Impl {
   // A key a worker SET in the agent's store: once every worker of the group has announced
   // in-process recovery (its program runs the runtime's elastic loop), the spares start.
   void onStoreSet(const std::string& key);
+  // A survivor's collective failed (recovery_keys.h suspectKey): a worker of this group that is
+  // dying (base/process.h processDying: a zombie whose status is not exit 0, a SIGKILL pending)
+  // is handled now as if its guard had reported its exit, which for a LibTorch process comes
+  // tens of ms later (the kernel frees its memory before the parent can reap it).
+  void noticeDyingWorkers();
   // Starts the group's --spares once every worker has announced (once per group).
   void maybeStartSpares();
   // Starts one spare; `idle`: under SCHED_IDLE (training is running, hot_spares.h).
@@ -287,6 +292,9 @@ class Agent::Impl {
   // their exits, when they come, are no new failure.
   std::vector<WorkerResult> pendingDeaths_;
   std::vector<pid_t> recoveredEarly_;
+  // Deaths seen before their exits were reported, on a survivor's hint (noticeDyingWorkers) and
+  // handled as if reported then: their guards' reports, when they come, are dropped.
+  std::vector<pid_t> exitsSeenEarly_;
   int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
   std::optional<JobDecision> decidedFailure_;
   // Hot spares: ids are unique in the job (their store keys are too); the group's spares have

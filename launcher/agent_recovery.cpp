@@ -187,6 +187,32 @@ void Agent::Impl::afterExitReports(std::exception_ptr e, JobDecision d,
   onRecoveryDecision(std::move(dead), d);
 }
 
+void Agent::Impl::noticeDyingWorkers() {
+  if (state_ != State::Running || !group_) return;
+  auto known = [](const std::vector<pid_t>& v, pid_t pid) {
+    return std::find(v.begin(), v.end(), pid) != v.end();
+  };
+  std::vector<WorkerResult> dying;
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare || w.pid <= 0 || known(exitsSeenEarly_, w.pid) ||
+        known(recoveredEarly_, w.pid) || contains(pendingDeaths_, w.pid)) {
+      continue;
+    }
+    int status = 0;
+    if (!processDying(w.pid, &status)) continue;
+    WorkerResult r = w;  // as its guard will report it
+    r.ended = true;
+    r.waitStatus = status;
+    r.endTime = std::chrono::system_clock::now();
+    dying.push_back(std::move(r));
+  }
+  for (const auto& r : dying) {
+    if (state_ != State::Running) return;
+    onWorkerExited(r);
+    exitsSeenEarly_.push_back(r.pid);
+  }
+}
+
 void Agent::Impl::addPendingDeath(const WorkerResult& r) {
   const WorkerResult& first = pendingDeaths_.front();
   pendingDeaths_.push_back(r);

@@ -259,6 +259,10 @@ bool Agent::Impl::sparesUsable(std::string& why) const {
 void Agent::Impl::onStoreSet(const std::string& key) {
   if (state_ != State::Running || !group_) return;
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  if (key.rfind(prefix + "ddprun/suspect/", 0) == 0) {
+    noticeDyingWorkers();
+    return;
+  }
   const bool announce = key.rfind(prefix + "ddprun/recovery/", 0) == 0;
   if (announce) maybeStartSpares();
   // Shrink: grow back on a spare's ready key or a worker's announcement.

@@ -94,11 +94,14 @@ void DynamicRendezvous::checkSettings() {
                      std::to_string(lim.maxNodes) +
                      " max_restarts=" + std::to_string(lim.maxRestarts) +
                      " backend=" + options_.backend->name();
+  // Only when set, so that a job's settings with stable ranks read as they always did.
+  if (options_.arrivalRanks && options_.backend->slotJoin()) mine += " rank_order=arrival";
   std::string theirs = main_.store->compareSet("settings", "", mine);
   if (theirs != mine) {
     throw ConfigError("rendezvous '" + options_.runId + "' at " + options_.backend->describe() +
                       ": this node has " + mine + " but the job's other nodes have " + theirs +
-                      ": give every node the same --nnodes, --max-restarts and --rdzv-backend");
+                      ": give every node the same --nnodes, --max-restarts, --rdzv-backend and "
+                      "--rdzv-conf rank_order");
   }
 }
 

@@ -60,6 +60,13 @@ struct DynamicRendezvousOptions {
   // the launcher's agents (multi-node jobs on the ddprun store) and the simulated agents of
   // `ddprun-bench rendezvous --simulate` (one connection each).
   bool watcherOnAgentConnection = false;
+  // Node ranks in slot (arrival) order within each round, as torchrun assigns them, instead of
+  // kept from the round before and newcomers in address order (--rdzv-conf rank_order=arrival).
+  // On the ddprun store every agent's store work to form or re-form a round is then constant,
+  // the closer's included: each joiner writes its own entry of the member list with its record
+  // and the round closes from two counters (scalable/slot_join.h, "Arrival ranks"). On etcd
+  // (tickets carry no process count) the closer reads the records as before, in slot order.
+  bool arrivalRanks = false;
 };
 
 // One closed round, from this node's point of view.
@@ -182,6 +189,10 @@ class DynamicRendezvous {
   // The ddprun store's dynamic backend forms rounds by the slot join (dynamic_rendezvous_slots.cpp).
   Versioned joinBySlots();
   Versioned closeBySlots(const Versioned& joining);
+  // Arrival ranks: closes round r from the counters alone (this agent's written-ADD brought the
+  // written slots to `target`; `world` is the processes of slots 1..target), or falls back to
+  // closeBySlots when the round lost nodes while it was open.
+  Versioned closeFromCounters(const Versioned& joining, int target, int64_t world);
   // Whether this node is a member of closed state `s`; remembers its position (selfAt_). On a
   // compact state one round trip, and only when it took a slot of that round.
   bool findSelf(const RoundState& s);
@@ -228,6 +239,8 @@ class DynamicRendezvous {
   // when it was taken, and when this node's last call runs out (max: it has none).
   int64_t slotRound_ = -1;
   int64_t slot_ = 0;
+  int64_t slotProcs_ = 0;  // the processes of slots 1..slot_ (0 on a store with tickets)
+  Clock::time_point closeAt_ = Clock::time_point::max();  // arrival ranks: the target's fallback
   int slotTarget_ = 0;
   Clock::time_point lastCallAt_ = Clock::time_point::max();
   std::optional<ListPosition> selfAt_;  // this node's entry in the closed round (findSelf)

@@ -167,10 +167,7 @@ DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
   reconnectIfInterrupted();
   inRound_ = false;
   const std::string reason = "workers of node " + self_.id + " failed: " + what;
-  auto r = log_->update(current_, [&](const RoundState& s) {
-    return transition::failWorkers(s, round_.round, self_.id, exitCode, reason, options_.limits,
-                                   !retryable);
-  });
+  auto r = failNode(*log_, current_, round_.round, self_.id, exitCode, reason, !retryable);
   current_ = r.now;
   view_.offer(current_);
   if (r.now.state.phase == Phase::Failed) {
@@ -331,9 +328,7 @@ void DynamicRendezvous::leave(const std::string& reason) {
   inRound_ = false;
   if (liveness_) liveness_->stopWatching();
   const std::string why = "node " + self_.id + " (" + self_.addr + ") left: " + reason;
-  auto r = log_->update(fresh(), [&](const RoundState& s) {
-    return transition::remove(s, self_.id, why, options_.limits);
-  });
+  auto r = removeNode(*log_, fresh(), self_.id, why);
   current_ = r.now;
   if (liveness_) liveness_->stop(true);
   DDPRUN_LOG(INFO, "rendezvous") << why;

@@ -76,14 +76,44 @@ Versioned DynamicRendezvous::joinBySlots() {
     if (slotRound_ != r) {
       const scalable::SlotRecord me{.id = self_.id, .addr = self_.addr, .nproc = self_.nproc,
                                     .masterPort = self_.masterPort};
-      slot_ = scalable::takeSlot(*main_.store, r, me, lim.maxNodes).slots;
+      // Arrival ranks on a store with a packed counter: this node's entry of the round's member
+      // list (scalable::slotListRef) goes with its record, and it counts itself written.
+      const bool listed = options_.arrivalRanks && !main_.store->hasTickets();
+      const int64_t listRef = scalable::slotListRef(r);
+      const auto entries = [&](const scalable::SlotCount& c) {
+        NodeInfo n = self_;
+        n.fixedRank = -1;
+        n.prevRank = -1;
+        return scalable::ExtraKeys{
+            {listKey(listRef, c.slots - 1), encodeNodeLine(n, RoundState::List::Members)},
+            {listIdKey(listRef, self_.id),
+             std::to_string(c.slots - 1) + " " + std::to_string(c.procs - self_.nproc)}};
+      };
+      const scalable::SlotCount mine =
+          listed ? scalable::takeSlot(*main_.store, r, me, lim.maxNodes, entries)
+                 : scalable::takeSlot(*main_.store, r, me, lim.maxNodes);
+      slot_ = mine.slots;
+      slotProcs_ = mine.procs;
       slotRound_ = r;
       slotTarget_ = target;
+      closeAt_ = Clock::time_point::max();
       // From MIN on, a member's last call closes the round with whoever has a slot by then.
       lastCallAt_ = slot_ >= lim.minNodes && slot_ <= lim.maxNodes
                         ? Clock::now() + options_.lastCallTimeout
                         : Clock::time_point::max();
-      if (slot_ == target) {
+      if (listed && slot_ <= target) {
+        const scalable::SlotCount written =
+            scalable::markWritten(*main_.store, r, slot_, target, slotProcs_);
+        if (written.slots == target) {
+          cur = closeFromCounters(cur, target, written.procs);
+          continue;
+        }
+        // The target's holder closes from the records if the counters do not complete (a
+        // holder died between its slot and its entries) within the time a record may take.
+        if (slot_ == target)
+          closeAt_ = Clock::now() + std::clamp(options_.lastCallTimeout, Millis(2'000),
+                                               Millis(10'000));
+      } else if (slot_ == target) {
         cur = closeBySlots(cur);
         continue;
       }
@@ -93,13 +123,14 @@ Versioned DynamicRendezvous::joinBySlots() {
       cur = closeBySlots(cur);
       continue;
     }
-    const auto wakeAt = std::min(lastCallAt_, joinDeadline);
+    const auto wakeAt = std::min({lastCallAt_, closeAt_, joinDeadline});
     if (auto nv = log_->waitNewer(cur, until(wakeAt))) {
       cur = *nv;
       continue;
     }
-    if (Clock::now() >= lastCallAt_) {
+    if (Clock::now() >= lastCallAt_ || Clock::now() >= closeAt_) {
       lastCallAt_ = Clock::time_point::max();
+      closeAt_ = Clock::time_point::max();
       cur = closeBySlots(cur);
     }
   }
@@ -109,6 +140,12 @@ bool DynamicRendezvous::findSelf(const RoundState& s) {
   selfAt_.reset();
   // A member of a round closed by the slot join took a slot of it.
   if (s.membersList.ref != 0 && slotRound_ != s.round) return false;
+  if (s.membersList.ref == scalable::slotListRef(s.round)) {
+    // Closed from the counters: the members are slots 1..count, and this node knows its own.
+    if (slot_ < 1 || slot_ > s.membersList.count) return false;
+    selfAt_ = ListPosition{.index = slot_ - 1, .rankOffset = slotProcs_ - self_.nproc};
+    return true;
+  }
   selfAt_ = position(*main_.store, s, RoundState::List::Members, self_.id);
   return selfAt_.has_value();
 }
@@ -129,11 +166,54 @@ Versioned DynamicRendezvous::closeBySlots(const Versioned& cur) {
     arrived.push_back(NodeInfo{.id = rec.id, .addr = rec.addr, .nproc = rec.nproc,
                                .masterPort = rec.masterPort});
   auto res = log_->update(cur, [&](const RoundState& st) {
-    return transition::closeWithSlots(st, r, arrived, lim);
+    return transition::closeWithSlots(st, r, arrived, lim, options_.arrivalRanks);
   });
   if (res.wrote) {
     DDPRUN_LOG(DEBUG, "rendezvous") << "closed round " << r << " with " << arrived.size()
                                     << " of " << k << " slot(s)";
+  }
+  return res.now;
+}
+
+Versioned DynamicRendezvous::closeFromCounters(const Versioned& cur, int target, int64_t world) {
+  const auto& lim = options_.limits;
+  const int64_t r = cur.state.round;
+  const int64_t ref = scalable::slotListRef(r);
+  if (world < target || world > int64_t{target} * kMaxNproc) {
+    throw StoreError("rendezvous key '" + scalable::writtenKey(r) + "' counts " +
+                     std::to_string(world) + " processes for " + std::to_string(target) +
+                     " node(s): it is corrupt or forged");
+  }
+  // Node rank 0 is slot 1, whose entry is written (every slot up to the target counted itself
+  // written after writing it): one read, none when this node holds slot 1.
+  NodeInfo master = self_;
+  if (slot_ != 1) {
+    const std::string key = listKey(ref, 0);
+    const auto text = tryGetKey(*main_.store, key);
+    if (!text) {
+      throw StoreError("rendezvous key '" + scalable::writtenKey(r) + "' counts slot 1 written, "
+                       "but '" + key + "' is missing: it is corrupt or forged");
+    }
+    master = decodeNodeLines({*text}, RoundState::List::Members, "'" + key + "'").at(0);
+  }
+  bool fallBack = false;
+  auto res = log_->updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {
+    fallBack = false;
+    if (st.phase != Phase::Joining || st.round != r) return std::nullopt;
+    // Removed while it was open (their slots must not make them members), or a target that
+    // moved: the records decide (closeBySlots).
+    if (!st.lost.empty() || !st.members.empty() || !st.waiting.empty() ||
+        st.waitingList.ref != 0 || slotTarget(st, lim) != target) {
+      fallBack = true;
+      return std::nullopt;
+    }
+    return transition::closeWithSlotList(st, r, ListRef{.ref = ref, .count = target}, world,
+                                         master.addr, master.masterPort);
+  });
+  if (fallBack) return closeBySlots(res.now);
+  if (res.wrote) {
+    DDPRUN_LOG(DEBUG, "rendezvous") << "closed round " << r << " with " << target
+                                    << " slot(s) from the counters";
   }
   return res.now;
 }

@@ -245,9 +245,7 @@ void HeartbeatMonitor::evict(const std::string& target) {
   const std::string reason = "node " + target + " was evicted: no heartbeat for " +
                              std::to_string(options_.timeout().count()) + " ms";
   StateLog log(store(), limits_, spill_);
-  auto r = log.update(view_.get(), [&](const RoundState& s) {
-    return transition::remove(s, target, reason, limits_);
-  });
+  auto r = removeNode(log, view_.get(), target, reason);  // O(1) store work on the slot join
   if (r.wrote) {
     DDPRUN_LOG(WARN, "rendezvous") << reason << " (round " << r.now.state.round << ")";
   }

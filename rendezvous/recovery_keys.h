@@ -19,6 +19,12 @@
 //   ddprun/spare/<id>/rank     the spare's assignment (SpareAssignment below): written once by
 //                              the agent, in the same turn as the generation that names the
 //                              spare; the spare WAITs for it
+//   ddprun/suspect/<rank>      a survivor's collective failed (value: its generation): set by
+//                              the runtime before it waits for the next generation. Only a hint:
+//                              the agent then reads /proc for a worker of its own that is dying
+//                              (base/process.h processDying) and recovers it at once, instead of
+//                              after its guard reaps it (tens of ms later for a LibTorch process,
+//                              whose memory the kernel frees first). Anything else it ignores.
 // A generation's communicator keys live under "gen/<g>/" of the attempt (generation 0: none),
 // so nothing of an old generation is read by a new one.
 #include <cstdlib>
@@ -37,6 +43,7 @@ inline std::string generationKey(int generation) {
 inline std::string generationScope(int generation) { return "gen/" + std::to_string(generation); }
 inline std::string spareReadyKey(int id) { return "ddprun/spare/" + std::to_string(id) + "/ready"; }
 inline std::string spareAssignKey(int id) { return "ddprun/spare/" + std::to_string(id) + "/rank"; }
+inline std::string suspectKey(int rank) { return "ddprun/suspect/" + std::to_string(rank); }
 // Several nodes: the counter that allocates generation numbers (every node's agent publishes
 // its own; an ADD gives each a number no other agent has) and node rank 0's agent's list of
 // each node's worker count at the group's start ("<c0>,<c1>,...").

@@ -150,6 +150,10 @@ RendezvousConf parseRdzvConf(const std::string& value) {
       if (v == "1" || v == "true" || v == "True" || v == "yes") conf.isHost = true;
       else if (v == "0" || v == "false" || v == "False" || v == "no") conf.isHost = false;
       else throw ConfigError("--rdzv-conf is_host='" + v + "' is not valid (allowed: true or false)");
+    } else if (key == "rank_order") {
+      if (v == "arrival") conf.arrivalRanks = true;
+      else if (v == "stable") conf.arrivalRanks = false;
+      else throw ConfigError("--rdzv-conf rank_order='" + v + "' is not valid (allowed: stable, arrival)");
     } else if (key.rfind("store_", 0) == 0) {
       ServerLimits check;  // refuses a bad name or value now, naming the key
       setStoreLimit(check, key.substr(6), v, "--rdzv-conf " + key);
@@ -158,7 +162,8 @@ RendezvousConf parseRdzvConf(const std::string& value) {
       throw ConfigError("--rdzv-conf key '" + key +
                         "' is unknown (allowed: join_timeout, last_call_timeout, close_timeout, "
                         "exit_barrier_timeout, heartbeat, keep_alive_interval, missed_heartbeats, "
-                        "keep_alive_max_attempt, read_timeout, timeout, is_host, token_file; "
+                        "keep_alive_max_attempt, read_timeout, timeout, is_host, token_file, "
+                        "rank_order; "
                         "etcd-v3: key_prefix, lease_ttl, protocol, cacert, cert, key; the hosted "
                         "store: store_max_connections, store_max_waiters, store_max_keys, "
                         "store_max_stored_bytes, store_max_value_bytes, store_max_frame_bytes, "
@@ -188,6 +193,7 @@ void applyRdzvConf(const RendezvousConf& conf, DynamicRendezvousOptions& o) {
     o.store.connectTimeout = *conf.readTimeout;
   }
   if (conf.isHost) o.isHost = *conf.isHost;
+  if (conf.arrivalRanks) o.arrivalRanks = *conf.arrivalRanks;
 }
 
 }  // namespace ddprun::rendezvous

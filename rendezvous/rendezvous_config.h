@@ -39,6 +39,7 @@ struct RendezvousConf {
   std::optional<Millis> heartbeatInterval, readTimeout, staticTimeout;
   std::optional<int> missedHeartbeats;
   std::optional<bool> isHost;
+  std::optional<bool> arrivalRanks;  // rank_order=arrival|stable (DynamicRendezvousOptions)
   std::optional<std::string> keyPrefix, protocol, cacert, cert, key, tokenFile;
   std::optional<Millis> leaseTtl;
   std::vector<std::pair<std::string, std::string>> storeLimits;  // (limit name, value), checked

@@ -231,7 +231,7 @@ std::optional<RoundState> arrive(const RoundState& s, const NodeInfo& node, cons
 
 std::optional<RoundState> closeWithSlots(const RoundState& s, int64_t round,
                                          const std::vector<NodeInfo>& arrived,
-                                         const JobLimits& lim) {
+                                         const JobLimits& lim, bool slotOrder) {
   if (s.phase != Phase::Joining || s.round != round || !s.members.empty()) return std::nullopt;
   RoundState next = s;
   // Hashed lookups: the closer runs this over every arrival of a round of up to MAX nodes, and
@@ -251,7 +251,14 @@ std::optional<RoundState> closeWithSlots(const RoundState& s, int64_t round,
     taken.insert(a.id);
     next.members.push_back(n);
   }
-  if (static_cast<int>(next.members.size()) >= lim.minNodes) return close(std::move(next));
+  if (static_cast<int>(next.members.size()) >= lim.minNodes) {
+    if (!slotOrder) return close(std::move(next));
+    for (auto& m : next.members) m.prevRank = -1;  // node rank = position in slot order
+    next.expected.clear();
+    next.lost.clear();
+    next.phase = Phase::Closed;
+    return next;
+  }
   // Departures while it was open left it below MIN: the next round awaits the rest.
   RoundState again;
   again.round = s.round + 1;
@@ -262,6 +269,22 @@ std::optional<RoundState> closeWithSlots(const RoundState& s, int64_t round,
   for (const NodeInfo& m : next.members)
     if (!prevRank.count(m.id)) again.expected.push_back(NodeInfo{.id = m.id, .prevRank = -1});
   return again;
+}
+
+std::optional<RoundState> closeWithSlotList(const RoundState& s, int64_t round,
+                                            const ListRef& members, int64_t world,
+                                            const std::string& masterAddr, uint16_t masterPort) {
+  if (s.phase != Phase::Joining || s.round != round || !s.members.empty()) return std::nullopt;
+  RoundState next = s;
+  next.phase = Phase::Closed;
+  next.expected.clear();
+  next.expectedList = {};
+  next.lost.clear();
+  next.membersList = members;
+  next.worldSize = world;
+  next.masterAddr = masterAddr;
+  next.masterPort = masterPort;
+  return next;
 }
 
 std::optional<RoundState> closeAtDeadline(const RoundState& s, int64_t round,

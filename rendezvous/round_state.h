@@ -67,6 +67,12 @@ struct ListRef {
   // The list of nodes expected back only: it is the member list `ref` of the round before, each
   // entry expected with its node rank (a restart after a failure writes no new list).
   bool ofMembers = false;
+  // ofMembers only: every member but this one (a member removed from a closed round: the
+  // eviction or departure writes no list, StateLog's removeNode). `count` is then the member
+  // list's length minus one.
+  std::string without;
+  // The entries of the list `ref` names (count, plus the one left out by `without`).
+  int64_t stored() const { return count + (without.empty() ? 0 : 1); }
   bool operator==(const ListRef&) const = default;
 };
 
@@ -181,9 +187,19 @@ std::optional<RoundState> arrive(const RoundState& s, const NodeInfo& node, cons
 // out, ranks are assigned as close() does (kept from the round before, newcomers in address
 // order). Fewer than MIN left (departures while it was open): round r+1 opens instead, awaiting
 // them. No-op when round `round` is not the joining round.
+// With `slotOrder` (DynamicRendezvousOptions::arrivalRanks) node ranks follow slot order
+// instead of being kept from the round before.
 std::optional<RoundState> closeWithSlots(const RoundState& s, int64_t round,
                                          const std::vector<NodeInfo>& arrived,
-                                         const JobLimits& lim);
+                                         const JobLimits& lim, bool slotOrder = false);
+
+// Arrival ranks (scalable/slot_join.h, "the slots are the member list"): round `round` closes
+// with its slots 1..members.count as members, in slot order, the list being the one the joiners
+// wrote themselves (`members`, world size `world`, node rank 0's address and port). A compact
+// state in, a compact state out: O(1). No-op when round `round` is not the joining round.
+std::optional<RoundState> closeWithSlotList(const RoundState& s, int64_t round,
+                                            const ListRef& members, int64_t world,
+                                            const std::string& masterAddr, uint16_t masterPort);
 
 // The last-call deadline of round `round` passed: close it when it has at least MIN members.
 std::optional<RoundState> closeAtDeadline(const RoundState& s, int64_t round, const JobLimits& lim);

@@ -98,6 +98,10 @@ std::string encodeState(const RoundState& s) {
     out += ' ';
     put(out, s.expectedList.count);
     if (s.expectedList.ofMembers) out.append(" members");
+    if (s.expectedList.ofMembers && !s.expectedList.without.empty()) {
+      out.append(" ");
+      out.append(s.expectedList.without);
+    }
     out += '\n';
   }
   return out;
@@ -218,9 +222,14 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       s.masterPort = static_cast<uint16_t>(port);
     } else if (tag == "expected-list" || tag == "waiting-list") {
       ListRef& ref = tag == "expected-list" ? s.expectedList : s.waitingList;
-      ref.ofMembers = w.size() == 4 && tag == "expected-list" && w[3] == "members";
-      if (w.size() != (ref.ofMembers ? 4u : 3u) || !number(w[1], ref.ref) ||
-          !number(w[2], ref.count) || ref.ref < 1 || ref.count < 1) {
+      ref.ofMembers = (w.size() == 4 || w.size() == 5) && tag == "expected-list" &&
+                      w[3] == "members";
+      if (ref.ofMembers && w.size() == 5) {
+        if (!validId(w[4])) throw bad(std::string(tag) + " record '" + std::string(line) + "'");
+        ref.without = std::string(w[4]);
+      }
+      if (w.size() != (ref.ofMembers ? (ref.without.empty() ? 4u : 5u) : 3u) ||
+          !number(w[1], ref.ref) || !number(w[2], ref.count) || ref.ref < 1 || ref.count < 1) {
         throw bad(std::string(tag) + " record '" + std::string(line) + "'");
       }
     } else {

@@ -11,6 +11,13 @@ namespace ddprun::rendezvous {
 
 std::string stateKey(int64_t version) { return "state/" + std::to_string(version); }
 
+std::string listKey(int64_t ref, int64_t i) {
+  return "l/" + std::to_string(ref) + "/" + std::to_string(i);
+}
+std::string listIdKey(int64_t ref, const std::string& id) {
+  return "l/" + std::to_string(ref) + "/id/" + id;
+}
+
 namespace {
 int64_t parseVersion(const std::string& value, const std::string& key) {
   try {
@@ -23,12 +30,6 @@ int64_t parseVersion(const std::string& value, const std::string& key) {
                    "', not a state version: is another program using this rendezvous id?");
 }
 
-std::string listKey(int64_t ref, int64_t i) {
-  return "l/" + std::to_string(ref) + "/" + std::to_string(i);
-}
-std::string listIdKey(int64_t ref, const std::string& id) {
-  return "l/" + std::to_string(ref) + "/id/" + id;
-}
 constexpr const char* kListsCounter = "lists";
 // The value no list key holds: a compare-set expecting it reads a key without waiting for it
 // and never writes (a missing key returns the expectation; an existing one its value).
@@ -47,6 +48,10 @@ std::optional<std::string> tryGet(Store& store, const std::string& key) {
 
 }  // namespace
 
+std::optional<std::string> tryGetKey(Store& store, const std::string& key) {
+  return tryGet(store, key);
+}
+
 std::optional<ListPosition> position(Store& store, const RoundState& s, RoundState::List which,
                                      const std::string& id) {
   const bool members = which == RoundState::List::Members;
@@ -61,13 +66,14 @@ std::optional<ListPosition> position(Store& store, const RoundState& s, RoundSta
     }
     return std::nullopt;
   }
+  if (id == ref.without) return std::nullopt;  // the member an expected list leaves out
   const std::string key = listIdKey(ref.ref, id);
   const auto v = tryGet(store, key);
   if (!v) return std::nullopt;
   ListPosition p;
   const auto w = text::words(*v);
   if (w.size() != 2 || !text::number(w[0], p.index) || !text::number(w[1], p.rankOffset) ||
-      p.index < 0 || p.index >= ref.count || p.rankOffset < 0 ||
+      p.index < 0 || p.index >= ref.stored() || p.rankOffset < 0 ||
       (members && p.rankOffset >= s.worldSize)) {
     forgedList(key, "'" + v->substr(0, 80) + "'");
   }
@@ -108,13 +114,13 @@ std::string ringTarget(Store& store, const RoundState& s, const std::string& sel
   if (ref.count < 2 || lost(self)) return {};
   const auto p = position(store, s, which, self);
   if (!p) return {};
-  // At most lost.size() + 1 reads: the lost members are few.
-  for (int64_t k = 1; k < ref.count; ++k) {
-    const std::string key = listKey(ref.ref, (p->index + k) % ref.count);
+  // At most lost.size() + 2 reads: the lost members are few (and `without` is one).
+  for (int64_t k = 1; k < ref.stored(); ++k) {
+    const std::string key = listKey(ref.ref, (p->index + k) % ref.stored());
     const auto nodes = decodeNodeLines({store.get(key)},
                                        ref.ofMembers ? RoundState::List::Members : which,
                                        "'" + key + "'");
-    if (!lost(nodes.at(0).id)) return nodes.at(0).id;
+    if (!lost(nodes.at(0).id) && nodes.at(0).id != ref.without) return nodes.at(0).id;
   }
   return {};
 }
@@ -126,8 +132,8 @@ void StateLog::hydrate(RoundState& s) {
     ListRef& ref = s.listRef(which);
     if (ref.ref == 0) continue;
     std::vector<std::string> keys;
-    keys.reserve(ref.count);
-    for (int64_t i = 0; i < ref.count; ++i) keys.push_back(listKey(ref.ref, i));
+    keys.reserve(ref.stored());
+    for (int64_t i = 0; i < ref.stored(); ++i) keys.push_back(listKey(ref.ref, i));
     // A version names only lists written before it: a missing entry is a forgery, and waiting
     // for it would hold the agent for the store's timeout.
     if (!store_.check(keys)) forgedList(keys.back(), "a version names entries never written");
@@ -135,8 +141,13 @@ void StateLog::hydrate(RoundState& s) {
     auto nodes = decodeNodeLines(store_.multiGet(keys),
                                  ref.ofMembers ? L::Members : which, what);
     if (ref.ofMembers) {  // the member list of the round before: each expected with its rank
+      std::vector<NodeInfo> expected;
       for (size_t i = 0; i < nodes.size(); ++i)
-        nodes[i] = NodeInfo{.id = nodes[i].id, .prevRank = static_cast<int>(i)};
+        if (nodes[i].id != ref.without)
+          expected.push_back(NodeInfo{.id = nodes[i].id, .prevRank = static_cast<int>(i)});
+      if (static_cast<int64_t>(expected.size()) != ref.count)
+        forgedList(keys.front(), "the member it leaves out is not in it once");
+      nodes = std::move(expected);
     }
     if (members) {
       int64_t world = 0;
@@ -299,6 +310,118 @@ StateLog::Result StateLog::update(Versioned known, const Transition& fn) {
     }
     cur = {cur.version + 1, decode(got, key)};
   }
+}
+
+StateLog::Result StateLog::updateCompact(Versioned known, const Transition& fn) {
+  Versioned cur = std::move(known);
+  for (;;) {
+    std::optional<RoundState> next = fn(cur.state);
+    const std::string key = stateKey(cur.version + 1);
+    if (!next) {
+      if (!store_.check({key})) return {cur, false};
+      cur = refresh(cur);
+      continue;
+    }
+    DDPRUN_CHECK(next->members.empty() && next->expected.empty() && next->waiting.empty(),
+                 "updateCompact: a transition returned a state with its lists loaded");
+    const std::string blob = encodeState(*next);
+    std::string got = store_.compareSet(key, "", blob);
+    if (got == blob) {
+      cur = {cur.version + 1, std::move(*next)};
+      publish(cur);
+      return {cur, true};
+    }
+    cur = {cur.version + 1, decode(got, key)};
+  }
+}
+
+StateLog::Result removeNode(StateLog& log, const Versioned& known, const std::string& id,
+                            const std::string& reason) {
+  const JobLimits& lim = log.limits();
+  Versioned cur = known;
+  // A version this agent wrote is held loaded (update returns it so): its compact form is one read.
+  if (log.spills() && cur.version > 0 && !cur.state.compact()) cur = log.read(cur.version);
+  if (log.spills()) {
+    bool general = false;
+    auto r = log.updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {
+      general = true;
+      if (st.phase != Phase::Closed || st.membersList.ref == 0 || st.finishing() ||
+          st.waitingList.ref != 0 || !st.waiting.empty() || !st.members.empty() ||
+          std::find(st.lost.begin(), st.lost.end(), id) != st.lost.end()) {
+        return std::nullopt;  // the general path decides (and may find nothing to do)
+      }
+      const auto p = position(log.store(), st, RoundState::List::Members, id);
+      if (!p) return std::nullopt;
+      if (lim.keepRoundOnNodeLoss && p->index > 0) {  // lost in process: as transition::remove
+        general = false;
+        RoundState next = st;
+        next.lost.push_back(id);
+        next.reason = reason + " (lost in process)";
+        return next;
+      }
+      // Round r+1 awaits every other member with its rank (openNext), which leaves members
+      // lost in process out: only without any, and with someone left to await.
+      if (!st.lost.empty() || st.membersList.count < 2) return std::nullopt;
+      general = false;
+      RoundState next;
+      next.round = st.round + 1;
+      next.phase = Phase::Joining;
+      next.restarts = st.restarts;
+      next.reason = reason;
+      next.expectedList = ListRef{.ref = st.membersList.ref, .count = st.membersList.count - 1,
+                                  .ofMembers = true, .without = id};
+      return next;
+    });
+    if (!general) return r;
+    cur = r.now;
+  }
+  return log.update(cur, [&](const RoundState& s) {
+    return transition::remove(s, id, reason, lim);
+  });
+}
+
+StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
+                          const std::string& id, int exitCode, const std::string& reason,
+                          bool final) {
+  const JobLimits& lim = log.limits();
+  Versioned cur = known;
+  if (log.spills() && cur.version > 0 && !cur.state.compact()) cur = log.read(cur.version);
+  if (log.spills()) {
+    bool general = false;
+    auto r = log.updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {
+      general = true;
+      if (st.phase != Phase::Closed || st.round != round || st.membersList.ref == 0 ||
+          st.waitingList.ref != 0 || !st.waiting.empty() || !st.members.empty() ||
+          !st.lost.empty() || !position(log.store(), st, RoundState::List::Members, id)) {
+        return std::nullopt;  // the general path decides (and may find nothing to do)
+      }
+      general = false;
+      // As transition::failWorkers, on the compact state: the lists stay where they are.
+      RoundState next = st;
+      if (final || st.restarts >= lim.maxRestarts) {
+        next.phase = Phase::Failed;
+        next.exitCode = exitCode;
+        next.reason = final ? reason + " (not retryable: no restart spent)"
+                            : reason + " and no restart is left (max_restarts=" +
+                                  std::to_string(lim.maxRestarts) + ")";
+        return next;
+      }
+      next = RoundState{};
+      next.round = st.round + 1;
+      next.phase = Phase::Joining;
+      next.restarts = st.restarts + 1;
+      next.reason = reason + " (restart " + std::to_string(st.restarts + 1) + " of " +
+                    std::to_string(lim.maxRestarts) + ")";
+      next.expectedList = st.membersList;
+      next.expectedList.ofMembers = true;
+      return next;
+    });
+    if (!general) return r;
+    cur = r.now;
+  }
+  return log.update(cur, [&](const RoundState& s) {
+    return transition::failWorkers(s, round, id, exitCode, reason, lim, final);
+  });
 }
 
 void StateLog::publish(const Versioned& v) {

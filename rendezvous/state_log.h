@@ -41,6 +41,12 @@ struct Versioned {
 
 std::string stateKey(int64_t version);
 inline constexpr const char* kLatestKey = "latest";
+// A spilled list's keys: entry i (encodeNodeLine) and, by id, "<i> <first global rank>".
+std::string listKey(int64_t ref, int64_t i);
+std::string listIdKey(int64_t ref, const std::string& id);
+// A key's value without waiting for it (one compare-set that reads and never writes); nullopt
+// when it is missing.
+std::optional<std::string> tryGetKey(Store& store, const std::string& key);
 
 class StateLog {
  public:
@@ -66,6 +72,11 @@ class StateLog {
   // Applies `fn` to the newest state and appends its result; on a lost race retries on the
   // winner's state. When `fn` returns nullopt on the newest state, nothing is written.
   Result update(Versioned known, const Transition& fn);
+  // The same for a transition that works on compact states (its lists left in the store):
+  // nothing is loaded nor spilled, so the writer's store work does not grow with N. `fn` gets
+  // the state as read (compact, or loaded when `known` was) and returns one that names its
+  // lists (its own lists, `members`/`expected`/`waiting`, empty). transition::closeWithSlotList.
+  Result updateCompact(Versioned known, const Transition& fn);
 
   // Waits up to `timeout` for marker (or any) `key`; returns the version its value names.
   std::optional<int64_t> waitMarker(const std::string& key, Millis timeout);
@@ -78,6 +89,7 @@ class StateLog {
 
   Store& store() { return store_; }
   const JobLimits& limits() const { return limits_; }
+  bool spills() const { return spill_; }
 
  private:
   void publish(const Versioned& v);
@@ -97,6 +109,21 @@ class StateLog {
   JobLimits limits_;
   bool spill_ = false;
 };
+
+// transition::remove(id) appended to the log. With spilled lists, the removal of a member from a
+// closed round that is not finishing nor has a waiting list or members lost in process -- an
+// eviction, a departure -- is written as an O(1) delta: round r+1 awaits "the member list of
+// round r without `id`" (ListRef::without), or `id` joins the round's lost members (lost in
+// process): the writer loads and writes no list. Anything else goes through update().
+StateLog::Result removeNode(StateLog& log, const Versioned& known, const std::string& id,
+                            const std::string& reason);
+
+// transition::failWorkers appended to the log; with spilled lists and a closed round without
+// a waiting list or lost members, as an O(1) delta (round r+1 awaits the member list, or the
+// job fails naming the same lists): the writer loads no list.
+StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
+                          const std::string& id, int exitCode, const std::string& reason,
+                          bool final);
 
 // Where node `id` is in one of a state's lists (members, the waiting list, the nodes expected
 // back): its index (the node rank, for members) and first global rank (the sum of nproc before). On a compact state one round trip

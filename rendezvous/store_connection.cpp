@@ -497,6 +497,10 @@ void StoreConnection::replyWaitDone() {
 void StoreConnection::completeWait() {
   if (closed_ || !waiting()) return;
   replyWaitDone();
+  // The reply goes out now (an inline send on an idle socket), not in the later turn below: a
+  // host that SETs and then keeps its thread busy (an agent publishing a recovery's generation,
+  // then starting the next spare) would otherwise hold every waiter's wake-up until it returns.
+  flush();
   if (core_.limits.idleTimeout.count() > 0) lastFrameAt_ = Clock::now();  // idle from now
   // Frames that queued behind the WAIT are handled in a later turn of the loop, so that the
   // connection that woke us is not re-entered from inside its own handler.

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "base/errors.h"
+#include "base/timeline.h"
 #include "worker_runtime/ddp_reducer.h"
 
 namespace ddprun::runtime {
@@ -151,6 +152,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   if (options.bucketCapBytes == 0 || options.firstBucketCapBytes == 0) {
     throw ConfigError("DistributedDataParallel: bucket caps must be > 0 bytes");
   }
+  // On the timeline: a recovery builds DDP again on the new generation's communicator.
+  ddprun::timeline::Scope span("ddp setup", "runtime");
   checkSameModel(*module_, *comm_);
   std::vector<torch::Tensor> params = module_->parameters();
   std::vector<torch::Tensor> buffers = module_->buffers();

@@ -617,6 +617,16 @@ void Runtime::announceState() {
   store_->set(rendezvous::recovery::announceKey(env_.rank), std::to_string(generation_));
 }
 
+void Runtime::reportCollectiveFailure() noexcept {
+  if (!store_) return;
+  try {
+    store_->set(rendezvous::recovery::suspectKey(env_.rank), std::to_string(generation_));
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(DEBUG, "runtime") << "rank " << env_.rank << ": could not tell the agent that a "
+                                 << "collective failed: " << e.what();
+  }
+}
+
 Runtime::~Runtime() {
   try {
     shutdown();

@@ -93,6 +93,10 @@ class Runtime {
   // Tells the agent that this process holds the training state in generation() (it committed
   // or healed): from then on its death, or a peer's, can be recovered in process.
   void announceState();
+  // Tells the agent that a collective of this rank failed (recovery_keys.h suspectKey): a hint
+  // that lets it see a dying worker before its exit is reaped. Never throws (a store that fails
+  // here fails the wait for the next generation, which reports it).
+  void reportCollectiveFailure() noexcept;
   // Grow back (docs/recovery.md#grow-back): the agent publishes generation()+1 while every rank
   // is training (a replacement is ready to join), and the ranks are to re-form at their next
   // commit. So that no step pays a store round trip for it, a thread of this runtime, on a

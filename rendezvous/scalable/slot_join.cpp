@@ -115,18 +115,37 @@ std::string nodeKey(int64_t round, int64_t slot) {
 }
 std::string closedKey(int64_t round) { return "r/" + std::to_string(round) + "/closed"; }
 
-SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes) {
+SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes,
+                   const std::function<ExtraKeys(const SlotCount&)>& alsoWrite) {
   const std::string ck = countKey(round);
   const SlotCount mine = store.hasTickets()
                              ? SlotCount{.slots = store.takeTicket(ck, self.id)}
                              : unpackCount(store.add(ck, kSlotUnit + self.nproc), ck);
   if (mine.slots < 1) forged(ck, std::to_string(mine.slots), "a slot below 1");
-  if (mine.slots <= maxNodes) {
+  if (mine.slots <= maxNodes && alsoWrite && !store.hasTickets()) {
+    std::vector<std::string> keys{nodeKey(round, mine.slots)}, values{encodeRecord(self)};
+    for (auto& [k, v] : alsoWrite(mine)) {
+      keys.push_back(std::move(k));
+      values.push_back(std::move(v));
+    }
+    store.multiSet(keys, values);
+  } else if (mine.slots <= maxNodes) {
     const std::string rec = encodeRecord(self), nk = nodeKey(round, mine.slots);
     const std::string got = store.compareSet(nk, "", rec);
     if (got != rec) forged(nk, got, "another node's record in this node's slot");
   }
   return mine;
+}
+
+int64_t slotListRef(int64_t round) { return kSlotListBase + round; }
+std::string writtenKey(int64_t round) { return "r/" + std::to_string(round) + "/written"; }
+
+SlotCount markWritten(Store& store, int64_t round, int64_t slot, int64_t target, int64_t procs) {
+  const std::string wk = writtenKey(round);
+  const SlotCount w = unpackCount(store.add(wk, kSlotUnit + (slot == target ? procs : 0)), wk);
+  // (More than `target` is possible: a joiner that saw the target before a removal lowered it.)
+  if (w.slots < 1) forged(wk, std::to_string(w.slots), "a written count below 1");
+  return w;
 }
 
 SlotCount readCount(Store& store, int64_t round) {

@@ -27,7 +27,9 @@
 // unique and agreed because they derive from one atomic counter. A slot above K is not in the
 // round (too late: the caller queues it for the next round).
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -90,7 +92,26 @@ struct Assignment {
 // Takes a slot of round `round` (one ADD, or one ticket) and, when it is within `maxNodes`, writes this node's
 // record there (one compare-set against the missing key: a record already there is a forgery,
 // StoreError). Returns the slot and the processes of slots 1..slot.
-SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes);
+// With `alsoWrite` (arrival ranks on a store without tickets, below) the record and the keys
+// alsoWrite(slot) returns go in one MULTI_SET instead: every key is write-once on ddprun-store,
+// which refuses (and closes the connection of) a MULTI_SET over a key already written.
+using ExtraKeys = std::vector<std::pair<std::string, std::string>>;
+SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes,
+                   const std::function<ExtraKeys(const SlotCount&)>& alsoWrite = {});
+
+// ---- Arrival ranks: the slots are the member list (DynamicRendezvousOptions::arrivalRanks) ----
+// With arrival ranks a round closed from the counter has for members its slots 1..K, node rank
+// s-1, first global rank P(s) - nproc: each joiner writes its own entry of the round's member
+// list (a spilled list, state_log.h, whose ref slotListRef(r) is derived from the round) with its
+// record, then counts itself on r/<r>/written, packed as the count: ADD 2^32 (+ P(target) by the
+// holder of slot `target`). The joiner whose ADD brings the written slots to `target` knows that
+// slots 1..target have all written their entries and that the world size is the low half: it
+// closes the round without reading any record (O(1) bytes, however many joined).
+inline constexpr int64_t kSlotListBase = 1'000'000'000;  // above any ref of the `lists` counter
+int64_t slotListRef(int64_t round);
+std::string writtenKey(int64_t round);
+// Counts slot `slot` (<= target) written; returns the written slots and the processes counted.
+SlotCount markWritten(Store& store, int64_t round, int64_t slot, int64_t target, int64_t procs);
 // The slots taken in round `round` so far and their processes (an ADD of 0 reads both at once).
 SlotCount readCount(Store& store, int64_t round);
 // The records of slots 1..k in slot order, waiting up to `wait` for the ones not written yet

@@ -24,9 +24,23 @@ ENV = dict(os.environ, PYTHON_EXEC=sys.executable, OMP_NUM_THREADS="1")
 
 
 def ddprun(*args, timeout=240, env=ENV):
-    proc = subprocess.run([DDPRUN, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    print(f"$ ddprun {' '.join(args)}\n  exit {proc.returncode}\n{proc.stdout}{proc.stderr}", flush=True)
-    return proc
+    # On a timeout ddprun gets SIGTERM (it stops its workers and says where each one was) and
+    # what it printed is shown before the test fails: a hang leaves a trace to read.
+    proc = subprocess.Popen([DDPRUN, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        print(f"$ ddprun {' '.join(args)}\n  TIMED OUT after {timeout} s\n{stdout}{stderr}", flush=True)
+        raise AssertionError(f"ddprun {' '.join(args)} did not end within {timeout} s")
+    print(f"$ ddprun {' '.join(args)}\n  exit {proc.returncode}\n{stdout}{stderr}", flush=True)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def check(condition, what):

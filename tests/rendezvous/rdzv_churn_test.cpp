@@ -4,6 +4,8 @@
 // view is checked (bench/rendezvous_swarm.h checkRound: dense unique node ranks, one
 // membership, one world size, prefix-sum offsets, one MASTER_ADDR:PORT), every live agent is in
 // it, the restart count moved only on failures, and at the end the exit barrier finishes the job.
+// Run with node ranks kept from round to round and with arrival ranks (the rounds closed from
+// the counters: DynamicRendezvousOptions::arrivalRanks).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -18,11 +20,12 @@ using namespace rdzvtest;
 
 TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keeps the invariants") {
   ddprun::log::setLevel(ddprun::log::Level::Warn);
+  const bool arrival = GENERATE(false, true);
   const char* env = std::getenv("DDPRUN_TEST_SEED");
   const uint64_t seed =
       env && *env ? std::strtoull(env, nullptr, 10) : std::random_device{}() % 1'000'000 + 1;
   std::printf("rdzv churn: DDPRUN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  INFO("seed " << seed);
+  INFO("seed " << seed << (arrival ? ", arrival ranks" : ", stable ranks"));
   std::mt19937_64 rng(seed);
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 2, .maxNodes = 6, .maxRestarts = 100};
@@ -32,6 +35,7 @@ TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keep
     o.nproc = static_cast<int>(rng() % 3) + 1;
     o.lastCallTimeout = Millis(600'000);  // rounds close by their target, never by the clock
     o.joinTimeout = Millis(30'000);
+    o.arrivalRanks = arrival;
     return makeAgent(o);
   };
   std::vector<std::unique_ptr<Agent>> live;
@@ -101,15 +105,25 @@ TEST_CASE("churn: agents leave, die, arrive and fail at random, every round keep
     // failures -- names its lists instead of carrying them: O(1) bytes whatever N.
     TcpStore raw(TcpStoreOptions{.host = "127.0.0.1", .port = server.port()});
     const std::string prefix = "ddprun/rdzv/churn/";
-    int64_t versions = 0;
+    int64_t versions = 0, fromCounters = 0, deltas = 0;
     for (int64_t v = 1; raw.check({prefix + stateKey(v)}); ++v, ++versions) {
       const std::string text = raw.get(prefix + stateKey(v));
+      // Closed from the counters (arrival ranks): the member list the joiners wrote, 10^9 + r.
+      if (text.find("\nmembers-list 1000000") != std::string::npos) ++fromCounters;
+      // An eviction, departure or failure written as a delta: the member list (without one).
+      if (text.find(" members") != std::string::npos &&
+          text.find("\nexpected-list ") != std::string::npos)
+        ++deltas;
       INFO("version " << v << ":\n" << text);
       CHECK(text.find("\nmember ") == std::string::npos);
       CHECK(text.find("\nexpected ") == std::string::npos);
       CHECK(text.find("\nwaiting ") == std::string::npos);
     }
     CHECK(versions >= 20);
+    INFO(fromCounters << " rounds closed from the counters, " << deltas << " removal deltas");
+    if (arrival) CHECK(fromCounters >= 10);
+    else CHECK(fromCounters == 0);
+    CHECK(deltas >= 1);
   }
   std::vector<std::future<DynamicRendezvous::AfterSuccess>> done;
   for (auto& a : live)

@@ -204,6 +204,11 @@ TEST_CASE("nodes with different --nnodes for one job are refused", "[rdzv][dynam
   CHECK_THROWS_WITH(makeAgent(agentOptions(server.port(), "cfg", 3, {.minNodes = 1, .maxNodes = 2})),
                     Catch::Contains("nnodes=1:2") && Catch::Contains("nnodes=2:2"));
   CHECK_THROWS_AS(makeAgent(agentOptions(server.port(), "bad id", 3, {})), ConfigError);
+  // Nor nodes with different rank orders: both named.
+  auto o = agentOptions(server.port(), "cfg", 4, {.minNodes = 2, .maxNodes = 2});
+  o.arrivalRanks = true;
+  CHECK_THROWS_WITH(makeAgent(o), Catch::Contains("rank_order=arrival but") &&
+                                      Catch::Contains("backend=c10d: give"));
 }
 
 TEST_CASE("a round below MIN fails after join_timeout, naming the counts", "[rdzv][dynamic]") {

@@ -305,3 +305,50 @@ TEST_CASE("spilled lists: a restart expects the member list back without writing
     CHECK(p->index == i);
   }
 }
+
+TEST_CASE("spilled lists: an eviction from a closed round writes no list (the member list "
+          "without the evicted node), and loads as transition::remove's state",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const JobLimits lim{.minNodes = 2, .maxNodes = 4, .maxRestarts = 2};
+  StateLog log(*store, lim, /*spill=*/true);
+  Versioned v = log.latest();
+  for (int i = 0; i < 4; ++i) {
+    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
+    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
+  }
+  REQUIRE(v.state.phase == Phase::Closed);
+  const std::vector<NodeInfo> members = v.state.members;
+  const std::optional<RoundState> expect = transition::remove(v.state, "n1", "gone", lim);
+  REQUIRE(expect);
+  StateLog reader(*store, lim);
+  const int64_t lists = store->add("lists", 0);
+  const int64_t keys = store->numKeys();
+  // removeNode re-reads a loaded state in its compact form (one read).
+  const Versioned e = removeNode(log, v, "n1", "gone").now;
+  CHECK(store->add("lists", 0) == lists);
+  // The version and the markers of round 2 (over/<1>): no list entry.
+  CHECK(store->numKeys() <= keys + 3);
+  const Versioned joining = reader.read(e.version);
+  REQUIRE(joining.state.phase == Phase::Joining);
+  CHECK(joining.state.expectedList.ofMembers);
+  CHECK(joining.state.expectedList.without == "n1");
+  CHECK(joining.state.expectedCount() == 3);
+  CHECK(slotTarget(joining.state, lim) == 3);
+  CHECK(store->get(stateKey(e.version)).find("expected-list") != std::string::npos);
+  RoundState h = joining.state;
+  reader.hydrate(h);
+  CHECK(h == *expect);
+  // The ring and positions skip the evicted node.
+  CHECK_FALSE(position(*store, joining.state, RoundState::List::Expected, "n1"));
+  CHECK(ringTarget(*store, joining.state, "n0") == "n2");
+  CHECK(ringTarget(*store, joining.state, "n3") == "n0");
+  CHECK(ringTarget(*store, joining.state, "n1") == "");
+  // It round-trips through the codec, and a forged `without` (not in the list) is refused.
+  CHECK(decodeState(encodeState(joining.state), "k") == joining.state);
+  RoundState forged = joining.state;
+  forged.expectedList.without = "zz";
+  store->set(stateKey(e.version + 1), encodeState(forged));
+  RoundState g = reader.read(e.version + 1).state;
+  CHECK_THROWS_WITH(reader.hydrate(g), Catch::Contains("leaves out"));
+}

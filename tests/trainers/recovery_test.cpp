@@ -9,6 +9,8 @@
 //   - a second death during a recovery: the replacement SIGKILLed right after it starts, before
 //     it healed;
 //   - a frozen rank (SIGSTOP): noticed by --peer-timeout, killed, recovered in process;
+//   - a death whose exit cannot be reaped yet (its guard stopped): recovered on the survivor's
+//     hint from the zombie's status, and its late exit report is no second failure;
 //   - rank 0 SIGKILLed while it writes a checkpoint: recovered in process, and with no restart
 //     left the job ends and a new start resumes from the newest complete checkpoint.
 // Each ends with the weights of an uninterrupted run (bit for bit), the survivors in the
@@ -128,6 +130,25 @@ std::pair<pid_t, int64_t> waitForSave(Job& job, const std::string& dir, int64_t 
   }
   ::close(fd);
   return found;
+}
+
+// The parent of `pid` and its state letter (/proc/<pid>/stat), or -1 / '?' when it is gone.
+pid_t parentOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream rest(text.substr(paren + 2));
+  char state = 0;
+  pid_t ppid = -1;
+  rest >> state >> ppid;
+  return ppid;
+}
+char processState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() ? '?' : text[paren + 2];
 }
 
 }  // namespace
@@ -285,6 +306,44 @@ TEST_CASE("in-process recovery: a frozen rank (SIGSTOP) is killed after --peer-t
   CHECK_THAT(out, Contains("joined generation 1 and healed from rank 0's memory"));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains("done: 256 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("in-process recovery: a death is recovered before its exit is reaped (its guard "
+          "stopped), on the survivor's hint, and counted once", "[recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(2);
+  TempDir dir;
+  Job job(underDdprun(2, dir.path(), {"--max-restarts=1", "--recovery=in-process"}), {},
+          dir / "log");
+  const auto pids = ranksOf(job, dir, 2);
+  // Rank 1's guard (its parent) is stopped: its exit cannot be reaped nor reported until the
+  // guard runs again. Only the survivor's hint and /proc (a zombie killed by SIGKILL) can tell
+  // the agent. (Without them the agent learns it only when its progress watch kills the silent
+  // rank's guard after --peer-timeout, which reaps the zombie: the check of it below fails.)
+  const pid_t guard = parentOf(pids[1]);
+  REQUIRE(guard > 1);
+  REQUIRE(guard != job.pid());
+  REQUIRE(::kill(guard, SIGSTOP) == 0);
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  const bool recovered = waitForOutput(job, "rank 0 recovered in process", std::chrono::seconds(60));
+  const bool zombieMeanwhile = processState(pids[1]) == 'Z';  // still not reaped
+  ::kill(guard, SIGCONT);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(recovered);
+  CHECK(zombieMeanwhile);
+  REQUIRE(code == 0);
+  const std::string line = lineWith(out, "recovering in process (generation 1)");
+  CHECK_THAT(line, Contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) +
+                            ") failed: signal 9 (SIGKILL)"));
+  CHECK_THAT(line, Contains("(restart 1 of 1 spent)"));
+  // The guard's report, once it ran again, was no second failure.
+  CHECK_THAT(out, !Contains("generation 2"));
+  CHECK_THAT(out, !Contains("stopping the other workers"));
+  CHECK_THAT(out, !Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains(doneLine(2)));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 

@@ -150,6 +150,7 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
                                   << " s for the launcher's next generation (in-process recovery)";
     }
     if (rt.comm()) rt.comm()->abort();
+    if (!regroup) rt.reportCollectiveFailure();
     int g = 0;
     try {
       g = rt.awaitNextGeneration(bound);

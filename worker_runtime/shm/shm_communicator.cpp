@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "base/errors.h"
+#include "base/timeline.h"
 #include "base/log.h"
 #include "rendezvous/prefix_store.h"
 #include "worker_runtime/shm/collectives.h"
@@ -93,6 +94,8 @@ class ShmCommunicator final : public Communicator {
   torch::Tensor lendSharedBuffer(size_t bytes) override {
     const size_t region = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
     const int k = lends_++;
+    ddprun::timeline::Scope span("lend buffer", "runtime");
+    span.args().add("bytes", static_cast<int64_t>(bytes));
     rendezvous::PrefixStore scoped("lend/" + std::to_string(k), store_);
     std::shared_ptr<SharedMapping> mapping;
     try {

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <sstream>
 
@@ -74,11 +75,16 @@ void PhaseSync::waitFor(int peer, uint32_t step, Clock::time_point deadline) {
     if (reached(c.step.load(std::memory_order_acquire), step)) return;
     ::sched_yield();
   }
-  const auto poll = std::chrono::milliseconds(options_.pollMillis);
+  // The first sleeps are short (1, 2, 4 ms, then pollMillis): a peer that dies in the middle of
+  // a collective, where the others wait only a step's skew for it, is seen within a few ms (its
+  // death cannot wake our futex); one that waits long checks every pollMillis.
+  auto poll = std::chrono::milliseconds(std::min(1, options_.pollMillis));
+  const auto maxPoll = std::chrono::milliseconds(options_.pollMillis);
   while (true) {
     c.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = c.step.load(std::memory_order_seq_cst);
     if (!reached(seen, step)) futexWait(&c.step, seen, poll);
+    poll = std::min(poll * 2, maxPoll);
     c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(c.step.load(std::memory_order_acquire), step)) return;
     if (const std::string why = peerProblem(peer); !why.empty()) throw BackendError(why);

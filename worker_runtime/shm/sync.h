@@ -16,8 +16,9 @@
 //      core (ranks outnumber the CPUs, or other load) it runs at once, and the wait still ends
 //      without a wake-up;
 //   3. then sleep on the peer's counter with futex (a post() wakes sleepers only when there are
-//      some), waking every pollMillis to check that the peer is still alive (kill(pid, 0) and not
-//      a zombie), has not aborted, and that the deadline has not passed. So a rank that waits
+//      some), waking after 1, 2, 4 ms and then every pollMillis to check that the peer is still
+//      alive (kill(pid, 0) and not a zombie), has not aborted, and that the deadline has not
+//      passed. So a rank that waits
 //      long (a peer still computing) does not burn the CPU its peers need, and a dead or frozen
 //      peer is an exception, never an endless wait.
 #include <chrono>
