@@ -160,7 +160,16 @@ void DynamicRendezvous::disarmLocked(std::unique_lock<std::mutex>& lock) {
   if (!sharedWatcher_ || !watcherBusy_) return;
   // Take the shared connection back: the watcher's WAIT (or the read after it) ends at once.
   watcherConn_.cancelWaits(true);
-  cv_.wait(lock, [&] { return !watcherBusy_; });
+  // A store that stopped answering (SIGSTOP, hung) answers no CANCEL_WAIT either: once it is
+  // known lost (the heartbeat writer's keep-alive bound), or after read_timeout, the call is cut
+  // instead (the connection is dropped; the agent's next call reconnects) -- never a wait for
+  // the watcher's own hour-long slice.
+  const auto deadline = Clock::now() + options_.store.timeout;
+  cv_.waitUntil(lock, deadline, [&] { return !watcherBusy_ || storeLost_; });
+  while (watcherBusy_) {  // again if the cut fell between two of the watcher's calls
+    watcherConn_.cancelCall();
+    cv_.waitFor(lock, std::chrono::milliseconds(100), [&] { return !watcherBusy_; });
+  }
   watcherConn_.cancelWaits(false);
 }
 
@@ -306,6 +315,7 @@ void DynamicRendezvous::onBackgroundError(std::exception_ptr eptr) {
     if (stopping_ || storeLost_) return;
     storeLost_ = true;
   }
+  cv_.notifyAll();  // an agent taking its connection back from the watcher stops waiting
   RoundEvent e;
   e.kind = RoundEvent::Kind::StoreLost;
   e.round = roundNo_;
