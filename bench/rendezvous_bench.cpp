@@ -400,6 +400,21 @@ int benchRendezvous(int argc, char** argv) {
   app.add_flag("--no-leases", noLeases,
                "--simulate --backend etcd-v3: the agents without their lease liveness (no "
                "lease, keep-alives or alive/ watch): the join's cost alone");
+  std::string etcdTransport = "grpc";
+  app.add_option("--etcd-transport", etcdTransport,
+                 "--simulate --backend etcd-v3: grpc (HTTP/2, one connection per agent: the "
+                 "default for http://) or gateway (the JSON gateway over HTTP/1.1, a connection "
+                 "per watch)")
+      ->check(CLI::IsMember({"grpc", "gateway"}));
+  double leaseTtlS = 10;
+  app.add_option("--lease-ttl", leaseTtlS,
+                 "--simulate --backend etcd-v3: each agent's lease_ttl in seconds (keep-alives "
+                 "every third of it; an agent whose keep-alives fail that long stops)")
+      ->check(CLI::Range(1.0, 3600.0));
+  std::string etcdDataParent = "/dev/shm";
+  app.add_option("--etcd-data-parent", etcdDataParent,
+                 "--simulate --backend etcd-v3: where etcd's data directory goes (default a "
+                 "tmpfs: etcd 3.4 cannot turn off its fsyncs, which bound it on a disk)");
   std::string realCsv = ddprun::bench::resultsPath("rendezvous.csv");
   app.add_option("--real-csv", realCsv,
                  "--simulate: the agent-process results drawn on the plot (form+run rows)");
@@ -424,6 +439,9 @@ int benchRendezvous(int argc, char** argv) {
     sim.realCsv = realCsv;
     sim.backend = backend;
     sim.etcdLeases = !noLeases;
+    sim.etcdGateway = etcdTransport == "gateway";
+    sim.etcdDataParent = etcdDataParent;
+    sim.etcdLeaseTtl = Millis(static_cast<int64_t>(leaseTtlS * 1000));
     return ddprun::bench::simulate(sim);
   }
   const bool etcd = backend == "etcd-v3";

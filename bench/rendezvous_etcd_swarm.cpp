@@ -53,15 +53,20 @@ class CountingEtcdBackend final : public RendezvousBackend {
 class EtcdSwarmStore final : public SwarmStore {
  public:
   EtcdSwarmStore(Millis timeout, const EtcdSwarmOptions& etcd)
-      : cluster_(1),
+      : cluster_(1, {}, nullptr, etcd.dataParent),
         options_{.client = cluster_.clientOptions(timeout), .leaseTtl = etcd.leaseTtl},
-        timeout_(timeout), leases_(etcd.leases) {}
-  // Each agent's clients take turns on one connection for their requests
-  // (SharedConnections); its watches have theirs.
+        timeout_(timeout), leases_(etcd.leases) {
+    options_.client.transport =
+        etcd.gateway ? rendezvous::etcd::Transport::Gateway : rendezvous::etcd::Transport::Grpc;
+  }
+  // gRPC: each agent's clients and watches share one connection (its own ChannelPool).
+  // Gateway: its clients take turns on one connection for their requests (SharedConnections);
+  // its watches have theirs.
   std::shared_ptr<const RendezvousBackend> backend(std::shared_ptr<StoreTraffic> traffic,
                                                    bool slotJoin) const override {
     EtcdBackendOptions o = options_;
     o.client.shared = std::make_shared<rendezvous::etcd::SharedConnections>();
+    o.client.channels = std::make_shared<rendezvous::etcd::grpc::ChannelPool>();  // gRPC
     return std::make_shared<CountingEtcdBackend>(o, std::move(traffic), slotJoin, leases_);
   }
   std::shared_ptr<Store> connect(const std::string& runId) const override {
@@ -80,13 +85,14 @@ class EtcdSwarmStore final : public SwarmStore {
   bool leases_;
 };
 
-// Each agent's clients take turns on one connection (SharedConnections) and its watches hold
-// one each -- its join's or its round watcher's, and its lease watcher's -- and every
-// connection of a thread shares that thread's io_context: 3.0 descriptors per agent in this
-// process, measured at 256 agents (it was about 27 with a connection per client and an
-// io_context per connection), and as many in etcd. Raises the limit as far as allowed (the
-// hard limit too, with CAP_SYS_RESOURCE; etcd inherits it) and returns it.
-constexpr uint64_t kFdsPerAgent = 3;
+// Over gRPC an agent holds one connection: 1 descriptor per agent in this process and one
+// socket in etcd. Over the gateway its clients take turns on one connection
+// (SharedConnections) and its watches hold one each -- its join's or its round watcher's, and
+// its lease watcher's -- and every connection of a thread shares that thread's io_context:
+// 3.0 descriptors per agent, measured at 256 agents (it was about 27 with a connection per
+// client and an io_context per connection), and as many in etcd. Raises the limit as far as
+// allowed (the hard limit too, with CAP_SYS_RESOURCE; etcd inherits it) and returns it.
+uint64_t fdsPerAgent(bool gateway) { return gateway ? 3 : 1; }
 uint64_t raiseFileLimits() {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max < (1u << 20)) {
@@ -109,12 +115,16 @@ SwarmResult runEtcdSwarm(const SwarmOptions& o, const EtcdSwarmOptions& etcd) {
   // Refused up front: running out of descriptors half-way would end the process (an
   // io_context that cannot be made throws on an agent's background fiber).
   const uint64_t limit = raiseFileLimits();
-  const uint64_t need = kFdsPerAgent * static_cast<uint64_t>(o.agents) + 256;
+  const uint64_t perAgent = fdsPerAgent(etcd.gateway);
+  const uint64_t need = perAgent * static_cast<uint64_t>(o.agents) + 256;
   if (need > limit) {
     throw Error(std::to_string(o.agents) + " simulated agents on etcd need about " +
                 std::to_string(need) + " file descriptors in this process (" +
-                std::to_string(kFdsPerAgent) + " per agent: an HTTP connection for its requests "
-                "and one per watch, its round's and its ring successor's key); RLIMIT_NOFILE is " +
+                std::to_string(perAgent) +
+                (etcd.gateway ? " per agent: an HTTP connection for its requests and one per "
+                                "watch, its round's and its ring successor's key"
+                              : " per agent: its HTTP/2 connection") +
+                "); RLIMIT_NOFILE is " +
                 std::to_string(limit) + " and its hard limit cannot be raised here");
   }
   EtcdSwarmStore store(o.timeout, etcd);

@@ -81,7 +81,7 @@ int simulate(const SimulateOptions& o) {
   // The CSV's scenario: the protocol, and etcd when the keys are there.
   auto scenario = [&](const std::string& protocol) {
     return "simulate-" + std::string(etcd ? "etcd-" : "") + protocol +
-           (etcd && !o.etcdLeases ? "-no-leases" : "");
+           (etcd && !o.etcdLeases ? "-no-leases" : "") + (etcd && o.etcdGateway ? "-gateway" : "");
   };
   const std::string csvPath = o.csv.empty() ? resultsPath("rendezvous_simulate.csv") : o.csv;
   // The rows of protocols not run this time are kept from the file (one plot, several runs).
@@ -104,7 +104,8 @@ int simulate(const SimulateOptions& o) {
          "seed,spread_ms,note\n";
   for (const auto& line : kept) out << line << "\n";
   std::printf("simulated agents against %s (seed %llu, arrivals spread over %lld ms)\n",
-              etcd ? ("a private etcd (one member of " + etcdBinary() + ")").c_str()
+              etcd ? ("a private etcd (one member of " + etcdBinary() + ", data in " +
+                     o.etcdDataParent + ", " + (o.etcdGateway ? "JSON gateway" : "gRPC") + ")").c_str()
                    : "one ddprun-store",
               static_cast<unsigned long long>(o.seed), static_cast<long long>(o.spread.count()));
   std::printf("%-11s %7s | %8s %8s | %7s %7s | %-17s %-19s | %-17s %-19s | %s\n", "proto", "agents", "form",
@@ -122,7 +123,8 @@ int simulate(const SimulateOptions& o) {
                             .timeout = o.cap, .protocol = protocol, .loops = o.loops,
                             .arrivalRanks = o.arrivalRanks};
       try {
-        r = etcd ? runEtcdSwarm(so, {.leases = o.etcdLeases}) : runSwarm(o.storeBinary, so);
+        r = etcd ? runEtcdSwarm(so, {.leaseTtl = o.etcdLeaseTtl, .leases = o.etcdLeases, .gateway = o.etcdGateway,
+                                   .dataParent = o.etcdDataParent}) : runSwarm(o.storeBinary, so);
       } catch (const std::exception& e) {
         r.error = e.what();
       }

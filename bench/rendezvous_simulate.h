@@ -17,6 +17,11 @@ struct SimulateOptions {
   // etcd-v3 only: false runs the agents without their lease liveness (--no-leases); the
   // scenario is then simulate-etcd-<protocol>-no-leases.
   bool etcdLeases = true;
+  // etcd-v3 only: the agents use the JSON gateway (--etcd-transport gateway) instead of gRPC;
+  // the scenario then ends in -gateway.
+  bool etcdGateway = false;
+  std::string etcdDataParent = "/dev/shm";  // EtcdSwarmOptions::dataParent
+  std::chrono::milliseconds etcdLeaseTtl{10'000};  // EtcdSwarmOptions::leaseTtl
   uint64_t seed = 1;
   std::chrono::milliseconds spread{200};
   int loops = 1;  // threads running the agents' fibers (SwarmOptions::loops)

@@ -152,6 +152,10 @@ rdzv::DynamicRendezvousOptions multiNodeOptions(const LaunchOptions& o, bool& ho
   rdzv::applyRdzvConf(conf, r);
   if (o.rdzvBackend == "static") r.heartbeat.interval = rdzv::Millis(0);
   r.isHost = hostStore;
+  // The round watcher WAITs on the agent's own connection (CANCEL_WAIT hands it back at every
+  // call of the agent): one connection per agent fewer to open, accept and close -- at 256
+  // agents starting at once, 256 fewer handshakes on node 0's store. Ignored on etcd-v3.
+  r.watcherOnAgentConnection = true;
   return r;
 }
 

@@ -94,11 +94,14 @@ void DynamicRendezvous::checkSettings() {
                      std::to_string(lim.maxNodes) +
                      " max_restarts=" + std::to_string(lim.maxRestarts) +
                      " backend=" + options_.backend->name();
+  // Only when set, so that a job's settings with stable ranks read as they always did.
+  if (options_.arrivalRanks && options_.backend->slotJoin()) mine += " rank_order=arrival";
   std::string theirs = main_.store->compareSet("settings", "", mine);
   if (theirs != mine) {
     throw ConfigError("rendezvous '" + options_.runId + "' at " + options_.backend->describe() +
                       ": this node has " + mine + " but the job's other nodes have " + theirs +
-                      ": give every node the same --nnodes, --max-restarts and --rdzv-backend");
+                      ": give every node the same --nnodes, --max-restarts, --rdzv-backend and "
+                      "--rdzv-conf rank_order");
   }
 }
 
@@ -157,7 +160,16 @@ void DynamicRendezvous::disarmLocked(std::unique_lock<std::mutex>& lock) {
   if (!sharedWatcher_ || !watcherBusy_) return;
   // Take the shared connection back: the watcher's WAIT (or the read after it) ends at once.
   watcherConn_.cancelWaits(true);
-  cv_.wait(lock, [&] { return !watcherBusy_; });
+  // A store that stopped answering (SIGSTOP, hung) answers no CANCEL_WAIT either: once it is
+  // known lost (the heartbeat writer's keep-alive bound), or after read_timeout, the call is cut
+  // instead (the connection is dropped; the agent's next call reconnects) -- never a wait for
+  // the watcher's own hour-long slice.
+  const auto deadline = Clock::now() + options_.store.timeout;
+  cv_.waitUntil(lock, deadline, [&] { return !watcherBusy_ || storeLost_; });
+  while (watcherBusy_) {  // again if the cut fell between two of the watcher's calls
+    watcherConn_.cancelCall();
+    cv_.waitFor(lock, std::chrono::milliseconds(100), [&] { return !watcherBusy_; });
+  }
   watcherConn_.cancelWaits(false);
 }
 
@@ -303,6 +315,7 @@ void DynamicRendezvous::onBackgroundError(std::exception_ptr eptr) {
     if (stopping_ || storeLost_) return;
     storeLost_ = true;
   }
+  cv_.notifyAll();  // an agent taking its connection back from the watcher stops waiting
   RoundEvent e;
   e.kind = RoundEvent::Kind::StoreLost;
   e.round = roundNo_;

@@ -57,7 +57,8 @@ struct DynamicRendezvousOptions {
   // disarms the watcher first), the watcher's WAIT is cancelled on the server (CANCEL_WAIT:
   // the connection is kept) and the agent waits for the watcher to let go of it. Needs a
   // backend whose connections can cancel a wait (the ddprun store); ignored otherwise. Used by
-  // the simulated agents of `ddprun-bench rendezvous --simulate` (one connection each).
+  // the launcher's agents (multi-node jobs on the ddprun store) and the simulated agents of
+  // `ddprun-bench rendezvous --simulate` (one connection each).
   bool watcherOnAgentConnection = false;
   // Node ranks in slot (arrival) order within each round, as torchrun assigns them, instead of
   // kept from the round before and newcomers in address order (--rdzv-conf rank_order=arrival).

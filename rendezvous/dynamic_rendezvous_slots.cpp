@@ -65,9 +65,7 @@ Versioned DynamicRendezvous::joinBySlots() {
         continue;
       }
       // Too late for it, or new: open the next round, or wait for a place.
-      cur = log_->update(cur, [&](const RoundState& st) {
-        return st.phase == Phase::Joining ? std::nullopt : transition::arrive(st, self_, lim);
-      }).now;
+      cur = arriveNode(*log_, cur, self_).now;
       continue;
     }
     // Joining(r): take a slot once per round.

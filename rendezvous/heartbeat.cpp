@@ -158,7 +158,20 @@ uint64_t HeartbeatMonitor::cancelCount() {
 void HeartbeatMonitor::onViewChange() {
   std::lock_guard<std::mutex> g(connMu_);
   ++cancels_;
-  if (conn_.cancelCall) conn_.cancelCall();
+  if (conn_.cancelWaits) {
+    // Every WAIT from now until run() reads the view again ends at once, the connection kept
+    // (CANCEL_WAIT): a join changes the view two or three times per agent, and cutting the
+    // connection cost a reconnect (and a handshake on the store) each time.
+    conn_.cancelWaits(true);
+  } else if (conn_.cancelCall) {
+    conn_.cancelCall();
+  }
+}
+
+uint64_t HeartbeatMonitor::rearm() {
+  std::lock_guard<std::mutex> g(connMu_);
+  if (conn_.cancelWaits) conn_.cancelWaits(false);
+  return cancels_;
 }
 
 void HeartbeatMonitor::run() {
@@ -171,9 +184,10 @@ void HeartbeatMonitor::run() {
     }
     int failures = 0;  // consecutive store failures that were not cancels
     while (!stopping_) {
+      // Before the view is read: a change after this point cancels what follows (counted
+      // and cancelled in one critical section of onViewChange()).
+      const uint64_t cancels = rearm();
       const Versioned v = view_.get();
-      // Read under connMu_, as onViewChange() counts and cancels in one critical section.
-      const uint64_t cancels = cancelCount();
       try {
         // A compact state (the slot join) names its lists: the successor is read (O(1)).
         const std::string target = ringTarget(store(), v.state, self_);
@@ -181,7 +195,11 @@ void HeartbeatMonitor::run() {
           if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
           continue;
         }
-        if (watch(target, v.version)) evict(target);
+        if (watch(target, v.version, cancels)) evict(target);
+      } catch (const TimeoutError& e) {
+        // A read's WAIT_GET ended by a state change (cancelWaits): read the ring again.
+        if (stopping_ || cancelCount() == cancels) throw;
+        continue;
       } catch (const NetworkError& e) {
         // Cut short by a state change (cancelCall): read the ring again; the connection
         // reconnects on its next call. Otherwise retry once before calling the store lost.
@@ -199,7 +217,7 @@ void HeartbeatMonitor::run() {
   }
 }
 
-bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion) {
+bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion, uint64_t cancels) {
   int64_t beat = store().add(heartbeatCounterKey(target), 0);
   DDPRUN_LOG(DEBUG, "rendezvous") << "watching node " << target << " from beat " << beat;
   while (!stopping_ && view_.get().version == seenVersion) {
@@ -209,7 +227,8 @@ bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion) {
     } catch (const TimeoutError&) {
       arrived = false;
     }
-    if (stopping_) return false;
+    // Not a timeout but a state change that ended the WAIT (cancelWaits): read the ring again.
+    if (stopping_ || (!arrived && cancelCount() != cancels)) return false;
     if (!arrived) {
       // The beat we waited for may have come and gone (we fell behind): ask the counter.
       const int64_t now = store().add(heartbeatCounterKey(target), 0);

@@ -82,9 +82,12 @@ class HeartbeatMonitor {
  public:
   using ErrorFn = std::function<void(std::exception_ptr)>;
   // Connects on its own thread. Registers on `view`: when the state changes, the WAIT in
-  // progress is cut short (cancelCall), so the ring is re-read at once -- a node that must now
-  // be watched is watched from that moment, not after the old target's next beat. (A change
-  // landing between two calls is seen before the next WAIT, or after the next beat.)
+  // progress is cut short, so the ring is re-read at once -- a node that must now be watched
+  // is watched from that moment, not after the old target's next beat. On the ddprun store
+  // by CANCEL_WAIT (cancelWaits: the connection is kept, and any WAIT started before the ring
+  // is read again ends at once too); elsewhere by cutting the call in progress (cancelCall: the
+  // next call reconnects; a change landing between two calls is seen before the next WAIT, or
+  // after the next beat).
   // `spill`: its evictions write versions with spilled lists, as the agents' (state_log.h).
   HeartbeatMonitor(ConnectFn connect, std::string self, HeartbeatOptions options,
                    JobLimits limits, StateView& view, ErrorFn onError, bool spill = false);
@@ -93,11 +96,15 @@ class HeartbeatMonitor {
 
  private:
   void run();
-  // Watches `target` until it dies (returns true) or the ring changes (false).
-  bool watch(const std::string& target, int64_t seenVersion);
+  // Watches `target` until it dies (returns true) or the ring changes (false); `cancels` is
+  // cancelCount() when the ring was read: a WAIT that ends after it moved was cancelled.
+  bool watch(const std::string& target, int64_t seenVersion, uint64_t cancels);
   void evict(const std::string& target);
   void onViewChange();
   uint64_t cancelCount();
+  // Lets WAITs run again (after a state change cancelled them) and returns cancelCount(), in
+  // one critical section: called before the ring is read.
+  uint64_t rearm();
   Store& store() { return *conn_.store; }
 
   ConnectFn connect_;

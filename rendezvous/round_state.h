@@ -71,8 +71,13 @@ struct ListRef {
   // eviction or departure writes no list, StateLog's removeNode). `count` is then the member
   // list's length minus one.
   std::string without;
-  // The entries of the list `ref` names (count, plus the one left out by `without`).
-  int64_t stored() const { return count + (without.empty() ? 0 : 1); }
+  // ofMembers only: every member and this node after them, a newcomer (prevRank -1): an
+  // arrival into a running round with room writes no list. `count` is then the member list's
+  // length plus one. At most one of `without` and `with`.
+  std::string with;
+  // The entries of the list `ref` names (count, plus the one left out by `without`, less the
+  // one `with` adds).
+  int64_t stored() const { return count + (without.empty() ? 0 : 1) - (with.empty() ? 0 : 1); }
   bool operator==(const ListRef&) const = default;
 };
 

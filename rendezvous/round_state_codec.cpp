@@ -101,6 +101,9 @@ std::string encodeState(const RoundState& s) {
     if (s.expectedList.ofMembers && !s.expectedList.without.empty()) {
       out.append(" ");
       out.append(s.expectedList.without);
+    } else if (s.expectedList.ofMembers && !s.expectedList.with.empty()) {
+      out.append(" and ");
+      out.append(s.expectedList.with);
     }
     out += '\n';
   }
@@ -222,14 +225,20 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       s.masterPort = static_cast<uint16_t>(port);
     } else if (tag == "expected-list" || tag == "waiting-list") {
       ListRef& ref = tag == "expected-list" ? s.expectedList : s.waitingList;
-      ref.ofMembers = (w.size() == 4 || w.size() == 5) && tag == "expected-list" &&
+      ref.ofMembers = (w.size() >= 4 && w.size() <= 6) && tag == "expected-list" &&
                       w[3] == "members";
-      if (ref.ofMembers && w.size() == 5) {
+      size_t words = ref.ofMembers ? 4u : 3u;
+      if (ref.ofMembers && w.size() == 5) {  // "members <id>": every member but <id>
         if (!validId(w[4])) throw bad(std::string(tag) + " record '" + std::string(line) + "'");
         ref.without = std::string(w[4]);
+        words = 5;
+      } else if (ref.ofMembers && w.size() == 6 && w[4] == "and") {  // and a newcomer
+        if (!validId(w[5])) throw bad(std::string(tag) + " record '" + std::string(line) + "'");
+        ref.with = std::string(w[5]);
+        words = 6;
       }
-      if (w.size() != (ref.ofMembers ? (ref.without.empty() ? 4u : 5u) : 3u) ||
-          !number(w[1], ref.ref) || !number(w[2], ref.count) || ref.ref < 1 || ref.count < 1) {
+      if (w.size() != words || !number(w[1], ref.ref) || !number(w[2], ref.count) ||
+          ref.ref < 1 || ref.count < 1 || (!ref.with.empty() && ref.count < 2)) {
         throw bad(std::string(tag) + " record '" + std::string(line) + "'");
       }
     } else {

@@ -67,6 +67,7 @@ std::optional<ListPosition> position(Store& store, const RoundState& s, RoundSta
     return std::nullopt;
   }
   if (id == ref.without) return std::nullopt;  // the member an expected list leaves out
+  if (!ref.with.empty() && id == ref.with) return ListPosition{.index = ref.stored()};
   const std::string key = listIdKey(ref.ref, id);
   const auto v = tryGet(store, key);
   if (!v) return std::nullopt;
@@ -114,9 +115,12 @@ std::string ringTarget(Store& store, const RoundState& s, const std::string& sel
   if (ref.count < 2 || lost(self)) return {};
   const auto p = position(store, s, which, self);
   if (!p) return {};
-  // At most lost.size() + 2 reads: the lost members are few (and `without` is one).
-  for (int64_t k = 1; k < ref.stored(); ++k) {
-    const std::string key = listKey(ref.ref, (p->index + k) % ref.stored());
+  // At most lost.size() + 2 reads: the lost members are few (and `without` is one). A
+  // newcomer (`with`) is last in the ring, after the stored entries.
+  const int64_t ring = ref.stored() + (ref.with.empty() ? 0 : 1);
+  for (int64_t k = 1; k < ring; ++k) {
+    if ((p->index + k) % ring == ref.stored()) return ref.with;
+    const std::string key = listKey(ref.ref, (p->index + k) % ring);
     const auto nodes = decodeNodeLines({store.get(key)},
                                        ref.ofMembers ? RoundState::List::Members : which,
                                        "'" + key + "'");
@@ -145,6 +149,11 @@ void StateLog::hydrate(RoundState& s) {
       for (size_t i = 0; i < nodes.size(); ++i)
         if (nodes[i].id != ref.without)
           expected.push_back(NodeInfo{.id = nodes[i].id, .prevRank = static_cast<int>(i)});
+      if (!ref.with.empty()) {
+        for (const auto& e : expected)
+          if (e.id == ref.with) forgedList(keys.front(), "the newcomer it adds is a member");
+        expected.push_back(NodeInfo{.id = ref.with, .prevRank = -1});
+      }
       if (static_cast<int64_t>(expected.size()) != ref.count)
         forgedList(keys.front(), "the member it leaves out is not in it once");
       nodes = std::move(expected);
@@ -377,6 +386,39 @@ StateLog::Result removeNode(StateLog& log, const Versioned& known, const std::st
   }
   return log.update(cur, [&](const RoundState& s) {
     return transition::remove(s, id, reason, lim);
+  });
+}
+
+StateLog::Result arriveNode(StateLog& log, const Versioned& known, const NodeInfo& node) {
+  const JobLimits& lim = log.limits();
+  Versioned cur = known;
+  if (log.spills() && cur.version > 0 && !cur.state.compact()) cur = log.read(cur.version);
+  if (log.spills()) {
+    bool general = false;
+    auto r = log.updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {
+      general = true;
+      if (st.phase != Phase::Closed || st.membersList.ref == 0 || st.finishing() ||
+          st.membersList.count >= lim.maxNodes || st.waitingList.ref != 0 ||
+          !st.waiting.empty() || !st.members.empty() || !st.lost.empty() ||
+          position(log.store(), st, RoundState::List::Members, node.id)) {
+        return std::nullopt;  // the general path decides (waits, ends, or nothing to do)
+      }
+      general = false;
+      // As transition::arrive: round r+1 awaits the members with their ranks, and the newcomer.
+      RoundState next;
+      next.round = st.round + 1;
+      next.phase = Phase::Joining;
+      next.restarts = st.restarts;
+      next.reason = "node " + node.id + " (" + node.addr + ") arrived";
+      next.expectedList = ListRef{.ref = st.membersList.ref, .count = st.membersList.count + 1,
+                                  .ofMembers = true, .with = node.id};
+      return next;
+    });
+    if (!general) return r;
+    cur = r.now;
+  }
+  return log.update(cur, [&](const RoundState& st) -> std::optional<RoundState> {
+    return st.phase == Phase::Joining ? std::nullopt : transition::arrive(st, node, lim);
   });
 }
 

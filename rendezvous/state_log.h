@@ -118,6 +118,12 @@ class StateLog {
 StateLog::Result removeNode(StateLog& log, const Versioned& known, const std::string& id,
                             const std::string& reason);
 
+// transition::arrive (`node` arrives at a closed round) appended to the log, nothing on a
+// joining round; with spilled lists, into a running round with room and without a waiting list
+// or lost members, as an O(1) delta (round r+1 awaits the member list and the newcomer,
+// ListRef::with): the writer loads no list.
+StateLog::Result arriveNode(StateLog& log, const Versioned& known, const NodeInfo& node);
+
 // transition::failWorkers appended to the log; with spilled lists and a closed round without
 // a waiting list or lost members, as an O(1) delta (round r+1 awaits the member list, or the
 // job fails naming the same lists): the writer loads no list.

@@ -162,6 +162,7 @@ class StoreServer::Impl : public ServerCore, public std::enable_shared_from_this
   StoreServerStats stats() const {
     StoreServerStats s;
     s.connections = connections_.size();
+    s.accepted = nextId_;
     s.waiters = table.waiterCount();
     s.keys = table.size();
     s.storedBytes = table.bytes();

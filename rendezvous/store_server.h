@@ -43,6 +43,7 @@ struct StoreServerOptions {
 
 struct StoreServerStats {
   size_t connections = 0;  // open now
+  uint64_t accepted = 0;   // connections taken so far (closed ones and reconnects included)
   size_t waiters = 0;      // connections held in a WAIT
   int64_t keys = 0;
   uint64_t storedBytes = 0;        // keys + values + queued items

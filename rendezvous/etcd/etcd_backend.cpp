@@ -16,6 +16,10 @@ EtcdBackend::EtcdBackend(EtcdBackendOptions options) : options_(std::move(option
   }
   if (options_.client.endpoints.empty())
     throw ConfigError("--rdzv-backend=etcd-v3 needs --rdzv-endpoint=HOST:PORT[,HOST:PORT...]");
+  // Over gRPC the agent's store, round watcher, lease keeper and watcher share one connection
+  // per member (every copy of these options shares the pool).
+  if (usesGrpc(options_.client) && !options_.client.channels)
+    options_.client.channels = std::make_shared<grpc::ChannelPool>();
   if (options_.leaseTtl < Millis(1'000)) {
     throw ConfigError("--rdzv-conf lease_ttl=" + secondsText(options_.leaseTtl) +
                       " is not valid (allowed: at least 1 second; etcd rounds it up to its "

@@ -1,6 +1,8 @@
 #pragma once
-// EtcdClient: etcd's v3 API (kv, lease, maintenance) over its JSON gateway, with failover
-// between the members of a cluster.
+// EtcdClient: etcd's v3 API (kv, lease, maintenance), with failover between the members of a
+// cluster. Two transports carry the same calls: etcd's gRPC API over HTTP/2 (grpc/, the
+// default for http://: an agent's clients and watches share one connection per member), and
+// the JSON gateway over HTTP/1.1 (gateway.h, http_connection.h: https://, or asked for).
 //
 // Every call is bounded by options.timeout, retries on other members included. A call that
 // fails on one member -- connection refused or reset, the member has no leader, the leader
@@ -24,6 +26,7 @@
 
 #include "rendezvous/blocking.h"
 #include "rendezvous/etcd/gateway.h"
+#include "rendezvous/etcd/grpc/connection.h"
 #include "rendezvous/etcd/http_connection.h"
 #include "rendezvous/store.h"
 
@@ -31,14 +34,26 @@ namespace ddprun::rendezvous::etcd {
 
 class SharedConnections;
 
+// How the client reaches etcd. Auto: gRPC over HTTP/2 cleartext for http://, the JSON gateway
+// (HTTP/1.1, TLS) for https:// -- TLS with ALPN h2 is not done.
+enum class Transport { Auto, Grpc, Gateway };
+
 struct EtcdClientOptions {
   std::vector<MemberAddress> endpoints;                // every member of the cluster
   std::shared_ptr<boost::asio::ssl::context> tls;      // null: http
   Millis timeout{60'000};                              // each call, failover included
   // Null (a real agent): each client has its own connection. Otherwise the clients made with
   // these options take turns on the connections of `shared` (see SharedConnections).
-  std::shared_ptr<SharedConnections> shared;
+  std::shared_ptr<SharedConnections> shared;  // the gateway only
+  Transport transport = Transport::Auto;
+  // gRPC: the connections (one per member) shared by every client and watch made with these
+  // options -- EtcdBackend makes one per agent. Null: a client makes its own and puts it in
+  // its options(), so that watches made from those share it.
+  std::shared_ptr<grpc::ChannelPool> channels;
 };
+
+// Whether calls made with `o` go over gRPC (else the JSON gateway).
+bool usesGrpc(const EtcdClientOptions& o);
 
 // The HTTP connections (one per member) that several EtcdClients take turns on: each
 // simulated agent of `ddprun-bench rendezvous --simulate --backend etcd-v3` gives its clients
@@ -110,11 +125,14 @@ class EtcdClient {
   std::string describe() const { return describeCluster(options_); }
 
  private:
-  // POSTs to the members in turn until one serves it (see the header comment).
+  // Sends the call to the members in turn until one serves it (see the header comment).
+  // `target`: the gateway's path, or the gRPC method; `body`: encoded for that transport.
   std::string call(const std::string& target, const std::string& body, bool idempotent);
   // One attempt; `cancels`: cancels_ when the call began (a later cancel ends a wait for
   // the shared connection).
   std::string callOnce(size_t member, const std::string& target, const std::string& body,
+                       Clock::time_point deadline, uint64_t cancels);
+  std::string grpcOnce(size_t member, const std::string& method, const std::string& body,
                        Clock::time_point deadline, uint64_t cancels);
   HttpConnection& connectionTo(size_t member);
   // POSTs on the shared connection to `member`, waiting for it as long as another client
@@ -130,6 +148,8 @@ class EtcdClient {
   CondVar cv_;  // the backoff's wait: cancelCall() cuts it short
   std::unique_ptr<HttpConnection> conn_;
   HttpConnection* borrowed_ = nullptr;  // the shared connection while this client holds it
+  const bool grpc_;
+  grpc::Call* grpcCall_ = nullptr;  // the gRPC call in progress (guarded by mu_)
   std::atomic<bool> interrupted_{false};
   std::atomic<uint64_t> cancels_{0};
   std::atomic<int64_t> requests_{0};

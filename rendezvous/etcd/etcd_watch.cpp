@@ -5,6 +5,7 @@
 
 #include "base/log.h"
 #include "rendezvous/blocking.h"
+#include "rendezvous/etcd/grpc/proto.h"
 
 namespace ddprun::rendezvous::etcd {
 
@@ -16,8 +17,14 @@ EtcdWatch::EtcdWatch(EtcdClientOptions options, WatchCreate create)
     : options_(std::move(options)), create_(std::move(create)), next_(create_.startRevision) {
   DDPRUN_CHECK(next_ > 0, "a watch starts from a revision the caller has read");
   DDPRUN_CHECK(!options_.endpoints.empty(), "a watch needs at least one endpoint");
-  std::random_device rd;
-  member_ = std::uniform_int_distribution<size_t>(0, options_.endpoints.size() - 1)(rd);
+  if (usesGrpc(options_) && !options_.channels)
+    options_.channels = std::make_shared<grpc::ChannelPool>();
+  if (usesGrpc(options_)) {
+    member_ = options_.channels->home(options_.endpoints.size());
+  } else {
+    std::random_device rd;
+    member_ = std::uniform_int_distribution<size_t>(0, options_.endpoints.size() - 1)(rd);
+  }
 }
 
 EtcdWatch::~EtcdWatch() = default;
@@ -26,24 +33,46 @@ void EtcdWatch::cancel() {
   cancelled_ = true;
   std::lock_guard<std::mutex> g(mu_);
   if (conn_) conn_->cancel();
+  if (call_) call_->cancel();
 }
 
 void EtcdWatch::wake() {
   woken_ = true;
   std::lock_guard<std::mutex> g(mu_);
   if (conn_) conn_->wake();
+  if (call_) call_->wake();
 }
 
 // One attempt to open the stream on member_ (the "created" reply is read by next()).
 void EtcdWatch::open(Clock::time_point deadline) {
+  WatchCreate w = create_;
+  w.startRevision = next_;
+  if (usesGrpc(options_)) {
+    const MemberAddress& m = options_.endpoints[member_];
+    std::unique_ptr<grpc::Call> call;
+    try {
+      auto conn = options_.channels->get(member_, {.host = m.host, .port = m.port}, deadline);
+      call = conn->start("/etcdserverpb.Watch/Watch", grpc::encodeWatchCreate(w), false, kMaxLine);
+    } catch (const grpc::Failure& f) {
+      if (f.descriptorLimit()) throw ConnectionLimitError(f.what());
+      throw;
+    }
+    std::unique_ptr<grpc::Call> old;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      old = std::move(call_);  // reset (its stream) below, without mu_
+      call_ = std::move(call);
+      if (cancelled_) call_->cancel();
+    }
+    open_ = true;
+    return;
+  }
   auto c = std::make_unique<HttpConnection>(options_.endpoints[member_], options_.tls);
   {
     std::lock_guard<std::mutex> g(mu_);
     conn_ = std::move(c);
     if (cancelled_) conn_->cancel();
   }
-  WatchCreate w = create_;
-  w.startRevision = next_;
   const int status = conn_->openStream("/v3/watch", encodeWatchCreate(w), deadline);
   if (status != 200) {
     std::string why = "HTTP " + std::to_string(status);
@@ -55,6 +84,18 @@ void EtcdWatch::open(Clock::time_point deadline) {
     throw NetworkError(why);
   }
   open_ = true;
+}
+
+std::optional<WatchMessage> EtcdWatch::read(Clock::time_point deadline) {
+  if (call_) {
+    auto m = call_->next(deadline);
+    if (!m) return std::nullopt;
+    return grpc::decodeWatch(*m);
+  }
+  auto line = conn_->nextLine(deadline);
+  if (!line) return std::nullopt;
+  if (auto err = parseError(*line)) throw NetworkError(err->message);
+  return parseWatchMessage(*line);
 }
 
 std::vector<Event> EtcdWatch::next(Clock::time_point deadline) {
@@ -97,23 +138,19 @@ std::vector<Event> EtcdWatch::next(Clock::time_point deadline) {
       }
       continue;
     }
-    std::optional<std::string> line;
+    std::optional<WatchMessage> read;
     try {
-      line = conn_->nextLine(deadline);
+      read = this->read(deadline);
     } catch (const NetworkError& e) {
       if (cancelled_) continue;
       broken("member " + options_.endpoints[member_].text() + ": " + e.what());
       continue;
     }
-    if (!line) {
+    if (!read) {
       woken_ = false;
       return {};
     }
-    if (auto err = parseError(*line)) {
-      broken("member " + options_.endpoints[member_].text() + ": " + err->message);
-      continue;
-    }
-    WatchMessage m = parseWatchMessage(*line);
+    WatchMessage& m = *read;
     failingSince.reset();
     backoff = Millis(20);
     if (m.canceled) {

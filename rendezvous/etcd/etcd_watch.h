@@ -1,6 +1,8 @@
 #pragma once
-// EtcdWatch: a watch on one key or a range of keys, from a given revision on, as a streamed
-// reply of the gateway's /v3/watch, that survives the loss of the member serving it.
+// EtcdWatch: a watch on one key or a range of keys, from a given revision on, that survives the
+// loss of the member serving it. Over gRPC (usesGrpc) it is a Watch call -- an HTTP/2 stream on
+// the connection its options' ChannelPool shares with the agent's other clients and watches;
+// over the gateway, the streamed reply of /v3/watch on a connection of its own.
 //
 // Events arrive in revision order. When the stream breaks (the member died, lost its leader,
 // or ended the stream) it is opened again on the next member from the revision after the
@@ -36,6 +38,7 @@ class EtcdWatch {
  public:
   // Watches [create.key, create.rangeEnd) from create.startRevision (> 0: the revision the
   // caller read at, plus one). Opens the stream at the first next().
+  // Over gRPC without options.channels the watch has a connection of its own.
   EtcdWatch(EtcdClientOptions options, WatchCreate create);
   ~EtcdWatch();
   EtcdWatch(const EtcdWatch&) = delete;
@@ -55,6 +58,9 @@ class EtcdWatch {
 
  private:
   void open(Clock::time_point failingSince);
+  // The next message of the open stream; nullopt at `deadline` or when woken. Throws
+  // NetworkError when the stream breaks (an error line of the gateway included).
+  std::optional<WatchMessage> read(Clock::time_point deadline);
 
   EtcdClientOptions options_;
   WatchCreate create_;
@@ -63,6 +69,7 @@ class EtcdWatch {
   std::string lastError_;
   std::mutex mu_;  // guards conn_ against cancel()/wake()
   std::unique_ptr<HttpConnection> conn_;
+  std::unique_ptr<grpc::Call> call_;  // gRPC
   bool open_ = false;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> woken_{false};

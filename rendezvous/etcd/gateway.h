@@ -169,6 +169,7 @@ struct Event {
 // One message of a watch stream.
 struct WatchMessage {
   Header header;
+  int64_t watchId = 0;  // which watch of the stream (gRPC; the gateway's stream has one)
   bool created = false;
   bool canceled = false;
   std::string cancelReason;

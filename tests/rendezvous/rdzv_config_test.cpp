@@ -55,6 +55,14 @@ TEST_CASE("rdzv-conf values: torchrun keys, in seconds", "[rdzv][config]") {
   CHECK_THROWS_WITH(parseRdzvConf("is_host=maybe"), Catch::Contains("is_host='maybe'"));
   CHECK_THROWS_WITH(parseRdzvConf("missed_heartbeats=0"), Catch::Contains(">= 1"));
   CHECK_THROWS_WITH(parseRdzvConf("novalue"), Catch::Contains("key=value"));
+  // rank_order: stable (the default) or arrival (DynamicRendezvousOptions::arrivalRanks).
+  DynamicRendezvousOptions ro;
+  applyRdzvConf(parseRdzvConf("rank_order=arrival"), ro);
+  CHECK(ro.arrivalRanks);
+  applyRdzvConf(parseRdzvConf("rank_order=stable"), ro);
+  CHECK_FALSE(ro.arrivalRanks);
+  CHECK_THROWS_WITH(parseRdzvConf("rank_order=random"),
+                    Catch::Contains("rank_order='random'") && Catch::Contains("stable, arrival"));
 }
 
 TEST_CASE("rdzv-conf for etcd-v3: key_prefix, lease_ttl, protocol, TLS files", "[rdzv][config]") {

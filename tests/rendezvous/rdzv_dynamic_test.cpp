@@ -148,6 +148,35 @@ TEST_CASE("a round watcher on its agent's connection: one event per round, the c
   CHECK(a->events.size() == 0);
 }
 
+TEST_CASE("a state change ends the heartbeat monitor's WAIT without a reconnect: 3 connections "
+          "per agent through forming, re-forming and a departure", "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 3};
+  auto opts = [&](int n) {
+    auto o = agentOptions(server.port(), "monitor", n, lim);
+    o.watcherOnAgentConnection = true;  // as the launcher's agents
+    return o;
+  };
+  auto a = makeAgent(opts(2));
+  auto b = makeAgent(opts(3));
+  allNextRound({a.get(), b.get()});
+  // Each state change (joined, closed, re-formed) moves the monitors' ring: their WAIT is
+  // cancelled on the server (CANCEL_WAIT), the connection kept.
+  auto c = makeAgent(opts(4));
+  auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
+  for (Agent* x : {a.get(), b.get()}) REQUIRE(x->events.next(Millis(5'000)));
+  auto r = allNextRound({a.get(), b.get()});
+  CHECK(fc.get().nodeCount == 3);
+  CHECK(r[0].nodeCount == 3);
+  b->rdzv->leave("SIGTERM");
+  for (Agent* x : {a.get(), c.get()}) REQUIRE(x->events.next(Millis(5'000)));
+  r = allNextRound({a.get(), c.get()});
+  CHECK(r[0].nodeCount == 2);
+  std::this_thread::sleep_for(Millis(300));  // beats and ring moves after the last round
+  // Every connection ever taken: the agent's, the heartbeat writer's and monitor's, per agent.
+  CHECK(server.stats().accepted == 9);
+}
+
 TEST_CASE("two jobs on one store never see each other", "[rdzv][dynamic]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 2, .maxNodes = 2};
@@ -175,6 +204,11 @@ TEST_CASE("nodes with different --nnodes for one job are refused", "[rdzv][dynam
   CHECK_THROWS_WITH(makeAgent(agentOptions(server.port(), "cfg", 3, {.minNodes = 1, .maxNodes = 2})),
                     Catch::Contains("nnodes=1:2") && Catch::Contains("nnodes=2:2"));
   CHECK_THROWS_AS(makeAgent(agentOptions(server.port(), "bad id", 3, {})), ConfigError);
+  // Nor nodes with different rank orders: both named.
+  auto o = agentOptions(server.port(), "cfg", 4, {.minNodes = 2, .maxNodes = 2});
+  o.arrivalRanks = true;
+  CHECK_THROWS_WITH(makeAgent(o), Catch::Contains("rank_order=arrival but") &&
+                                      Catch::Contains("backend=c10d: give"));
 }
 
 TEST_CASE("a round below MIN fails after join_timeout, naming the counts", "[rdzv][dynamic]") {

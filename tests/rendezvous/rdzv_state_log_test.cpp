@@ -352,3 +352,41 @@ TEST_CASE("spilled lists: an eviction from a closed round writes no list (the me
   RoundState g = reader.read(e.version + 1).state;
   CHECK_THROWS_WITH(reader.hydrate(g), Catch::Contains("leaves out"));
 }
+
+TEST_CASE("spilled lists: an arrival into a running round with room writes no list (the member "
+          "list and the newcomer), and loads as transition::arrive's state",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const JobLimits lim{.minNodes = 3, .maxNodes = 4, .maxRestarts = 2};
+  StateLog log(*store, lim, /*spill=*/true);
+  Versioned v = log.latest();
+  for (int i = 0; i < 3; ++i) {
+    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
+    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
+  }
+  v = log.update(v, [&](const RoundState& s) { return transition::closeAtDeadline(s, s.round, lim); }).now;
+  REQUIRE(v.state.phase == Phase::Closed);
+  const NodeInfo late{.id = "n9", .addr = "10.0.0.9"};
+  const std::optional<RoundState> expect = transition::arrive(v.state, late, lim);
+  REQUIRE(expect);
+  StateLog reader(*store, lim);
+  const int64_t lists = store->add("lists", 0);
+  const Versioned e = arriveNode(log, v, late).now;
+  CHECK(store->add("lists", 0) == lists);
+  const Versioned joining = reader.read(e.version);
+  REQUIRE(joining.state.phase == Phase::Joining);
+  CHECK(joining.state.expectedList.with == "n9");
+  CHECK(joining.state.expectedCount() == 4);
+  CHECK(slotTarget(joining.state, lim) == 4);
+  RoundState h = joining.state;
+  reader.hydrate(h);
+  CHECK(h == *expect);
+  CHECK(ringTarget(*store, joining.state, "n2") == "n9");
+  CHECK(ringTarget(*store, joining.state, "n9") == "n0");
+  CHECK(ringTarget(*store, joining.state, "n0") == "n1");
+  CHECK(decodeState(encodeState(joining.state), "k") == joining.state);
+  // An arrival at a joining round writes nothing (there, a node takes a slot).
+  StateLog writer(*store, lim, /*spill=*/true);
+  const Versioned after = writer.read(e.version);
+  CHECK_FALSE(arriveNode(writer, after, late).wrote);
+}
