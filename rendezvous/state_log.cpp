@@ -344,126 +344,127 @@ StateLog::Result StateLog::updateCompact(Versioned known, const Transition& fn) 
   }
 }
 
-StateLog::Result removeNode(StateLog& log, const Versioned& known, const std::string& id,
-                            const std::string& reason) {
-  const JobLimits& lim = log.limits();
+namespace {
+
+// removeNode, arriveNode, failNode on a spilled log: the O(1) change on the compact version when
+// `fast` finds one (it returns the next state), else `general`, the full transition, on the
+// newest version (fast's nullopt: the general path decides, and may find nothing to do).
+template <typename Fast, typename General>
+StateLog::Result compactElseGeneral(StateLog& log, const Versioned& known, Fast&& fast,
+                                    General&& general) {
   Versioned cur = known;
   // A version this agent wrote is held loaded (update returns it so): its compact form is one read.
   if (log.spills() && cur.version > 0 && !cur.state.compact()) cur = log.read(cur.version);
   if (log.spills()) {
-    bool general = false;
+    bool decided = false;
     auto r = log.updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {
-      general = true;
-      if (st.phase != Phase::Closed || st.membersList.ref == 0 || st.finishing() ||
-          st.waitingList.ref != 0 || !st.waiting.empty() || !st.members.empty() ||
-          std::find(st.lost.begin(), st.lost.end(), id) != st.lost.end()) {
-        return std::nullopt;  // the general path decides (and may find nothing to do)
-      }
-      const auto p = position(log.store(), st, RoundState::List::Members, id);
-      if (!p) return std::nullopt;
-      if (lim.keepRoundOnNodeLoss && p->index > 0) {  // lost in process: as transition::remove
-        general = false;
-        RoundState next = st;
-        next.lost.push_back(id);
-        next.reason = reason + " (lost in process)";
-        return next;
-      }
-      // Round r+1 awaits every other member with its rank (openNext), which leaves members
-      // lost in process out: only without any, and with someone left to await.
-      if (!st.lost.empty() || st.membersList.count < 2) return std::nullopt;
-      general = false;
-      RoundState next;
-      next.round = st.round + 1;
-      next.phase = Phase::Joining;
-      next.restarts = st.restarts;
-      next.reason = reason;
-      next.expectedList = ListRef{.ref = st.membersList.ref, .count = st.membersList.count - 1,
-                                  .ofMembers = true, .without = id};
+      auto next = fast(st);
+      decided = next.has_value();
       return next;
     });
-    if (!general) return r;
+    if (decided) return r;
     cur = r.now;
   }
-  return log.update(cur, [&](const RoundState& s) {
-    return transition::remove(s, id, reason, lim);
-  });
+  return log.update(cur, general);
+}
+
+}  // namespace
+
+StateLog::Result removeNode(StateLog& log, const Versioned& known, const std::string& id,
+                            const std::string& reason) {
+  const JobLimits& lim = log.limits();
+  return compactElseGeneral(
+      log, known,
+      [&](const RoundState& st) -> std::optional<RoundState> {
+        if (st.phase != Phase::Closed || st.membersList.ref == 0 || st.finishing() ||
+            st.waitingList.ref != 0 || !st.waiting.empty() || !st.members.empty() ||
+            std::find(st.lost.begin(), st.lost.end(), id) != st.lost.end()) {
+          return std::nullopt;  // the general path decides (and may find nothing to do)
+        }
+        const auto p = position(log.store(), st, RoundState::List::Members, id);
+        if (!p) return std::nullopt;
+        if (lim.keepRoundOnNodeLoss && p->index > 0) {  // lost in process: as transition::remove
+          RoundState next = st;
+          next.lost.push_back(id);
+          next.reason = reason + " (lost in process)";
+          return next;
+        }
+        // Round r+1 awaits every other member with its rank (openNext), which leaves members
+        // lost in process out: only without any, and with someone left to await.
+        if (!st.lost.empty() || st.membersList.count < 2) return std::nullopt;
+        RoundState next;
+        next.round = st.round + 1;
+        next.phase = Phase::Joining;
+        next.restarts = st.restarts;
+        next.reason = reason;
+        next.expectedList = ListRef{.ref = st.membersList.ref, .count = st.membersList.count - 1,
+                                    .ofMembers = true, .without = id};
+        return next;
+      },
+      [&](const RoundState& s) { return transition::remove(s, id, reason, lim); });
 }
 
 StateLog::Result arriveNode(StateLog& log, const Versioned& known, const NodeInfo& node) {
   const JobLimits& lim = log.limits();
-  Versioned cur = known;
-  if (log.spills() && cur.version > 0 && !cur.state.compact()) cur = log.read(cur.version);
-  if (log.spills()) {
-    bool general = false;
-    auto r = log.updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {
-      general = true;
-      if (st.phase != Phase::Closed || st.membersList.ref == 0 || st.finishing() ||
-          st.membersList.count >= lim.maxNodes || st.waitingList.ref != 0 ||
-          !st.waiting.empty() || !st.members.empty() || !st.lost.empty() ||
-          position(log.store(), st, RoundState::List::Members, node.id)) {
-        return std::nullopt;  // the general path decides (waits, ends, or nothing to do)
-      }
-      general = false;
-      // As transition::arrive: round r+1 awaits the members with their ranks, and the newcomer.
-      RoundState next;
-      next.round = st.round + 1;
-      next.phase = Phase::Joining;
-      next.restarts = st.restarts;
-      next.reason = "node " + node.id + " (" + node.addr + ") arrived";
-      next.expectedList = ListRef{.ref = st.membersList.ref, .count = st.membersList.count + 1,
-                                  .ofMembers = true, .with = node.id};
-      return next;
-    });
-    if (!general) return r;
-    cur = r.now;
-  }
-  return log.update(cur, [&](const RoundState& st) -> std::optional<RoundState> {
-    return st.phase == Phase::Joining ? std::nullopt : transition::arrive(st, node, lim);
-  });
+  return compactElseGeneral(
+      log, known,
+      [&](const RoundState& st) -> std::optional<RoundState> {
+        if (st.phase != Phase::Closed || st.membersList.ref == 0 || st.finishing() ||
+            st.membersList.count >= lim.maxNodes || st.waitingList.ref != 0 ||
+            !st.waiting.empty() || !st.members.empty() || !st.lost.empty() ||
+            position(log.store(), st, RoundState::List::Members, node.id)) {
+          return std::nullopt;  // the general path decides (waits, ends, or nothing to do)
+        }
+        // As transition::arrive: round r+1 awaits the members with their ranks, and the newcomer.
+        RoundState next;
+        next.round = st.round + 1;
+        next.phase = Phase::Joining;
+        next.restarts = st.restarts;
+        next.reason = "node " + node.id + " (" + node.addr + ") arrived";
+        next.expectedList = ListRef{.ref = st.membersList.ref, .count = st.membersList.count + 1,
+                                    .ofMembers = true, .with = node.id};
+        return next;
+      },
+      [&](const RoundState& st) -> std::optional<RoundState> {
+        return st.phase == Phase::Joining ? std::nullopt : transition::arrive(st, node, lim);
+      });
 }
 
 StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
                           const std::string& id, int exitCode, const std::string& reason,
                           bool final) {
   const JobLimits& lim = log.limits();
-  Versioned cur = known;
-  if (log.spills() && cur.version > 0 && !cur.state.compact()) cur = log.read(cur.version);
-  if (log.spills()) {
-    bool general = false;
-    auto r = log.updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {
-      general = true;
-      if (st.phase != Phase::Closed || st.round != round || st.membersList.ref == 0 ||
-          st.waitingList.ref != 0 || !st.waiting.empty() || !st.members.empty() ||
-          !st.lost.empty() || !position(log.store(), st, RoundState::List::Members, id)) {
-        return std::nullopt;  // the general path decides (and may find nothing to do)
-      }
-      general = false;
-      // As transition::failWorkers, on the compact state: the lists stay where they are.
-      RoundState next = st;
-      if (final || st.restarts >= lim.maxRestarts) {
-        next.phase = Phase::Failed;
-        next.exitCode = exitCode;
-        next.reason = final ? reason + " (not retryable: no restart spent)"
-                            : reason + " and no restart is left (max_restarts=" +
-                                  std::to_string(lim.maxRestarts) + ")";
+  return compactElseGeneral(
+      log, known,
+      [&](const RoundState& st) -> std::optional<RoundState> {
+        if (st.phase != Phase::Closed || st.round != round || st.membersList.ref == 0 ||
+            st.waitingList.ref != 0 || !st.waiting.empty() || !st.members.empty() ||
+            !st.lost.empty() || !position(log.store(), st, RoundState::List::Members, id)) {
+          return std::nullopt;  // the general path decides (and may find nothing to do)
+        }
+        // As transition::failWorkers, on the compact state: the lists stay where they are.
+        RoundState next = st;
+        if (final || st.restarts >= lim.maxRestarts) {
+          next.phase = Phase::Failed;
+          next.exitCode = exitCode;
+          next.reason = final ? reason + " (not retryable: no restart spent)"
+                              : reason + " and no restart is left (max_restarts=" +
+                                    std::to_string(lim.maxRestarts) + ")";
+          return next;
+        }
+        next = RoundState{};
+        next.round = st.round + 1;
+        next.phase = Phase::Joining;
+        next.restarts = st.restarts + 1;
+        next.reason = reason + " (restart " + std::to_string(st.restarts + 1) + " of " +
+                      std::to_string(lim.maxRestarts) + ")";
+        next.expectedList = st.membersList;
+        next.expectedList.ofMembers = true;
         return next;
-      }
-      next = RoundState{};
-      next.round = st.round + 1;
-      next.phase = Phase::Joining;
-      next.restarts = st.restarts + 1;
-      next.reason = reason + " (restart " + std::to_string(st.restarts + 1) + " of " +
-                    std::to_string(lim.maxRestarts) + ")";
-      next.expectedList = st.membersList;
-      next.expectedList.ofMembers = true;
-      return next;
-    });
-    if (!general) return r;
-    cur = r.now;
-  }
-  return log.update(cur, [&](const RoundState& s) {
-    return transition::failWorkers(s, round, id, exitCode, reason, lim, final);
-  });
+      },
+      [&](const RoundState& s) {
+        return transition::failWorkers(s, round, id, exitCode, reason, lim, final);
+      });
 }
 
 void StateLog::publish(const Versioned& v) {
