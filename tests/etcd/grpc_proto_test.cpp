@@ -199,7 +199,9 @@ TEST_CASE("etcd grpc: message framing, split anywhere, bounded", "[etcd][grpc]")
 
 namespace {
 
-// A loopback TCP server that answers each connection with `reply` (then closes it).
+// A loopback TCP server that answers one connection with `reply`, then reads until the client
+// closes (up to 5 s) and closes it; with no reply it closes at once. (Closing right after the
+// reply raced the client's own sends: it could fail with "Broken pipe" before it read the reply.)
 class FakeMember {
  public:
   explicit FakeMember(std::string reply) {
@@ -217,7 +219,13 @@ class FakeMember {
       if (c < 0) return;
       char buf[4096];
       (void)::recv(c, buf, sizeof buf, 0);  // the preface and the first request, or some
-      if (!reply.empty()) (void)::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+      if (!reply.empty()) {
+        (void)::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+        timeval bound{.tv_sec = 5, .tv_usec = 0};
+        ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
+        while (::recv(c, buf, sizeof buf, 0) > 0) {
+        }
+      }
       ::shutdown(c, SHUT_RDWR);
       ::close(c);
     });
