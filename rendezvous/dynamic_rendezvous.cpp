@@ -94,7 +94,8 @@ void DynamicRendezvous::checkSettings() {
                      std::to_string(lim.maxNodes) +
                      " max_restarts=" + std::to_string(lim.maxRestarts) +
                      " backend=" + options_.backend->name();
-  // Only when set, so that a job's settings with stable ranks read as they always did.
+  // Named for arrival ranks (the default) only, so that a job's settings with stable ranks read
+  // as they always did, and an older agent (whose default was stable) is refused, not mixed in.
   if (options_.arrivalRanks && options_.backend->slotJoin()) mine += " rank_order=arrival";
   std::string theirs = main_.store->compareSet("settings", "", mine);
   if (theirs != mine) {
