@@ -80,7 +80,11 @@ def etcd_torch_ddp(t):
         nodes.append(harness.Node(t, name, args, env={"PYTHON_EXEC": TORCH_PYTHON}))
     for n in nodes:
         check(n.wait(120) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
-    check(os.path.exists(os.path.join(t.dir, "ckpt-a.pt")), "rank 0 saved its checkpoint")
+    # Node ranks in arrival order (the default): rank 0 is whichever node took the first slot.
+    rank0 = [n.name for n in nodes if "[rank 0]:" in n.stdout()]
+    check(len(rank0) == 1, "one node runs rank 0: %s" % rank0)
+    check(os.path.exists(os.path.join(t.dir, "ckpt-%s.pt" % rank0[0])),
+          "rank 0 (node %s) saved its checkpoint" % rank0[0])
 
 
 

@@ -162,7 +162,7 @@ def kill_agent_stable(t):
 
 
 def worker_failure(t):
-    """A worker failure on node 1 restarts both nodes; the budget counts once per job."""
+    """A worker failure on node rank 1 restarts both nodes; the budget counts once per job."""
     args = ["--fail-once", "1", "3", "--run", "0.3"]
     a = t.agent("a", "127.0.0.2", "2", "fail", args, extra=["--max-restarts=1"])
     b = t.agent("b", "127.0.0.3", "2", "fail", args, extra=["--max-restarts=1"])
@@ -176,6 +176,19 @@ def worker_failure(t):
 
 def summary_lines(node):
     return [line for line in node.stderr().splitlines() if line.startswith("ddprun: job '")]
+
+
+def failure_roles(t):
+    """For a job whose node rank 1 always fails (two rounds): the node that spent the restart
+    (node rank 1 of the first round) and the one whose failure ended the job (node rank 1 of the
+    second). In arrival order (the default) they may be different nodes."""
+    def node_at(count):
+        return [r["node"] for r in t.starts() if r["TORCHELASTIC_RESTART_COUNT"] == count and
+                r["GROUP_RANK"] == "1"]
+    first, last = node_at("0"), node_at("1")
+    check(len(first) == 1 and len(last) == 1, "one node rank 1 in each round: %s, %s" %
+          (first, last))
+    return first[0], last[0]
 
 
 def failure_ends_job(t):
@@ -194,18 +207,28 @@ def failure_ends_job(t):
         w.start()
     for w in waiters:
         w.join()
-    check(b.proc.returncode == 7, "node b (root cause) exit code %s, expected 7" % b.proc.returncode)
+    check(b.proc.returncode == 7, "node b exit code %s, expected 7" % b.proc.returncode)
     check(a.proc.returncode == 7, "node a exit code %s, expected 7" % a.proc.returncode)
-    check(len(t.starts(node="a")) == 2, "one restart, counted once for the job")
-    check("no restart is left" in a.stderr(), "node a names the cause")
-    check("FAILED" in b.stderr() and "Root cause" in b.stderr(), "node b prints the report")
+    check(len(t.starts(node="a")) == 2 and len(t.starts(node="b")) == 2,
+          "one restart, counted once for the job")
+    nodes = {"a": a, "b": b}
+    spent, root = failure_roles(t)  # node rank 1 of round 0, and of round 1 (the root cause)
+    print("node rank 1: %s in the first round (spent the restart), %s in the second" %
+          (spent, root))
+    other = "b" if root == "a" else "a"
+    check("no restart is left" in nodes[other].stderr(), "node %s names the cause" % other)
+    check("FAILED" in nodes[root].stderr() and "Root cause" in nodes[root].stderr(),
+          "node %s (the root cause) prints the report" % root)
     sa, sb = summary_lines(a), summary_lines(b)
     check(len(sa) == 1 and sa == sb, "one identical summary line on both nodes: %s / %s" % (sa, sb))
     check("FAILED (exit code 7)" in sa[0], "the summary names the exit code: %s" % sa[0])
     check(abs(exited["a"] - exited["b"]) < 3, "both nodes end within 3 s of each other "
           "(a %.2f, b %.2f)" % (exited["a"], exited["b"]))
-    check("restart 1 of 1 spent by this node" in b.stderr(), "b says it spent the restart")
-    check("restart 1 of 1 spent there" in a.stderr(), "a says the restart was spent elsewhere")
+    check("restart 1 of 1 spent by this node" in nodes[spent].stderr(),
+          "%s says it spent the restart" % spent)
+    elsewhere = "b" if spent == "a" else "a"
+    check("restart 1 of 1 spent there" in nodes[elsewhere].stderr(),
+          "%s says the restart was spent elsewhere" % elsewhere)
 
 
 def not_retryable(t):
@@ -613,8 +636,9 @@ def timeline_node_killed(t):
 
 def timeline_job_failed(t):
     """--timeline on two nodes whose job fails (node rank 1's worker exits 7, no restart left):
-    node b's agent ships its events when the job ends and node rank 0's agent waits for them,
-    so the one file holds b's failed worker, its failure report and both agents' job end."""
+    node rank 1's agent ships its events when the job ends and node rank 0's agent waits for
+    them, so the one file holds its failed worker, its failure report and both agents' job end
+    (which node holds node rank 1 is read from the workers' records: arrival order)."""
     trace = os.path.join(t.dir, "job.json")
     args = ["--always-fail", "1", "7", "--run", "30"]
     a = t.agent("a", "127.0.0.2", "2", "tl-fail", args,
@@ -631,11 +655,14 @@ def timeline_job_failed(t):
     for e in data["traceEvents"]:
         if e.get("ph") != "M":
             by.setdefault(names[e["pid"]], []).append(e)
-    b_events = by["agent 127.0.0.3"]
+    failing = [r["node"] for r in t.starts() if r["GROUP_RANK"] == "1"]
+    check(len(failing) == 1, "one node rank 1: %s" % failing)
+    addr = {"a": "127.0.0.2", "b": "127.0.0.3"}[failing[0]]
+    b_events = by["agent " + addr]
     failed = [e for e in b_events if e["name"] == "worker exit" and e["args"]["failed"] == 1]
     check(len(failed) == 1 and failed[0]["args"]["result"] == "exit code 7",
-          "node b's failed worker arrived through the store: %s" % failed)
-    check(any(e["name"] == "failure report" for e in b_events), "node b's failure report")
+          "node rank 1's (%s) failed worker arrived through the store: %s" % (failing[0], failed))
+    check(any(e["name"] == "failure report" for e in b_events), "node rank 1's failure report")
     for n in names.values():
         check(any(e["name"] == "job end" and e["args"]["exit_code"] == 7 for e in by[n]),
               "%s: job end with exit code 7" % n)
