@@ -254,7 +254,12 @@ TEST_CASE("nodes with different --nnodes for one job are refused", "[rdzv][dynam
   auto o = agentOptions(server.port(), "cfg", 4, {.minNodes = 2, .maxNodes = 2});
   o.arrivalRanks = false;
   CHECK_THROWS_WITH(makeAgent(o), Catch::Contains("backend=c10d but") &&
-                                      Catch::Contains("rank_order=arrival: give"));
+                                      Catch::Contains("rank_order=arrival: give") &&
+                                      Catch::Contains("every node rank_order=stable"));
+  // The hint is for the rank order alone: other settings differ, no hint.
+  CHECK_THROWS_WITH(
+      makeAgent(agentOptions(server.port(), "cfg", 5, {.minNodes = 1, .maxNodes = 2})),
+      !Catch::Contains("arrival order are the default"));
 }
 
 TEST_CASE("a round below MIN fails after join_timeout, naming the counts", "[rdzv][dynamic]") {
