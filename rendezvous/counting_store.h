@@ -110,6 +110,18 @@ class CountingStore final : public Store {
     t_->bytes += 8;
     return v;
   }
+  Ticket takeWeightedTicket(const std::string& counter, const std::string& member,
+                            int64_t weight) override {
+    count(counter.size() + member.size() + 8);
+    const Ticket v = inner_->takeWeightedTicket(counter, member, weight);
+    t_->bytes += 16;
+    return v;
+  }
+  void createAll(const std::vector<std::string>& keys,
+                 const std::vector<std::string>& values) override {
+    count(sizes(keys) + sizes(values));
+    inner_->createAll(keys, values);
+  }
 
  private:
   static size_t sizes(const std::vector<std::string>& v) {

@@ -76,16 +76,20 @@ Versioned DynamicRendezvous::joinBySlots() {
                                     .masterPort = self_.masterPort};
       // Arrival ranks on a store with a packed counter: this node's entry of the round's member
       // list (scalable::slotListRef) goes with its record, and it counts itself written.
-      const bool listed = options_.arrivalRanks && !main_.store->hasTickets();
+      const bool listed = options_.arrivalRanks;
       const int64_t listRef = scalable::slotListRef(r);
       const auto entries = [&](const scalable::SlotCount& c) {
         NodeInfo n = self_;
         n.fixedRank = -1;
         n.prevRank = -1;
-        return scalable::ExtraKeys{
+        scalable::ExtraKeys keys{
             {listKey(listRef, c.slots - 1), encodeNodeLine(n, RoundState::List::Members)},
             {listIdKey(listRef, self_.id),
              std::to_string(c.slots - 1) + " " + std::to_string(c.procs - self_.nproc)}};
+        // With tickets the written count carries no world size: the target's holder writes it.
+        if (main_.store->hasTickets() && c.slots == target)
+          keys.emplace_back(scalable::worldKey(r), std::to_string(c.procs));
+        return keys;
       };
       const scalable::SlotCount mine =
           listed ? scalable::takeSlot(*main_.store, r, me, lim.maxNodes, entries)
@@ -177,8 +181,26 @@ Versioned DynamicRendezvous::closeFromCounters(const Versioned& cur, int target,
   const auto& lim = options_.limits;
   const int64_t r = cur.state.round;
   const int64_t ref = scalable::slotListRef(r);
+  std::string worldFrom = scalable::writtenKey(r);
+  if (main_.store->hasTickets()) {  // the world size from the target's holder (slot_join.h)
+    const std::string key = worldFrom = scalable::worldKey(r);
+    const auto text = slot_ == target ? std::optional<std::string>(std::to_string(slotProcs_))
+                                      : tryGetKey(*main_.store, key);
+    if (!text) {
+      throw StoreError("rendezvous key '" + scalable::writtenKey(r) + "' counts slot " +
+                       std::to_string(target) + " written, but '" + key +
+                       "' is missing: it is corrupt or forged");
+    }
+    try {
+      size_t used = 0;
+      world = std::stoll(*text, &used);
+      if (used != text->size()) world = -1;
+    } catch (const std::exception&) {
+      world = -1;
+    }
+  }
   if (world < target || world > int64_t{target} * kMaxNproc) {
-    throw StoreError("rendezvous key '" + scalable::writtenKey(r) + "' counts " +
+    throw StoreError("rendezvous key '" + worldFrom + "' counts " +
                      std::to_string(world) + " processes for " + std::to_string(target) +
                      " node(s): it is corrupt or forged");
   }

@@ -47,6 +47,10 @@ void PrefixStore::multiSet(const std::vector<std::string>& keys,
                            const std::vector<std::string>& values) {
   inner_->multiSet(join(keys), values);
 }
+void PrefixStore::createAll(const std::vector<std::string>& keys,
+                            const std::vector<std::string>& values) {
+  inner_->createAll(join(keys), values);
+}
 void PrefixStore::setTimeout(Millis t) {
   Store::setTimeout(t);
   inner_->setTimeout(t);

@@ -39,6 +39,12 @@ class PrefixStore final : public Store {
   int64_t ticketCount(const std::string& counter) override {
     return inner_->ticketCount(join(counter));
   }
+  Ticket takeWeightedTicket(const std::string& counter, const std::string& member,
+                            int64_t weight) override {
+    return inner_->takeWeightedTicket(join(counter), member, weight);
+  }
+  void createAll(const std::vector<std::string>& keys,
+                 const std::vector<std::string>& values) override;
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& inner() const { return inner_; }

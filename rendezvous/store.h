@@ -70,6 +70,25 @@ class Store {
   virtual int64_t takeTicket(const std::string& counter, const std::string& member);
   // How many tickets of `counter` were taken.
   virtual int64_t ticketCount(const std::string& counter);
+  // A weighted ticket: as takeTicket, and the sum of the weights of tickets 1..number (this one's
+  // included), read in the same request, as an ADD's reply gives the running sum: the slot join
+  // with arrival ranks takes its node rank and first global rank from it (weight: the node's
+  // processes, 1..kMaxTicketWeight). A member takes its ticket of a counter either always
+  // weighted or never.
+  struct Ticket {
+    int64_t number = 0;
+    int64_t weightThrough = 0;
+  };
+  static constexpr int64_t kMaxTicketWeight = int64_t{1} << 16;
+  virtual Ticket takeWeightedTicket(const std::string& counter, const std::string& member,
+                                    int64_t weight);
+  // Creates every key with its value, or none: StoreError naming the first key that holds
+  // another value (written before: a forgery, or another writer's). Keys already holding exactly
+  // these values (a retried request) are no error. One request on a store with tickets (an etcd
+  // txn); elsewhere one compare-set per key (ddprun-store's MULTI_SET is write-once for the
+  // rendezvous keys by itself, scalable/slot_join.h).
+  virtual void createAll(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values);
 
   Millis timeout() const { return timeout_; }
   // Virtual: a store that wraps another (PrefixStore) passes it on.
@@ -95,6 +114,24 @@ inline int64_t Store::takeTicket(const std::string& counter, const std::string&)
 }
 inline int64_t Store::ticketCount(const std::string& counter) {
   throw StoreError("this store has no tickets (key '" + counter + "'): use ADD");
+}
+inline Store::Ticket Store::takeWeightedTicket(const std::string& counter, const std::string&,
+                                               int64_t) {
+  throw StoreError("this store has no tickets (key '" + counter + "'): use ADD");
+}
+inline void Store::createAll(const std::vector<std::string>& keys,
+                             const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    throw StoreError("createAll with " + std::to_string(keys.size()) + " keys but " +
+                     std::to_string(values.size()) + " values");
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string got = compareSet(keys[i], "", values[i]);
+    if (got != values[i]) {
+      throw StoreError("rendezvous key '" + keys[i] + "' holds '" + got.substr(0, 200) +
+                       "', written before: it is corrupt or forged");
+    }
+  }
 }
 
 // The default per-call timeout, as PyTorch's (300 s).

@@ -95,9 +95,7 @@ const std::string& EtcdLiveness::targetIn(Store& store, const Versioned& v) {
 void EtcdLiveness::evict(StateLog& log, const std::string& target) {
   const std::string reason = "node " + target + " was evicted: its etcd lease expired (lease_ttl=" +
                              secondsText(options_.leaseTtl) + ")";
-  auto r = log.update(view_.get(), [&](const RoundState& s) {
-    return transition::remove(s, target, reason, limits_);
-  });
+  auto r = removeNode(log, view_.get(), target, reason);  // O(1) store work with spilled lists
   if (r.wrote) DDPRUN_LOG(WARN, "rendezvous") << reason << " (round " << r.now.state.round << ")";
   view_.offer(r.now);
 }

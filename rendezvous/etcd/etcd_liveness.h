@@ -12,7 +12,8 @@
 // joining), and each agent watches only its successor's key: it reads `alive/<successor>`
 // and watches that one key from the revision after the read (a stream, no polling). When the
 // key is missing or deleted (the lease expired, or was revoked) the agent evicts its successor
-// with transition::remove; every agent learns of it from the new round. Two dead in a row:
+// with removeNode (state_log.h: an O(1) delta with spilled lists, else transition::remove);
+// every agent learns of it from the new round. Two dead in a row:
 // evicting the first makes the second this agent's successor in the next version, found
 // missing by the read that starts its watch. A watcher that dies is evicted by its own
 // predecessor, and so on around the ring. One key read and one watch per node whatever the

@@ -223,13 +223,109 @@ int64_t EtcdStore::takeTicket(const std::string& counter, const std::string& mem
                      "', which is corrupt or forged (not this member's ticket)");
   }
   // Taken before (a retried request, rare): its number is the count of tickets created up to its
-  // own -- the keys themselves, as etcd does not apply max_create_revision to a count (O(number)
-  // bytes, on this path only).
+  // own (O(number) bytes, on this path only).
+  return countCreatedUpTo(dir, kv->createRevision);
+}
+
+// The keys under `dir` created at or before `revision`: the keys themselves, as etcd does not
+// apply max_create_revision to a count.
+int64_t EtcdStore::countCreatedUpTo(const std::string& dir, int64_t revision) {
   const RangeReply upTo = client_.range({.key = dir, .rangeEnd = prefixEnd(dir), .keysOnly = true,
-                                         .maxCreateRevision = kv->createRevision});
+                                         .maxCreateRevision = revision});
   return static_cast<int64_t>(std::count_if(upTo.kvs.begin(), upTo.kvs.end(), [&](const KeyValue& t) {
-    return t.createRevision <= kv->createRevision;
+    return t.createRevision <= revision;
   }));
+}
+
+namespace {
+// A weighted ticket's weight is kept in binary: bit b set puts a key under `<counter>.w<b>/`, so
+// that the weights of the tickets before it are sum(2^b * count of keys under .w<b>/), 17 counts
+// read in the txn that takes it (etcd sums nothing, it counts).
+constexpr int kWeightBits = 17;  // weights 1..2^16
+std::string weightDir(const std::string& counterKey, int bit) {
+  return counterKey + ".w" + std::to_string(bit) + "/";
+}
+}  // namespace
+
+// One txn, as takeTicket: if `<counter>.t/<member>` is absent, count the tickets and each weight
+// bit's keys, and create the ticket and its weight's keys. O(1) bytes back and no retry however
+// many take one at once; the weight keys are never deleted while the job runs, as the tickets.
+Store::Ticket EtcdStore::takeWeightedTicket(const std::string& counter, const std::string& member,
+                                            int64_t weight) {
+  const std::string ck = prefix_ + counter, dir = ck + ".t/", k = dir + member;
+  if (member.empty()) throw StoreError(describe() + ": a ticket of '" + dir + "' for no member");
+  if (weight < 1 || weight > kMaxTicketWeight) {
+    throw StoreError(describe() + ": a ticket of '" + dir + "' weighing " + std::to_string(weight) +
+                     " (1.." + std::to_string(kMaxTicketWeight) + ")");
+  }
+  TxnRequest t{.compare = {Compare{.key = k, .target = Compare::Target::Create, .number = 0}},
+               .success = {RequestOp::rangeOf({.key = dir, .rangeEnd = prefixEnd(dir),
+                                               .countOnly = true})},
+               .failure = {rangeOp(k)}};
+  for (int b = 0; b < kWeightBits; ++b) {
+    const std::string wd = weightDir(ck, b);
+    t.success.push_back(RequestOp::rangeOf({.key = wd, .rangeEnd = prefixEnd(wd), .countOnly = true}));
+  }
+  t.success.push_back(putOp(k, member));
+  for (int b = 0; b < kWeightBits; ++b) {
+    if (weight & (int64_t{1} << b)) t.success.push_back(putOp(weightDir(ck, b) + member, member));
+  }
+  TxnReply r = client_.txn(t, true);  // idempotent, as takeTicket's
+  if (r.succeeded) {
+    if (r.responses.size() < 1 + kWeightBits) {
+      throw StoreError(describe() + ": no counts in the reply for '" + k + "'");
+    }
+    Ticket got{.number = r.responses[0].range.count + 1, .weightThrough = weight};
+    for (int b = 0; b < kWeightBits; ++b)
+      got.weightThrough += (int64_t{1} << b) * r.responses[1 + b].range.count;
+    return got;
+  }
+  const KeyValue* kv = firstKv(r);
+  if (!kv || kv->value != member) {
+    throw StoreError("rendezvous key '" + k + "' holds '" + (kv ? kv->value.substr(0, 200) : "") +
+                     "', which is corrupt or forged (not this member's ticket)");
+  }
+  // Taken before (a retried request, rare): the counts up to its own creation (O(number) bytes).
+  Ticket got{.number = countCreatedUpTo(dir, kv->createRevision)};
+  for (int b = 0; b < kWeightBits; ++b)
+    got.weightThrough += (int64_t{1} << b) * countCreatedUpTo(weightDir(ck, b), kv->createRevision);
+  return got;
+}
+
+// One txn: every key absent (create_revision 0) -> put them all; else read them, and a key
+// holding another value is a forgery (or another writer's).
+void EtcdStore::createAll(const std::vector<std::string>& keys,
+                          const std::vector<std::string>& values) {
+  if (keys.size() != values.size() || keys.empty() || keys.size() > kMaxTxnOps) {
+    throw StoreError(describe() + ": createAll with " + std::to_string(keys.size()) + " keys and " +
+                     std::to_string(values.size()) + " values (1.." + std::to_string(kMaxTxnOps) +
+                     " keys, as many values)");
+  }
+  TxnRequest t;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string k = prefix_ + keys[i];
+    t.compare.push_back(Compare{.key = k, .target = Compare::Target::Create, .number = 0});
+    t.success.push_back(putOp(k, values[i]));
+    t.failure.push_back(rangeOp(k));
+  }
+  const TxnReply r = client_.txn(t, true);  // idempotent: applied twice, the values match
+  if (r.succeeded) return;
+  for (size_t i = 0; i < keys.size() && i < r.responses.size(); ++i) {
+    const auto& kvs = r.responses[i].range.kvs;
+    if (!kvs.empty() && kvs.front().value != values[i]) {
+      throw StoreError("rendezvous key '" + prefix_ + keys[i] + "' holds '" +
+                       kvs.front().value.substr(0, 200) + "', written before: it is corrupt or forged");
+    }
+  }
+  // Some exist with our values (a retried request), others may not: create the missing ones.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i < r.responses.size() && !r.responses[i].range.kvs.empty()) continue;
+    const std::string got = compareSet(keys[i], "", values[i]);
+    if (got != values[i]) {
+      throw StoreError("rendezvous key '" + prefix_ + keys[i] + "' holds '" + got.substr(0, 200) +
+                       "', written before: it is corrupt or forged");
+    }
+  }
 }
 
 int64_t EtcdStore::ticketCount(const std::string& counter) {

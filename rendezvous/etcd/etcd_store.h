@@ -16,7 +16,10 @@
 //   takeTicket           one txn: if `<counter>.t/<member>` is absent, count the keys under
 //                        `<counter>.t/` and create it -- its number is that count + 1, with no
 //                        retry however many members take one at once (an ADD would retry once
-//                        per concurrent writer); ticketCount: range (count only)
+//                        per concurrent writer); ticketCount: range (count only);
+//                        takeWeightedTicket: the same txn also counts and writes the weight's
+//                        keys, one per set bit under `<counter>.w<bit>/`
+//   createAll            one txn: every key absent -> put them all
 //   wait                 range; for a missing key, a watch from the revision of that read + 1
 //                        for its PUT (no polling, no event lost between read and watch)
 //   deleteKey            deleterange
@@ -59,6 +62,10 @@ class EtcdStore final : public Store {
   bool hasTickets() const override { return true; }
   int64_t takeTicket(const std::string& counter, const std::string& member) override;
   int64_t ticketCount(const std::string& counter) override;
+  Ticket takeWeightedTicket(const std::string& counter, const std::string& member,
+                            int64_t weight) override;
+  void createAll(const std::vector<std::string>& keys,
+                 const std::vector<std::string>& values) override;
 
   // Any thread: the call in progress and every later one fail with NetworkError.
   void interrupt();
@@ -77,6 +84,8 @@ class EtcdStore final : public Store {
   // The keys' values (nullopt: missing) and the revision they were read at.
   std::pair<std::vector<std::optional<std::string>>, int64_t> read(
       const std::vector<std::string>& keys);
+  // The keys under `dir` (etcd key) created at or before `revision`.
+  int64_t countCreatedUpTo(const std::string& dir, int64_t revision);
   // Waits for a PUT of `key` after `revision`; throws TimeoutError at the deadline.
   void watchFor(const std::string& key, int64_t revision, Clock::time_point deadline,
                 Millis timeout);

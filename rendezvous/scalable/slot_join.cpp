@@ -118,17 +118,30 @@ std::string closedKey(int64_t round) { return "r/" + std::to_string(round) + "/c
 SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes,
                    const std::function<ExtraKeys(const SlotCount&)>& alsoWrite) {
   const std::string ck = countKey(round);
-  const SlotCount mine = store.hasTickets()
-                             ? SlotCount{.slots = store.takeTicket(ck, self.id)}
-                             : unpackCount(store.add(ck, kSlotUnit + self.nproc), ck);
+  SlotCount mine;
+  if (!store.hasTickets()) {
+    mine = unpackCount(store.add(ck, kSlotUnit + self.nproc), ck);
+  } else if (alsoWrite) {  // the processes of slots 1..slot too: a weighted ticket
+    const Store::Ticket t = store.takeWeightedTicket(ck, self.id, self.nproc);
+    mine = {.slots = t.number, .procs = t.weightThrough};
+    if (mine.procs < mine.slots || mine.procs > mine.slots * kMaxNproc)
+      forged(ck, std::to_string(mine.procs), "the processes of the slots up to this node's");
+  } else {
+    mine = {.slots = store.takeTicket(ck, self.id)};
+  }
   if (mine.slots < 1) forged(ck, std::to_string(mine.slots), "a slot below 1");
-  if (mine.slots <= maxNodes && alsoWrite && !store.hasTickets()) {
+  if (mine.slots <= maxNodes && alsoWrite) {
     std::vector<std::string> keys{nodeKey(round, mine.slots)}, values{encodeRecord(self)};
     for (auto& [k, v] : alsoWrite(mine)) {
       keys.push_back(std::move(k));
       values.push_back(std::move(v));
     }
-    store.multiSet(keys, values);
+    // ddprun-store's MULTI_SET is write-once for these keys; elsewhere (etcd) one txn creates all.
+    if (store.hasTickets()) {
+      store.createAll(keys, values);
+    } else {
+      store.multiSet(keys, values);
+    }
   } else if (mine.slots <= maxNodes) {
     const std::string rec = encodeRecord(self), nk = nodeKey(round, mine.slots);
     const std::string got = store.compareSet(nk, "", rec);
@@ -140,9 +153,14 @@ SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxN
 int64_t slotListRef(int64_t round) { return kSlotListBase + round; }
 std::string writtenKey(int64_t round) { return "r/" + std::to_string(round) + "/written"; }
 
+std::string worldKey(int64_t round) { return "r/" + std::to_string(round) + "/world"; }
+
 SlotCount markWritten(Store& store, int64_t round, int64_t slot, int64_t target, int64_t procs) {
   const std::string wk = writtenKey(round);
-  const SlotCount w = unpackCount(store.add(wk, kSlotUnit + (slot == target ? procs : 0)), wk);
+  const SlotCount w =
+      store.hasTickets()
+          ? SlotCount{.slots = store.takeTicket(wk, std::to_string(slot))}
+          : unpackCount(store.add(wk, kSlotUnit + (slot == target ? procs : 0)), wk);
   // (More than `target` is possible: a joiner that saw the target before a removal lowered it.)
   if (w.slots < 1) forged(wk, std::to_string(w.slots), "a written count below 1");
   return w;

@@ -92,9 +92,9 @@ struct Assignment {
 // Takes a slot of round `round` (one ADD, or one ticket) and, when it is within `maxNodes`, writes this node's
 // record there (one compare-set against the missing key: a record already there is a forgery,
 // StoreError). Returns the slot and the processes of slots 1..slot.
-// With `alsoWrite` (arrival ranks on a store without tickets, below) the record and the keys
-// alsoWrite(slot) returns go in one MULTI_SET instead: every key is write-once on ddprun-store,
-// which refuses (and closes the connection of) a MULTI_SET over a key already written.
+// With `alsoWrite` (arrival ranks, below) the record and the keys alsoWrite(slot) returns go in
+// one MULTI_SET instead: every key is write-once on ddprun-store, which refuses (and closes the
+// connection of) a MULTI_SET over a key already written; on a store with tickets, one createAll.
 using ExtraKeys = std::vector<std::pair<std::string, std::string>>;
 SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxNodes,
                    const std::function<ExtraKeys(const SlotCount&)>& alsoWrite = {});
@@ -110,7 +110,15 @@ SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxN
 inline constexpr int64_t kSlotListBase = 1'000'000'000;  // above any ref of the `lists` counter
 int64_t slotListRef(int64_t round);
 std::string writtenKey(int64_t round);
-// Counts slot `slot` (<= target) written; returns the written slots and the processes counted.
+// On a store with tickets (etcd) the written count is a ticket of r/<r>/written (member: the
+// slot) and carries no processes: the holder of slot `target` writes the world size, P(target)
+// from its weighted ticket of r/<r>/count, to r/<r>/world with its entries (write-once), and the
+// closer reads it with entry 0 (one request). takeSlot with `alsoWrite` takes a weighted ticket
+// there (Store::takeWeightedTicket: the processes of slots 1..slot, as the ADD's low half) and
+// creates the record and the extra keys in one request (Store::createAll).
+std::string worldKey(int64_t round);
+// Counts slot `slot` (<= target) written; returns the written slots and the processes counted
+// (0 on a store with tickets).
 SlotCount markWritten(Store& store, int64_t round, int64_t slot, int64_t target, int64_t procs);
 // The slots taken in round `round` so far and their processes (an ADD of 0 reads both at once).
 SlotCount readCount(Store& store, int64_t round);

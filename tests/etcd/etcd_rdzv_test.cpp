@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <set>
@@ -21,6 +22,7 @@
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/etcd/etcd_backend.h"
 #include "rendezvous/etcd/etcd_store.h"
+#include "rendezvous/scalable/slot_join.h"
 #include "../rendezvous/rdzv_agents.h"
 
 using namespace etcdtest;
@@ -77,7 +79,8 @@ struct EtcdAgents {
   }
 };
 
-EtcdAgents startAgents(const std::string& runId, int n, JobLimits lim) {
+EtcdAgents startAgents(const std::string& runId, int n, JobLimits lim, bool arrival = false,
+                       const std::function<int(int)>& nprocOf = {}) {
   EtcdAgents out;
   for (int i = 0; i < n; ++i) {
     auto backend = std::make_shared<CountedEtcdBackend>(etcd::EtcdBackendOptions{
@@ -90,6 +93,8 @@ EtcdAgents startAgents(const std::string& runId, int n, JobLimits lim) {
     o.lastCallTimeout = Millis(600'000);  // the round closes at MAX, or not at all
     o.exitBarrierTimeout = Millis(30'000);
     o.heartbeat = {};
+    o.arrivalRanks = arrival;
+    if (nprocOf) o.nproc = nprocOf(i);
     out.backends.push_back(backend);
     out.agents.push_back(makeAgent(o));
   }
@@ -236,4 +241,50 @@ TEST_CASE("etcd rendezvous: the etcd requests per agent to form a round do not g
   // The closer reads every record: in txns of 128 keys, so a few more, not N more.
   CHECK(*std::max_element(large.begin(), large.end()) <=
         *std::max_element(small.begin(), small.end()) + 4);
+}
+
+TEST_CASE("etcd rendezvous: with rank_order=arrival the round closes from the counters (no agent "
+          "reads the records): weighted tickets give each node its first global rank",
+          "[etcd][rdzv][slots]") {
+  // Nodes of 1, 2 and 3 processes: the first global ranks are running sums of the slots' nproc.
+  constexpr int n = 9;
+  auto nprocOf = [](int i) { return 1 + i % 3; };
+  EtcdAgents a = startAgents("arrival9", n, {.minNodes = 1, .maxNodes = n}, true, nprocOf);
+  auto rounds = allNextRound(a.ptrs());
+  std::vector<int> nprocAt(n, 0), offsetAt(n, -1);
+  int world = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto& r = rounds[static_cast<size_t>(i)];
+    REQUIRE(r.nodeRank >= 0);
+    REQUIRE(r.nodeRank < n);
+    nprocAt[static_cast<size_t>(r.nodeRank)] = nprocOf(i);
+    offsetAt[static_cast<size_t>(r.nodeRank)] = r.rankOffset;
+    world += nprocOf(i);
+  }
+  int sum = 0;
+  for (int rank = 0; rank < n; ++rank) {  // dense, unique, and prefix sums in node-rank order
+    INFO("node rank " << rank);
+    CHECK(offsetAt[static_cast<size_t>(rank)] == sum);
+    sum += nprocAt[static_cast<size_t>(rank)];
+  }
+  for (const auto& r : rounds) {
+    CHECK(r.worldSize == world);
+    CHECK(r.nodeCount == n);
+    CHECK(r.masterAddr == rounds[0].masterAddr);
+  }
+  etcd::EtcdStore s(sharedCluster().clientOptions(), "/ddprun-test-rdzv/arrival9/");
+  // The closing version names the joiners' own list (slotListRef: 10^9 + round), which only the
+  // counters' closer writes: the record-reading closer writes a list of its own.
+  const std::string closed = s.get("state/1");
+  const size_t at = closed.find("\nmembers-list ");
+  REQUIRE(at != std::string::npos);
+  std::istringstream line(closed.substr(at + 1));
+  std::string tag;
+  int64_t ref = 0, count = 0, w = 0;
+  line >> tag >> ref >> count >> w;
+  CHECK(ref == scalable::slotListRef(0));
+  CHECK(count == n);
+  CHECK(w == world);
+  CHECK(s.get("r/0/world") == std::to_string(world));  // written by the target's holder
+  CHECK(s.ticketCount("r/0/written") == n);
 }

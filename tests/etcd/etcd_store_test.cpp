@@ -15,6 +15,7 @@
 #include "etcd_cluster.h"
 #include "rendezvous/etcd/etcd_store.h"
 
+using ddprun::rendezvous::Store;
 using namespace etcdtest;
 using namespace ddprun;
 using Clock = std::chrono::steady_clock;
@@ -130,6 +131,72 @@ TEST_CASE("etcd store: tickets -- k members at once get 1..k with one request ea
   stores[0]->set("r/1/count.t/intruder", "someone-else");
   CHECK_THROWS_WITH(stores[0]->takeTicket("r/1/count", "intruder"),
                     Catch::Contains("corrupt or forged") && Catch::Contains("r/1/count.t/intruder"));
+}
+
+TEST_CASE("etcd store: weighted tickets -- k members at once get 1..k and the running sum of "
+          "the weights in ticket order, with one request each; createAll creates all or none",
+          "[etcd][store][tickets]") {
+  const std::string prefix = uniquePrefix();
+  constexpr int k = 16;
+  std::vector<std::unique_ptr<EtcdStore>> stores;
+  for (int i = 0; i < k; ++i)
+    stores.push_back(std::make_unique<EtcdStore>(sharedCluster().clientOptions(), prefix));
+  // Weights with several bits set, the largest allowed among them.
+  auto weightOf = [](int i) -> int64_t { return i == 5 ? Store::kMaxTicketWeight : 1 + 7 * i; };
+  std::vector<Store::Ticket> got(k);
+  std::vector<int64_t> requests(k);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < k; ++i) {
+    threads.emplace_back([&, i] {
+      while (!go) std::this_thread::yield();
+      const int64_t before = stores[i]->client().requests();
+      got[i] = stores[i]->takeWeightedTicket("r/1/count", "node-" + std::to_string(i), weightOf(i));
+      requests[i] = stores[i]->client().requests() - before;
+    });
+  }
+  go = true;
+  for (auto& th : threads) th.join();
+  // In ticket order, each one's running sum is the one before plus its own weight.
+  std::vector<int> byNumber(k + 1, -1);
+  for (int i = 0; i < k; ++i) {
+    REQUIRE(got[i].number >= 1);
+    REQUIRE(got[i].number <= k);
+    byNumber[static_cast<size_t>(got[i].number)] = i;
+    CHECK(requests[i] == 1);
+  }
+  int64_t sum = 0;
+  for (int n = 1; n <= k; ++n) {
+    const int i = byNumber[static_cast<size_t>(n)];
+    REQUIRE(i >= 0);  // dense and unique
+    sum += weightOf(i);
+    INFO("ticket " << n << " of member " << i);
+    CHECK(got[i].weightThrough == sum);
+  }
+  CHECK(stores[0]->ticketCount("r/1/count") == k);
+  // A retried request gets the same ticket and sum back.
+  const Store::Ticket again = stores[9]->takeWeightedTicket("r/1/count", "node-9", weightOf(9));
+  CHECK(again.number == got[9].number);
+  CHECK(again.weightThrough == got[9].weightThrough);
+  CHECK(stores[0]->ticketCount("r/1/count") == k);
+  // A weight outside 1..2^16 is refused, named, and takes nothing.
+  CHECK_THROWS_WITH(stores[0]->takeWeightedTicket("r/1/count", "heavy", Store::kMaxTicketWeight + 1),
+                    Catch::Contains("weighing 65537"));
+  CHECK_THROWS_WITH(stores[0]->takeWeightedTicket("r/1/count", "empty", 0),
+                    Catch::Contains("weighing 0"));
+  CHECK(stores[0]->ticketCount("r/1/count") == k);
+
+  // createAll: all at once; again with the same values (a retry) is no error; a key holding
+  // another value is named, and the keys it would have created stay absent.
+  EtcdStore& s = *stores[0];
+  s.createAll({"c/a", "c/b"}, {"1", "2"});
+  CHECK(s.get("c/a") == "1");
+  CHECK(s.get("c/b") == "2");
+  s.createAll({"c/a", "c/b"}, {"1", "2"});
+  CHECK_THROWS_WITH(s.createAll({"c/new", "c/b"}, {"3", "forged"}),
+                    Catch::Contains("c/b") && Catch::Contains("corrupt or forged"));
+  CHECK_FALSE(s.check({"c/new"}));
+  CHECK(s.get("c/b") == "2");
 }
 
 TEST_CASE("etcd store: a WAIT returns when another client sets the key", "[etcd][store]") {

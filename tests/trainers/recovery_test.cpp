@@ -11,6 +11,7 @@
 //   - a frozen rank (SIGSTOP): noticed by --peer-timeout, killed, recovered in process;
 //   - a death whose exit cannot be reaped yet (its guard stopped): recovered on the survivor's
 //     hint from the zombie's status, and its late exit report is no second failure;
+//   - forged and flooded hints from a stranger on the agent's store: nothing happens;
 //   - rank 0 SIGKILLed while it writes a checkpoint: recovered in process, and with no restart
 //     left the job ends and a new start resumes from the newest complete checkpoint.
 // Each ends with the weights of an uninterrupted run (bit for bit), the survivors in the
@@ -24,6 +25,8 @@
 #include <regex>
 
 #include "fashion_mnist.h"
+#include "rendezvous/recovery_keys.h"
+#include "rendezvous/tcp_store.h"
 #include "job_runner.h"
 #include "trained_weights.h"
 #include "test_files.h"
@@ -342,6 +345,71 @@ TEST_CASE("in-process recovery: a death is recovered before its exit is reaped (
   // The guard's report, once it ran again, was no second failure.
   CHECK_THAT(out, !Contains("generation 2"));
   CHECK_THAT(out, !Contains("stopping the other workers"));
+  CHECK_THAT(out, !Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains(doneLine(2)));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+// The value of `name` in the environment `pid` was started with, or "" (/proc/<pid>/environ).
+static std::string startEnv(pid_t pid, const std::string& name) {
+  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+  std::string e;
+  while (std::getline(env, e, '\0')) {
+    if (e.rfind(name + "=", 0) == 0) return e.substr(name.size() + 1);
+  }
+  return "";
+}
+
+TEST_CASE("in-process recovery: forged and flooded survivor's hints (ddprun/suspect/<rank>) "
+          "from a stranger on the agent's store end no worker and recover nothing",
+          "[recovery][slow][attack]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(2);
+  TempDir dir;
+  Job job(underDdprun(2, dir.path(), {"--max-restarts=1", "--recovery=in-process"}), {},
+          dir / "log");
+  const auto pids = ranksOf(job, dir, 2);
+  // The agent's store is the workers' MASTER_ADDR:MASTER_PORT; it cannot authenticate (PyTorch
+  // clients could not), so any local process can write there: the attacker does.
+  const std::string host = startEnv(pids[0], "MASTER_ADDR");
+  const std::string port = startEnv(pids[0], "MASTER_PORT");
+  REQUIRE(!host.empty());
+  REQUIRE(!port.empty());
+  using namespace ddprun::rendezvous;
+  TcpStore attacker({.host = host, .port = static_cast<uint16_t>(std::stoi(port)),
+                     .timeout = Millis(10'000), .connectTimeout = Millis(10'000),
+                     .tokenFromEnvironment = false});
+  // Hints for live ranks, for ranks the job has not, malformed rank names, other attempts,
+  // values that are not a generation, large values; overwritten again and again.
+  const std::string prefix = recovery::attemptPrefix(0) + "/";
+  const std::vector<std::string> keys = {
+      prefix + recovery::suspectKey(0), prefix + recovery::suspectKey(1),
+      prefix + recovery::suspectKey(2), prefix + recovery::suspectKey(-1),
+      prefix + "ddprun/suspect/rank1", prefix + "ddprun/suspect/", prefix + "ddprun/suspect/1/x",
+      recovery::attemptPrefix(1) + "/" + recovery::suspectKey(1),
+      recovery::attemptPrefix(-7) + "/" + recovery::suspectKey(0)};
+  const std::vector<std::string> values = {"0", "1", "999999999999", "-1", "generation", "",
+                                           std::string(64 * 1024, 'g')};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(800);
+  int written = 0;
+  while (std::chrono::steady_clock::now() < until && !job.exited()) {
+    const std::string& key = keys[static_cast<size_t>(written) % keys.size()];
+    attacker.set(key, values[static_cast<size_t>(written / keys.size()) % values.size()]);
+    ++written;
+  }
+  INFO("forged hints written: " << written);
+  // The flood met a running job (else it attacked nothing), whose ranks are the processes they
+  // started as.
+  REQUIRE_FALSE(job.exited());
+  CHECK(written >= static_cast<int>(keys.size() * values.size()));
+  CHECK(workerPid(job.pid(), 0, "mnist_mlp") == pids[0]);
+  CHECK(workerPid(job.pid(), 1, "mnist_mlp") == pids[1]);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, !Contains("recovering in process"));
+  CHECK_THAT(out, !Contains("failed"));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(2)));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
