@@ -134,7 +134,7 @@ TEST_CASE("etcd store: tickets -- k members at once get 1..k with one request ea
 }
 
 TEST_CASE("etcd store: weighted tickets -- k members at once get 1..k and the running sum of "
-          "the weights in ticket order, with one request each; createAll creates all or none",
+          "the weights in ticket order, with one request each, and createAll creates all or none",
           "[etcd][store][tickets]") {
   const std::string prefix = uniquePrefix();
   constexpr int k = 16;
