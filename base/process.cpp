@@ -60,24 +60,39 @@ std::optional<std::string> readProcFile(int32_t pid, const char* file) {
   return std::string(text, used);
 }
 
-}  // namespace
+// What processExiting and processDying read of /proc/<pid>/stat.
+struct StatFields {
+  char state = '?';
+  bool exiting = false;  // PF_EXITING (0x4) in the flags (field 9): do_exit() has begun
+  int exitCode = 0;      // the last field (exit_code, Linux >= 3.5): a wait status
+};
 
-bool processDying(int32_t pid, int* waitStatus) {
-  if (pid <= 0) return false;
+// nullopt when the file cannot be read (gone) or does not parse.
+std::optional<StatFields> readStat(int32_t pid) {
   const auto stat = readProcFile(pid, "stat");
-  if (!stat) return false;  // reaped already: its own exit report says how it ended
+  if (!stat) return std::nullopt;
+  // The fields after the command name, which may itself hold ')' and spaces.
   const size_t paren = stat->rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat->size()) return false;
-  if ((*stat)[paren + 2] == 'Z') {
-    // A zombie: its wait status is the stat's last field (exit_code, Linux >= 3.5).
-    const size_t last = stat->find_last_not_of(" \n");
-    const size_t from = stat->find_last_of(' ', last);
-    if (last == std::string::npos || from == std::string::npos) return false;
-    const int status = static_cast<int>(std::strtol(stat->c_str() + from + 1, nullptr, 10));
-    if (status == 0) return false;
-    if (waitStatus != nullptr) *waitStatus = status;
-    return true;
+  if (paren == std::string::npos || paren + 2 >= stat->size()) return std::nullopt;
+  StatFields f;
+  f.state = (*stat)[paren + 2];
+  // state is field 3; flags field 9: six more fields on.
+  const char* p = stat->c_str() + paren + 2;
+  for (int i = 0; i < 6 && p != nullptr; ++i) {
+    p = std::strchr(p, ' ');
+    if (p != nullptr) ++p;
   }
+  if (p != nullptr) f.exiting = (std::strtoul(p, nullptr, 10) & 0x4u) != 0;
+  const size_t last = stat->find_last_not_of(" \n");
+  const size_t from = stat->find_last_of(' ', last);
+  if (last != std::string::npos && from != std::string::npos && from > paren) {
+    f.exitCode = static_cast<int>(std::strtol(stat->c_str() + from + 1, nullptr, 10));
+  }
+  return f;
+}
+
+// A SIGKILL pending for `pid` (/proc/<pid>/status SigPnd or ShdPnd).
+bool sigkillPending(int32_t pid) {
   const auto status = readProcFile(pid, "status");
   if (!status) return false;
   // "SigPnd:\t0000000000000100": a hexadecimal mask, bit (signal - 1).
@@ -86,10 +101,37 @@ bool processDying(int32_t pid, int* waitStatus) {
     if (at == std::string::npos) continue;
     const unsigned long long mask =
         std::strtoull(status->c_str() + at + std::strlen(field), nullptr, 16);
-    if (mask & (1ULL << (SIGKILL - 1))) {
-      if (waitStatus != nullptr) *waitStatus = SIGKILL;  // as waitpid reports a SIGKILL death
+    if (mask & (1ULL << (SIGKILL - 1))) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool processExiting(int32_t pid) {
+  if (pid <= 0) return false;
+  if (processDead(pid)) return true;
+  const auto stat = readStat(pid);
+  if (!stat) return false;  // unreadable but not ESRCH/ENOENT: as processDead, not known dead
+  return stat->exiting || stat->state == 'Z' || stat->state == 'X' || sigkillPending(pid);
+}
+
+bool processDying(int32_t pid, int* waitStatus) {
+  if (pid <= 0) return false;
+  const auto stat = readStat(pid);
+  if (!stat) return false;  // reaped already: its own exit report says how it ended
+  if (stat->state == 'Z' || stat->exiting) {
+    // A zombie, or on its way to one: its wait status is the stat's exit_code.
+    if (stat->exitCode == 0) {
+      if (stat->state == 'Z') return false;  // exit 0 is no death
+    } else {
+      if (waitStatus != nullptr) *waitStatus = stat->exitCode;
       return true;
     }
+  }
+  if (sigkillPending(pid)) {
+    if (waitStatus != nullptr) *waitStatus = SIGKILL;  // as waitpid reports a SIGKILL death
+    return true;
   }
   return false;
 }

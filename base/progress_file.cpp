@@ -61,7 +61,18 @@ std::optional<ProgressSample> readProgressRecord(int fd, int slot) {
                         .heartbeats = words[3] / kHeartbeatBeat};
 }
 
+namespace {
+std::atomic<int> holds{0};
+}  // namespace
+
+ProgressHold::ProgressHold() { holds.fetch_add(1, std::memory_order_acq_rel); }
+ProgressHold::~ProgressHold() { holds.fetch_sub(1, std::memory_order_acq_rel); }
+
 ProgressWriter& ProgressWriter::instance() {
+  if (holds.load(std::memory_order_acquire) > 0) {
+    static ProgressWriter none("", -1);
+    return none;
+  }
   static ProgressWriter writer(
       [] {
         const char* p = std::getenv(kProgressFileEnv);

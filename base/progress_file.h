@@ -61,7 +61,8 @@ std::optional<ProgressSample> readProgressRecord(int fd, int slot);
 // once (thread-safe). Every call is a no-op when there is none.
 class ProgressWriter {
  public:
-  // The process-wide writer (opened on first use from the environment).
+  // The process-wide writer (opened on first use from the environment). While a ProgressHold
+  // lives: a no-op writer, and the process's own is not opened.
   static ProgressWriter& instance();
   ProgressWriter(const std::string& path, int slot);  // empty path: a no-op writer
   ~ProgressWriter();
@@ -84,6 +85,19 @@ class ProgressWriter {
   void* map_ = nullptr;        // the file, from offset 0 to the end of our record
   size_t mapBytes_ = 0;
   uint64_t* words_ = nullptr;  // our record: magic, steps, waiting, heartbeat
+};
+
+// While one lives, ProgressWriter::instance() is a no-op writer and does not open the process's
+// writer. Why: the writer binds to DDPRUN_PROGRESS_SLOT on first use, for the process's life; a
+// hot spare has no slot until it takes a rank (the launcher drops the variable), yet its warm-up
+// runs DDP, which reports progress (worker_runtime/runtime.cpp, InitOptions::spareWarmup).
+// Opened there, the writer would take slot 0's record: rank 0's. Holds nest; thread-safe.
+class ProgressHold {
+ public:
+  ProgressHold();
+  ~ProgressHold();
+  ProgressHold(const ProgressHold&) = delete;
+  ProgressHold& operator=(const ProgressHold&) = delete;
 };
 
 }  // namespace ddprun::progress

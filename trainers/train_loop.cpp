@@ -493,6 +493,36 @@ TrainData loadTrainData(const TrainConfig& config) {
   return data;
 }
 
+void warmUpSpare(const TrainConfig& config, const TrainData& data,
+                 const std::shared_ptr<runtime::Communicator>& comm) {
+  if (torch::cuda::is_available()) return;
+  torch::manual_seed(config.seed);  // the real model seeds again (makeSeededModel)
+  auto model = makeModel(config.model, config.hidden, config.width);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(config.lr)
+                                                       .momentum(config.momentum)
+                                                       .weight_decay(config.weight_decay));
+  runtime::DistributedDataParallel ddp(model, comm);
+  runtime::ElasticState state;
+  state.addModule(model);
+  state.addOptimizer(optimizer);
+  state.enable();
+  const int64_t size = data.train.size();
+  const int64_t batch = std::min<int64_t>(config.batch_size, size);
+  // Two steps: the first creates the momentum buffers, the second is a step as every later one.
+  for (int64_t i = 0; i < 2 && batch > 0; ++i) {
+    const auto idx = torch::arange(i * batch, (i + 1) * batch, torch::kInt64).remainder(size);
+    const auto x = data.train.images.index_select(0, idx);
+    const auto y = data.train.labels.index_select(0, idx);
+    optimizer.zero_grad();
+    const auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    loss.backward();
+    optimizer.step();
+    (void)loss.item<double>();
+    state.commit();
+  }
+  state.restore();
+}
+
 TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Runtime& rt) {
   return TrainingRun(config, data, rt).run();
 }

@@ -20,6 +20,7 @@
 // Rank 0 prints a progress line every log_interval steps and the test accuracy after each epoch,
 // and writes the metrics file (metrics.h).
 #include <cstdint>
+#include <memory>
 
 #include "trainers/mnist_data.h"
 #include "trainers/train_config.h"
@@ -43,6 +44,15 @@ struct TrainData {
   MnistSplit test;  // empty when config.evaluate is false
 };
 TrainData loadTrainData(const TrainConfig& config);
+
+// A hot spare's warm-up (runtime::InitOptions::spareWarmup; docs/recovery.md#warm-up): the
+// training step of `config` run twice on throwaway copies -- the same model, optimizer, batch
+// shape and data, DDP on `comm` (the spare alone), a commit and a restore of their elastic
+// state -- so that the code a replacement's first steps run has run once in this process.
+// Nothing of it is kept (the real model is built from the seed after init() and then healed).
+// On CPU only: with a GPU the spare's device is known only with its rank (a no-op there).
+void warmUpSpare(const TrainConfig& config, const TrainData& data,
+                 const std::shared_ptr<runtime::Communicator>& comm);
 
 // Trains as `config` says on the ranks of `rt`. Throws ConfigError, BackendError,
 // runtime::CheckpointError, ...

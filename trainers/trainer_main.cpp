@@ -2,7 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <iostream>
 #include <string>
@@ -90,7 +92,12 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
   }
 
   try {
-    auto rt = ddprun::init();
+    // A hot spare (ddprun --spares) runs the training step once while it waits for a rank.
+    auto rt = ddprun::init({.spareWarmup = [&](const std::shared_ptr<runtime::Communicator>& comm) {
+      const char* local = std::getenv("LOCAL_WORLD_SIZE");
+      configureThreads(local ? std::max(1, std::atoi(local)) : 1);
+      warmUpSpare(config, data, comm);
+    }});
     const ThreadSetup threads = configureThreads(rt->env().localWorldSize);
     if (rt->isMaster()) {
       DDPRUN_LOG(INFO, "trainer") << spec.name << ": world size " << rt->worldSize()

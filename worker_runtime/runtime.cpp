@@ -16,6 +16,8 @@
 
 #include "base/errors.h"
 #include "rendezvous/grow_record.h"
+#include "rendezvous/memory_store.h"
+#include "base/progress_file.h"
 #include "base/log.h"
 #include "base/resolve.h"
 #include "base/timeline.h"
@@ -273,6 +275,33 @@ void applyGrow(WorkerEnv& env, const std::string& text, int g) {
   log::setIdentity("rank " + std::to_string(env.rank));
 }
 
+// The program's warm-up of a hot spare (InitOptions::spareWarmup has the contract), on a
+// communicator of this process alone (shared memory, one rank, an in-process store: whatever the
+// job's transport, this runs DDP's code without a peer). Progress is held (ProgressHold): the
+// spare has no record of its own yet. Never throws: a failed warm-up costs only the time it saves.
+void warmUpSpare(const std::string& self, const InitOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    progress::ProgressHold hold;
+    auto store = std::make_shared<rendezvous::MemoryStore>(Millis(10'000));
+    const auto prefix = options.env("DDPRUN_SHM_PREFIX");
+    std::shared_ptr<Communicator> comm = shm::makeShmCommunicator(
+        store, {.rank = 0,
+                .size = 1,
+                .timeout = Millis(10'000),
+                .namePrefix = prefix && !prefix->empty() ? *prefix : std::string("ddprun")});
+    options.spareWarmup(comm);
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(WARN, "runtime") << self << ": the program's warm-up failed (ignored; the spare "
+                                << "waits cold): " << e.what();
+    return;
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  DDPRUN_LOG(INFO, "runtime") << self << " warmed up in " << static_cast<int64_t>(ms)
+                              << " ms (the program's spare warm-up)";
+}
+
 // A hot spare (ddprun --spares, DDPRUN_SPARE=<id>; docs/recovery.md#hot-spares): the program
 // has loaded LibTorch and its data; this says so in the store and WAITs for the agent's
 // assignment (in rounds of kSpareWaitRound: no busy loop, and a store that went away ends the
@@ -302,6 +331,7 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   rendezvous::PrefixStore store(keys::attemptPrefix(env.restartCount),
                                 connectAgentStore(env, timeoutFrom(options), base));
+  if (options.spareWarmup) warmUpSpare(self, options);
   store.set(keys::spareReadyKey(static_cast<int>(id)), std::to_string(::getpid()));
   DDPRUN_LOG(INFO, "runtime") << self << " ready: loaded, waiting for a rank";
   const std::string key = keys::spareAssignKey(static_cast<int>(id));

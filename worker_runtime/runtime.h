@@ -22,6 +22,7 @@
 // choice is logged in one line. Collective and store timeouts come from InitOptions::timeout, else
 // DDPRUN_TIMEOUT (seconds), else 30 minutes.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -36,6 +37,24 @@ struct InitOptions {
   std::optional<Backend> backend;  // unset: DDPRUN_BACKEND, else Auto
   std::optional<Millis> timeout;   // unset: DDPRUN_TIMEOUT seconds, else 30 min
   EnvLookup env = processEnv;      // tests inject their own environment
+  // A hot spare's warm-up (ddprun --spares; docs/recovery.md#warm-up). init() of a spare calls
+  // it once, after connecting to the agent's store and before telling the agent it is ready;
+  // init() of a rank never does. It is the program's chance to run its training step once in
+  // this process -- LibTorch's kernels and autograd, OpenBLAS's buffers, the allocator, DDP's
+  // hooks -- so that, when the spare takes a dead rank, its first real steps run as fast as a
+  // survivor's instead of holding the group up. Contract:
+  //   - it works on throwaway objects (its own model, optimizer, batch): the spare does not know
+  //     its rank yet, the real model is built after init() returns and healed from a survivor;
+  //     it must leave nothing the program reads later (seed the global RNG again before the
+  //     real model is built, as a program that builds it from a seed does anyway);
+  //   - `comm` is a communicator of this process alone (one rank, shared memory, in-process
+  //     store) to build DistributedDataParallel on; it is gone after the call. Progress is not
+  //     reported during the call (base/progress_file.h, ProgressHold);
+  //   - it runs at the spare's priority: SCHED_IDLE for a spare started after a death, so it
+  //     costs the training only what an idle-priority process costs; a death meanwhile still
+  //     takes the spare (the agent lifts it to normal priority), which reads its rank after;
+  //   - what it throws is logged (one line) and ignored: a warm-up only saves time.
+  std::function<void(const std::shared_ptr<Communicator>& comm)> spareWarmup;
 };
 
 // This worker's place in the job and its connections. Not copyable; destroy it (or call

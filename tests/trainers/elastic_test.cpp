@@ -383,6 +383,9 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
   const std::string sp = std::to_string(spare);
   CHECK_THAT(output, Contains("recovering in process (generation 1): the other workers keep "
                               "running, spare 0 (pid " + sp + ") takes rank 1"));
+  // It ran the trainer's warm-up (two training steps on throwaway copies) before it was ready,
+  // and the weights below are still those of the uninterrupted run.
+  CHECK_THAT(output, Contains("spare 0 (pid " + sp + ") warmed up in"));
   CHECK_THAT(output, Contains("spare 0 (pid " + sp + ") takes rank 1 (local rank 1) in "
                               "generation 1"));
   CHECK_THAT(output, Contains("rank 1 joined generation 1 and healed from rank 0's memory"));

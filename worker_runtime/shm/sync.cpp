@@ -103,7 +103,10 @@ std::string PhaseSync::peerProblem(int peer) const {
   if (c.aborted.load(std::memory_order_acquire) != 0) {
     return "local rank " + std::to_string(peer) + " aborted the collective (it failed first)";
   }
-  if (const int32_t pid = c.pid.load(); processDead(pid)) {
+  // processExiting, not processDead: a SIGKILLed peer is a zombie only once the kernel has freed
+  // its memory (tens of ms for a LibTorch process), but it never posts again from the moment its
+  // exit began (base/process.h).
+  if (const int32_t pid = c.pid.load(); processExiting(pid)) {
     return "local rank " + std::to_string(peer) + " (pid " + std::to_string(pid) +
            ") died during the collective";
   }
