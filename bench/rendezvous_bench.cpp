@@ -373,6 +373,10 @@ int benchRendezvous(int argc, char** argv) {
   app.add_option("--agent-tmpdir", gAgentTmpdir,
                  "the agents' TMPDIR, where each makes its run directory (default: inherited; "
                  "e.g. /dev/shm: tmpfs, to tell the file system's cost from the rest)");
+  std::string rdzvConf;
+  app.add_option("--rdzv-conf", rdzvConf,
+                 "more --rdzv-conf settings for ddprun's agents on c10d, after heartbeat=1,"
+                 "missed_heartbeats=3 (e.g. rank_order=arrival)");
   std::string only;
   app.add_option("--only", only, "run one scenario")->check(CLI::IsMember({"form", "recovery"}));
   ddprun::bench::SimulateOptions sim;
@@ -448,7 +452,7 @@ int benchRendezvous(int argc, char** argv) {
   if (csv.empty()) {
     csv = ddprun::bench::resultsPath(etcd ? "rendezvous_etcd.csv" : "rendezvous.csv");
   }
-  std::vector<Peer> peers = {ddprunPeer()};
+  std::vector<Peer> peers = {ddprunPeer(rdzvConf)};
   std::string torchNote;
   std::unique_ptr<etcdtest::EtcdCluster> cluster;
   if (etcd) {
@@ -463,7 +467,7 @@ int benchRendezvous(int argc, char** argv) {
     for (const auto& ep : cluster->endpoints()) endpoints += (endpoints.empty() ? "" : ",") + ep.text();
     std::printf("etcd cluster (3 members, data in %s): %s\n", cluster->dir().c_str(),
                 endpoints.c_str());
-    peers = {ddprunPeer(), ddprunEtcdPeer(endpoints)};  // c10d first: the ratio is etcd / c10d
+    peers = {ddprunPeer(rdzvConf), ddprunEtcdPeer(endpoints)};  // c10d first: the ratio is etcd / c10d
     peers[0].name = "c10d";
   } else if (!noTorchrun) {
     if (std::system((python + " -c 'import torch.distributed' 2>/dev/null").c_str()) == 0)

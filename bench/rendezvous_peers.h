@@ -23,16 +23,19 @@ struct Peer {
   std::chrono::milliseconds detection{3'000};
 };
 
-Peer ddprunPeer() {
-  return {"ddprun", [](int i, int n, int minNodes, uint16_t port, const std::string& id,
-                       const std::vector<std::string>& program) {
+// `extraConf`: more --rdzv-conf settings for every agent ("rank_order=arrival"), or "".
+Peer ddprunPeer(const std::string& extraConf = "") {
+  return {"ddprun", [extraConf](int i, int n, int minNodes, uint16_t port, const std::string& id,
+                                const std::vector<std::string>& program) {
             std::vector<std::string> a = {
                 ddprun::bench::programDir() + "/ddprun",
                 "--nnodes=" + std::to_string(minNodes) + ":" + std::to_string(n),
                 "--nproc-per-node=1", "--rdzv-backend=c10d",
                 "--rdzv-endpoint=127.0.1.1:" + std::to_string(port), "--rdzv-id=" + id,
                 "--local-addr=127.0.1." + std::to_string(i + 1),
-                "--rdzv-conf=heartbeat=1,missed_heartbeats=3", "--no-python"};
+                "--rdzv-conf=heartbeat=1,missed_heartbeats=3" +
+                    (extraConf.empty() ? "" : "," + extraConf),
+                "--no-python"};
             a.insert(a.end(), program.begin(), program.end());
             return a;
           }};

@@ -156,20 +156,29 @@ class CountingBackend final : public RendezvousBackend {
     return store_.host + ":" + std::to_string(store_.port);
   }
   InterruptibleStore connect(const std::string& runId) const override {
-    auto tcp = std::make_shared<TcpStore>(store_);
-    auto counted = std::make_shared<CountingStore>(tcp, traffic_);
-    return {std::make_shared<PrefixStore>("ddprun/rdzv/" + runId, counted),
-            [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); },
-            [tcp](bool on) { tcp->setWaitsCancelled(on); }};
+    return connectWith(store_, traffic_, runId);
   }
   std::unique_ptr<Liveness> startLiveness(LivenessContext ctx) const override {
     if (heartbeat_.interval.count() <= 0) return nullptr;
-    return std::make_unique<HeartbeatRing>(ctx, heartbeat_);
+    return std::make_unique<HeartbeatRing>(
+        ctx, heartbeat_, [store = store_, traffic = traffic_, runId = ctx.runId](Millis within) {
+          return connectWith(boundedLazyConnection(store, within), traffic, runId);
+        });
   }
   std::string localAddress() const override { return "127.0.0.1"; }
   bool slotJoin() const override { return slotJoin_; }
 
  private:
+  static InterruptibleStore connectWith(const TcpStoreOptions& options,
+                                        const std::shared_ptr<StoreTraffic>& traffic,
+                                        const std::string& runId) {
+    auto tcp = std::make_shared<TcpStore>(options);
+    auto counted = std::make_shared<CountingStore>(tcp, traffic);
+    return {std::make_shared<PrefixStore>("ddprun/rdzv/" + runId, counted),
+            [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); },
+            [tcp](bool on) { tcp->setWaitsCancelled(on); }};
+  }
+
   TcpStoreOptions store_;
   HeartbeatOptions heartbeat_;
   std::shared_ptr<StoreTraffic> traffic_;

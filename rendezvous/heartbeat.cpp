@@ -22,7 +22,7 @@ std::string ringSuccessor(const std::vector<std::string>& ids, const std::string
 
 // ---- HeartbeatWriter ----
 
-HeartbeatWriter::HeartbeatWriter(ConnectFn connect, Store& first, std::string id,
+HeartbeatWriter::HeartbeatWriter(BoundedConnectFn connect, Store& first, std::string id,
                                  HeartbeatOptions options, ErrorFn onError)
     : connect_(std::move(connect)), id_(std::move(id)), options_(options),
       onError_(std::move(onError)) {
@@ -40,18 +40,6 @@ void HeartbeatWriter::beat(Store& store) {
 }
 
 void HeartbeatWriter::run() {
-  try {
-    InterruptibleStore c = connect_();
-    std::lock_guard<std::mutex> g(mu_);
-    if (stopping_) return;
-    conn_ = std::move(c);
-  } catch (const Error&) {
-    std::unique_lock<std::mutex> lock(mu_);
-    const bool report = !stopping_;
-    lock.unlock();
-    if (report) onError_(std::current_exception());
-    return;
-  }
   std::unique_lock<std::mutex> lock(mu_);
   int failures = 0;
   for (auto waitFrom = Clock::now();
@@ -69,8 +57,18 @@ void HeartbeatWriter::run() {
     // the last answer is old through no fault of the store.
     const auto left =
         std::chrono::duration_cast<Millis>(lastAnswer_ + options_.timeout() - Clock::now());
-    conn_.store->setTimeout(std::max(left, options_.interval));
+    const Millis bound = std::max(left, options_.interval);
     try {
+      if (!conn_.store) {
+        // The second beat: the writer's own connection, which connects at this beat's first
+        // call, within `bound`; published first, so that stop() can cut the connect short.
+        InterruptibleStore c = connect_(bound);
+        lock.lock();
+        if (stopping_) return;
+        conn_ = std::move(c);
+        lock.unlock();
+      }
+      conn_.store->setTimeout(bound);
       beat(*conn_.store);
       lastAnswer_ = Clock::now();
       failures = 0;
@@ -117,8 +115,11 @@ void HeartbeatWriter::stop(bool clear) {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (!clear || !conn_.store) return;
+  if (!clear) return;
   try {
+    // Stopped before the second beat: the first one's keys are deleted over a connection made
+    // now (the writer had none yet).
+    if (!conn_.store) conn_ = connect_(options_.timeout());
     conn_.store->deleteKey(heartbeatCounterKey(id_));
     for (int64_t k = std::max<int64_t>(1, last_ - 2); k <= last_; ++k)
       conn_.store->deleteKey(heartbeatKey(id_, k));
@@ -254,9 +255,10 @@ void HeartbeatMonitor::evict(const std::string& target) {
 
 // ---- HeartbeatRing ----
 
-HeartbeatRing::HeartbeatRing(const LivenessContext& ctx, HeartbeatOptions options)
-    : writer_(std::make_unique<HeartbeatWriter>(ctx.connect, ctx.first, ctx.self, options,
-                                                ctx.onError)),
+HeartbeatRing::HeartbeatRing(const LivenessContext& ctx, HeartbeatOptions options,
+                             BoundedConnectFn writerConnect)
+    : writer_(std::make_unique<HeartbeatWriter>(std::move(writerConnect), ctx.first, ctx.self,
+                                                options, ctx.onError)),
       monitor_(std::make_unique<HeartbeatMonitor>(ctx.connect, ctx.self, options, ctx.limits,
                                                   ctx.view, ctx.onError, ctx.spill)) {}
 

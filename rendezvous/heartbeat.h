@@ -13,7 +13,11 @@
 // (a long pause) sees the new round without it and joins again.
 //
 // Both run on threads of their own, each with its own store connection; failures of the
-// store are handed to `onError` (never thrown on the thread).
+// store are handed to `onError` (never thrown on the thread). The writer makes its connection
+// at its second beat, one interval after the first (written on the agent's own connection), not
+// at the agent's start: a job's agents start together, and a connect, a handshake and an
+// accept less on each and on the store's thread while the round forms is time off the join
+// (docs/rendezvous.md, what bounds the agents' start). That connect is bounded like a beat.
 //
 // A store that stops answering (its process SIGSTOPped or hung: the kernel still accepts
 // connections for it, nothing replies) is found by the writer within the keep-alive bound,
@@ -50,13 +54,20 @@ std::string heartbeatKey(const std::string& id, int64_t beat);
 // The node a member of `ids` (sorted) watches: the next one around the ring; empty when alone.
 std::string ringSuccessor(const std::vector<std::string>& ids, const std::string& self);
 
+// A connection for the heartbeat writer that connects at its first call, and whose connect,
+// handshake and calls are bounded by `within` (the keep-alive bound left), so that a store
+// stopped before the writer's first connect is found within that bound too, and stop() can cut
+// the connect short (interrupt).
+using BoundedConnectFn = std::function<InterruptibleStore(Millis within)>;
+
 class HeartbeatWriter {
  public:
   using ErrorFn = std::function<void(std::exception_ptr)>;
   // Writes the first beat on `first` before returning (throws when the store is unreachable);
-  // later beats go over a connection of the writer's own, made on its thread.
-  HeartbeatWriter(ConnectFn connect, Store& first, std::string id, HeartbeatOptions options,
-                  ErrorFn onError);
+  // later beats go over a connection of the writer's own, made on its thread at the second
+  // beat (one interval later) and bounded like a beat: a failure to connect is a failed beat.
+  HeartbeatWriter(BoundedConnectFn connect, Store& first, std::string id,
+                  HeartbeatOptions options, ErrorFn onError);
   ~HeartbeatWriter();
   // Stops beating; with `clear`, deletes this node's beat keys (a clean leave).
   void stop(bool clear);
@@ -65,13 +76,13 @@ class HeartbeatWriter {
   void beat(Store& store);
   void run();
 
-  ConnectFn connect_;
+  BoundedConnectFn connect_;
   std::string id_;
   HeartbeatOptions options_;
   ErrorFn onError_;
   int64_t last_ = 0;
   Clock::time_point lastAnswer_;  // when the store last answered a beat (writer thread)
-  std::mutex mu_;  // guards stopping_ and conn_
+  std::mutex mu_;  // guards stopping_ and conn_ (set once, by the writer's thread)
   std::condition_variable cv_;
   bool stopping_ = false;
   InterruptibleStore conn_;
@@ -124,7 +135,9 @@ class HeartbeatMonitor {
 // The Liveness of a ddprun store: a HeartbeatWriter and a HeartbeatMonitor.
 class HeartbeatRing final : public Liveness {
  public:
-  HeartbeatRing(const LivenessContext& ctx, HeartbeatOptions options);
+  // `writerConnect`: the writer's own connection (the backend's, bounded: BoundedConnectFn).
+  HeartbeatRing(const LivenessContext& ctx, HeartbeatOptions options,
+                BoundedConnectFn writerConnect);
   void stopWatching() override { monitor_->stop(); }
   void stop(bool withdraw) override {
     monitor_->stop();

@@ -9,16 +9,34 @@ std::string TcpStoreBackend::describe() const {
   return store_.host + ":" + std::to_string(store_.port);
 }
 
-InterruptibleStore TcpStoreBackend::connect(const std::string& runId) const {
-  auto tcp = std::make_shared<TcpStore>(store_);
+namespace {
+
+InterruptibleStore connectTo(const TcpStoreOptions& options, const std::string& runId) {
+  auto tcp = std::make_shared<TcpStore>(options);
   return {std::make_shared<PrefixStore>("ddprun/rdzv/" + runId, tcp),
           [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); },
             [tcp](bool on) { tcp->setWaitsCancelled(on); }};
 }
 
+}  // namespace
+
+InterruptibleStore TcpStoreBackend::connect(const std::string& runId) const {
+  return connectTo(store_, runId);
+}
+
+TcpStoreOptions boundedLazyConnection(TcpStoreOptions options, Millis within) {
+  options.timeout = within;
+  options.connectTimeout = within;
+  options.connectInConstructor = false;
+  return options;
+}
+
 std::unique_ptr<Liveness> TcpStoreBackend::startLiveness(LivenessContext ctx) const {
   if (heartbeat_.interval.count() <= 0) return nullptr;
-  return std::make_unique<HeartbeatRing>(ctx, heartbeat_);
+  return std::make_unique<HeartbeatRing>(
+      ctx, heartbeat_, [store = store_, runId = ctx.runId](Millis within) {
+        return connectTo(boundedLazyConnection(store, within), runId);
+      });
 }
 
 std::string TcpStoreBackend::localAddress() const {

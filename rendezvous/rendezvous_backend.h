@@ -38,6 +38,10 @@ class RendezvousBackend {
   virtual bool slotJoin() const { return false; }
 };
 
+// `options` for the heartbeat writer's connection (BoundedConnectFn): connected at its first
+// call, its connect, handshake and calls bounded by `within`.
+TcpStoreOptions boundedLazyConnection(TcpStoreOptions options, Millis within);
+
 // A ddprun store over TCP; heartbeats when heartbeat.interval > 0.
 class TcpStoreBackend final : public RendezvousBackend {
  public:

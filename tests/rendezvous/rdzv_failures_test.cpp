@@ -4,9 +4,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "rdzv_agents.h"
+#include "rendezvous/heartbeat.h"
+#include "rendezvous/memory_store.h"
+#include "rendezvous/rendezvous_backend.h"
 
 using namespace rdzvtest;
 using ddprun::AuthError;
@@ -148,6 +152,57 @@ TEST_CASE("an endpoint that is not a ddprun store, or has another token, is refu
   CHECK_THROWS_AS(makeAgent(w), AuthError);
   w.store.authToken = "right-token";
   CHECK_NOTHROW(makeAgent(w));
+}
+
+// The heartbeat writer makes its own connection at its second beat, not at the agent's start
+// (fewer connects while a round forms); a store that stopped answering before that connect
+// must still be reported within the keep-alive bound, not after the handshake's 10 s.
+TEST_CASE("a store silent before the heartbeat writer's own connect is reported within the "
+          "keep-alive bound", "[rdzv][failures]") {
+  // A listener that never accepts: the kernel completes the TCP handshake (its backlog), and
+  // nothing answers the store's: as a store whose process is stopped.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  REQUIRE(::listen(fd, 16) == 0);
+  // Per call and connect 20 s: unbounded, the writer's handshake would wait its 10 s.
+  const TcpStoreOptions silent{.host = "127.0.0.1", .port = ntohs(addr.sin_port),
+                               .timeout = Millis(20'000), .connectTimeout = Millis(20'000)};
+  std::atomic<int> connects{0};
+  std::promise<std::string> failed;
+  MemoryStore first;  // the agent's own connection, where the first beat goes
+  const auto t0 = Clock::now();
+  HeartbeatWriter writer(
+      [&](Millis within) {
+        ++connects;
+        auto tcp = std::make_shared<TcpStore>(boundedLazyConnection(silent, within));
+        return InterruptibleStore{tcp, [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); },
+                                  [tcp](bool on) { tcp->setWaitsCancelled(on); }};
+      },
+      first, "n1", HeartbeatOptions{.interval = Millis(100), .missedBeats = 3},
+      [&](std::exception_ptr e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          failed.set_value(x.what());
+        }
+      });
+  CHECK(first.add(heartbeatCounterKey("n1"), 0) == 1);  // beaten once, before any join
+  CHECK(connects == 0);                                 // no connection of its own yet
+  auto f = failed.get_future();
+  REQUIRE(f.wait_for(Millis(15'000)) == std::future_status::ready);
+  const auto reported = std::chrono::duration_cast<Millis>(Clock::now() - t0);
+  CHECK(connects == 1);
+  CHECK_THAT(f.get(), Catch::Contains("stopped answering"));
+  // The keep-alive bound is 300 ms from the first beat (a retry may add an interval); slack
+  // for a loaded machine, far below the unbounded handshake's 10 s.
+  CHECK(reported < Millis(3'000));
+  writer.stop(false);
+  ::close(fd);
 }
 
 TEST_CASE("interrupt() cancels a waiting join, the agent can still leave", "[rdzv][failures]") {

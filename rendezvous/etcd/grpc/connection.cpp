@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <random>
 #include <unordered_map>
 
@@ -158,10 +159,16 @@ struct Connection::Impl {
 
   // Reads what the socket has (without blocking), lets nghttp2 process it, then flushes.
   void pumpLocked() {
-    thread_local char buf[16384];
+    // One buffer per thread that reads, allocated at its first read. Not a thread_local array:
+    // its 16 KB of static TLS would be zeroed at the creation of every thread of every ddprun
+    // process (4 pages each, etcd or not); not on the stack: simulated agents run on fibers.
+    constexpr size_t kBuf = 16384;
+    thread_local std::unique_ptr<char[]> tBuf;
+    if (!tBuf) tBuf.reset(new char[kBuf]);  // not zeroed: recv() writes what is read
+    char* const buf = tBuf.get();
     size_t total = 0;
     while (!broken && total < kMaxReadPerPump) {
-      const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      const ssize_t n = ::recv(fd, buf, kBuf, MSG_DONTWAIT);
       if (n > 0) {
         if (total == 0 && !receivedAny && std::string_view(buf, static_cast<size_t>(n)).rfind("HTTP/1.", 0) == 0) {
           // An HTTP/1 server (a proxy, or a port that is not etcd's client port): nghttp2
