@@ -45,7 +45,7 @@ PeerWatch PeerWatch::exchange(rendezvous::Store& store, int rank, int size, Mill
 
 std::string PeerWatch::lost() const {
   for (int r = 0; r < static_cast<int>(pids_.size()); ++r) {
-    if (r != self_ && processDead(pids_[r])) {
+    if (r != self_ && processExiting(pids_[r])) {
       return "rank " + std::to_string(r) + " (pid " + std::to_string(pids_[r]) + ") died";
     }
   }

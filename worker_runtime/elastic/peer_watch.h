@@ -7,8 +7,10 @@
 // mesh a closed connection); NCCL does not: on one node its collectives may wait for a dead peer
 // until the collective timeout (30 min by default). In-process recovery runs on one node only,
 // so every peer is a process of this machine: at the communicator's set-up each rank publishes
-// its pid through the generation's store, and the NCCL watchdog polls lost() (a kill(0) and,
-// for a zombie, one /proc read per peer) and aborts the communicator when a peer is gone.
+// its pid through the generation's store, and the NCCL watchdog polls lost() (a kill(0) and up
+// to three /proc reads per peer: base/process.h processExiting, so a SIGKILLed peer counts from
+// its kill, not from its zombie, which waits for its memory to be freed) and aborts the
+// communicator when a peer is gone.
 #include <cstdint>
 #include <string>
 #include <vector>
