@@ -190,6 +190,8 @@ TEST_CASE("three nodes, shrink:3: node rank 1 lost below the job's minimum, the 
                                            R"(minimum of 3; restarting the group without it \(no )"
                                            R"(restart spent\))")));
   CHECK_THAT(out0 + out2, Contains("restarting the workers (membership changed, no restart spent)"));
-  CHECK_THAT(out0, Contains("resumed from checkpoint"));
-  CHECK_THAT(out0, Contains("done: "));
+  // The group restarts in a re-formed round, whose node ranks are in arrival order (the
+  // default): rank 0, which resumes and reports, runs on whichever survivor re-joined first.
+  CHECK_THAT(out0 + out2, Contains("resumed from checkpoint"));
+  CHECK_THAT(out0 + out2, Contains("done: "));
 }
