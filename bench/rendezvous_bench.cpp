@@ -41,6 +41,7 @@
 #include "bench/registry.h"
 #include "bench/rendezvous_simulate.h"
 #include "bench/rendezvous_peers.h"
+#include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/node_address.h"
 #include "tests/etcd/etcd_cluster.h"  // a local etcd cluster, as the tests start one
 
@@ -394,11 +395,13 @@ int benchRendezvous(int argc, char** argv) {
                  "i % loops)")
       ->check(CLI::Range(1, 64));
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
-  std::string rankOrder = "arrival";
+  // The default is the rendezvous's (what a job gets without --rdzv-conf rank_order).
+  std::string rankOrder =
+      ddprun::rendezvous::DynamicRendezvousOptions{}.arrivalRanks ? "arrival" : "stable";
   app.add_option("--rank-order", rankOrder,
                  "--simulate --protocol agents: arrival (node ranks in slot order, constant "
-                 "store work for every agent) or stable (kept from the round before: the closer "
-                 "reads every record)")
+                 "store work for every agent; the rendezvous's default) or stable (kept from "
+                 "the round before: the closer reads every record)")
       ->check(CLI::IsMember({"arrival", "stable"}));
   bool noLeases = false;
   app.add_flag("--no-leases", noLeases,

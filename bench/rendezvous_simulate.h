@@ -25,7 +25,7 @@ struct SimulateOptions {
   uint64_t seed = 1;
   std::chrono::milliseconds spread{200};
   int loops = 1;  // threads running the agents' fibers (SwarmOptions::loops)
-  bool arrivalRanks = true;  // SwarmOptions::arrivalRanks (--rank-order)
+  bool arrivalRanks = true;  // SwarmOptions::arrivalRanks (--rank-order; the rendezvous's default)
   std::chrono::milliseconds cap{120'000};  // per phase; larger N are skipped once one fails
   std::string storeBinary;                  // ddprun-store
   std::string csv;                          // default bench/results/rendezvous_simulate.csv

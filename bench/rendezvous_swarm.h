@@ -112,8 +112,9 @@ struct SwarmOptions {
   int loops = 1;
   // "agents": node ranks in arrival order (DynamicRendezvousOptions::arrivalRanks: every agent's
   // store work constant, the closer's included); false: kept from the round before (the closer
-  // reads every record and writes the member list).
-  bool arrivalRanks = true;
+  // reads every record and writes the member list). By default the rendezvous's own default, so
+  // that the tests and the bench measure what a job gets without --rdzv-conf rank_order.
+  bool arrivalRanks = ddprun::rendezvous::DynamicRendezvousOptions{}.arrivalRanks;
   // Tests only: after round 1, the harness makes agent 0's view claim agent 1's node rank before
   // checking it, so that a test can see a violated invariant fail the run.
   bool corruptView = false;

@@ -94,14 +94,28 @@ void DynamicRendezvous::checkSettings() {
                      std::to_string(lim.maxNodes) +
                      " max_restarts=" + std::to_string(lim.maxRestarts) +
                      " backend=" + options_.backend->name();
-  // Only when set, so that a job's settings with stable ranks read as they always did.
+  // Named for arrival ranks (the default) only, so that a job's settings with stable ranks read
+  // as they always did, and an older agent (whose default was stable) is refused, not mixed in.
   if (options_.arrivalRanks && options_.backend->slotJoin()) mine += " rank_order=arrival";
   std::string theirs = main_.store->compareSet("settings", "", mine);
   if (theirs != mine) {
+    // Only the rank order differs: most likely agents of two ddprun versions (the default became
+    // arrival at stop 35), so say how to make them agree.
+    const std::string arrival = " rank_order=arrival";
+    const auto strip = [&](std::string s) {
+      const auto at = s.find(arrival);
+      return at == std::string::npos ? s : s.erase(at, arrival.size());
+    };
+    const std::string hint =
+        strip(mine) == strip(theirs)
+            ? " (node ranks in arrival order are the default since ddprun's stop 35, kept "
+              "ranks before: give every node --rdzv-conf rank_order=arrival, or every node "
+              "rank_order=stable)"
+            : "";
     throw ConfigError("rendezvous '" + options_.runId + "' at " + options_.backend->describe() +
                       ": this node has " + mine + " but the job's other nodes have " + theirs +
                       ": give every node the same --nnodes, --max-restarts, --rdzv-backend and "
-                      "--rdzv-conf rank_order");
+                      "--rdzv-conf rank_order" + hint);
   }
 }
 

@@ -60,13 +60,16 @@ struct DynamicRendezvousOptions {
   // the launcher's agents (multi-node jobs on the ddprun store) and the simulated agents of
   // `ddprun-bench rendezvous --simulate` (one connection each).
   bool watcherOnAgentConnection = false;
-  // Node ranks in slot (arrival) order within each round, as torchrun assigns them, instead of
-  // kept from the round before and newcomers in address order (--rdzv-conf rank_order=arrival).
-  // On the ddprun store every agent's store work to form or re-form a round is then constant,
-  // the closer's included: each joiner writes its own entry of the member list with its record
-  // and the round closes from two counters (scalable/slot_join.h, "Arrival ranks"). On etcd
-  // (tickets carry no process count) the closer reads the records as before, in slot order.
-  bool arrivalRanks = false;
+  // Node ranks in slot (arrival) order within each round, as torchrun assigns them (the
+  // default, --rdzv-conf rank_order=arrival), or, when false, kept from the round before and
+  // newcomers in address order (rank_order=stable: the closer reads all N records, O(N)).
+  // Every agent's store work to form or re-form a round is then constant, the closer's
+  // included: each joiner writes its own entry of the member list with its record and the round
+  // closes from two counters (scalable/slot_join.h, "Arrival ranks"; on etcd the counters are
+  // weighted tickets).
+  // The workers' store needs no kept rank: each round names node rank 0's address and port
+  // (RoundInfo::masterAddr/Port), and its agent hosts the store of that round's workers.
+  bool arrivalRanks = true;
 };
 
 // One closed round, from this node's point of view.

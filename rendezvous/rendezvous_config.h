@@ -30,7 +30,8 @@ std::vector<Endpoint> parseEndpoints(const std::string& value, uint16_t defaultP
 // last_call_timeout, close_timeout, exit_barrier_timeout, heartbeat (or keep_alive_interval,
 // heartbeat_interval), missed_heartbeats (or keep_alive_max_attempt), read_timeout, timeout
 // (static backend: its join timeout), is_host, token_file (the store's token, for every agent
-// and worker: like DDPRUN_STORE_TOKEN_FILE); for etcd-v3: key_prefix, lease_ttl (seconds),
+// and worker: like DDPRUN_STORE_TOKEN_FILE), rank_order (arrival, the default, or stable:
+// node ranks kept from the round before); for etcd-v3: key_prefix, lease_ttl (seconds),
 // protocol (http or https), cacert, cert, key (files, for https); for the stores ddprun hosts
 // (the rendezvous store and the agent store): store_<limit> for every limit of
 // storeLimitNames(), e.g. store_max_connections=1024, store_idle_timeout=600.
@@ -39,7 +40,7 @@ struct RendezvousConf {
   std::optional<Millis> heartbeatInterval, readTimeout, staticTimeout;
   std::optional<int> missedHeartbeats;
   std::optional<bool> isHost;
-  std::optional<bool> arrivalRanks;  // rank_order=arrival|stable (DynamicRendezvousOptions)
+  std::optional<bool> arrivalRanks;  // rank_order=arrival (default)|stable (DynamicRendezvousOptions)
   std::optional<std::string> keyPrefix, protocol, cacert, cert, key, tokenFile;
   std::optional<Millis> leaseTtl;
   std::vector<std::pair<std::string, std::string>> storeLimits;  // (limit name, value), checked

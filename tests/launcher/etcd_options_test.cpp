@@ -63,3 +63,21 @@ TEST_CASE("etcd-v3: refused settings name the key and what to do", "[launcher][e
   c10d.rdzvBackend = "c10d";
   CHECK_THAT(error(c10d), Catch::Contains("for --rdzv-backend=etcd-v3") && Catch::Contains("c10d"));
 }
+
+// Issue 20: node ranks in arrival order are the default of both dynamic backends (every agent's
+// store work per round O(1) on the ddprun store); rank_order=stable is the opt-in for node ranks
+// kept from the round before.
+TEST_CASE("rank_order: arrival by default on c10d and etcd-v3, stable when asked",
+          "[launcher][etcd]") {
+  bool host = false;
+  CHECK(multiNodeOptions(etcdJob("127.0.0.1:2379", {}), host).arrivalRanks);
+  CHECK_FALSE(
+      multiNodeOptions(etcdJob("127.0.0.1:2379", {{"rank_order", "stable"}}), host).arrivalRanks);
+  LaunchOptions c10d = etcdJob("127.0.0.2:29400", {});
+  c10d.rdzvBackend = "c10d";
+  CHECK(multiNodeOptions(c10d, host).arrivalRanks);
+  c10d.rdzvConf = {{"rank_order", "stable"}};
+  CHECK_FALSE(multiNodeOptions(c10d, host).arrivalRanks);
+  c10d.rdzvConf = {{"rank_order", "newest"}};
+  CHECK_THAT(error(c10d), Catch::Contains("rank_order='newest'") && Catch::Contains("stable, arrival"));
+}

@@ -13,7 +13,7 @@ import time
 import harness
 from etcd_cluster import EtcdCluster, installed
 from harness import SKIP, check, run, skip_unless_ci
-from scenarios import cancel_and_check_trace, pid_alive, ranks_in
+from scenarios import cancel_and_check_trace, check_round, pid_alive, ranks_in
 
 # lease_ttl 5 s: a lost agent is evicted 5 s after its last keepalive, and the lease still
 # outlasts an election (1-3 s with etcd's defaults).
@@ -80,7 +80,11 @@ def etcd_torch_ddp(t):
         nodes.append(harness.Node(t, name, args, env={"PYTHON_EXEC": TORCH_PYTHON}))
     for n in nodes:
         check(n.wait(120) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
-    check(os.path.exists(os.path.join(t.dir, "ckpt-a.pt")), "rank 0 saved its checkpoint")
+    # Node ranks in arrival order (the default): rank 0 is whichever node took the first slot.
+    rank0 = [n.name for n in nodes if "[rank 0]:" in n.stdout()]
+    check(len(rank0) == 1, "one node runs rank 0: %s" % rank0)
+    check(os.path.exists(os.path.join(t.dir, "ckpt-%s.pt" % rank0[0])),
+          "rank 0 (node %s) saved its checkpoint" % rank0[0])
 
 
 
@@ -194,10 +198,11 @@ def etcd_two_jobs(t):
     check(x[0].wait(60) == 0, "x1 exit code %s" % x[0].proc.returncode)
     for n in y:
         check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
-    for name, job, master in (("y1", "joby", "127.0.0.4"), ("y2", "joby", "127.0.0.4")):
-        (r,) = t.starts(node=name)
-        check(r["WORLD_SIZE"] == "2" and r["TORCHELASTIC_RUN_ID"] == job and
-              r["MASTER_ADDR"] == master, "%s belongs to %s only: %s" % (name, job, r))
+    # Job y's round is its own two nodes (in arrival order: node rank 0 either of them).
+    ys = [r for n in ("y1", "y2") for r in t.starts(node=n)]
+    check(len(ys) == 2 and all(r["WORLD_SIZE"] == "2" and r["TORCHELASTIC_RUN_ID"] == "joby"
+                               for r in ys), "y1 and y2 belong to joby only: %s" % ys)
+    check_round(ys, {"y1": "127.0.0.4", "y2": "127.0.0.5"})
     check(all(r["TORCHELASTIC_RUN_ID"] == "jobx" and r["MASTER_ADDR"] in ("127.0.0.2", "127.0.0.3")
               for r in t.starts(node="x1")), "x1 saw only job x")
 
@@ -251,6 +256,16 @@ def descendants(pid):
     return out
 
 
+def environ(pid):
+    """The environment /proc shows for `pid` ({} when it is gone)."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(i.decode(errors="replace").split("=", 1) for i in items if b"=" in i)
+
+
 def comm(pid):
     try:
         with open("/proc/%d/comm" % pid) as f:
@@ -261,9 +276,10 @@ def comm(pid):
 
 def etcd_node_loss(t):
     """(a) A lost node recovered in process on etcd (docs/recovery.md#a-lost-node): three agents
-    (one mnist_mlp rank each, --recovery-policy=shrink); node 1's agent and worker SIGKILLed
+    (one mnist_mlp rank each, --recovery-policy=shrink); node rank 1's agent and worker SIGKILLed
     once step 20 is checkpointed: its lease expires, it is evicted as lost in process, node
-    rank 0's agent removes its rank, and the workers of nodes 0 and 2 keep their processes."""
+    rank 0's agent removes its rank, and the workers of node ranks 0 and 2 keep their processes.
+    Node ranks are in arrival order (the default): read from each worker's GROUP_RANK."""
     start_cluster(t)
     ckpt = os.path.join(t.dir, "ckpt")
     trainer = [os.path.join(harness.BIN, "mnist_mlp"), "--train-limit", "4096",
@@ -278,7 +294,6 @@ def etcd_node_loss(t):
                 "--local-addr=%s" % addr, "--rdzv-conf=%s" % conf, "--max-restarts=1",
                 "--recovery=in-process", "--recovery-policy=shrink"] + trainer
         nodes.append(harness.Node(t, name, args))
-    a, b, c = nodes
 
     def checkpointed():
         try:
@@ -287,6 +302,15 @@ def etcd_node_loss(t):
         except (OSError, ValueError):
             return False
     t.wait_for("the checkpoint of step 20", checkpointed, 120)
+    by_rank = {}
+    for n in nodes:
+        for p in descendants(n.proc.pid):
+            if comm(p) == "mnist_mlp":
+                by_rank[int(environ(p).get("GROUP_RANK", "-1"))] = n
+    check(sorted(by_rank) == [0, 1, 2], "one node per node rank: %s" %
+          {k: n.name for k, n in by_rank.items()})
+    print("node ranks 0, 1, 2: %s" % [by_rank[k].name for k in range(3)])
+    a, b, c = by_rank[0], by_rank[1], by_rank[2]
     survivors = {n.name: [p for p in descendants(n.proc.pid) if comm(p) == "mnist_mlp"]
                  for n in (a, c)}
     victims = [p for p in descendants(b.proc.pid) if comm(p) == "mnist_mlp"]
@@ -301,9 +325,9 @@ def etcd_node_loss(t):
     check("recovering in process (generation 1): its rank(s) 1 are removed, the group shrinks "
           "from 3 to 2 rank(s)" in out_a, "node rank 0's agent removed the lost node's rank")
     check("as rank 1 of 2 (was rank 2 of 3; the group shrank)" in out_c,
-          "node 2's worker kept its process, renumbered 2 -> 1")
+          "node rank 2's worker kept its process, renumbered 2 -> 1")
     check("restarting the workers" not in out_a + out_c, "no group restarted")
-    check("rank 0 recovered in process in" in out_a, "node 0's worker kept its process")
+    check("rank 0 recovered in process in" in out_a, "node rank 0's worker kept its process")
 
 
 SCENARIOS = {f.__name__: f for f in (

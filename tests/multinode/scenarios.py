@@ -31,6 +31,26 @@ def ranks_in(starts):
     return {r["node"]: int(r["GROUP_RANK"]) for r in starts}
 
 
+# --rdzv-conf with node ranks kept from the round before (the default is arrival order).
+STABLE_CONF = FAST_CONF + ",rank_order=stable"
+
+
+def check_round(starts, addrs):
+    """What every round promises in either rank order (arrival, the default, or
+    rank_order=stable), for the starts of one round: one node rank per node, dense from 0, and
+    MASTER_ADDR the address of the node that holds node rank 0 (its agent hosts that round's
+    workers' store). `addrs`: node name -> its address. Returns node name -> node rank."""
+    ranks = ranks_in(starts)
+    check(all(len({r["GROUP_RANK"] for r in starts if r["node"] == n}) == 1 for n in ranks),
+          "one node rank per node: %s" % ranks)
+    check(sorted(ranks.values()) == list(range(len(ranks))), "dense node ranks: %s" % ranks)
+    first = [n for n, k in ranks.items() if k == 0][0]
+    check(all(r["MASTER_ADDR"] == addrs[first] for r in starts),
+          "MASTER_ADDR is node rank 0's (%s, %s): %s" %
+          (first, addrs[first], sorted({r["MASTER_ADDR"] for r in starts})))
+    return ranks
+
+
 def fixed_two_nodes(t):
     """--nnodes=2, 2 workers per node: one world of 4, ranks by node, one master. The store
     host's workers finish first; it must stay up until the slower node has passed the exit
@@ -60,41 +80,58 @@ def fixed_two_nodes(t):
     check(sorted(int(r["RANK"]) for r in starts) == [0, 1, 2, 3], "global ranks 0..3")
     for r in starts:
         check(r["WORLD_SIZE"] == "4" and r["GROUP_WORLD_SIZE"] == "2", "world 4 on 2 nodes")
-        check(r["MASTER_ADDR"] == "127.0.0.2", "MASTER_ADDR is node rank 0's address")
         check(r["MASTER_PORT"] == starts[0]["MASTER_PORT"], "one MASTER_PORT")
         check(r["TORCHELASTIC_RUN_ID"] == "fixed", "run id is the rdzv id")
         check(r["arrived"] <= 4, "a fresh worker store (arrival %d)" % r["arrived"])
-    check(group_ranks(t, "a") == [0] and group_ranks(t, "b") == [1], "node ranks by address")
-    check(sorted(int(r["RANK"]) for r in t.starts(node="b")) == [2, 3], "node b has ranks 2, 3")
+    # Node ranks in arrival order (the default): either node may be node rank 0.
+    ranks = check_round(starts, {"a": "127.0.0.2", "b": "127.0.0.3"})
+    second = [n for n, k in ranks.items() if k == 1][0]
+    check(sorted(int(r["RANK"]) for r in t.starts(node=second)) == [2, 3],
+          "node rank 1 (%s) has ranks 2, 3" % second)
 
 
-def join_mid_run(t):
+def join_mid_run(t, conf=FAST_CONF):
     """--nnodes=1:3: a third node arriving while the job runs restarts everybody in a larger
-    world, spending no restart; the first two keep their node ranks."""
-    a = t.agent("a", "127.0.0.2", "1:3", "grow", ["--finish-at-world", "3"])
-    b = t.agent("b", "127.0.0.3", "1:3", "grow", ["--finish-at-world", "3"])
+    world, spending no restart; node ranks in arrival order (the default): dense, and
+    MASTER_ADDR is node rank 0's in each round."""
+    addrs = {"a": "127.0.0.2", "b": "127.0.0.3", "c": "127.0.0.1"}
+    a = t.agent("a", addrs["a"], "1:3", "grow", ["--finish-at-world", "3"], conf=conf)
+    b = t.agent("b", addrs["b"], "1:3", "grow", ["--finish-at-world", "3"], conf=conf)
     t.wait_for("a round of 2", lambda: len(t.starts(world=2)) == 2, 30)
-    c = t.agent("c", "127.0.0.1", "1:3", "grow", ["--finish-at-world", "3"])
+    c = t.agent("c", addrs["c"], "1:3", "grow", ["--finish-at-world", "3"], conf=conf)
     for n in (a, b, c):
         check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
     three = t.starts(world=3)
     check(len(three) == 3, "3 workers in the world of 3 (got %d)" % len(three))
     check(all(r["TORCHELASTIC_RESTART_COUNT"] == "0" for r in t.starts()), "no restart spent")
-    before, after = ranks_in(t.starts(world=2)), ranks_in(three)
-    check(all(after[n] == before[n] for n in ("a", "b")), "a and b keep their ranks: %s -> %s"
-          % (before, after))
-    check(after["c"] == 2, "the newcomer takes rank 2, though its address sorts first")
+    before, after = check_round(t.starts(world=2), addrs), check_round(three, addrs)
+    print("node ranks: %s -> %s" % (before, after))
+    if conf == STABLE_CONF:
+        check(all(after[n] == before[n] for n in ("a", "b")), "a and b keep their ranks: %s -> %s"
+              % (before, after))
+        check(after["c"] == 2, "the newcomer takes rank 2, though its address sorts first")
     # The launcher counts attempts as the workers do (TORCHELASTIC_RESTART_COUNT): the larger
     # world is a new round of attempt 0.
     check("of 3 (attempt 0, round " in a.stderr(), "a logs attempt 0 for the world of 3")
 
 
-def kill_agent(t):
+def join_mid_run_stable(t):
+    """join_mid_run with --rdzv-conf rank_order=stable: the first two keep their node ranks and
+    the newcomer takes the free one, though its address sorts first."""
+    join_mid_run(t, STABLE_CONF)
+
+
+def kill_agent(t, conf=FAST_CONF):
     """kill -9 of one agent: the survivors evict it after the heartbeat timeout, stop their
-    workers at once and carry on in a smaller world; the killed agent leaves no worker."""
+    workers at once and carry on in a smaller world; the killed agent leaves no worker. Node
+    ranks in arrival order (the default): dense in each round, MASTER_ADDR node rank 0's. The
+    killed agent b hosts no store (the endpoint is a's): with arrival ranks it may well have
+    been node rank 0, whose agent hosted the workers' store of the round of 3."""
     gate = os.path.join(t.dir, "gate")  # an early round of 2 (MIN=1) must not end the job
-    nodes = [t.agent(n, addr, "1:3", "shrink", ["--finish-at-world", "2", "--gate", gate])
-             for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4"))]
+    addrs = {"a": "127.0.0.2", "b": "127.0.0.3", "c": "127.0.0.4"}
+    nodes = [t.agent(n, addr, "1:3", "shrink", ["--finish-at-world", "2", "--gate", gate],
+                     conf=conf)
+             for n, addr in addrs.items()]
     t.wait_for("a round of 3", lambda: len(t.starts(world=3)) == 3, 30)
     victim_workers = [r["pid"] for r in t.starts(node="b")]
     open(gate, "w").close()
@@ -109,15 +146,23 @@ def kill_agent(t):
     print("new workers started %.2f s after the kill (heartbeat timeout 0.9 s)" % took)
     check(took < 10, "survivors restarted within 10 s (took %.1f)" % took)
     check(not any(pid_alive(p) for p in victim_workers), "the killed agent's workers are gone")
-    before, after = ranks_in(t.starts(world=3)), ranks_in(two)
-    for n in ("a", "c"):
-        if before[n] < 2:
-            check(after[n] == before[n], "node %s keeps rank %d" % (n, before[n]))
+    before, after = check_round(t.starts(world=3), addrs), check_round(two, addrs)
+    print("node ranks: %s -> %s" % (before, after))
+    if conf == STABLE_CONF:
+        for n in ("a", "c"):
+            if before[n] < 2:
+                check(after[n] == before[n], "node %s keeps rank %d" % (n, before[n]))
     check(any("evicted" in n.stderr() for n in (nodes[0], nodes[2])), "eviction logged")
 
 
+def kill_agent_stable(t):
+    """kill_agent with --rdzv-conf rank_order=stable: a survivor whose node rank is still in
+    the smaller world keeps it."""
+    kill_agent(t, STABLE_CONF)
+
+
 def worker_failure(t):
-    """A worker failure on node 1 restarts both nodes; the budget counts once per job."""
+    """A worker failure on node rank 1 restarts both nodes; the budget counts once per job."""
     args = ["--fail-once", "1", "3", "--run", "0.3"]
     a = t.agent("a", "127.0.0.2", "2", "fail", args, extra=["--max-restarts=1"])
     b = t.agent("b", "127.0.0.3", "2", "fail", args, extra=["--max-restarts=1"])
@@ -131,6 +176,19 @@ def worker_failure(t):
 
 def summary_lines(node):
     return [line for line in node.stderr().splitlines() if line.startswith("ddprun: job '")]
+
+
+def failure_roles(t):
+    """For a job whose node rank 1 always fails (two rounds): the node that spent the restart
+    (node rank 1 of the first round) and the one whose failure ended the job (node rank 1 of the
+    second). In arrival order (the default) they may be different nodes."""
+    def node_at(count):
+        return [r["node"] for r in t.starts() if r["TORCHELASTIC_RESTART_COUNT"] == count and
+                r["GROUP_RANK"] == "1"]
+    first, last = node_at("0"), node_at("1")
+    check(len(first) == 1 and len(last) == 1, "one node rank 1 in each round: %s, %s" %
+          (first, last))
+    return first[0], last[0]
 
 
 def failure_ends_job(t):
@@ -149,18 +207,28 @@ def failure_ends_job(t):
         w.start()
     for w in waiters:
         w.join()
-    check(b.proc.returncode == 7, "node b (root cause) exit code %s, expected 7" % b.proc.returncode)
+    check(b.proc.returncode == 7, "node b exit code %s, expected 7" % b.proc.returncode)
     check(a.proc.returncode == 7, "node a exit code %s, expected 7" % a.proc.returncode)
-    check(len(t.starts(node="a")) == 2, "one restart, counted once for the job")
-    check("no restart is left" in a.stderr(), "node a names the cause")
-    check("FAILED" in b.stderr() and "Root cause" in b.stderr(), "node b prints the report")
+    check(len(t.starts(node="a")) == 2 and len(t.starts(node="b")) == 2,
+          "one restart, counted once for the job")
+    nodes = {"a": a, "b": b}
+    spent, root = failure_roles(t)  # node rank 1 of round 0, and of round 1 (the root cause)
+    print("node rank 1: %s in the first round (spent the restart), %s in the second" %
+          (spent, root))
+    other = "b" if root == "a" else "a"
+    check("no restart is left" in nodes[other].stderr(), "node %s names the cause" % other)
+    check("FAILED" in nodes[root].stderr() and "Root cause" in nodes[root].stderr(),
+          "node %s (the root cause) prints the report" % root)
     sa, sb = summary_lines(a), summary_lines(b)
     check(len(sa) == 1 and sa == sb, "one identical summary line on both nodes: %s / %s" % (sa, sb))
     check("FAILED (exit code 7)" in sa[0], "the summary names the exit code: %s" % sa[0])
     check(abs(exited["a"] - exited["b"]) < 3, "both nodes end within 3 s of each other "
           "(a %.2f, b %.2f)" % (exited["a"], exited["b"]))
-    check("restart 1 of 1 spent by this node" in b.stderr(), "b says it spent the restart")
-    check("restart 1 of 1 spent there" in a.stderr(), "a says the restart was spent elsewhere")
+    check("restart 1 of 1 spent by this node" in nodes[spent].stderr(),
+          "%s says it spent the restart" % spent)
+    elsewhere = "b" if spent == "a" else "a"
+    check("restart 1 of 1 spent there" in nodes[elsewhere].stderr(),
+          "%s says the restart was spent elsewhere" % elsewhere)
 
 
 def not_retryable(t):
@@ -225,11 +293,13 @@ def two_jobs(t):
     finally:
         store.terminate()
         store.wait()
-    for name, job, master in (("x1", "jobx", "127.0.0.2"), ("x2", "jobx", "127.0.0.2"),
-                              ("y1", "joby", "127.0.0.4"), ("y2", "joby", "127.0.0.4")):
-        (r,) = t.starts(node=name)
-        check(r["WORLD_SIZE"] == "2" and r["TORCHELASTIC_RUN_ID"] == job and
-              r["MASTER_ADDR"] == master, "%s belongs to %s only: %s" % (name, job, r))
+    # Each job's round is its own two nodes: its run id, and node rank 0 one of its own.
+    for job, names in (("jobx", ("x1", "x2")), ("joby", ("y1", "y2"))):
+        starts = [r for n in names for r in t.starts(node=n)]
+        check(len(starts) == 2 and all(r["WORLD_SIZE"] == "2" and r["TORCHELASTIC_RUN_ID"] == job
+                                       for r in starts), "%s's workers only: %s" % (job, starts))
+        check_round(starts, {"x1": "127.0.0.2", "x2": "127.0.0.3", "y1": "127.0.0.4",
+                             "y2": "127.0.0.5"})
 
 
 def wrong_store(t):
@@ -483,8 +553,7 @@ def netns_two_nodes(t):
         check(a.wait(60) == 0, "node a exit code %s" % a.proc.returncode)
         check(b.wait(60) == 0, "node b exit code %s" % b.proc.returncode)
         check("hosting the rendezvous store" in a.stderr(), "node a hosts (its address is the endpoint)")
-        check(all(r["MASTER_ADDR"] == addrs[0] for r in t.starts()), "MASTER_ADDR is a's address")
-        check(group_ranks(t, "a") == [0] and group_ranks(t, "b") == [1], "one rank per node")
+        check_round(t.starts(), {"a": addrs[0], "b": addrs[1]})
     finally:
         t.cleanup()
         for n in ns:
@@ -567,8 +636,9 @@ def timeline_node_killed(t):
 
 def timeline_job_failed(t):
     """--timeline on two nodes whose job fails (node rank 1's worker exits 7, no restart left):
-    node b's agent ships its events when the job ends and node rank 0's agent waits for them,
-    so the one file holds b's failed worker, its failure report and both agents' job end."""
+    node rank 1's agent ships its events when the job ends and node rank 0's agent waits for
+    them, so the one file holds its failed worker, its failure report and both agents' job end
+    (which node holds node rank 1 is read from the workers' records: arrival order)."""
     trace = os.path.join(t.dir, "job.json")
     args = ["--always-fail", "1", "7", "--run", "30"]
     a = t.agent("a", "127.0.0.2", "2", "tl-fail", args,
@@ -585,11 +655,14 @@ def timeline_job_failed(t):
     for e in data["traceEvents"]:
         if e.get("ph") != "M":
             by.setdefault(names[e["pid"]], []).append(e)
-    b_events = by["agent 127.0.0.3"]
+    failing = [r["node"] for r in t.starts() if r["GROUP_RANK"] == "1"]
+    check(len(failing) == 1, "one node rank 1: %s" % failing)
+    addr = {"a": "127.0.0.2", "b": "127.0.0.3"}[failing[0]]
+    b_events = by["agent " + addr]
     failed = [e for e in b_events if e["name"] == "worker exit" and e["args"]["failed"] == 1]
     check(len(failed) == 1 and failed[0]["args"]["result"] == "exit code 7",
-          "node b's failed worker arrived through the store: %s" % failed)
-    check(any(e["name"] == "failure report" for e in b_events), "node b's failure report")
+          "node rank 1's (%s) failed worker arrived through the store: %s" % (failing[0], failed))
+    check(any(e["name"] == "failure report" for e in b_events), "node rank 1's failure report")
     for n in names.values():
         check(any(e["name"] == "job end" and e["args"]["exit_code"] == 7 for e in by[n]),
               "%s: job end with exit code 7" % n)
@@ -600,13 +673,15 @@ def timeline_sigterm(t):
     scheduler does): each stops its workers and leaves with 143; node b's agent ships its events
     on the way out and node rank 0's agent waits (a bounded while) for them, so the one file holds
     both agents' stopped workers and job ends (docs/timeline.md). The rendezvous store is on b
-    (the endpoint's host) and a is node rank 0 (the lower address): b must keep its store up
-    until a has read b's bundle, though it is leaving too."""
+    (the endpoint's host) and a is node rank 0: b must keep its store up until a has read b's
+    bundle, though it is leaving too. With --rdzv-conf rank_order=stable, so that a (the lower
+    address) is node rank 0 every time: in arrival order (the default) b, which hosts the store,
+    is often first, and the case this scenario is for would not be tested."""
     trace = os.path.join(t.dir, "job.json")
     nodes = [t.agent(n, addr, "2", "tl-term", ["--run", "60"], extra=["--timeline=" + trace],
-                     endpoint=t.endpoint("127.0.0.3"))
+                     endpoint=t.endpoint("127.0.0.3"), conf=STABLE_CONF)
              for n, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))]
-    cancel_and_check_trace(t, nodes, trace)
+    cancel_and_check_trace(t, nodes, trace, writer="a")
 
 
 def timeline_sigterm_writer_only(t):
@@ -628,11 +703,13 @@ def timeline_sigterm_writer_only(t):
           "the node that went on is named missing: %s" % data["otherData"]["nodes_missing"])
 
 
-def cancel_and_check_trace(t, nodes, trace):
-    """timeline_sigterm's SIGTERM to both agents and its checks of the one file."""
+def cancel_and_check_trace(t, nodes, trace, writer=None):
+    """timeline_sigterm's SIGTERM to both agents and its checks of the one file; `writer`: the
+    node that must be node rank 0 (the trace's writer), or None for either."""
     t.wait_for("both workers", lambda: len(t.starts(world=2)) == 2, 30)
-    check([r["node"] for r in t.starts() if r["GROUP_RANK"] == "0"] == ["a"],
-          "a is node rank 0, the trace's writer")
+    if writer:
+        check([r["node"] for r in t.starts() if r["GROUP_RANK"] == "0"] == [writer],
+              "%s is node rank 0, the trace's writer" % writer)
     for n in nodes:
         n.signal(signal.SIGTERM)
     for n in nodes:
@@ -655,7 +732,7 @@ def cancel_and_check_trace(t, nodes, trace):
 
 
 SCENARIOS = {f.__name__: f for f in (
-    fixed_two_nodes, join_mid_run, kill_agent, worker_failure, failure_ends_job,
+    fixed_two_nodes, join_mid_run, join_mid_run_stable, kill_agent, kill_agent_stable, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
     wrong_store, store_host_lost, store_host_frozen, store_frozen, paused_agent_store_gone, sigterm_leave,
     static_backend, torch_gloo_elastic,

@@ -8,7 +8,9 @@ arguments say:
   --finish-at-world N   exit 0 when WORLD_SIZE == N, else run until stopped
   --gate FILE           with --finish-at-world: finish only once FILE exists (the test creates
                         it when the round that may finish is about to form)
-  --fail-once K CODE    the first time it runs on node rank K (local rank 0), exit CODE
+  --fail-once K CODE    the first time in the job a worker runs on node rank K (local rank 0),
+                        exit CODE (the marker is shared by the job's nodes, next to their --out
+                        directories: with arrival ranks node rank K may move to another node)
   --always-fail K CODE  exit CODE whenever it runs on node rank K (local rank 0)
   --run S               run S seconds, then exit 0 (default: exit 0 at once)
   --exit-when FILE      run until FILE exists, then exit 0
@@ -117,7 +119,7 @@ def main():
     if local == 0 and a.always_fail and group == a.always_fail[0]:
         sys.exit(a.always_fail[1])
     if local == 0 and a.fail_once and group == a.fail_once[0]:
-        marker = os.path.join(a.out, "failed-once")
+        marker = os.path.join(os.path.dirname(os.path.abspath(a.out)), "failed-once")
         if not os.path.exists(marker):
             open(marker, "w").close()
             print("worker rank %d fails on purpose" % rank, flush=True)

@@ -86,4 +86,42 @@ inline std::vector<RoundInfo> allNextRound(const std::vector<Agent*>& agents) {
   return out;
 }
 
+// What every round promises in either rank order (arrival, the default, or stable): the agents
+// of `rounds` (agent i on 127.0.0.<addrs[i]> with nproc[i] workers) hold dense unique node ranks
+// of one round of them all, each node's first global rank is the prefix sum of nproc in node
+// rank order, and MASTER_ADDR is the address of the agent that holds node rank 0 (which hosts
+// that round's workers' store). Returns the agent index by node rank.
+inline std::vector<size_t> checkOneRound(const std::vector<RoundInfo>& rounds,
+                                         const std::vector<int>& addrs,
+                                         const std::vector<int>& nproc) {
+  REQUIRE(rounds.size() == addrs.size());
+  REQUIRE(rounds.size() == nproc.size());
+  const int n = static_cast<int>(rounds.size());
+  std::vector<size_t> byRank(rounds.size(), rounds.size());
+  int world = 0;
+  for (int p : nproc) world += p;
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    INFO("agent " << i << " (127.0.0." << addrs[i] << "): node rank " << rounds[i].nodeRank);
+    CHECK(rounds[i].round == rounds[0].round);
+    CHECK(rounds[i].nodeCount == n);
+    CHECK(rounds[i].worldSize == world);
+    CHECK(rounds[i].masterPort == rounds[0].masterPort);
+    CHECK(rounds[i].masterPort != 0);
+    REQUIRE(rounds[i].nodeRank >= 0);
+    REQUIRE(rounds[i].nodeRank < n);
+    CHECK(byRank[rounds[i].nodeRank] == rounds.size());  // no node rank held twice
+    byRank[rounds[i].nodeRank] = i;
+  }
+  int offset = 0;
+  for (int r = 0; r < n; ++r) {
+    const size_t i = byRank[r];
+    INFO("node rank " << r << ": agent " << i);
+    REQUIRE(i < rounds.size());  // every node rank is held
+    CHECK(rounds[i].rankOffset == offset);
+    CHECK(rounds[i].masterAddr == "127.0.0." + std::to_string(addrs[byRank[0]]));
+    offset += nproc[i];
+  }
+  return byRank;
+}
+
 }  // namespace rdzvtest

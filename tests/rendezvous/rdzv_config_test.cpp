@@ -55,12 +55,16 @@ TEST_CASE("rdzv-conf values: torchrun keys, in seconds", "[rdzv][config]") {
   CHECK_THROWS_WITH(parseRdzvConf("is_host=maybe"), Catch::Contains("is_host='maybe'"));
   CHECK_THROWS_WITH(parseRdzvConf("missed_heartbeats=0"), Catch::Contains(">= 1"));
   CHECK_THROWS_WITH(parseRdzvConf("novalue"), Catch::Contains("key=value"));
-  // rank_order: stable (the default) or arrival (DynamicRendezvousOptions::arrivalRanks).
+  // rank_order: arrival (the default: every agent's store work per round is O(1)) or stable
+  // (node ranks kept from the round before) (DynamicRendezvousOptions::arrivalRanks).
   DynamicRendezvousOptions ro;
-  applyRdzvConf(parseRdzvConf("rank_order=arrival"), ro);
+  CHECK(ro.arrivalRanks);
+  applyRdzvConf(parseRdzvConf("heartbeat=1"), ro);  // a conf without rank_order keeps it
   CHECK(ro.arrivalRanks);
   applyRdzvConf(parseRdzvConf("rank_order=stable"), ro);
   CHECK_FALSE(ro.arrivalRanks);
+  applyRdzvConf(parseRdzvConf("rank_order=arrival"), ro);
+  CHECK(ro.arrivalRanks);
   CHECK_THROWS_WITH(parseRdzvConf("rank_order=random"),
                     Catch::Contains("rank_order='random'") && Catch::Contains("stable, arrival"));
 }

@@ -21,12 +21,37 @@ bool eventually(Pred pred) {
 }
 }  // namespace
 
-TEST_CASE("4 agents with different nproc form one round", "[rdzv][dynamic]") {
+// Node ranks in arrival order (the default, as torchrun): dense, unique, node rank 0 names the
+// master; which agent holds which depends on who took a slot first.
+TEST_CASE("4 agents with different nproc form one round in arrival order", "[rdzv][dynamic]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   std::vector<std::unique_ptr<Agent>> agents;
   std::vector<Agent*> ptrs;
   for (int i = 0; i < 4; ++i) {
     auto o = agentOptions(server.port(), "job4", 2 + i, {.minNodes = 4, .maxNodes = 4});
+    CHECK(o.arrivalRanks);  // the default
+    o.nproc = i + 1;
+    agents.push_back(makeAgent(o));
+    ptrs.push_back(agents.back().get());
+  }
+  auto rounds = allNextRound(ptrs);
+  checkOneRound(rounds, {2, 3, 4, 5}, {1, 2, 3, 4});
+  for (const auto& r : rounds) {
+    CHECK(r.round == 0);
+    CHECK(r.worldSize == 10);
+    CHECK(r.restartCount == 0);
+  }
+}
+
+// rank_order=stable (the opt-in): newcomers in address order.
+TEST_CASE("4 agents with different nproc form one round, rank_order=stable: address order",
+          "[rdzv][dynamic]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  std::vector<std::unique_ptr<Agent>> agents;
+  std::vector<Agent*> ptrs;
+  for (int i = 0; i < 4; ++i) {
+    auto o = agentOptions(server.port(), "job4", 2 + i, {.minNodes = 4, .maxNodes = 4});
+    o.arrivalRanks = false;
     o.nproc = i + 1;  // 127.0.0.2 runs 1 worker, .3 runs 2, .4 runs 3, .5 runs 4
     agents.push_back(makeAgent(o));
     ptrs.push_back(agents.back().get());
@@ -46,22 +71,33 @@ TEST_CASE("4 agents with different nproc form one round", "[rdzv][dynamic]") {
   }
 }
 
-TEST_CASE("MIN:MAX: the last call closes with MIN, an arrival starts a new round, ranks kept",
+// In both rank orders; with rank_order=stable the node ranks are kept from the round before.
+TEST_CASE("MIN:MAX: the last call closes with MIN, an arrival starts a new round",
           "[rdzv][dynamic]") {
+  const bool arrival = GENERATE(true, false);
+  INFO((arrival ? "rank_order=arrival (default)" : "rank_order=stable"));
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 3};
-  auto a = makeAgent(agentOptions(server.port(), "elastic", 7, lim));
-  auto b = makeAgent(agentOptions(server.port(), "elastic", 3, lim));
+  auto opts = [&](int n) {
+    auto o = agentOptions(server.port(), "elastic", n, lim);
+    o.arrivalRanks = arrival;
+    return o;
+  };
+  auto a = makeAgent(opts(7));
+  auto b = makeAgent(opts(3));
   const auto t0 = Clock::now();
   auto r0 = allNextRound({a.get(), b.get()});
   const auto waited = Clock::now() - t0;
   CHECK(waited >= Millis(250));  // the last call (300 ms) ran: MAX was not reached
   CHECK(r0[0].nodeCount == 2);
-  CHECK(r0[0].nodeRank == 1);  // 127.0.0.7 after 127.0.0.3
-  CHECK(r0[1].nodeRank == 0);
+  checkOneRound(r0, {7, 3}, {1, 1});
+  if (!arrival) {
+    CHECK(r0[0].nodeRank == 1);  // 127.0.0.7 after 127.0.0.3
+    CHECK(r0[1].nodeRank == 0);
+  }
 
   // A third node arrives while the job runs: both running agents hear of it at once.
-  auto c = makeAgent(agentOptions(server.port(), "elastic", 1, lim));
+  auto c = makeAgent(opts(1));
   auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
   for (Agent* x : {a.get(), b.get()}) {
     auto e = x->events.next(Millis(5'000));
@@ -77,19 +113,31 @@ TEST_CASE("MIN:MAX: the last call closes with MIN, an arrival starts a new round
   CHECK(Clock::now() - t1 < Millis(250));
   CHECK(r1[0].round == 1);
   CHECK(r1[0].nodeCount == 3);
-  CHECK(r1[0].nodeRank == 1);  // kept
-  CHECK(r1[1].nodeRank == 0);  // kept
-  CHECK(rc.nodeRank == 2);     // the newcomer takes the free rank, though its address sorts first
+  checkOneRound({r1[0], r1[1], rc}, {7, 3, 1}, {1, 1, 1});
+  if (!arrival) {
+    CHECK(r1[0].nodeRank == 1);  // kept
+    CHECK(r1[1].nodeRank == 0);  // kept
+    CHECK(rc.nodeRank == 2);  // the newcomer takes the free rank, though its address sorts first
+  }
   CHECK(r1[0].restartCount == 0);  // membership changes spend no restart
   CHECK(a->events.size() == 0);
 }
 
+// In both rank orders: with arrival ranks (the default) the survivors' node ranks follow the
+// order in which they re-join, as torchrun's; with rank_order=stable b keeps rank 1.
 TEST_CASE("a clean leave re-forms the others without it", "[rdzv][dynamic]") {
+  const bool arrival = GENERATE(true, false);
+  INFO((arrival ? "rank_order=arrival (default)" : "rank_order=stable"));
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 3};
-  auto a = makeAgent(agentOptions(server.port(), "leave", 2, lim));
-  auto b = makeAgent(agentOptions(server.port(), "leave", 3, lim));
-  auto c = makeAgent(agentOptions(server.port(), "leave", 4, lim));
+  auto opts = [&](int n) {
+    auto o = agentOptions(server.port(), "leave", n, lim);
+    o.arrivalRanks = arrival;
+    return o;
+  };
+  auto a = makeAgent(opts(2));
+  auto b = makeAgent(opts(3));
+  auto c = makeAgent(opts(4));
   allNextRound({a.get(), b.get(), c.get()});  // MAX reached: closes at once
   a->rdzv->leave("SIGTERM");
   for (Agent* x : {b.get(), c.get()}) {
@@ -100,8 +148,11 @@ TEST_CASE("a clean leave re-forms the others without it", "[rdzv][dynamic]") {
   }
   auto r = allNextRound({b.get(), c.get()});
   CHECK(r[0].nodeCount == 2);
-  CHECK(r[0].nodeRank == 1);  // b keeps rank 1
-  CHECK(r[1].nodeRank == 0);  // c had rank 2, which is gone: it takes rank 0
+  checkOneRound(r, {3, 4}, {1, 1});
+  if (!arrival) {
+    CHECK(r[0].nodeRank == 1);  // b keeps rank 1
+    CHECK(r[1].nodeRank == 0);  // c had rank 2, which is gone: it takes rank 0
+  }
   CHECK(a->events.size() == 0);  // the leaver is not told about its own departure
 }
 
@@ -185,17 +236,11 @@ TEST_CASE("two jobs on one store never see each other", "[rdzv][dynamic]") {
   auto a2 = makeAgent(agentOptions(server.port(), "jobA", 4, lim));
   auto b2 = makeAgent(agentOptions(server.port(), "jobB", 5, lim));
   auto r = allNextRound({a1.get(), b1.get(), a2.get(), b2.get()});
-  // Each job's round holds its own two nodes (newcomers ranked in address order); the slot
-  // join's agents read their own entry only, so the ranks and master say who is in it.
+  // Each job's round holds its own two nodes (in arrival order); the slot join's agents read
+  // their own entry only, so the ranks and master say who is in it: one of the job's own.
   for (const auto& x : r) CHECK(x.nodeCount == 2);
-  CHECK(r[0].nodeRank == 0);
-  CHECK(r[2].nodeRank == 1);
-  CHECK(r[0].masterAddr == "127.0.0.2");
-  CHECK(r[2].masterAddr == "127.0.0.2");
-  CHECK(r[1].nodeRank == 0);
-  CHECK(r[3].nodeRank == 1);
-  CHECK(r[1].masterAddr == "127.0.0.3");
-  CHECK(r[3].masterAddr == "127.0.0.3");
+  checkOneRound({r[0], r[2]}, {2, 4}, {1, 1});
+  checkOneRound({r[1], r[3]}, {3, 5}, {1, 1});
 }
 
 TEST_CASE("nodes with different --nnodes for one job are refused", "[rdzv][dynamic]") {
@@ -204,11 +249,17 @@ TEST_CASE("nodes with different --nnodes for one job are refused", "[rdzv][dynam
   CHECK_THROWS_WITH(makeAgent(agentOptions(server.port(), "cfg", 3, {.minNodes = 1, .maxNodes = 2})),
                     Catch::Contains("nnodes=1:2") && Catch::Contains("nnodes=2:2"));
   CHECK_THROWS_AS(makeAgent(agentOptions(server.port(), "bad id", 3, {})), ConfigError);
-  // Nor nodes with different rank orders: both named.
+  // Nor nodes with different rank orders: both named (the job's first node has the default,
+  // arrival; this one asks for stable, as an agent of an older ddprun would have by default).
   auto o = agentOptions(server.port(), "cfg", 4, {.minNodes = 2, .maxNodes = 2});
-  o.arrivalRanks = true;
-  CHECK_THROWS_WITH(makeAgent(o), Catch::Contains("rank_order=arrival but") &&
-                                      Catch::Contains("backend=c10d: give"));
+  o.arrivalRanks = false;
+  CHECK_THROWS_WITH(makeAgent(o), Catch::Contains("backend=c10d but") &&
+                                      Catch::Contains("rank_order=arrival: give") &&
+                                      Catch::Contains("every node rank_order=stable"));
+  // The hint is for the rank order alone: other settings differ, no hint.
+  CHECK_THROWS_WITH(
+      makeAgent(agentOptions(server.port(), "cfg", 5, {.minNodes = 1, .maxNodes = 2})),
+      !Catch::Contains("arrival order are the default"));
 }
 
 TEST_CASE("a round below MIN fails after join_timeout, naming the counts", "[rdzv][dynamic]") {
@@ -234,8 +285,7 @@ TEST_CASE("a full job keeps an arrival waiting until a place frees up", "[rdzv][
   auto ra = a->rdzv->nextRound();
   auto rc = fc.get();
   CHECK(ra.nodeCount == 2);
-  CHECK(ra.nodeRank == 0);
-  CHECK(rc.nodeRank == 1);
+  checkOneRound({ra, rc}, {2, 4}, {1, 1});  // in arrival order: either may be node rank 0
 }
 
 // The slot join (issue 20): on the ddprun store the joiners of a round take slots and write

@@ -16,12 +16,20 @@ using namespace rdzvtest;
 using ddprun::AuthError;
 using ddprun::StoreError;
 
+// In both rank orders; with rank_order=stable the survivors keep their node ranks.
 TEST_CASE("a node whose heartbeats stop is evicted, survivors re-form", "[rdzv][failures]") {
+  const bool arrival = GENERATE(true, false);
+  INFO((arrival ? "rank_order=arrival (default)" : "rank_order=stable"));
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 3};
-  auto a = makeAgent(agentOptions(server.port(), "hb", 2, lim));
-  auto b = makeAgent(agentOptions(server.port(), "hb", 3, lim));
-  auto c = makeAgent(agentOptions(server.port(), "hb", 4, lim));
+  auto opts = [&](int n) {
+    auto o = agentOptions(server.port(), "hb", n, lim);
+    o.arrivalRanks = arrival;
+    return o;
+  };
+  auto a = makeAgent(opts(2));
+  auto b = makeAgent(opts(3));
+  auto c = makeAgent(opts(4));
   allNextRound({a.get(), b.get(), c.get()});
   // Destroying the object stops its heartbeats without a leave: to the others it is dead.
   const auto t0 = Clock::now();
@@ -37,8 +45,11 @@ TEST_CASE("a node whose heartbeats stop is evicted, survivors re-form", "[rdzv][
   CHECK(detected <= Millis(300 + 400));
   auto r = allNextRound({a.get(), c.get()});
   CHECK(r[0].nodeCount == 2);
-  CHECK(r[0].nodeRank == 0);  // kept
-  CHECK(r[1].nodeRank == 1);  // rank 2 is gone: the free rank 1
+  checkOneRound(r, {2, 4}, {1, 1});
+  if (!arrival) {
+    CHECK(r[0].nodeRank == 0);  // kept
+    CHECK(r[1].nodeRank == 1);  // rank 2 is gone: the free rank 1
+  }
   CHECK(r[0].restartCount == 0);
 }
 
@@ -292,11 +303,14 @@ TEST_CASE("a node lost in process: only node rank 0 hears of it, the round goes 
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 3, .maxRestarts = 2,
                       .keepRoundOnNodeLoss = true};
-  auto a = makeAgent(agentOptions(server.port(), "lostproc", 2, lim));
-  auto b = makeAgent(agentOptions(server.port(), "lostproc", 3, lim));
-  auto c = makeAgent(agentOptions(server.port(), "lostproc", 4, lim));
-  auto r = allNextRound({a.get(), b.get(), c.get()});
-  REQUIRE(r[0].nodeRank == 0);
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int n : {2, 3, 4}) agents.push_back(makeAgent(agentOptions(server.port(), "lostproc", n, lim)));
+  auto r = allNextRound({agents[0].get(), agents[1].get(), agents[2].get()});
+  // Node ranks in arrival order (the default): a is whoever holds node rank 0, b 1 and c 2.
+  const auto byRank = checkOneRound(r, {2, 3, 4}, {1, 1, 1});
+  std::unique_ptr<Agent> a = std::move(agents[byRank[0]]);
+  std::unique_ptr<Agent> b = std::move(agents[byRank[1]]);
+  std::unique_ptr<Agent> c = std::move(agents[byRank[2]]);
   const std::string bId = b->rdzv->self().id;
   // b's heartbeats stop: node rank 0 (a) hears NodeLost, c hears nothing, the round goes on.
   b.reset();

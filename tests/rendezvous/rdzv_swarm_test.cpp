@@ -121,8 +121,9 @@ TEST_CASE("a swarm of agents arriving at random forms one round, and re-forms af
            << " / " << results[1].reform.medianBytes);
       CHECK(results[1].form.medianBytes <= results[0].form.medianBytes + 128);
       CHECK(results[1].reform.medianBytes <= results[0].reform.medianBytes + 128);
-      // Issue 20's bound, the closer included: with arrival ranks (SwarmOptions::arrivalRanks,
-      // the default) the round closes from the counters, so no agent's round trips or bytes
+      // Issue 20's bound, the closer included: with the rendezvous's default rank order
+      // (SwarmOptions::arrivalRanks follows DynamicRendezvousOptions: arrival ranks, what a job
+      // gets without --rdzv-conf rank_order) the round closes from the counters, so no agent's round trips or bytes
       // grow with N -- at most 10 round trips and 4 KiB each (the max at 1024 may exceed the
       // max at 32 only by the digits of larger slots and list indices).
       INFO("max bytes at 32 / 1024: form " << results[0].form.maxBytes << " / "

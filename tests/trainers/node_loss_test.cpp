@@ -1,17 +1,21 @@
 // End to end: a lost node recovered in process (docs/recovery.md#a-lost-node) -- three real
-// ddprun agents on loopback addresses 127.0.0.2, .3 and .4 (the c10d rendezvous hosted by
-// node rank 0's agent on 127.0.0.2, heartbeats every 0.3 s), one mnist_mlp rank each. Node 1's
-// agent and its worker are SIGKILLed together (the agent first: a lost machine); under
-// `--recovery-policy=shrink` the rendezvous keeps the round (node 1 lost in process), node rank
-// 0's agent spends one restart and publishes a generation without node 1's rank, and the
-// workers of nodes 0 and 2 keep their processes: the group goes on at two ranks, node 2's
-// worker renumbered 2 -> 1 by its agent, every sample of each epoch exactly once.
+// ddprun agents on loopback addresses 127.0.0.2, .3 and .4 (the c10d rendezvous on a ddprun-store
+// of its own on 127.0.0.1, heartbeats every 0.3 s), one mnist_mlp rank each, node ranks in
+// arrival order (the default rank_order): the test reads which agent holds which node rank from
+// its worker's RANK. Node rank 1's agent and its worker are SIGKILLed together (the agent first:
+// a lost machine); under `--recovery-policy=shrink` the rendezvous keeps the round (node rank 1
+// lost in process), node rank 0's agent spends one restart and publishes a generation without
+// node rank 1's rank, and the workers of node ranks 0 and 2 keep their processes: the group goes
+// on at two ranks, node rank 2's worker renumbered 2 -> 1 by its agent, every sample of each
+// epoch exactly once. (The store is not an agent's: with arrival ranks the agent that would host
+// it may hold node rank 1, and the test's lost node must not take the rendezvous with it.)
 #include "tests/support/catch_torch.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <arpa/inet.h>
 
+#include <iostream>
 #include <map>
 #include <regex>
 
@@ -40,15 +44,15 @@ const std::string kConf =
     "close_timeout=2,exit_barrier_timeout=60";
 
 
-// The agent on 127.0.0.<2 + node>; node ranks follow the addresses (the first round).
+// The agent on 127.0.0.<2 + node>, meeting the others at the ddprun-store on 127.0.0.1:`port`.
 std::vector<std::string> agent(int node, int port, const std::string& dir,
                                std::vector<std::string> flags) {
   const std::string addr = "127.0.0." + std::to_string(2 + node);
   std::vector<std::string> argv = {kBin + "/ddprun", "--nnodes=2:3", "--nproc-per-node=1",
                                    "--rdzv-backend=c10d",
-                                   "--rdzv-endpoint=127.0.0.2:" + std::to_string(port),
+                                   "--rdzv-endpoint=127.0.0.1:" + std::to_string(port),
                                    "--local-addr=" + addr, "--rdzv-id=node-loss",
-                                   "--rdzv-conf=" + kConf};
+                                   "--rdzv-conf=" + kConf + ",is_host=false"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   const auto trainer = mlpCommand(
       {.dir = dir, .batch = kBatch, .epochs = kEpochs, .examples = kExamples, .seed = kSeed});
@@ -57,58 +61,88 @@ std::vector<std::string> agent(int node, int port, const std::string& dir,
 }
 
 struct ThreeNodes {
+  std::unique_ptr<Job> store;  // declared first: it outlives the agents
   std::unique_ptr<Job> node[3];
+  // After findRanks(): the agent that holds node rank k, and its worker (one rank per node, so
+  // node rank k's worker is global rank k).
+  Job* at[3] = {nullptr, nullptr, nullptr};
+  pid_t worker[3] = {-1, -1, -1};
   ThreeNodes(const TempDir& dir, std::vector<std::string> flags,
              std::map<std::string, std::string> env = {}) {
-    const int port = freePort("127.0.0.2");
+    const int port = freePort("127.0.0.1");
+    store = std::make_unique<Job>(
+        std::vector<std::string>{kBin + "/ddprun-store", "--host", "127.0.0.1", "--port",
+                                 std::to_string(port)},
+        std::map<std::string, std::string>{}, dir / "store.log");
+    REQUIRE(waitForOutput(*store, "ddprun-store listening on", std::chrono::seconds(30)));
     for (int n = 0; n < 3; ++n) {
       node[n] = std::make_unique<Job>(agent(n, port, dir.path(), flags), env,
                                       dir / ("node" + std::to_string(n) + ".log"));
     }
   }
-};
-
-pid_t waitForWorker(Job& job, int rank) {
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
-    const pid_t p = workerPid(job.pid(), rank, "mnist_mlp");
-    if (p > 0) return p;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // Which agent holds which node rank in the first round (arrival order): from its worker's RANK.
+  bool findRanks() {
+    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+    int found = 0;
+    while (found < 3 && std::chrono::steady_clock::now() < deadline) {
+      for (int k = 0; k < 3; ++k) {
+        for (int n = 0; n < 3 && !at[k]; ++n) {
+          if (node[n]->exited()) return false;
+          const pid_t p = workerPid(node[n]->pid(), k, "mnist_mlp");
+          if (p > 0) {
+            at[k] = node[n].get();
+            worker[k] = p;
+            ++found;
+          }
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return found == 3;
   }
-  return -1;
-}
+  // The address of the agent that holds node rank k ("127.0.0.<2 + n>").
+  std::string addr(int k) const {
+    for (int n = 0; n < 3; ++n)
+      if (node[n].get() == at[k]) return "127.0.0." + std::to_string(2 + n);
+    return "?";
+  }
+};
 
 }  // namespace
 
-TEST_CASE("three nodes, shrink: node 1's agent and worker SIGKILLed, node rank 0 recovers the "
-          "lost node in process, the workers of nodes 0 and 2 keep their processes, exactly once",
+TEST_CASE("three nodes, shrink: node rank 1's agent and worker SIGKILLed, node rank 0 recovers "
+          "the lost node in process, the workers of node ranks 0 and 2 keep their processes, "
+          "exactly once",
           "[recovery][nodes][shrink][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink"},
                  {{"DDPRUN_SAMPLE_LOG", dir / "samples"}});
-  REQUIRE(waitForCheckpoint(*job.node[0], dir / "ckpt", 20, kJobTimeout));
-  const pid_t r0 = waitForWorker(*job.node[0], 0), r1 = waitForWorker(*job.node[1], 1);
-  const pid_t r2 = waitForWorker(*job.node[2], 2);
-  REQUIRE(r0 > 0);
-  REQUIRE(r1 > 0);
-  REQUIRE(r2 > 0);
-  // The node is lost: its agent first (no report of the worker's death can leave it), then its
-  // worker (only processes of this test's own ddprun).
-  REQUIRE(::kill(job.node[1]->pid(), SIGKILL) == 0);
+  REQUIRE(job.findRanks());
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  const pid_t r0 = job.worker[0], r1 = job.worker[1], r2 = job.worker[2];
+  const std::string lostAddr = job.addr(1);
+  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << lostAddr << ", " << job.addr(2)
+            << std::endl;
+  // Node rank 1 is lost: its agent first (no report of the worker's death can leave it), then
+  // its worker (only processes of this test's own ddprun).
+  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
   REQUIRE(::kill(r1, SIGKILL) == 0);
-  REQUIRE(waitForOutput(*job.node[2], "as rank 1 of 2 (was rank 2 of 3; the group shrank)",
+  REQUIRE(waitForOutput(*job.at[2], "as rank 1 of 2 (was rank 2 of 3; the group shrank)",
                         kJobTimeout));
   for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
-  const int a = job.node[0]->wait(kJobTimeout);
-  const int c = job.node[2]->wait(kJobTimeout);
-  job.node[1]->wait(kJobTimeout);
-  const std::string out0 = job.node[0]->output(), out2 = job.node[2]->output();
-  INFO("node 0:\n" << out0 << "\nnode 2:\n" << out2);
+  const int a = job.at[0]->wait(kJobTimeout);
+  const int c = job.at[2]->wait(kJobTimeout);
+  job.at[1]->wait(kJobTimeout);
+  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
-  // One writer, node rank 0's agent: one restart spent, node 1's rank removed.
-  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node 127\.0\.0\.3-\S+ was )"
+  // One writer, node rank 0's agent: one restart spent, node rank 1's rank removed.
+  std::string lostRe = lostAddr;
+  for (size_t i = lostRe.find('.'); i != std::string::npos; i = lostRe.find('.', i + 2))
+    lostRe.insert(i, "\\");
+  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node )" + lostRe + R"(-\S+ was )"
                                            R"(evicted: no heartbeat for 900 ms \(lost in process\); )"
                                            R"(recovering in process \(generation 1\): its )"
                                            R"(rank\(s\) 1 are removed, the group shrinks from 3 )"
@@ -131,23 +165,23 @@ TEST_CASE("three nodes, shrink: node 1's agent and worker SIGKILLed, node rank 0
   CHECK(epochSamples(log, kEpochs - 1).lastWorld == 2);
 }
 
-TEST_CASE("three nodes, shrink:3: node 1 lost below the job's minimum, the group restarts "
-          "without it (no restart spent), one line naming why",
+TEST_CASE("three nodes, shrink:3: node rank 1 lost below the job's minimum, the group "
+          "restarts without it (no restart spent), one line naming why",
           "[recovery][nodes][shrink][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink:3"});
-  REQUIRE(waitForCheckpoint(*job.node[0], dir / "ckpt", 20, kJobTimeout));
-  const pid_t r0 = waitForWorker(*job.node[0], 0), r1 = waitForWorker(*job.node[1], 1);
-  REQUIRE(r0 > 0);
-  REQUIRE(r1 > 0);
-  REQUIRE(::kill(job.node[1]->pid(), SIGKILL) == 0);
-  REQUIRE(::kill(r1, SIGKILL) == 0);
-  const int a = job.node[0]->wait(kJobTimeout);
-  const int c = job.node[2]->wait(kJobTimeout);
-  job.node[1]->wait(kJobTimeout);
-  const std::string out0 = job.node[0]->output(), out2 = job.node[2]->output();
-  INFO("node 0:\n" << out0 << "\nnode 2:\n" << out2);
+  REQUIRE(job.findRanks());
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
+            << std::endl;
+  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
+  REQUIRE(::kill(job.worker[1], SIGKILL) == 0);
+  const int a = job.at[0]->wait(kJobTimeout);
+  const int c = job.at[2]->wait(kJobTimeout);
+  job.at[1]->wait(kJobTimeout);
+  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
   CHECK(std::regex_search(out0, std::regex(R"(node rank 1 \(\S+\) was lost; it is not recovered )"
@@ -156,6 +190,8 @@ TEST_CASE("three nodes, shrink:3: node 1 lost below the job's minimum, the group
                                            R"(minimum of 3; restarting the group without it \(no )"
                                            R"(restart spent\))")));
   CHECK_THAT(out0 + out2, Contains("restarting the workers (membership changed, no restart spent)"));
-  CHECK_THAT(out0, Contains("resumed from checkpoint"));
-  CHECK_THAT(out0, Contains("done: "));
+  // The group restarts in a re-formed round, whose node ranks are in arrival order (the
+  // default): rank 0, which resumes and reports, runs on whichever survivor re-joined first.
+  CHECK_THAT(out0 + out2, Contains("resumed from checkpoint"));
+  CHECK_THAT(out0 + out2, Contains("done: "));
 }
