@@ -74,7 +74,7 @@ TEST_CASE("processDying: a live or stopped process is not dying, a zombie is unl
   CHECK_FALSE(ddprun::processDying(0));
 }
 
-TEST_CASE("processExiting: a live or stopped process is not exiting; a killed one is from its "
+TEST_CASE("processExiting: a live or stopped process is not exiting, a killed one is from its "
           "SIGKILL on, before it is a zombie at the latest, and a clean exit too") {
   const pid_t live = child(-1);
   CHECK_FALSE(ddprun::processExiting(live));

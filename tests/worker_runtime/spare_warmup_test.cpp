@@ -55,7 +55,7 @@ std::optional<progress::ProgressSample> record(const std::string& path, int slot
 }  // namespace
 
 TEST_CASE("spare warm-up: a spare runs the program's warm-up before it is ready, on a "
-          "communicator of its own, without reporting progress; a rank never runs it",
+          "communicator of its own, without reporting progress, and a rank never runs it",
           "[spare][warmup]") {
   namespace keys = rendezvous::recovery;
   rendezvous::ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
