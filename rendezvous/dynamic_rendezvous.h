@@ -159,6 +159,8 @@ class DynamicRendezvous {
   void closeJob();
 
   // Leaves the job for good (SIGTERM/SIGINT on this node); the others re-form without it.
+  // Best effort and bounded: each store call within 2 s (its host may have got the same signal
+  // and gone); a store already lost is not called at all. Throws what the store threw.
   void leave(const std::string& reason);
 
   // Makes the call in progress on the agent's thread (nextRound, finishRound, ...) fail at once

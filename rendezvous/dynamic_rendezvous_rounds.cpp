@@ -25,6 +25,10 @@ std::string seconds(Millis m) {
 
 std::string endedKey(const std::string& id) { return "ended/" + id; }
 
+// What a leave may spend on the store: a node leaves on a signal, often one its peers got at
+// the same moment, and the store's host may be gone by then; the others evict it anyway.
+constexpr Millis kLeaveTimeout{2'000};
+
 }  // namespace
 
 RoundInfo DynamicRendezvous::nextRound() {
@@ -328,8 +332,26 @@ void DynamicRendezvous::leave(const std::string& reason) {
   inRound_ = false;
   if (liveness_) liveness_->stopWatching();
   const std::string why = "node " + self_.id + " (" + self_.addr + ") left: " + reason;
-  auto r = removeNode(*log_, fresh(), self_.id, why);
-  current_ = r.now;
+  bool lost;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    lost = storeLost_;
+  }
+  if (lost) {  // nobody to tell: a reconnect would only hold this node for connect_timeout
+    if (liveness_) liveness_->stop(false);
+    DDPRUN_LOG(INFO, "rendezvous") << why << " (the rendezvous store was already lost)";
+    return;
+  }
+  // Bounded: a store that goes away meanwhile (its host got the same signal) costs this node at
+  // most kLeaveTimeout per call, not connect_timeout; its heartbeat keys are left then.
+  main_.store->setTimeout(std::min(main_.store->timeout(), kLeaveTimeout));
+  try {
+    auto r = removeNode(*log_, fresh(), self_.id, why);
+    current_ = r.now;
+  } catch (...) {
+    if (liveness_) liveness_->stop(false);
+    throw;
+  }
   if (liveness_) liveness_->stop(true);
   DDPRUN_LOG(INFO, "rendezvous") << why;
 }

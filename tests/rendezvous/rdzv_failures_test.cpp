@@ -1,6 +1,7 @@
 // Agents as threads against a real StoreServer: dead nodes, worker failures, the exit
 // barrier, a lost store, and endpoints that are not this job's store.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -345,4 +346,131 @@ TEST_CASE("a node lost in process: only node rank 0 hears of it, the round goes 
   CHECK(next[0].nodeCount == 1);
   CHECK(next[0].nodeRank == 0);
   CHECK(next[0].restartCount == 1);
+}
+
+namespace {
+
+// A TCP relay on loopback between agents and their store that can be cut: after cut(), the
+// next bytes a client sends close its connection (the store's host went away in the middle of
+// a call) and new connections are refused (the port is closed).
+class CuttableRelay {
+ public:
+  explicit CuttableRelay(uint16_t target) : target_(target) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listen_, 16) == 0);
+    REQUIRE(::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~CuttableRelay() {
+    stop_ = true;
+    thread_.join();
+    for (auto [c, s] : pairs_) {
+      ::close(c);
+      ::close(s);
+    }
+    if (listen_ >= 0) ::close(listen_);
+  }
+  uint16_t port() const { return port_; }
+  void cut() { cut_ = true; }
+
+ private:
+  void run() {
+    char buf[65536];
+    while (!stop_) {
+      if (cut_ && listen_ >= 0) {
+        ::close(listen_);
+        listen_ = -1;
+      }
+      std::vector<pollfd> fds;
+      if (listen_ >= 0) fds.push_back({listen_, POLLIN, 0});
+      for (auto [c, s] : pairs_) {
+        fds.push_back({c, POLLIN, 0});
+        fds.push_back({s, POLLIN, 0});
+      }
+      if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
+      for (const auto& p : fds) {
+        if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        if (p.fd == listen_) {
+          const int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+          const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          sockaddr_in t{};
+          t.sin_family = AF_INET;
+          t.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          t.sin_port = htons(target_);
+          if (c >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&t), sizeof t) == 0) {
+            pairs_.emplace_back(c, s);
+          } else {
+            if (c >= 0) ::close(c);
+            ::close(s);
+          }
+          continue;
+        }
+        for (size_t i = 0; i < pairs_.size(); ++i) {
+          auto [c, s] = pairs_[i];
+          if (p.fd != c && p.fd != s) continue;
+          const ssize_t n = ::read(p.fd, buf, sizeof buf);
+          const bool fromClient = p.fd == c;
+          if (n <= 0 || (fromClient && cut_) ||
+              ::write(fromClient ? s : c, buf, static_cast<size_t>(n)) != n) {
+            ::close(c);
+            ::close(s);
+            pairs_.erase(pairs_.begin() + static_cast<std::ptrdiff_t>(i));
+          }
+          break;
+        }
+        break;  // the fd list changed or was served: poll again
+      }
+    }
+  }
+
+  uint16_t target_;
+  int listen_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> cut_{false}, stop_{false};
+  std::vector<std::pair<int, int>> pairs_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a leave after the store's host is gone returns within its bound, not after the "
+          "store's connect timeout", "[rdzv][failures]") {
+  // Every node of a job gets Ctrl-C at once: the agent that hosts the store exits, and another
+  // one leaves the job at that moment. Its departure is best effort: it must not hold the node
+  // for the store's connect timeout (20 s here) while the store's port refuses. The relay
+  // closes the agent's connections at their next request and refuses the reconnects, as a
+  // store host that has just exited does.
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  CuttableRelay relay(server.port());
+  const JobLimits lim{.minNodes = 2, .maxNodes = 2};
+  auto opts = [&](int n) {
+    auto o = agentOptions(relay.port(), "leave-gone", n, lim);
+    o.store.connectTimeout = Millis(20'000);
+    o.store.timeout = Millis(20'000);
+    o.heartbeat = {};  // no other connection that could see the cut first
+    return o;
+  };
+  auto a = makeAgent(opts(2));
+  auto b = makeAgent(opts(3));
+  allNextRound({a.get(), b.get()});
+  relay.cut();
+  // A call of this agent's fails first (its connection is closed under it): the next one
+  // reconnects, as the leave in the middle of a re-join does after the host's departure.
+  CHECK_THROWS_AS(a->rdzv->roundMembers(), ddprun::Error);
+  const auto t0 = Clock::now();
+  std::string error;
+  try {
+    a->rdzv->leave("SIGINT");
+  } catch (const ddprun::Error& e) {
+    error = e.what();  // a failed departure is reported; the others evict it
+  }
+  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - t0);
+  INFO("the leave took " << took.count() << " ms: " << error);
+  CHECK(took < Millis(8'000));  // at most 2 s per store call; without the bound 20 s
 }
