@@ -61,6 +61,10 @@ const char* phaseName(Phase p);
 // A list of nodes kept outside the state version (the slot join's compact states, StateLog's
 // "spilled" lists: docs/rendezvous.md, "Keys"): the version names it by `ref` (keys l/<ref>/...)
 // and carries its length, so that an agent reads O(1) bytes per version. ref 0: no such list.
+// Refs from kJoinerListBase on are lists written by their own joiners (arrival ranks:
+// scalable::slotListRef): a joiner whose slot came after the round's count wrote its id key
+// there too, so an id key beyond the count names a node that is not in the list.
+inline constexpr int64_t kJoinerListBase = 1'000'000'000;  // above any ref of the `lists` counter
 struct ListRef {
   int64_t ref = 0;
   int64_t count = 0;

@@ -74,10 +74,13 @@ std::optional<ListPosition> position(Store& store, const RoundState& s, RoundSta
   ListPosition p;
   const auto w = text::words(*v);
   if (w.size() != 2 || !text::number(w[0], p.index) || !text::number(w[1], p.rankOffset) ||
-      p.index < 0 || p.index >= ref.stored() || p.rankOffset < 0 ||
-      (members && p.rankOffset >= s.worldSize)) {
+      p.index < 0 || p.rankOffset < 0) {
     forgedList(key, "'" + v->substr(0, 80) + "'");
   }
+  // A joiners' list (kJoinerListBase) holds the id keys of joiners too late for its count.
+  const bool beyond = p.index >= ref.stored() || (members && p.rankOffset >= s.worldSize);
+  if (beyond && ref.ref >= kJoinerListBase) return std::nullopt;
+  if (beyond) forgedList(key, "'" + v->substr(0, 80) + "'");
   return p;
 }
 

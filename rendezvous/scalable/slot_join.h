@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/round_state.h"
 #include "rendezvous/store.h"
 
 namespace ddprun::rendezvous::scalable {
@@ -107,7 +108,7 @@ SlotCount takeSlot(Store& store, int64_t round, const SlotRecord& self, int maxN
 // holder of slot `target`). The joiner whose ADD brings the written slots to `target` knows that
 // slots 1..target have all written their entries and that the world size is the low half: it
 // closes the round without reading any record (O(1) bytes, however many joined).
-inline constexpr int64_t kSlotListBase = 1'000'000'000;  // above any ref of the `lists` counter
+inline constexpr int64_t kSlotListBase = kJoinerListBase;  // round_state.h
 int64_t slotListRef(int64_t round);
 std::string writtenKey(int64_t round);
 // On a store with tickets (etcd) the written count is a ticket of r/<r>/written (member: the

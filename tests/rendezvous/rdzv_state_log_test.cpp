@@ -390,3 +390,33 @@ TEST_CASE("spilled lists: an arrival into a running round with room writes no li
   const Versioned after = writer.read(e.version);
   CHECK_FALSE(arriveNode(writer, after, late).wrote);
 }
+
+TEST_CASE("a joiners' list holds the id keys of joiners too late for its count: they are not "
+          "members, where the same key in another list is a forgery", "[rdzv][log]") {
+  // Arrival ranks: every joiner of round r writes its entry and id key into list 10^9 + r; a
+  // round closed with count 1 leaves the second joiner's key there ("1 1": index 1, first rank
+  // 1). When that joiner arrives after the close, looking itself up must say "not a member"
+  // (it then joins the next round), not "corrupt or forged" (its agent used to exit 1).
+  MemoryStore store;
+  RoundState s;
+  s.round = 1;
+  s.phase = Phase::Closed;
+  s.worldSize = 1;
+  s.masterAddr = "10.0.0.1";
+  s.membersList = ListRef{.ref = kJoinerListBase + 1, .count = 1};
+  store.set(listIdKey(kJoinerListBase + 1, "first"), "0 0");
+  store.set(listIdKey(kJoinerListBase + 1, "late"), "1 1");
+  const auto first = position(store, s, RoundState::List::Members, "first");
+  REQUIRE(first);
+  CHECK(first->index == 0);
+  CHECK_FALSE(position(store, s, RoundState::List::Members, "late"));
+  CHECK_FALSE(position(store, s, RoundState::List::Members, "absent"));
+  // Malformed is forged in any list.
+  store.set(listIdKey(kJoinerListBase + 1, "bad"), "one 0");
+  CHECK_THROWS_WITH(position(store, s, RoundState::List::Members, "bad"), Catch::Contains("forged"));
+  // In a list a closer wrote (refs below 10^9) an index beyond its count is a forgery.
+  s.membersList = ListRef{.ref = 7, .count = 1};
+  store.set(listIdKey(7, "late"), "1 1");
+  CHECK_THROWS_WITH(position(store, s, RoundState::List::Members, "late"),
+                    Catch::Contains("l/7/id/late") && Catch::Contains("forged"));
+}
