@@ -288,3 +288,15 @@ TEST_CASE("etcd rendezvous: with rank_order=arrival the round closes from the co
   CHECK(s.get("r/0/world") == std::to_string(world));  // written by the target's holder
   CHECK(s.ticketCount("r/0/written") == n);
 }
+
+TEST_CASE("etcd rendezvous: arrival ranks refuse a world size written before the round's target "
+          "holder (forged), naming the key, and leave it as it was", "[etcd][rdzv][slots]") {
+  etcd::EtcdStore s(sharedCluster().clientOptions(), "/ddprun-test-rdzv/forgedworld/");
+  s.set("r/0/world", "999");  // a stranger with access to the job's etcd prefix, first
+  EtcdAgents a = startAgents("forgedworld", 1, {.minNodes = 1, .maxNodes = 1}, true);
+  CHECK_THROWS_WITH(a.agents[0]->rdzv->nextRound(),
+                    Catch::Contains("r/0/world") && Catch::Contains("corrupt or forged"));
+  CHECK(s.get("r/0/world") == "999");
+  // The record and the list entries of that create went with it: all or none.
+  CHECK_FALSE(s.check({"r/0/node/1"}));
+}
