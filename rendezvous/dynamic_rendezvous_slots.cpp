@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/scalable/slot_join.h"
+#include "rendezvous/text_fields.h"
 
 namespace ddprun::rendezvous {
 
@@ -191,13 +192,7 @@ Versioned DynamicRendezvous::closeFromCounters(const Versioned& cur, int target,
                        std::to_string(target) + " written, but '" + key +
                        "' is missing: it is corrupt or forged");
     }
-    try {
-      size_t used = 0;
-      world = std::stoll(*text, &used);
-      if (used != text->size()) world = -1;
-    } catch (const std::exception&) {
-      world = -1;
-    }
+    if (!text::number(*text, world)) world = -1;  // refused as forged below
   }
   if (world < target || world > int64_t{target} * kMaxNproc) {
     throw StoreError("rendezvous key '" + worldFrom + "' counts " +
