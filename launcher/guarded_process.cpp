@@ -17,6 +17,7 @@
 #include <ctime>
 
 #include "base/errors.h"
+#include "base/sweep.h"
 #include "launcher/signal_safe_io.h"
 
 namespace ddprun::launcher {
@@ -26,7 +27,7 @@ namespace {
 // Descriptor numbers inside the guard.
 constexpr int kGuardControlFd = 3;
 constexpr int kGuardStatusFd = 4;
-constexpr int kFirstFreeFd = 5;
+constexpr int kFirstFreeFd = kPassedFd + 1;
 
 // Signals the guard ignores (they are meant for the worker) and the worker gets back.
 constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP,
@@ -104,107 +105,7 @@ pid_t forkInto(int cgroupFd, bool& inCgroup) {
   return ::fork();
 }
 
-// ---- The guard's sweep: every descendant, wherever it went, is killed ----
-//
-// A descendant can leave the guard's process group (setsid, setpgid), and a double fork
-// re-parents it -- but the guard is a child subreaper, so orphans are re-parented to the
-// guard, never past it: every process the worker started, directly or not, stays a
-// descendant of the guard until it is reaped. The sweep reads the parent of every process
-// in /proc (raw syscalls, no allocation: the guard is a fork of a threaded process),
-// SIGKILLs every descendant, reaps what died, and starts over until the guard has no child
-// left. A process killed while forking leaves its new child to the guard, which finds it
-// in the next round.
-
-struct ProcEntry {
-  pid_t pid, ppid;
-  bool live;  // not a zombie
-};
-constexpr size_t kMaxProcs = 1 << 16;
-ProcEntry gProcs[kMaxProcs];  // only ever touched in the guard (its own copy of the page)
-
-bool parseDecimal(const char* s, pid_t& out) {
-  if (*s == '\0') return false;
-  long v = 0;
-  for (; *s != '\0'; ++s) {
-    if (*s < '0' || *s > '9' || v > (1L << 30)) return false;
-    v = v * 10 + (*s - '0');
-  }
-  out = static_cast<pid_t>(v);
-  return true;
-}
-
-// /proc/<pid>/stat is "pid (comm) S ppid ...": comm may hold anything, so parse after the
-// last ')'.
-bool readStat(pid_t pid, pid_t& ppid, bool& live) {
-  char path[48] = "/proc/";
-  char digits[16];
-  int n = 0;
-  for (pid_t v = pid; v > 0 && n < 15; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
-  size_t at = 6;
-  while (n > 0) path[at++] = digits[--n];
-  for (const char* t = "/stat"; *t != '\0'; ++t) path[at++] = *t;
-  path[at] = '\0';
-  char buf[512];
-  if (readSmallFile(path, buf, sizeof buf) <= 0) return false;
-  char* close = nullptr;
-  for (char* c = buf; *c != '\0'; ++c) {
-    if (*c == ')') close = c;
-  }
-  if (close == nullptr || close[1] != ' ' || close[2] == '\0' || close[3] != ' ') return false;
-  live = close[2] != 'Z' && close[2] != 'X';
-  char* p = close + 4;
-  char* end = p;
-  while (*end >= '0' && *end <= '9') ++end;
-  *end = '\0';
-  return parseDecimal(p, ppid);
-}
-
-// SIGKILLs every descendant of the calling process; returns how many were still alive.
-size_t killDescendants() {
-  const pid_t self = ::getpid();
-  size_t count = 0;
-  const int dir = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) return 0;
-  alignas(8) char buf[8192];
-  while (count < kMaxProcs) {
-    const long got = ::syscall(SYS_getdents64, dir, buf, sizeof buf);
-    if (got <= 0) break;
-    for (long off = 0; off < got && count < kMaxProcs;) {
-      // struct linux_dirent64 { u64 d_ino; s64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
-      unsigned short reclen;
-      std::memcpy(&reclen, buf + off + 16, sizeof reclen);
-      const char* name = buf + off + 19;
-      off += reclen;
-      ProcEntry e{};
-      if (!parseDecimal(name, e.pid) || e.pid == self) continue;
-      if (readStat(e.pid, e.ppid, e.live)) gProcs[count++] = e;
-    }
-  }
-  ::close(dir);
-  // Mark descendants: children of self, then children of marked ones, until nothing changes.
-  size_t alive = 0;
-  bool changed = true;
-  static bool marked[kMaxProcs];
-  for (size_t i = 0; i < count; ++i) marked[i] = gProcs[i].ppid == self;
-  while (changed) {
-    changed = false;
-    for (size_t i = 0; i < count; ++i) {
-      if (marked[i]) continue;
-      for (size_t j = 0; j < count; ++j) {
-        if (marked[j] && gProcs[j].pid == gProcs[i].ppid) {
-          marked[i] = changed = true;
-          break;
-        }
-      }
-    }
-  }
-  for (size_t i = 0; i < count; ++i) {
-    if (!marked[i] || !gProcs[i].live) continue;
-    ::kill(gProcs[i].pid, SIGKILL);
-    ++alive;
-  }
-  return alive;
-}
+// ---- The guard's sweep: base/sweep.h (killDescendants) ----
 
 [[noreturn]] void execWorker(const char* path, char* const* argv, char* const* envp,
                              int execErrorFd) {
@@ -226,8 +127,9 @@ size_t killDescendants() {
 }
 
 // The guard's whole life. `fds` are the launcher-side numbers of the descriptors it needs.
-[[noreturn]] void runGuard(int controlFd, int statusFd, int outFd, int errFd, bool devNullStdin,
-                           const WorkerCgroup& cgroup, bool idle, const char* path,
+[[noreturn]] void runGuard(int controlFd, int statusFd, int outFd, int errFd, int passFd,
+                           bool subreaper, bool devNullStdin, const WorkerCgroup& cgroup,
+                           bool idle, const char* path,
                            char* const* argv, char* const* envp) {
   // 1. Signals. The launcher forked us with every signal blocked, so none can arrive before
   //    this is done: the launcher's own handlers (which would write into the launcher's
@@ -258,18 +160,19 @@ size_t killDescendants() {
   }
   ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
   // Orphaned descendants (double fork, setsid daemons) are re-parented to the guard.
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  if (subreaper) ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 
-  // 2. Descriptors: 0 stdin, 1/2 the worker's output pipes, 3 control, 4 status; nothing
-  //    else survives (in particular no other worker's control pipe, which would keep it
+  // 2. Descriptors: 0 stdin, 1/2 the worker's output pipes, 3 control, 4 status, 5 the passed
+  //    one (until the worker runs); nothing else survives (in particular no other worker's control pipe, which would keep it
   //    open). Sources are first moved above the targets so dup2 never clobbers one.
-  const int src[] = {controlFd, statusFd, outFd, errFd};
-  int high[4];
-  for (int i = 0; i < 4; ++i) high[i] = ::fcntl(src[i], F_DUPFD, 16);
+  const int src[] = {controlFd, statusFd, outFd, errFd, passFd};
+  int high[5];
+  for (int i = 0; i < 5; ++i) high[i] = src[i] < 0 ? -1 : ::fcntl(src[i], F_DUPFD, 16);
   ::dup2(high[0], kGuardControlFd);
   ::dup2(high[1], kGuardStatusFd);
   ::dup2(high[2], STDOUT_FILENO);
   ::dup2(high[3], STDERR_FILENO);
+  if (high[4] >= 0) ::dup2(high[4], kPassedFd);  // without O_CLOEXEC: the worker keeps it
   if (devNullStdin) {
     int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0 && null != STDIN_FILENO) {
@@ -313,6 +216,7 @@ size_t killDescendants() {
   ::close(execPipe[1]);
   ::close(STDOUT_FILENO);  // only the worker (and its children) may hold the output pipes
   ::close(STDERR_FILENO);
+  if (passFd >= 0) ::close(kPassedFd);  // and the passed descriptor
   if (worker < 0) {
     sendRecord(GuardRecord::ExecFailed, forkErrno);
     sendRecord(GuardRecord::Exited, 127 << 8);
@@ -408,7 +312,7 @@ GuardedProcess spawnGuarded(const SpawnRequest& req) {
   const pid_t guard = ::fork();
   if (guard == 0) {
     runGuard(control.read.get(), status.write.get(), out.write.get(), err.write.get(),
-             req.stdinFromDevNull, req.cgroup, req.idlePriority, req.executable.c_str(), argv.data(),
+             req.passFd, req.subreaper, req.stdinFromDevNull, req.cgroup, req.idlePriority, req.executable.c_str(), argv.data(),
              envp.data());
   }
   const int forkErrno = errno;

@@ -62,7 +62,17 @@ struct SpawnRequest {
   // The worker starts under SCHED_IDLE (it runs only on a CPU nothing else wants): a hot spare
   // started while training runs (docs/recovery.md#hot-spares).
   bool idlePriority = false;
+  // A descriptor the worker gets as kPassedFd (the launcher keeps its own; the guard holds no
+  // copy once the worker runs): the spare template's socket (spare_template.h). -1: none.
+  int passFd = -1;
+  // The guard is a child subreaper (above). Off only for the spare template, whose forked
+  // spares must leave it for the launcher (spare_template.h); its guard still kills its
+  // process group and the descendants still below it.
+  bool subreaper = true;
 };
+
+// The descriptor number SpawnRequest::passFd has in the worker.
+constexpr int kPassedFd = 5;
 
 struct GuardedProcess {
   pid_t guardPid = -1;      // also the process group id of the worker and its children
