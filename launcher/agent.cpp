@@ -145,7 +145,7 @@ WorkerLaunch Agent::Impl::makeLaunch(const RoundInfo& round, int lr, int generat
   if (spareId >= 0) {
     // A spare keeps its error file and logs in a directory of its own, whatever rank it takes.
     dir = runDir_->path() + "/attempt_" + std::to_string(round.round) + "/spare_" +
-          std::to_string(spareId);
+          (spareId == kSpareTemplateLaunchId ? std::string("template") : std::to_string(spareId));
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
   } else if (generation > 0) {
@@ -222,6 +222,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   decidedFailure_.reset();
   sparesStarted_ = false;
   sparesDiedUnready_ = 0;
+  spareTemplate_.reset();  // the last group's (its process went with that group)
   growPid_ = -1;
   growRank_ = -1;
   growGeneration_ = 0;
@@ -349,6 +350,10 @@ void Agent::Impl::watchProgress() {
 }
 
 void Agent::Impl::onWorkerExited(const WorkerResult& r) {
+  if (r.sparesTemplate) {
+    onSpareTemplateExited(r);
+    return;
+  }
   if (r.spare) {
     onSpareExited(r);
     return;
@@ -417,6 +422,7 @@ void Agent::Impl::onWorkerExited(const WorkerResult& r) {
 }
 
 void Agent::Impl::onWorkerStarted(const WorkerResult& r) {
+  if (r.sparesTemplate) return;
   if (r.spare) {
     events::instant("spare start", "agent",
                     events::Args()

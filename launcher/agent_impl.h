@@ -35,6 +35,7 @@
 #include "launcher/progress_watch.h"
 #include "launcher/rendezvous_handler.h"
 #include "launcher/run_directory.h"
+#include "launcher/spare_template.h"
 #include "launcher/worker_command.h"
 #include "launcher/worker_env.h"
 #include "launcher/timeline/exchange.h"
@@ -111,6 +112,12 @@ class Agent::Impl {
   void startSpare(bool idle);
   // A waiting spare's exit: restarted when the group still runs (no restart spent).
   void onSpareExited(const WorkerResult& r);
+  // The spare template (spare_template.h; agent_spare_template.cpp): started with the group's
+  // first spares; the spares started later are forked from it; its exit makes them exec'd.
+  void startSpareTemplate();
+  void onSpareTemplateExited(const WorkerResult& r);
+  // How startSpare() starts spare `id`: a fork of the template, or empty (spawnGuarded).
+  std::function<GuardedProcess(const SpawnRequest&)> spareSpawner(int id);
   // The pid of a waiting spare to give a dead rank to (a ready one first), or -1.
   pid_t pickSpare(int& id);
   void onWorkerStarted(const WorkerResult& r);
@@ -301,6 +308,10 @@ class Agent::Impl {
   int sparesDiedUnready_ = 0;
   bool sparesNoted_ = false;     // the line saying spares cannot be used was printed
   int idleSpares_ = -1;          // -1: not decided; 0: spares start at normal priority; 1: idle
+  // The group's spare template (none: not started, or gone); off for the job (DDPRUN_SPARE_TEMPLATE=0,
+  // or this process cannot be a child subreaper).
+  std::unique_ptr<SpareTemplate> spareTemplate_;
+  bool spareTemplateOff_ = false;
   // Grow back: the replacement joining now (-1: none), its rank and the generation it joins;
   // grow back given up for this group (a replacement died before it healed).
   pid_t growPid_ = -1;

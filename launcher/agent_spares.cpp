@@ -285,6 +285,7 @@ void Agent::Impl::maybeStartSpares() {
   // Every worker runs the elastic loop: the spares of this group start now, at normal
   // priority (they are part of the job's start, as its workers are).
   sparesStarted_ = true;
+  startSpareTemplate();  // first: the spares started once it is loaded are forks of it
   for (int i = 0; i < options_.spares; ++i) startSpare(/*idle=*/false);
 }
 
@@ -295,6 +296,7 @@ void Agent::Impl::startSpare(bool idle) {
                                       : nextSpareId_++;
   WorkerLaunch l = makeLaunch(round_, 0, 0, id);
   l.spawn.idlePriority = idle;
+  l.spawner = spareSpawner(id);
   group_->add(std::move(l));
   DDPRUN_LOG(INFO, "launcher") << "starting spare " << id
                                << (idle ? " in the background (SCHED_IDLE)" : "")
@@ -341,6 +343,10 @@ void Agent::Impl::unidleSpares() {
   for (const auto& s : group_->waitingSpares()) {
     std::string error;
     if (s.pid > 0) leaveIdlePriority(s.pid, error);  // best effort: they are killed next
+  }
+  for (const auto& r : group_->results()) {  // the template too: it holds as much memory
+    std::string error;
+    if (r.sparesTemplate && !r.ended && r.pid > 0) leaveIdlePriority(r.pid, error);
   }
 }
 

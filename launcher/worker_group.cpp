@@ -92,14 +92,15 @@ WorkerGroup::~WorkerGroup() { killAll(); }
 void WorkerGroup::spawnSlot(WorkerLaunch& l) {
   // Sinks first: a log file that cannot be created fails before this worker runs.
   StreamSink outSink(std::move(l.stdoutTargets)), errSink(std::move(l.stderrTargets));
-  GuardedProcess p = spawnGuarded(l.spawn);
+  GuardedProcess p = l.spawner ? l.spawner(l.spawn) : spawnGuarded(l.spawn);
   slots_.push_back(std::make_unique<Slot>(io_, std::move(p), std::move(outSink), std::move(errSink)));
   slots_.back()->cgroupDir = l.spawn.cgroup.dir;
   WorkerResult r;
   r.localRank = l.localRank;
   r.globalRank = l.globalRank;
   r.spareId = l.spareId;
-  r.spare = l.spareId >= 0;
+  r.spare = l.spareId >= 0 || l.sparesTemplate;
+  r.sparesTemplate = l.sparesTemplate;
   r.errorFile = l.errorFile;
   results_.push_back(std::move(r));
 }
@@ -476,7 +477,9 @@ size_t WorkerGroup::runningCount() const {
 std::vector<WorkerResult> WorkerGroup::waitingSpares() const {
   std::vector<WorkerResult> out;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (results_[i].spare && !slots_[i]->ended) out.push_back(results_[i]);
+    if (results_[i].spare && !results_[i].sparesTemplate && !slots_[i]->ended) {
+      out.push_back(results_[i]);
+    }
   }
   return out;
 }

@@ -38,7 +38,13 @@ struct WorkerLaunch {
   // >= 0: a hot spare (docs/recovery.md#hot-spares) with this id, in no rank until assign()ed
   // (localRank and globalRank are -1 until then).
   int spareId = -1;
+  // The spare template (spare_template.h): counted as a waiting spare nowhere (never assigned,
+  // not in waitingSpares()), stopped with the group as the spares are.
+  bool sparesTemplate = false;
   SpawnRequest spawn;
+  // How the process starts: spawnGuarded(spawn) when empty (a fork of the spare template
+  // otherwise, which falls back to spawnGuarded itself).
+  std::function<GuardedProcess(const SpawnRequest&)> spawner;
   StreamTargets stdoutTargets;
   StreamTargets stderrTargets;
   std::string errorFile;  // TORCHELASTIC_ERROR_FILE of this worker
@@ -51,6 +57,7 @@ struct WorkerResult {
   int globalRank = 0;
   int spareId = -1;           // started as hot spare <id> (-1: started for a rank)
   bool spare = false;         // a spare still waiting (not assigned): in no rank
+  bool sparesTemplate = false;  // the spare template (also `spare`: in no rank)
   pid_t pid = -1;             // the worker's pid (-1 if it never started)
   bool ended = false;
   int waitStatus = 0;         // as from waitpid

@@ -25,6 +25,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/recovery_keys.h"
+#include "rendezvous/spare_fork.h"
 #include "rendezvous/superseded_store.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
@@ -35,6 +36,7 @@
 #include "worker_runtime/progress.h"
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
+#include "worker_runtime/spare_template.h"
 #include "worker_runtime/tcp_mesh.h"
 #include "worker_runtime/traced_communicator.h"
 
@@ -689,8 +691,19 @@ void Runtime::shutdown() {
 }
 
 std::unique_ptr<Runtime> init(InitOptions options) {
-  // A hot spare waits here, loaded, until the launcher gives it a rank.
-  if (const auto spare = options.env("DDPRUN_SPARE"); spare && !spare->empty()) {
+  // The spare template (spare_template.h) stays here; each spare it forks goes on as a spare.
+  if (const auto fd = options.env(rendezvous::spare_fork::kTemplateFdVariable);
+      fd && !fd->empty()) {
+    char* end = nullptr;
+    const long n = std::strtol(fd->c_str(), &end, 10);
+    if (*end != '\0' || n < 0 || n > 65535) {
+      throw ConfigError(std::string(rendezvous::spare_fork::kTemplateFdVariable) + "='" + *fd +
+                        "' is not valid: expected a descriptor number (ddprun --spares sets it)");
+    }
+    const int id = serveSpareForks(static_cast<int>(n));
+    options.env = becomeRank(std::to_string(id), options);
+  } else if (const auto spare = options.env("DDPRUN_SPARE"); spare && !spare->empty()) {
+    // A hot spare waits here, loaded, until the launcher gives it a rank.
     options.env = becomeRank(*spare, options);
   }
   // First: from here on ddprun can tell this process stopped from slow (--peer-timeout),

@@ -1,0 +1,81 @@
+// The spare template of a group (launcher/spare_template.h, docs/recovery.md#spare-template):
+// one more process of the worker program, started with the group's first spares, from which
+// every later spare is forked instead of exec'd. Whatever goes wrong with it, the spares are
+// exec'd as before: the template only ever saves a start-up, it never holds one up.
+#include "launcher/agent_impl.h"
+
+#include "rendezvous/spare_fork.h"
+
+namespace ddprun::launcher {
+
+void Agent::Impl::startSpareTemplate() {
+  if (spareTemplate_ || spareTemplateOff_ || !group_ || group_->runningCount() == 0 ||
+      state_ != State::Running) {
+    return;
+  }
+  if (auto it = env_.find("DDPRUN_SPARE_TEMPLATE"); it != env_.end() && it->second == "0") {
+    DDPRUN_LOG(INFO, "launcher") << "DDPRUN_SPARE_TEMPLATE=0: no spare template, every spare "
+                                 << "is started as a process";
+    spareTemplateOff_ = true;
+    return;
+  }
+  std::string why;
+  if (!SpareTemplate::enableSubreaper(why)) {
+    DDPRUN_LOG(WARN, "launcher") << "no spare template (spares are started as processes): "
+                                 << why;
+    spareTemplateOff_ = true;
+    return;
+  }
+  auto tmpl = std::make_unique<SpareTemplate>();
+  // A spare's launch, in the directory spare_template, without DDPRUN_SPARE.
+  WorkerLaunch l = makeLaunch(round_, 0, 0, kSpareTemplateLaunchId);
+  l.spareId = -1;
+  l.sparesTemplate = true;
+  const std::string spareVar = "DDPRUN_SPARE=" + std::to_string(kSpareTemplateLaunchId);
+  std::erase(l.spawn.env, spareVar);
+  l.spawn.env.push_back(std::string(rendezvous::spare_fork::kTemplateFdVariable) + "=" +
+                        std::to_string(kPassedFd));
+  l.spawn.passFd = tmpl->templateFd();
+  l.spawn.subreaper = false;  // its forks' guards go to the agent, out of its tree
+  // At normal priority, as the group's first spares: part of the job's start, and loaded as
+  // soon as they are, so that the next spare is a fork.
+  l.spawn.idlePriority = false;
+  l.stdoutTargets.prefix = l.stderrTargets.prefix = "[spare template]: ";
+  group_->add(std::move(l));
+  tmpl->templateSpawned();
+  spareTemplate_ = std::move(tmpl);
+  DDPRUN_LOG(INFO, "launcher") << "starting the spare template: once loaded, the spares started later are forks of it";
+}
+
+std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(int id) {
+  if (!spareTemplate_) return {};
+  return [this, id](const SpawnRequest& req) {
+    std::string why;
+    const bool wasGone = spareTemplate_->gone();
+    if (auto p = spareTemplate_->forkSpare(id, req.idlePriority, req.env, why)) {
+      DDPRUN_LOG(INFO, "launcher") << "spare " << id << " forked from the spare template (pid "
+                                   << spareTemplate_->pid() << "), guard pid " << p->guardPid;
+      return std::move(*p);
+    }
+    if (spareTemplate_->gone() && !wasGone) {
+      DDPRUN_LOG(WARN, "launcher") << "spare template (pid " << spareTemplate_->pid()
+                                   << "): " << why << "; spare " << id << " and the later "
+                                   << "ones are started as processes";
+    } else {
+      DDPRUN_LOG(INFO, "launcher") << "spare " << id << " is started as a process: " << why;
+    }
+    return spawnGuarded(req);
+  };
+}
+
+void Agent::Impl::onSpareTemplateExited(const WorkerResult& r) {
+  if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
+  DDPRUN_LOG(WARN, "launcher") << "the spare template (pid " << r.pid << ") exited ("
+                               << r.describe() << "): the spares started from now on are "
+                               << "started as processes; the workers and the spares forked "
+                               << "from it are not touched (see its log in " << runDir_->path()
+                               << ")";
+  spareTemplate_.reset();
+}
+
+}  // namespace ddprun::launcher

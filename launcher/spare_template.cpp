@@ -1,0 +1,186 @@
+#include "launcher/spare_template.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "base/errors.h"
+#include "rendezvous/spare_fork.h"
+
+namespace ddprun::launcher {
+
+namespace wire = rendezvous::spare_fork;
+static_assert(sizeof(wire::StatusRecord) == sizeof(GuardRecord) &&
+                  static_cast<int>(wire::StatusRecord::Started) == GuardRecord::Started &&
+                  static_cast<int>(wire::StatusRecord::ExecFailed) == GuardRecord::ExecFailed &&
+                  static_cast<int>(wire::StatusRecord::Exited) == GuardRecord::Exited,
+              "the forked guard writes the launcher guard's status records");
+
+namespace {
+
+std::pair<UniqueFd, UniqueFd> socketPair(bool controlChannel) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    throw Error(std::string("launcher: socketpair failed: ") + std::strerror(errno));
+  }
+  if (controlChannel) ::shutdown(fds[0], SHUT_WR);  // the guard's end only reads
+  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+std::pair<UniqueFd, UniqueFd> pipePair() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    throw Error(std::string("launcher: pipe2 failed: ") + std::strerror(errno));
+  }
+  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+// Waits up to `ms` for a whole Reply. 1: read; 0: none in time; -1: EOF or error.
+int readReply(int fd, wire::Reply& r, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  int rc;
+  do {
+    rc = ::poll(&p, 1, ms);
+  } while (rc < 0 && errno == EINTR);
+  if (rc == 0) return 0;
+  if (rc < 0) return -1;
+  char* at = reinterpret_cast<char*>(&r);
+  size_t left = sizeof r;
+  while (left > 0) {  // 8 bytes written at once arrive at once; the loop is for EINTR
+    const ssize_t n = ::recv(fd, at, left, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    at += n;
+    left -= static_cast<size_t>(n);
+  }
+  return 1;
+}
+
+bool sendAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+SpareTemplate::SpareTemplate() {
+  auto [a, b] = socketPair(false);
+  agent_ = std::move(a);
+  child_ = std::move(b);
+}
+
+bool SpareTemplate::enableSubreaper(std::string& why) {
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0) return true;
+  why = std::string("prctl(PR_SET_CHILD_SUBREAPER): ") + std::strerror(errno);
+  return false;
+}
+
+bool SpareTemplate::checkReady(std::string& why) {
+  if (ready_) return true;
+  wire::Reply r;
+  const int got = readReply(agent_.get(), r, 0);
+  if (got == 0) {
+    why = "the spare template is still loading";
+    return false;
+  }
+  if (got < 0 || r.kind != wire::Reply::Ready) {
+    gone_ = true;
+    why = got < 0 ? "the spare template exited before it was ready"
+                  : "the spare template said " + std::to_string(r.kind) + " instead of Ready";
+    return false;
+  }
+  ready_ = true;
+  pid_ = r.value;
+  return true;
+}
+
+std::optional<GuardedProcess> SpareTemplate::forkSpare(int spareId, bool idle,
+                                                       const std::vector<std::string>& env,
+                                                       std::string& why) {
+  if (gone_) {
+    why = "the spare template is gone";
+    return std::nullopt;
+  }
+  if (!checkReady(why)) return std::nullopt;
+  auto [controlRead, controlWrite] = socketPair(true);
+  auto [statusRead, statusWrite] = pipePair();
+  auto [outRead, outWrite] = pipePair();
+  auto [errRead, errWrite] = pipePair();
+  std::string blob;
+  for (const auto& e : env) {
+    blob += e;
+    blob.push_back('\0');
+  }
+  wire::Request head;
+  head.spareId = spareId;
+  head.idle = idle ? 1 : 0;
+  head.envBytes = static_cast<uint32_t>(blob.size());
+  if (blob.size() > wire::kMaxEnvBytes) {
+    why = "the spare's environment has " + std::to_string(blob.size()) + " bytes, more than " +
+          std::to_string(wire::kMaxEnvBytes) + " the template reads";
+    return std::nullopt;
+  }
+  const int fds[4] = {controlRead.get(), statusWrite.get(), outWrite.get(), errWrite.get()};
+  iovec iov{&head, sizeof head};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(agent_.get(), &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent < 0 || (static_cast<size_t>(sent) < sizeof head &&
+                   !sendAll(agent_.get(), reinterpret_cast<const char*>(&head) + sent,
+                            sizeof head - static_cast<size_t>(sent))) ||
+      !sendAll(agent_.get(), blob.data(), blob.size())) {
+    gone_ = true;
+    why = std::string("the spare template's socket: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  wire::Reply r;
+  const int got =
+      readReply(agent_.get(), r, static_cast<int>(kAnswerTimeout.count()));
+  if (got <= 0 || (r.kind != wire::Reply::Forked && r.kind != wire::Reply::Failed)) {
+    // A late answer would come after a request nobody waits for: the template is done with.
+    // A guard it forks anyway finds its control socket closed (below) and kills its spare.
+    gone_ = true;
+    why = got == 0 ? "the spare template did not answer in " +
+                         std::to_string(kAnswerTimeout.count()) + " ms"
+          : got < 0 ? "the spare template exited"
+                    : "the spare template answered " + std::to_string(r.kind);
+    return std::nullopt;
+  }
+  if (r.kind == wire::Reply::Failed) {
+    why = std::string("the spare template could not fork: ") + std::strerror(r.value);
+    return std::nullopt;
+  }
+  GuardedProcess p;
+  p.guardPid = r.value;
+  p.control = std::move(controlWrite);
+  p.status = std::move(statusRead);
+  p.stdoutRead = std::move(outRead);
+  p.stderrRead = std::move(errRead);
+  return p;  // the ends the guard and its spare hold are closed here, as spawnGuarded() does
+}
+
+}  // namespace ddprun::launcher

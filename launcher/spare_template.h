@@ -1,0 +1,66 @@
+#pragma once
+// The agent's side of the spare template (docs/recovery.md#spare-template; the template's side,
+// and why, in worker_runtime/spare_template.h; the wire format in rendezvous/spare_fork.h).
+//
+// With --spares the agent starts, beside the first spares, one more process of the worker
+// program: the template (SpawnRequest::passFd carries its end of a socket pair, as fd
+// kPassedFd; its guard is no subreaper). Once it said Ready, every spare the agent starts is
+// a fork of it: forkSpare() sends the descriptors a guarded worker has (control socket, status
+// pipe, output pipes) with the spare's environment, and gets back the pid of the spare's guard,
+// forked by the template and re-parented to the agent -- which must therefore be a child
+// subreaper (enableSubreaper()). The result is a GuardedProcess like spawnGuarded()'s: the
+// WorkerGroup supervises a forked spare as any worker (status records, kill through the
+// control socket, reaping of its guard, output), and the guard sweeps what the spare left.
+//
+// Whenever the template cannot fork -- still loading, exited, a refused or unanswered request
+// -- forkSpare() says why and the caller exec's the spare as before (spawnGuarded), so a rank
+// is never lost to it. The agent's loop thread only; the one blocking wait is the template's
+// answer to a request (a fork: milliseconds), bounded by kAnswerTimeout.
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/unique_fd.h"
+#include "launcher/guarded_process.h"
+
+namespace ddprun::launcher {
+
+// The spare id Agent::makeLaunch() is given for the template's launch: a spare's launch in the
+// directory spare_template, whose DDPRUN_SPARE the agent replaces (no spare has this id).
+inline constexpr int kSpareTemplateLaunchId = 1 << 30;
+
+class SpareTemplate {
+ public:
+  static constexpr std::chrono::milliseconds kAnswerTimeout{3000};
+
+  // The socket pair. Throws ddprun::Error naming socketpair when it fails.
+  SpareTemplate();
+  // The template's end, for its SpawnRequest::passFd; closed here once it was spawned.
+  int templateFd() const { return child_.get(); }
+  void templateSpawned() { child_.reset(); }
+
+  // Forks spare `spareId` (environment `env`, "KEY=VALUE"; under SCHED_IDLE when `idle`) from
+  // the template. nullopt, with `why`, when it cannot; `gone()` then says whether it ever can.
+  std::optional<GuardedProcess> forkSpare(int spareId, bool idle,
+                                          const std::vector<std::string>& env, std::string& why);
+  // The template exited, broke the protocol or did not answer in time: it forks no more.
+  bool gone() const { return gone_; }
+  // The template's pid, once it said Ready (-1 before).
+  pid_t pid() const { return pid_; }
+
+  // Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER), so that the guards the
+  // template forks are re-parented to it. False, with `why`, when refused.
+  static bool enableSubreaper(std::string& why);
+
+ private:
+  bool checkReady(std::string& why);
+  UniqueFd agent_, child_;
+  bool ready_ = false;
+  bool gone_ = false;
+  pid_t pid_ = -1;
+};
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,305 @@
+#include "worker_runtime/spare_template.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/sweep.h"
+#include "rendezvous/spare_fork.h"
+
+namespace ddprun::runtime {
+
+namespace {
+
+namespace wire = rendezvous::spare_fork;
+
+bool readFull(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void writeFull(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void reply(int fd, int32_t kind, int32_t value) {
+  const wire::Reply r{kind, value};
+  writeFull(fd, &r, sizeof r);
+}
+
+// One request: the header with its four descriptors, then the environment.
+struct Request {
+  wire::Request head;
+  int fds[4] = {-1, -1, -1, -1};  // control (read), status (write), stdout, stderr
+  std::vector<char> env;
+  void closeFds() {
+    for (int& f : fds) {
+      if (f >= 0) ::close(f);
+      f = -1;
+    }
+  }
+};
+
+// False on EOF (the agent closed the socket) or a malformed request (logged).
+bool receive(int fd, Request& r) {
+  iovec iov{&r.head, sizeof r.head};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return false;
+  int got = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int f;
+      std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+      if (got < 4) r.fds[got++] = f; else ::close(f);
+    }
+  }
+  if (static_cast<size_t>(n) < sizeof r.head &&
+      !readFull(fd, reinterpret_cast<char*>(&r.head) + n, sizeof r.head - static_cast<size_t>(n))) {
+    r.closeFds();
+    return false;
+  }
+  if (got != 4 || r.head.magic != wire::kRequestMagic || r.head.envBytes > wire::kMaxEnvBytes) {
+    DDPRUN_LOG(ERROR, "runtime") << "spare template: a request it cannot read (" << got
+                                 << " descriptors, magic " << r.head.magic << ", "
+                                 << r.head.envBytes << " bytes of environment); exiting";
+    r.closeFds();
+    return false;
+  }
+  r.env.resize(r.head.envBytes);
+  if (!readFull(fd, r.env.data(), r.env.size())) {
+    r.closeFds();
+    return false;
+  }
+  return true;
+}
+
+// The signals the guard leaves to the spare, as the launcher's guard does.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP,
+                                     SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2, SIGALRM};
+void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
+
+void sendRecord(int statusFd, int32_t kind, int32_t value) {
+  const wire::StatusRecord r{kind, value};
+  ssize_t w;
+  do {
+    w = ::write(statusFd, &r, sizeof r);
+  } while (w < 0 && errno == EINTR);
+}
+
+// The guard G of spare W, from W's start to the sweep (launcher/guarded_process.cpp's runGuard,
+// steps 4-5, without the job cgroup: the launcher's own guards sweep that when it dies).
+[[noreturn]] void guardSpare(int controlFd, int statusFd, pid_t worker) {
+  struct sigaction dfl {}, ign {}, chld {};
+  dfl.sa_handler = SIG_DFL;
+  ign.sa_handler = SIG_IGN;
+  chld.sa_handler = onChild;
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction current {};
+    if (::sigaction(s, nullptr, &current) == 0 && current.sa_handler != SIG_DFL &&
+        current.sa_handler != SIG_IGN) {
+      ::sigaction(s, &dfl, nullptr);
+    }
+  }
+  for (int s : kForwardedSignals) ::sigaction(s, &ign, nullptr);
+  ::sigaction(SIGCHLD, &chld, nullptr);
+  sigset_t waitMask;
+  sigemptyset(&waitMask);
+  bool running = worker > 0;
+  auto reapAll = [&](int flags) {
+    int status = 0;
+    pid_t r;
+    while ((r = ::waitpid(-1, &status, flags)) > 0 || (r < 0 && errno == EINTR)) {
+      if (r == worker && running) {
+        sendRecord(statusFd, wire::StatusRecord::Exited, status);
+        running = false;
+      }
+      flags |= WNOHANG;
+    }
+    return r;
+  };
+  while (true) {
+    reapAll(WNOHANG);
+    pollfd p{controlFd, POLLIN, 0};
+    if (::ppoll(&p, 1, nullptr, &waitMask) > 0) {
+      char byte;
+      const ssize_t n = ::read(controlFd, &byte, 1);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+    }
+  }
+  while (reapAll(WNOHANG) >= 0) {
+    const size_t alive = killDescendants();
+    const pid_t r = reapAll(alive > 0 ? 0 : WNOHANG);
+    if (r < 0) break;
+    if (r == 0 && alive == 0) {
+      const timespec ms{0, 1000000};
+      ::nanosleep(&ms, nullptr);
+    }
+  }
+  ::kill(0, SIGKILL);  // whatever joined the group, the guard included
+  ::_exit(137);
+}
+
+// In G, just forked (one thread): forks W, which returns the spare's id; G never returns.
+int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid) {
+  sigset_t all, old;
+  sigfillset(&all);
+  ::sigprocmask(SIG_BLOCK, &all, &old);  // until each side has its dispositions
+  const int control = r.fds[0], status = r.fds[1], out = r.fds[2], err = r.fds[3];
+  // kill(0, ...) in the sweep must hit the spare's group, never the template's: without a
+  // group of its own there is nothing safe to do.
+  if (::setpgid(0, 0) != 0 || ::getpgrp() != ::getpid()) {
+    sendRecord(status, wire::StatusRecord::ExecFailed, errno ? errno : EPERM);
+    sendRecord(status, wire::StatusRecord::Exited, 126 << 8);
+    ::_exit(126);
+  }
+  ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  ::close(templateFd);
+  const pid_t worker = ::fork();
+  if (worker == 0) {
+    ::close(control);
+    ::close(status);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(err, STDERR_FILENO);
+    ::close(out);
+    ::close(err);
+    // The spare's environment, as the agent made it for an exec'd spare.
+    ::clearenv();
+    for (size_t at = 0; at < r.env.size();) {
+      const char* entry = r.env.data() + at;
+      const size_t len = ::strnlen(entry, r.env.size() - at);
+      if (len > 0 && std::memchr(entry, '=', len) != nullptr) {
+        ::putenv(::strndup(entry, len));  // the environment keeps the string
+      }
+      at += len + 1;
+    }
+    std::string priority;
+    sched_param none{};
+    if (r.head.idle != 0) {
+      if (::sched_setscheduler(0, SCHED_IDLE, &none) != 0) priority = std::strerror(errno);
+    } else if (::sched_getscheduler(0) == SCHED_IDLE &&
+               ::sched_setscheduler(0, SCHED_OTHER, &none) != 0) {
+      priority = std::string("it stays at idle priority: ") + std::strerror(errno);
+    }
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    log::setIdentity("spare " + std::to_string(r.head.spareId));
+    DDPRUN_LOG(INFO, "runtime") << "spare " << r.head.spareId << " (pid " << ::getpid()
+                                << ") forked from the spare template (pid " << templatePid << ")"
+                                << (r.head.idle != 0 ? ", SCHED_IDLE" : "")
+                                << (priority.empty() ? "" : "; priority: " + priority);
+    return r.head.spareId;
+  }
+  const int forkErrno = errno;
+  // Only the spare holds its output pipes: G writes nowhere but the status pipe.
+  const int null = ::open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    ::dup2(null, STDOUT_FILENO);
+    ::dup2(null, STDERR_FILENO);
+    ::close(null);
+  }
+  ::close(out);
+  ::close(err);
+  if (worker < 0) {
+    sendRecord(status, wire::StatusRecord::ExecFailed, forkErrno);
+    sendRecord(status, wire::StatusRecord::Exited, 127 << 8);
+  } else {
+    sendRecord(status, wire::StatusRecord::Started, worker);
+  }
+  guardSpare(control, status, worker);  // sets G's dispositions, then unblocks in ppoll
+}
+
+}  // namespace
+
+int threadCount() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.' ? 1 : 0;
+  ::closedir(d);
+  return n;
+}
+
+int serveSpareForks(int fd) {
+  const pid_t self = ::getpid();
+  log::setIdentity("spare template");
+  if (const int threads = threadCount(); threads != 1) {
+    DDPRUN_LOG(ERROR, "runtime") << "spare template (pid " << self << "): the program has "
+                                 << threads << " threads when it calls init(), so it cannot "
+                                 << "fork spares (a fork copies only the calling thread); "
+                                 << "exiting: the launcher starts its spares as processes";
+    std::fflush(nullptr);
+    ::_exit(3);
+  }
+  reply(fd, wire::Reply::Ready, self);
+  DDPRUN_LOG(INFO, "runtime") << "spare template (pid " << self << ") ready: loaded, forks "
+                              << "the spares started from now on";
+  for (;;) {
+    Request r;
+    if (!receive(fd, r)) {
+      std::fflush(nullptr);
+      ::_exit(0);  // the launcher closed the socket: the group ended (no static destructors)
+    }
+    // Nothing in this loop starts a thread: it is the invariant the fork stands on.
+    DDPRUN_CHECK(threadCount() == 1, "the spare template forks from its only thread");
+    const pid_t x = ::fork();
+    if (x == 0) {
+      const pid_t guard = ::fork();
+      if (guard == 0) return becomeGuardAndSpare(fd, r, self);
+      const int err = errno;
+      if (guard > 0) ::setpgid(guard, guard);  // also from this side, before the agent knows it
+      reply(fd, guard > 0 ? wire::Reply::Forked : wire::Reply::Failed, guard > 0 ? guard : err);
+      ::_exit(0);  // G is orphaned now: re-parented to the agent
+    }
+    const int err = errno;
+    r.closeFds();
+    if (x < 0) {
+      reply(fd, wire::Reply::Failed, err);
+      continue;
+    }
+    int st;
+    while (::waitpid(x, &st, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+}  // namespace ddprun::runtime

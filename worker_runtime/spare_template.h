@@ -1,0 +1,41 @@
+#pragma once
+// The spare template (ddprun --spares; docs/recovery.md#spare-template): a worker program,
+// loaded, that forks hot spares on the agent's request instead of the agent exec'ing the
+// program again.
+//
+// Why: a spare exec'd while training runs loads the process, LibTorch and the data again --
+// about a CPU-second, which under SCHED_IDLE still slowed the training ranks by ~10% (memory,
+// page faults and the kernel's share are not idle priority). A fork of a process that already
+// did all that costs a few milliseconds: the page tables, and the pages the spare writes.
+//
+// The template is started like a spare (its guard, its process group, the job's cgroup) with
+// DDPRUN_SPARE_TEMPLATE_FD=<fd> instead of DDPRUN_SPARE. Its program loads as usual and calls
+// init(), which lands here before anything of the runtime has started a thread: the template
+// checks it has exactly one thread (/proc/self/task; a fork copies only the calling thread,
+// and a lock or pool of another one would be broken in the child), says Ready on the socket,
+// and serves requests until the agent closes the socket. For each request (rendezvous/spare_fork.h)
+// it forks twice:
+//
+//   template ──fork──> X ──fork──> guard G (own process group, subreaper) ──fork──> spare W
+//                      X exits at once: G is orphaned and re-parented to the agent, which is a
+//                      child subreaper; the template's own guard is not, so G leaves its tree
+//
+// G does what a launcher guard does (launcher/guarded_process.h) with the descriptors the agent
+// sent: reports W's start and exit on the status pipe, ignores the stop signals meant for W,
+// and when the control socket reaches EOF kills every descendant (base/sweep.h) and its process
+// group. So the agent supervises a forked spare exactly like an exec'd one, and its death, the
+// template's or the agent's leave nothing behind. W gets the spare's output pipes and
+// environment, and SCHED_IDLE or not as asked; it returns from serveSpareForks() with its id
+// and goes on as a spare (connects to the store, warms up, waits for a rank).
+namespace ddprun::runtime {
+
+// Runs the template on socket `fd`. Returns only in a forked spare, with its spare id (its
+// environment is then the spare's, sent by the agent). The template itself exits: 0 when the
+// agent closed the socket, 3 when it has more than one thread (it cannot be a template; the
+// agent exec's its spares then).
+int serveSpareForks(int fd);
+
+// The threads of this process (entries of /proc/self/task); -1 if unreadable.
+int threadCount();
+
+}  // namespace ddprun::runtime
