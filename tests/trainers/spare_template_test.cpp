@@ -1,0 +1,215 @@
+// End to end: hot spares forked from the spare template (ddprun --spares;
+// docs/recovery.md#spare-template), the real mnist_mlp under the real ddprun.
+//
+// A spare forked from the template takes a SIGKILLed rank and the run ends bit-identical to an
+// uninterrupted one; the template SIGKILLed, the next spare is exec'd as before and the job still
+// finishes; ddprun SIGKILLed with a forked spare waiting leaves no process of the job alive.
+#include "tests/support/catch_torch.h"
+
+#include <csignal>
+#include <filesystem>
+#include <set>
+
+#include "fashion_mnist.h"
+#include "job_runner.h"
+#include "trained_weights.h"
+#include "tests/support/skip.h"
+
+using namespace ddprun::trainers::testing;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr auto kJobTimeout = std::chrono::seconds(120);
+constexpr int kEpochs = 4;  // 512 steps, as the hot-spare tests (elastic_test.cpp)
+
+std::vector<std::string> job(const std::string& dir, std::vector<std::string> flags) {
+  return standaloneJob(2, mlpCommand({.dir = dir, .batch = 16, .epochs = kEpochs, .metrics = true}),
+                       flags);
+}
+
+const TempDir& referenceRun() {
+  static TempDir dir;
+  static const bool done = [] {
+    Job j(job(dir.path(), {}), {}, dir / "log");
+    const int code = j.wait(kJobTimeout);
+    INFO(j.output());
+    REQUIRE(code == 0);
+    REQUIRE_THAT(j.output(), Contains("done: 512 steps"));
+    return true;
+  }();
+  (void)done;
+  return dir;
+}
+
+// The pid in the first "<before><pid><after>" of `text`, or -1.
+pid_t pidBetween(const std::string& text, const std::string& before, const std::string& after) {
+  for (size_t at = text.find(before); at != std::string::npos; at = text.find(before, at + 1)) {
+    const size_t digits = at + before.size();
+    size_t end = digits;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    if (end > digits && text.compare(end, after.size(), after) == 0) {
+      return static_cast<pid_t>(std::stol(text.substr(digits, end - digits)));
+    }
+  }
+  return -1;
+}
+
+// Waits for "<before><pid><after>" in the job's output; the pid, or -1.
+pid_t waitForPid(Job& j, const std::string& before, const std::string& after) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !j.exited()) {
+    if (const pid_t p = pidBetween(j.output(), before, after); p > 0) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+// Not a process any more, or a zombie (state Z or X: it runs nothing).
+bool dead(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return true;
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || stat.size() <= close + 2 || stat[close + 2] == 'Z' ||
+         stat[close + 2] == 'X';
+}
+
+// The pids of `seen` still running (not dead()) after waiting up to `timeout` for them.
+std::vector<pid_t> survivors(const std::set<pid_t>& seen, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<pid_t> alive;
+  do {
+    alive.clear();
+    for (pid_t p : seen) {
+      if (!dead(p)) alive.push_back(p);
+    }
+    if (alive.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return alive;
+}
+
+}  // namespace
+
+TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and heals, weights "
+          "bit-identical, nothing of the job survives", "[elastic][recovery][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  std::string output;
+  pid_t templ = -1, forked = -1;
+  std::set<pid_t> seen;
+  {
+    Job j(job(dir.path(), {"--max-restarts=2", "--recovery=in-process", "--spares=1"}), {},
+          dir / "log");
+    templ = waitForPid(j, "spare template (pid ", ") ready: loaded, forks");
+    REQUIRE(templ > 0);
+    REQUIRE(waitForOutput(j, "spare 0 (pid ", kJobTimeout));
+    REQUIRE(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout));
+    const pid_t spare0 = sparePid(j.pid(), 0, "mnist_mlp");  // exec'd: found by its environment
+    const pid_t victim = workerPid(j.pid(), 1, "mnist_mlp");
+    REQUIRE(spare0 > 0);
+    REQUIRE(victim > 0);
+    REQUIRE(::kill(victim, SIGKILL) == 0);
+    // Spare 0 is rank 1 now; spare 1 is a fork of the template (its /proc environment is the
+    // template's, so it is found by its line).
+    forked = waitForPid(j, "spare 1 (pid ", ") forked from the spare template (pid " +
+                                                std::to_string(templ) + ")");
+    REQUIRE(forked > 0);
+    REQUIRE(waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") ready: loaded",
+                          kJobTimeout));
+    REQUIRE(waitForOutput(j, "rank 1 joined generation 1 and healed", kJobTimeout));
+    // The forked spare takes rank 1 again: kill spare 0, now rank 1.
+    REQUIRE(::kill(spare0, SIGKILL) == 0);
+    REQUIRE(waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") takes rank 1",
+                          kJobTimeout));
+    for (pid_t p : descendants(j.pid())) seen.insert(p);  // guards, workers, template, spares
+    const int code = j.wait(kJobTimeout);
+    output = j.output();
+    INFO(output);
+    REQUIRE(code == 0);
+  }
+  INFO(output);
+  CHECK(seen.count(forked) == 1);
+  CHECK(seen.count(templ) == 1);
+  CHECK_THAT(output, Contains("spare 1 forked from the spare template (pid " +
+                              std::to_string(templ) + ")"));
+  CHECK_THAT(output, Contains("rank 1 joined generation 2 and healed from rank 0's memory"));
+  CHECK_THAT(output, !Contains("attempt 1"));
+  CHECK_THAT(output, !Contains("resumed from checkpoint"));
+  CHECK_THAT(output, Contains("done: 512 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(survivors(seen, std::chrono::seconds(5)).empty());
+}
+
+TEST_CASE("spare template: SIGKILLed, the next spare is exec'd as before and the job finishes, "
+          "weights bit-identical", "[elastic][recovery][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  std::string output;
+  std::set<pid_t> seen;
+  pid_t next = -1;
+  {
+    Job j(job(dir.path(), {"--max-restarts=1", "--recovery=in-process", "--spares=1"}), {},
+          dir / "log");
+    const pid_t templ = waitForPid(j, "spare template (pid ", ") ready: loaded, forks");
+    REQUIRE(templ > 0);
+    REQUIRE(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout));
+    REQUIRE(::kill(templ, SIGKILL) == 0);
+    REQUIRE(waitForOutput(j, "the spare template (pid " + std::to_string(templ) + ") exited",
+                          kJobTimeout));
+    const pid_t victim = workerPid(j.pid(), 1, "mnist_mlp");
+    REQUIRE(victim > 0);
+    REQUIRE(::kill(victim, SIGKILL) == 0);
+    // Spare 1 is exec'd: its environment in /proc says DDPRUN_SPARE=1.
+    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+    while (next <= 0 && std::chrono::steady_clock::now() < deadline && !j.exited()) {
+      next = sparePid(j.pid(), 1, "mnist_mlp");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    for (pid_t p : descendants(j.pid())) seen.insert(p);
+    const int code = j.wait(kJobTimeout);
+    output = j.output();
+    INFO(output);
+    REQUIRE(code == 0);
+  }
+  INFO(output);
+  CHECK(next > 0);
+  CHECK_THAT(output, Contains("exited (signal 9 (SIGKILL)): the spares started from now on are "
+                              "started as processes"));
+  CHECK_THAT(output, !Contains("spare 1 forked from the spare template"));
+  CHECK_THAT(output, Contains("rank 1 joined generation 1 and healed from rank 0's memory"));
+  CHECK_THAT(output, Contains("done: 512 steps"));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(survivors(seen, std::chrono::seconds(5)).empty());
+}
+
+TEST_CASE("spare template: ddprun SIGKILLed with a forked spare waiting, no process of the job "
+          "survives", "[elastic][recovery][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  Job j(job(dir.path(), {"--recovery=in-process", "--spares=1"}), {}, dir / "log");
+  const pid_t templ = waitForPid(j, "spare template (pid ", ") ready: loaded, forks");
+  REQUIRE(templ > 0);
+  REQUIRE(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t spare0 = sparePid(j.pid(), 0, "mnist_mlp");
+  REQUIRE(spare0 > 0);
+  REQUIRE(::kill(spare0, SIGKILL) == 0);  // a waiting spare's death: the next one is a fork
+  const pid_t forked = waitForPid(j, "spare 1 (pid ", ") forked from the spare template");
+  REQUIRE(forked > 0);
+  REQUIRE(waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") ready: loaded",
+                        kJobTimeout));
+  std::set<pid_t> seen;
+  for (pid_t p : descendants(j.pid())) seen.insert(p);
+  INFO(j.output());
+  REQUIRE(seen.count(forked) == 1);
+  REQUIRE(seen.count(templ) == 1);
+  ::kill(j.pid(), SIGKILL);
+  j.wait(kJobTimeout);
+  const auto left = survivors(seen, std::chrono::seconds(10));
+  for (pid_t p : left) UNSCOPED_INFO("still alive: pid " << p);
+  CHECK(left.empty());
+}
