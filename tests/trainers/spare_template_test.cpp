@@ -13,8 +13,10 @@
 #include "fashion_mnist.h"
 #include "job_runner.h"
 #include "trained_weights.h"
+#include "test_files.h"
 #include "tests/support/skip.h"
 
+using namespace ddprun::trainers;
 using namespace ddprun::trainers::testing;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
