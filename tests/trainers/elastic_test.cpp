@@ -309,11 +309,12 @@ const TempDir& spareReferenceRun() {
   return dir;
 }
 
-// Waits for hot spare `id` to exist; its pid, or -1.
+// Waits for hot spare `id` to exist (exec'd, or forked from the spare template); its pid, or -1.
 pid_t waitForSpare(Job& job, int id) {
   const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
   while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
     if (const pid_t p = sparePid(job.pid(), id, "mnist_mlp"); p > 0) return p;
+    if (const pid_t p = forkedSparePid(job.output(), id); p > 0) return p;  // from the template
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return -1;

@@ -93,6 +93,24 @@ inline pid_t sparePid(pid_t launcher, int id, const std::string& program) {
   return descendantWithEnv(launcher, "DDPRUN_SPARE=" + std::to_string(id), program);
 }
 
+// Hot spare `id` forked from the spare template (docs/recovery.md#spare-template), by its line
+// "spare <id> (pid P) forked from the spare template" in the job's `output`, or -1. (Its
+// /proc/<pid>/environ is the template's: sparePid() does not find it.)
+inline pid_t forkedSparePid(const std::string& output, int id) {
+  const std::string before = "spare " + std::to_string(id) + " (pid ";
+  const std::string after = ") forked from the spare template";
+  for (size_t at = output.find(before); at != std::string::npos;
+       at = output.find(before, at + 1)) {
+    const size_t digits = at + before.size();
+    size_t end = digits;
+    while (end < output.size() && output[end] >= '0' && output[end] <= '9') ++end;
+    if (end > digits && output.compare(end, after.size(), after) == 0) {
+      return static_cast<pid_t>(std::stol(output.substr(digits, end - digits)));
+    }
+  }
+  return -1;
+}
+
 // The bundled mnist_mlp as the trainer tests run it: `examples` of Fashion-MNIST (the data set
 // the trainer finds by itself), seed 11, SGD at lr 0.05, a checkpoint every 10 steps in
 // <dir>/ckpt, the final weights in <dir>/final.pt, and with `metrics` the JSON lines in
