@@ -281,6 +281,7 @@ int serveSpareForks(int fd) {
     }
     // Nothing in this loop starts a thread: it is the invariant the fork stands on.
     DDPRUN_CHECK(threadCount() == 1, "the spare template forks from its only thread");
+    std::fflush(nullptr);  // nothing the template buffered may come out of the spare too
     const pid_t x = ::fork();
     if (x == 0) {
       const pid_t guard = ::fork();
