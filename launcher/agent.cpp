@@ -223,6 +223,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   sparesStarted_ = false;
   sparesDiedUnready_ = 0;
   spareTemplate_.reset();  // the last group's (its process went with that group)
+  sparesOwed_ = 0;
   growPid_ = -1;
   growRank_ = -1;
   growGeneration_ = 0;

@@ -115,6 +115,9 @@ class Agent::Impl {
   // The spare template (spare_template.h; agent_spare_template.cpp): started with the group's
   // first spares; the spares started later are forked from it; its exit makes them exec'd.
   void startSpareTemplate();
+  // The spares owed since a recovery gave ranks to spares, started once every worker announced
+  // the newest generation (the recovery is over: the store is not needed for it any more).
+  void startOwedSpares();
   void onSpareTemplateExited(const WorkerResult& r);
   // How startSpare() starts spare `id`: a fork of the template, or empty (spawnGuarded).
   std::function<GuardedProcess(const SpawnRequest&)> spareSpawner(int id);
@@ -317,6 +320,7 @@ class Agent::Impl {
   // The group's spare template (none: not started, or gone); off for the job (DDPRUN_SPARE_TEMPLATE=0,
   // or this process cannot be a child subreaper).
   std::unique_ptr<SpareTemplate> spareTemplate_;
+  int sparesOwed_ = 0;
   bool spareTemplateOff_ = false;
   // Grow back: the replacement joining now (-1: none), its rank and the generation it joins;
   // grow back given up for this group (a replacement died before it healed).

@@ -347,8 +347,10 @@ void Agent::Impl::replaceWorkers(const std::vector<WorkerResult>& dead, const Jo
                             : "a new rank " + std::to_string(r.globalRank) + " is starting");
   }
   publishGeneration(record, dead, "the other workers keep running, " + takers, d);
-  // In the background: the next failure's spares.
-  for (size_t i = 0; i < sparesTaken.size(); ++i) startSpare(/*idle=*/idleSpares_ == 1);
+  // In the background: the next failure's spares, once every worker announced this generation
+  // (startOwedSpares): a fork of the spare template waits for the template's answer on this
+  // loop, which serves the store the survivors and the spare re-form through.
+  sparesOwed_ += static_cast<int>(sparesTaken.size());
   watchProgress();  // the new processes are watched from their first beat
 }
 

@@ -68,6 +68,19 @@ std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(int
   };
 }
 
+void Agent::Impl::startOwedSpares() {
+  if (sparesOwed_ == 0 || state_ != State::Running || !group_ || recoveryPending_) return;
+  rendezvous::StoreServer* store = handler_->workerStore();
+  if (store == nullptr) return;
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  for (const auto& w : group_->results()) {
+    if (w.ended || w.spare) continue;
+    const auto v = store->get(prefix + rendezvous::recovery::announceKey(w.globalRank));
+    if (!v || std::atoi(v->c_str()) < generation_) return;  // still re-forming
+  }
+  for (; sparesOwed_ > 0; --sparesOwed_) startSpare(/*idle=*/idleSpares_ == 1);
+}
+
 void Agent::Impl::onSpareTemplateExited(const WorkerResult& r) {
   if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
   DDPRUN_LOG(WARN, "launcher") << "the spare template (pid " << r.pid << ") exited ("

@@ -167,8 +167,9 @@ void Agent::Impl::growGroup(pid_t sparePid, int spareId) {
   // A warm spare (--spares) grew the group: the next one starts in the background, as after
   // a spare took a dead rank under replace.
   if (sparesStarted_ && liveWorkers() >= options_.nprocPerNode &&
-      static_cast<int>(group_->waitingSpares().size()) < options_.spares) {
-    startSpare(/*idle=*/backgroundIdle());
+      static_cast<int>(group_->waitingSpares().size()) + sparesOwed_ < options_.spares) {
+    backgroundIdle();
+    ++sparesOwed_;  // started once the group has grown (startOwedSpares)
   }
 }
 
@@ -265,6 +266,7 @@ void Agent::Impl::onStoreSet(const std::string& key) {
   }
   const bool announce = key.rfind(prefix + "ddprun/recovery/", 0) == 0;
   if (announce) maybeStartSpares();
+  if (announce) startOwedSpares();
   // Shrink: grow back on a spare's ready key or a worker's announcement.
   if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
       (announce || key.rfind(prefix + "ddprun/spare/", 0) == 0)) {
