@@ -186,6 +186,12 @@ class Agent::Impl {
   // the runtime (`true`, a shell, a Python script) thus costs node 0 no connection and this
   // agent no thread: at 256 nodes, 512 connections and 512 threads less at the round's start.
   void openStoreLink();
+  // Node rank 0 of several nodes, when a lost node's shrink or the timeline needs them: each
+  // node's worker count (round_.nodeWorkers, nodeCounts_, and ddprun/node_workers in the
+  // workers' store), from the round or read after the workers start (asyncNodeWorkers: O(N),
+  // off the start's path). Until they arrive a lost node re-forms the round (onNodeLost).
+  void learnNodeWorkers();
+  void takeNodeWorkers(std::vector<int> counts);
   // This group's link, opened now if it is not yet; only when acrossNodes().
   WorkerStoreLink& storeLink();
   // The record of generation g, as the link's follower read it: a shrink renumbers this node's

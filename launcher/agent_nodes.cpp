@@ -59,17 +59,34 @@ void Agent::Impl::openStoreLink() {
   worldNow_ = round_.worldSize;
   linkWanted_ = round_.nodeCount > 1 && round_.useAgentStore &&
                 options_.recovery != LaunchOptions::Recovery::Restart;
+  learnNodeWorkers();
   if (!linkWanted_) return;
-  if (auto* store = handler_->workerStore()) {
-    // Node rank 0: each node's worker count, for the writers of shrink records.
-    nodeCounts_ = round_.nodeWorkers;
-    if (static_cast<int>(nodeCounts_.size()) != round_.nodeCount) nodeCounts_.clear();
-    if (!nodeCounts_.empty()) {
-      store->set(keys::attemptPrefix(round_.restartCount) + "/" + keys::nodeWorkersKey(),
-                 formatCounts(nodeCounts_));
-    }
-  }
   if (progressTablePath().empty()) storeLink();  // no progress watch to say when
+}
+
+void Agent::Impl::learnNodeWorkers() {
+  if (round_.nodeRank != 0 || round_.nodeCount < 2) return;
+  if (!linkWanted_ && timelineParts_.empty()) return;  // nobody here needs them
+  if (static_cast<int>(round_.nodeWorkers.size()) == round_.nodeCount) {
+    takeNodeWorkers(round_.nodeWorkers);
+    return;
+  }
+  const int epoch = linkEpoch_;
+  handler_->asyncNodeWorkers(round_, [this, epoch](std::vector<int> counts) {
+    if (epoch != linkEpoch_ || static_cast<int>(counts.size()) != round_.nodeCount) return;
+    takeNodeWorkers(std::move(counts));
+  });
+}
+
+void Agent::Impl::takeNodeWorkers(std::vector<int> counts) {
+  round_.nodeWorkers = counts;
+  auto* store = linkWanted_ ? handler_->workerStore() : nullptr;
+  if (!store) return;
+  // For the writers of shrink records (they read it when their own books lack the counts).
+  store->set(keys::attemptPrefix(round_.restartCount) + "/" + keys::nodeWorkersKey(),
+             formatCounts(counts));
+  // A shrink record applied meanwhile brought newer counts: keep those.
+  if (nodeCounts_.empty()) nodeCounts_ = std::move(counts);
 }
 
 WorkerStoreLink& Agent::Impl::storeLink() {

@@ -85,6 +85,11 @@ void LocalRendezvous::asyncShutdown(DoneHandler done) {
   asio::post(io_, [done = std::move(done)] { done(nullptr); });
 }
 
+void LocalRendezvous::asyncNodeWorkers(const RoundInfo& round,
+                                       std::function<void(std::vector<int>)> done) {
+  asio::post(io_, [counts = round.nodeWorkers, done = std::move(done)] { done(counts); });
+}
+
 std::string LocalRendezvous::describe() const {
   std::string s = "single node, run id " + options_.runId;
   if (store_) s += ", agent store on " + options_.bindAddr + ":" + std::to_string(store_->port());

@@ -42,6 +42,8 @@ class LocalRendezvous final : public RendezvousHandler {
   void asyncFinish(DecisionHandler done) override;
   void asyncLeave(const std::string& reason, DoneHandler done) override;
   void asyncShutdown(DoneHandler done) override;
+  void asyncNodeWorkers(const RoundInfo& round,
+                        std::function<void(std::vector<int>)> done) override;
   std::string describe() const override;
   rendezvous::StoreServer* workerStore() override { return store_.get(); }
 

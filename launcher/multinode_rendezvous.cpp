@@ -350,10 +350,8 @@ void MultiNodeRendezvous::asyncNextRound(int localWorldSize, RoundHandler done) 
                        .masterPort = r.masterPort,
                        .useAgentStore = agentStore_,
                        .runId = options_.runId};
-      // The slot join's agents know only their own entry; node rank 0 (the timeline's writer,
-      // which checks what each node's bundle may hold) reads every node's worker count.
-      const auto nodes = r.nodes.empty() && r.nodeRank == 0 ? protocol().roundMembers() : r.nodes;
-      for (const auto& n : nodes) info.nodeWorkers.push_back(n.nproc);
+      // The slot join's agents know only their own entry (asyncNodeWorkers reads the rest).
+      for (const auto& n : r.nodes) info.nodeWorkers.push_back(n.nproc);
     } catch (const rdzv::JobEndedError& e) {
       const int code = e.failed() ? e.exitCode() : 0;
       error = std::make_exception_ptr(JobEnded(e.what(), code, summary(e.failed(), code, e.reason())));
@@ -493,6 +491,26 @@ void MultiNodeRendezvous::asyncLeave(const std::string& reason, DoneHandler done
       error = std::current_exception();
     }
     asio::post(io_, [done, error] { done(error); });
+  });
+}
+
+void MultiNodeRendezvous::asyncNodeWorkers(const RoundInfo& round,
+                                           std::function<void(std::vector<int>)> done) {
+  submit([this, round, done = std::move(done)] {
+    std::vector<int> counts = round.nodeWorkers;
+    try {
+      auto& p = protocol();
+      // roundMembers() answers for the protocol's newest round: only if that is still `round`.
+      if (counts.empty() && p.state().round == static_cast<int64_t>(round.round)) {
+        for (const auto& n : p.roundMembers()) counts.push_back(n.nproc);
+      }
+    } catch (const std::exception& e) {
+      DDPRUN_LOG(WARN, "launcher") << "each node's worker count in round " << round.round
+                                   << " could not be read: " << e.what();
+      counts.clear();
+    }
+    if (static_cast<int>(counts.size()) != round.nodeCount) counts.clear();
+    asio::post(io_, [counts, done] { done(counts); });
   });
 }
 

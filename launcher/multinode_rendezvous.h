@@ -65,6 +65,8 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   void asyncFinish(DecisionHandler done) override;
   void asyncLeave(const std::string& reason, DoneHandler done) override;
   void asyncShutdown(DoneHandler done) override;
+  void asyncNodeWorkers(const RoundInfo& round,
+                        std::function<void(std::vector<int>)> done) override;
   std::string describe() const override;
   uint16_t hostedStorePort() const override;
   std::optional<rendezvous::TcpStoreOptions> sharedStore(const RoundInfo& round) const override;

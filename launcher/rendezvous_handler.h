@@ -50,7 +50,9 @@ struct RoundInfo {
   uint16_t masterPort = 0;   // MASTER_PORT
   bool useAgentStore = true; // MASTER_ADDR:PORT is the agent's store (workers are clients)
   std::string runId;         // TORCHELASTIC_RUN_ID
-  std::vector<int> nodeWorkers;  // several nodes: each node's worker count, by node rank
+  // Each node's worker count, by node rank, when the round gave them (one node; a round whose
+  // state carries its members); else empty: asyncNodeWorkers reads them.
+  std::vector<int> nodeWorkers;
 };
 
 // What happens to the job next, decided by the handler (possibly with the other nodes).
@@ -145,6 +147,13 @@ class RendezvousHandler {
   virtual void asyncShutdown(DoneHandler done) = 0;
   // One line for logs: "single node, agent store on 127.0.0.1:41234".
   virtual std::string describe() const = 0;
+  // Each node's worker count in `round`, by node rank, when RoundInfo::nodeWorkers came without
+  // them: an agent of a round closed by the slot join learns only its own entry, and reading
+  // every node's is O(N), so node rank 0's agent (the one that needs them: a lost node's
+  // shrink, the timeline) asks for them once its workers are starting, not before. Completes
+  // with an empty vector when the round has moved on or the read failed (logged).
+  virtual void asyncNodeWorkers(const RoundInfo& round,
+                                std::function<void(std::vector<int>)> done) = 0;
   // The port of the rendezvous store this node hosts for other nodes, 0 when it hosts none
   // (an endpoint with port 0 lets the host pick a free one; an ssh launch tells the others).
   virtual uint16_t hostedStorePort() const { return 0; }
