@@ -173,6 +173,7 @@ CgroupLookup findOwnCgroup2(std::string_view mountinfo, std::string_view procSel
   }
   for (auto line : splitLines(mountinfo)) {
     // id parent major:minor root mountpoint options [optional...] - fstype source superoptions
+    if (line.find("cgroup2") == std::string_view::npos) continue;  // most lines: not split
     const auto f = splitSpaces(line);
     size_t dash = 6;
     while (dash < f.size() && f[dash] != "-") ++dash;

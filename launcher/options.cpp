@@ -342,6 +342,82 @@ LaunchOptions convert(const std::map<std::string, Raw>& raw, const SchedulerDefa
   return o;
 }
 
+// The command line's CLI11 parser. CLI11 checks each option it adds against every option added
+// before it (CLI::App::add_option: a quadratic scan, and each option is constructed twice): with
+// all ~40 flags, most under two names, parsing the bench's agent command line took 1.5 M of the
+// 1.9 M user instructions of a ddprun that exits right after it (callgrind), 0.46 M now. A parse
+// can only match an option whose name the command line spells, so only the flags some token of
+// argv names are added (--name, --name=V, either spelling; the three with a short name whenever a
+// -x token is there, for -m, -r3, -mt3); every flag for --help. Same matches, errors and values.
+struct CliParser {
+  CLI::App app{"ddprun [OPTIONS] PROGRAM [ARGS...]: start, supervise and restart distributed "
+               "training workers on this node (a drop-in for torchrun)",
+               "ddprun"};
+  std::map<std::string, std::string> text;
+  std::map<std::string, bool> isSet;
+  std::map<std::string, CLI::Option*> option;  // the flags added (all, or the ones argv names)
+  std::string configPath;
+  std::vector<std::string> sshOptions, exports;
+
+  // The options of kFlags and the others that argv's tokens name (all when `everyFlag`).
+  CliParser(const std::vector<std::string>& argv, bool everyFlag) {
+    std::set<std::string> named;  // long names as spelled in argv, without "--" and "=VALUE"
+    bool shortToken = false;      // a -x token: -m, -r3, -mt3 (CLI11 splits combined ones)
+    for (const auto& t : argv) {
+      if (t.size() > 2 && t[0] == '-' && t[1] == '-') named.insert(t.substr(2, t.find('=') - 2));
+      if (t.size() > 1 && t[0] == '-' && t[1] != '-') shortToken = true;
+    }
+    auto wanted = [&](std::initializer_list<std::string> longNames) {
+      if (everyFlag) return true;
+      for (const auto& n : longNames) {
+        if (named.count(n)) return true;
+      }
+      return false;
+    };
+    app.footer(
+        "Every flag is also spelled with underscores (--nproc_per_node), read from "
+        "PET_<NAME> when absent (PET_NPROC_PER_NODE), and settable in --config FILE.json; "
+        "precedence: command line, config, environment, default. See docs/launcher.md.");
+    app.prefix_command();  // PROGRAM and everything after it belong to the workers
+    app.set_version_flag("--version", versionText());
+    for (const auto& f : kFlags) {
+      if (!(*f.shortName && shortToken) && !wanted({f.name, underscored(f.name)})) continue;
+      std::string names = std::string("--") + f.name;
+      if (underscored(f.name) != f.name) names += ",--" + underscored(f.name);
+      if (*f.shortName) names = std::string("-") + f.shortName + "," + names;
+      std::string help = std::string(f.help) + (*f.defaultValue && !f.isSwitch
+                                                    ? std::string(" [") + f.defaultValue + "]"
+                                                    : std::string());
+      option[f.name] =
+          f.isSwitch ? app.add_flag(names, isSet[f.name], help)
+                     : app.add_option(names, text[f.name], help)
+                           ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+    if (wanted({"config"})) {
+      app.add_option("--config", configPath,
+                     "JSON file of flags ({\"nproc_per_node\": 4, ...}); the command line wins");
+    }
+    if (wanted({"ssh-option", "ssh_option"})) {
+      app.add_option("--ssh-option,--ssh_option", sshOptions,
+                     "with --hosts: an ssh option, passed as ssh -o OPT (repeatable)")
+          ->allow_extra_args(false);
+    }
+    if (wanted({"export"})) {
+      app.add_option("--export", exports,
+                     "with --hosts: VAR or VAR=VALUE (or PREFIX*) for the remote agents, besides "
+                     "NCCL_*, PYTHONPATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, DDPRUN_* "
+                     "(repeatable)")
+          ->allow_extra_args(false);
+    }
+  }
+
+  // Whether the command line gave flag `name` (false when argv never names it: not added).
+  bool given(const char* name) const {
+    auto it = option.find(name);
+    return it != option.end() && it->second->count() > 0;
+  }
+};
+
 }  // namespace
 
 Environment currentEnvironment() {
@@ -356,56 +432,21 @@ Environment currentEnvironment() {
 
 ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Environment& env,
                                 const SchedulerDefaults& scheduler) {
-  CLI::App app{"ddprun [OPTIONS] PROGRAM [ARGS...]: start, supervise and restart distributed "
-               "training workers on this node (a drop-in for torchrun)",
-               "ddprun"};
-  app.footer(
-      "Every flag is also spelled with underscores (--nproc_per_node), read from "
-      "PET_<NAME> when absent (PET_NPROC_PER_NODE), and settable in --config FILE.json; "
-      "precedence: command line, config, environment, default. See docs/launcher.md.");
-  app.prefix_command();  // PROGRAM and everything after it belong to the workers
-  app.set_version_flag("--version", versionText());
-
-  std::map<std::string, std::string> cliText;
-  std::map<std::string, bool> cliSwitch;
-  std::map<std::string, CLI::Option*> cliOption;
-  for (const auto& f : kFlags) {
-    std::string names = std::string("--") + f.name;
-    if (underscored(f.name) != f.name) names += ",--" + underscored(f.name);
-    if (*f.shortName) names = std::string("-") + f.shortName + "," + names;
-    std::string help = std::string(f.help) + (*f.defaultValue && !f.isSwitch
-                                                  ? std::string(" [") + f.defaultValue + "]"
-                                                  : std::string());
-    cliOption[f.name] =
-        f.isSwitch ? app.add_flag(names, cliSwitch[f.name], help)
-                   : app.add_option(names, cliText[f.name], help)
-                         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  }
-  std::string configPath;
-  app.add_option("--config", configPath,
-                 "JSON file of flags ({\"nproc_per_node\": 4, ...}); the command line wins");
-  std::vector<std::string> sshOptions, exports;
-  app.add_option("--ssh-option,--ssh_option", sshOptions,
-                 "with --hosts: an ssh option, passed as ssh -o OPT (repeatable)")
-      ->allow_extra_args(false);
-  app.add_option("--export", exports,
-                 "with --hosts: VAR or VAR=VALUE (or PREFIX*) for the remote agents, besides "
-                 "NCCL_*, PYTHONPATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, DDPRUN_* "
-                 "(repeatable)")
-      ->allow_extra_args(false);
-
+  CliParser cli(argv, false);
+  CLI::App& app = cli.app;
   std::vector<std::string> args(argv.size() > 1 ? argv.begin() + 1 : argv.end(), argv.end());
   std::reverse(args.begin(), args.end());  // CLI11 consumes a reversed vector
   try {
     app.parse(args);
   } catch (const CLI::CallForHelp&) {
-    return ParseOutcome{.message = app.help()};
+    return ParseOutcome{.message = CliParser(argv, true).app.help()};
   } catch (const CLI::CallForVersion&) {
     return ParseOutcome{.message = versionText() + "\n"};
   } catch (const CLI::ParseError& e) {
     throw ConfigError(std::string(e.what()) + " (see ddprun --help)");
   }
 
+  const std::string& configPath = cli.configPath;
   ConfigFile config;
   if (!configPath.empty()) config = readConfig(configPath);
 
@@ -414,8 +455,8 @@ ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Envi
     std::map<std::string, Raw> raw;
     for (const auto& f : kFlags) {
       Raw r;
-      if (cliOption[f.name]->count() > 0) {
-        r.value = f.isSwitch ? (cliSwitch[f.name] ? "1" : "0") : cliText[f.name];
+      if (cli.given(f.name)) {
+        r.value = f.isSwitch ? (cli.isSet[f.name] ? "1" : "0") : cli.text[f.name];
         r.given = true;
       } else if (auto it = config.flags.find(f.name); it != config.flags.end()) {
         r = Raw{it->second, "--config " + configPath, true};
@@ -443,8 +484,8 @@ ParseOutcome parseLaunchOptions(const std::vector<std::string>& argv, const Envi
   const SchedulerDefaults& sched = ownLayout ? SchedulerDefaults{} : scheduler;
   if (!ownLayout && !scheduler.source.empty()) raw = gather(scheduler);
   LaunchOptions options = convert(raw, sched);
-  options.sshOptions = std::move(sshOptions);
-  options.exports = std::move(exports);
+  options.sshOptions = std::move(cli.sshOptions);
+  options.exports = std::move(cli.exports);
 
   // PROGRAM [ARGS...]: what CLI11 left over, in order. A leading "-x" is a flag we lack.
   std::vector<std::string> rest = app.remaining();

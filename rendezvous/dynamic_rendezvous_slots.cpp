@@ -98,6 +98,11 @@ Versioned DynamicRendezvous::joinBySlots() {
       slot_ = mine.slots;
       slotProcs_ = mine.procs;
       slotRound_ = r;
+      if (listed && slot_ <= lim.maxNodes) {  // its entries, written with its record
+        view_.lists().notePosition(listRef, self_.id, {.index = slot_ - 1,
+                                                       .rankOffset = slotProcs_ - self_.nproc});
+        view_.lists().noteEntry(listRef, slot_ - 1, self_.id);
+      }
       slotTarget_ = target;
       closeAt_ = Clock::time_point::max();
       // From MIN on, a member's last call closes the round with whoever has a slot by then.
@@ -149,7 +154,7 @@ bool DynamicRendezvous::findSelf(const RoundState& s) {
     selfAt_ = ListPosition{.index = slot_ - 1, .rankOffset = slotProcs_ - self_.nproc};
     return true;
   }
-  selfAt_ = position(*main_.store, s, RoundState::List::Members, self_.id);
+  selfAt_ = position(*main_.store, s, RoundState::List::Members, self_.id, &view_.lists());
   return selfAt_.has_value();
 }
 
@@ -183,10 +188,25 @@ Versioned DynamicRendezvous::closeFromCounters(const Versioned& cur, int target,
   const int64_t r = cur.state.round;
   const int64_t ref = scalable::slotListRef(r);
   std::string worldFrom = scalable::writtenKey(r);
-  if (main_.store->hasTickets()) {  // the world size from the target's holder (slot_join.h)
+  // What the closer reads: node rank 0's entry (slot 1's, written: every slot up to the target
+  // counted itself written after writing it), none when this node holds slot 1; with tickets
+  // also the world size, from the target's holder (slot_join.h), none when this node holds the
+  // target. Both in one request (Store::readAll).
+  const std::string masterKey = listKey(ref, 0);
+  std::vector<std::string> keys;
+  if (slot_ != 1) keys.push_back(masterKey);
+  const bool worldRead = main_.store->hasTickets() && slot_ != target;
+  if (worldRead) keys.push_back(scalable::worldKey(r));
+  std::vector<std::optional<std::string>> got;
+  if (keys.size() == 1 && !worldRead) {
+    got.push_back(tryGetKey(*main_.store, masterKey));  // ddprun-store: one compare-set
+  } else if (!keys.empty()) {
+    got = main_.store->readAll(keys);
+  }
+  if (main_.store->hasTickets()) {
     const std::string key = worldFrom = scalable::worldKey(r);
-    const auto text = slot_ == target ? std::optional<std::string>(std::to_string(slotProcs_))
-                                      : tryGetKey(*main_.store, key);
+    const std::optional<std::string> text =
+        worldRead ? got.back() : std::optional<std::string>(std::to_string(slotProcs_));
     if (!text) {
       throw StoreError("rendezvous key '" + scalable::writtenKey(r) + "' counts slot " +
                        std::to_string(target) + " written, but '" + key +
@@ -199,17 +219,14 @@ Versioned DynamicRendezvous::closeFromCounters(const Versioned& cur, int target,
                      std::to_string(world) + " processes for " + std::to_string(target) +
                      " node(s): it is corrupt or forged");
   }
-  // Node rank 0 is slot 1, whose entry is written (every slot up to the target counted itself
-  // written after writing it): one read, none when this node holds slot 1.
   NodeInfo master = self_;
   if (slot_ != 1) {
-    const std::string key = listKey(ref, 0);
-    const auto text = tryGetKey(*main_.store, key);
+    const auto& text = got.front();
     if (!text) {
       throw StoreError("rendezvous key '" + scalable::writtenKey(r) + "' counts slot 1 written, "
-                       "but '" + key + "' is missing: it is corrupt or forged");
+                       "but '" + masterKey + "' is missing: it is corrupt or forged");
     }
-    master = decodeNodeLines({*text}, RoundState::List::Members, "'" + key + "'").at(0);
+    master = decodeNodeLines({*text}, RoundState::List::Members, "'" + masterKey + "'").at(0);
   }
   bool fallBack = false;
   auto res = log_->updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {

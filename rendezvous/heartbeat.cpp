@@ -191,7 +191,7 @@ void HeartbeatMonitor::run() {
       const Versioned v = view_.get();
       try {
         // A compact state (the slot join) names its lists: the successor is read (O(1)).
-        const std::string target = ringTarget(store(), v.state, self_);
+        const std::string target = ringTarget(store(), v.state, self_, &view_.lists());
         if (target.empty()) {
           if (!view_.waitNewer(v.version)) return;  // alone: wait for the state to change
           continue;

@@ -45,6 +45,14 @@ class PrefixStore final : public Store {
   }
   void createAll(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
+  std::vector<std::optional<std::string>> readAll(const std::vector<std::string>& keys) override {
+    return inner_->readAll(join(keys));
+  }
+  std::string compareSetAndSet(const std::string& key, const std::string& expected,
+                               const std::string& desired, const std::vector<std::string>& keys,
+                               const std::vector<std::string>& values) override {
+    return inner_->compareSetAndSet(join(key), expected, desired, join(keys), values);
+  }
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& inner() const { return inner_; }

@@ -52,8 +52,50 @@ std::optional<std::string> tryGetKey(Store& store, const std::string& key) {
   return tryGet(store, key);
 }
 
+ListCache::List& ListCache::of(int64_t ref) {
+  for (auto& l : lists_)
+    if (l.ref == ref) return l;
+  if (lists_.size() >= kLists) lists_.pop_front();
+  lists_.push_back(List{.ref = ref});
+  return lists_.back();
+}
+
+void ListCache::notePosition(int64_t ref, const std::string& id, ListPosition p) {
+  std::lock_guard<std::mutex> g(mu_);
+  List& l = of(ref);
+  if (l.positions.size() >= kEntries) l.positions.clear();
+  l.positions[id] = p;
+}
+
+std::optional<ListPosition> ListCache::position(int64_t ref, const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& l : lists_) {
+    if (l.ref != ref) continue;
+    const auto it = l.positions.find(id);
+    if (it != l.positions.end()) return it->second;
+  }
+  return std::nullopt;
+}
+
+void ListCache::noteEntry(int64_t ref, int64_t i, const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  List& l = of(ref);
+  if (l.entries.size() >= kEntries) l.entries.clear();
+  l.entries[i] = id;
+}
+
+std::optional<std::string> ListCache::entry(int64_t ref, int64_t i) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& l : lists_) {
+    if (l.ref != ref) continue;
+    const auto it = l.entries.find(i);
+    if (it != l.entries.end()) return it->second;
+  }
+  return std::nullopt;
+}
+
 std::optional<ListPosition> position(Store& store, const RoundState& s, RoundState::List which,
-                                     const std::string& id) {
+                                     const std::string& id, ListCache* cache) {
   const bool members = which == RoundState::List::Members;
   const ListRef& ref = s.listRef(which);
   if (ref.ref == 0) {
@@ -69,22 +111,31 @@ std::optional<ListPosition> position(Store& store, const RoundState& s, RoundSta
   if (id == ref.without) return std::nullopt;  // the member an expected list leaves out
   if (!ref.with.empty() && id == ref.with) return ListPosition{.index = ref.stored()};
   const std::string key = listIdKey(ref.ref, id);
-  const auto v = tryGet(store, key);
-  if (!v) return std::nullopt;
-  ListPosition p;
-  const auto w = text::words(*v);
-  if (w.size() != 2 || !text::number(w[0], p.index) || !text::number(w[1], p.rankOffset) ||
-      p.index < 0 || p.rankOffset < 0) {
-    forgedList(key, "'" + v->substr(0, 80) + "'");
+  std::optional<ListPosition> known = cache ? cache->position(ref.ref, id) : std::nullopt;
+  if (!known) {
+    const auto v = tryGet(store, key);
+    if (!v) return std::nullopt;
+    ListPosition p;
+    const auto w = text::words(*v);
+    if (w.size() != 2 || !text::number(w[0], p.index) || !text::number(w[1], p.rankOffset) ||
+        p.index < 0 || p.rankOffset < 0) {
+      forgedList(key, "'" + v->substr(0, 80) + "'");
+    }
+    known = p;
+    if (cache) cache->notePosition(ref.ref, id, p);
   }
+  const ListPosition p = *known;
   // A joiners' list (kJoinerListBase) holds the id keys of joiners too late for its count.
   const bool beyond = p.index >= ref.stored() || (members && p.rankOffset >= s.worldSize);
   if (beyond && ref.ref >= kJoinerListBase) return std::nullopt;
-  if (beyond) forgedList(key, "'" + v->substr(0, 80) + "'");
+  if (beyond) {
+    forgedList(key, "'" + std::to_string(p.index) + " " + std::to_string(p.rankOffset) + "'");
+  }
   return p;
 }
 
-std::string ringTarget(Store& store, const RoundState& s, const std::string& self) {
+std::string ringTarget(Store& store, const RoundState& s, const std::string& self,
+                       ListCache* cache) {
   const RoundState::List which =
       s.phase != Phase::Joining ? RoundState::List::Members : RoundState::List::Expected;
   // A closed round's members lost in process (JobLimits::keepRoundOnNodeLoss) stay in its list
@@ -116,18 +167,24 @@ std::string ringTarget(Store& store, const RoundState& s, const std::string& sel
     return {};
   }
   if (ref.count < 2 || lost(self)) return {};
-  const auto p = position(store, s, which, self);
+  const auto p = position(store, s, which, self, cache);
   if (!p) return {};
   // At most lost.size() + 2 reads: the lost members are few (and `without` is one). A
   // newcomer (`with`) is last in the ring, after the stored entries.
   const int64_t ring = ref.stored() + (ref.with.empty() ? 0 : 1);
   for (int64_t k = 1; k < ring; ++k) {
-    if ((p->index + k) % ring == ref.stored()) return ref.with;
-    const std::string key = listKey(ref.ref, (p->index + k) % ring);
-    const auto nodes = decodeNodeLines({store.get(key)},
-                                       ref.ofMembers ? RoundState::List::Members : which,
-                                       "'" + key + "'");
-    if (!lost(nodes.at(0).id) && nodes.at(0).id != ref.without) return nodes.at(0).id;
+    const int64_t i = (p->index + k) % ring;
+    if (i == ref.stored()) return ref.with;
+    std::optional<std::string> id = cache ? cache->entry(ref.ref, i) : std::nullopt;
+    if (!id) {
+      const std::string key = listKey(ref.ref, i);
+      const auto nodes = decodeNodeLines({store.get(key)},
+                                         ref.ofMembers ? RoundState::List::Members : which,
+                                         "'" + key + "'");
+      id = nodes.at(0).id;
+      if (cache) cache->noteEntry(ref.ref, i, *id);
+    }
+    if (!lost(*id) && *id != ref.without) return *id;
   }
   return {};
 }
@@ -278,8 +335,16 @@ Versioned StateLog::latest() {
   return readNamed(hint, kLatestKey);
 }
 
-// One round trip for the hint, one per newer version, and one that finds none newer.
+// From a version the agent holds (version > 0), first the version after it: one round trip when
+// none is newer -- an agent re-joining after its round watcher read the version that ended the
+// round, the usual case -- and the hint only when one is (then as many as before). From none,
+// the hint first: one round trip for it, one per newer version, and one that finds none newer.
 Versioned StateLog::refresh(Versioned known) {
+  if (known.version > 0) {
+    auto next = tryRead(known.version + 1);
+    if (!next) return known;
+    known = std::move(*next);
+  }
   const int64_t hint = parseVersion(store_.compareSet(kLatestKey, "", "0"), kLatestKey);
   if (hint > known.version) known = readNamed(hint, kLatestKey);
   while (auto next = tryRead(known.version + 1)) known = std::move(*next);
@@ -314,12 +379,8 @@ StateLog::Result StateLog::update(Versioned known, const Transition& fn) {
     } else {
       blob = encodeState(*next);
     }
-    std::string got = store_.compareSet(key, "", blob);
-    if (got == blob) {
-      cur = {cur.version + 1, std::move(*next)};
-      publish(cur);
-      return {cur, true};
-    }
+    std::string got = append(cur.version + 1, blob, *next);
+    if (got == blob) return {{cur.version + 1, std::move(*next)}, true};
     cur = {cur.version + 1, decode(got, key)};
   }
 }
@@ -337,12 +398,8 @@ StateLog::Result StateLog::updateCompact(Versioned known, const Transition& fn) 
     DDPRUN_CHECK(next->members.empty() && next->expected.empty() && next->waiting.empty(),
                  "updateCompact: a transition returned a state with its lists loaded");
     const std::string blob = encodeState(*next);
-    std::string got = store_.compareSet(key, "", blob);
-    if (got == blob) {
-      cur = {cur.version + 1, std::move(*next)};
-      publish(cur);
-      return {cur, true};
-    }
+    std::string got = append(cur.version + 1, blob, *next);
+    if (got == blob) return {{cur.version + 1, std::move(*next)}, true};
     cur = {cur.version + 1, decode(got, key)};
   }
 }
@@ -470,11 +527,15 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
       });
 }
 
-void StateLog::publish(const Versioned& v) {
-  std::vector<std::string> keys = markersFor(v.state, limits_);
+// Writes version `version` (compare-set on the missing key) and, when it wins, the markers `s`
+// implies and the hint `latest`: one request on etcd (the markers in the txn that writes the
+// version, so a writer that dies after it leaves none missing), a compare-set and a MULTI_SET
+// on ddprun-store. Returns what the compare-set found or wrote.
+std::string StateLog::append(int64_t version, const std::string& blob, const RoundState& s) {
+  std::vector<std::string> keys = markersFor(s, limits_);
   keys.push_back(kLatestKey);
-  std::vector<std::string> values(keys.size(), std::to_string(v.version));
-  store_.multiSet(keys, values);
+  const std::vector<std::string> values(keys.size(), std::to_string(version));
+  return store_.compareSetAndSet(stateKey(version), "", blob, keys, values);
 }
 
 // A marker's value, waiting up to `timeout` for it: one round trip (WAIT_GET on ddprun-store;

@@ -6,7 +6,8 @@
 // are ordered by the store: exactly one wins version v+1, and every loser gets the winner's
 // state back in the same round trip and retries its transition on top of it. After a win, the
 // writer sets, in one MULTI_SET, the marker keys the new state implies (markersFor in
-// round_state.h) and the hint `latest` = v+1. Waiters WAIT on one marker key (or on the next
+// round_state.h) and the hint `latest` = v+1; on etcd in the txn that writes the version
+// (Store::compareSetAndSet: one request). Waiters WAIT on one marker key (or on the next
 // version's key); nobody sleeps and polls.
 //
 // Every version read is decoded and validated against the job's limits, and a version named by
@@ -25,7 +26,9 @@
 //
 // A StateLog uses the one Store it is given; give each thread its own connection.
 #include <condition_variable>
+#include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -92,7 +95,9 @@ class StateLog {
   bool spills() const { return spill_; }
 
  private:
-  void publish(const Versioned& v);
+  // The compare-set of version `version` and, when it wins, its markers (markersFor(s)) and the
+  // hint `latest`.
+  std::string append(int64_t version, const std::string& blob, const RoundState& s);
   // decodeState + validateState: a corrupt or forged version throws StoreError naming `key`.
   RoundState decode(const std::string& text, const std::string& key) const;
   int64_t existing(int64_t version, const std::string& namedBy);
@@ -138,12 +143,45 @@ struct ListPosition {
   int64_t index = 0;
   int64_t rankOffset = 0;
 };
+
+// ListCache: the entries of spilled lists one agent knows -- read by it (and validated then),
+// or written by it -- shared by its threads (StateView::lists()). List keys are write-once, so
+// what is known stays true for the job. The heartbeat ring re-targets at every version
+// (ringTarget) from it instead of reading its position and its successor's entry again: the
+// version that removes a member names the list the agent has seen (round r+1 awaits round r's
+// members without it), and a round closed from the counters names entries the agent wrote (its
+// own: DynamicRendezvous notes them with its slot). So on a re-form only the new successor's
+// entry is read (issue 20's bound on etcd, where the ring's reads are the agent's). Bounded:
+// the last kLists lists, kEntries of each.
+class ListCache {
+ public:
+  static constexpr size_t kLists = 4, kEntries = 64;
+  void notePosition(int64_t ref, const std::string& id, ListPosition p);
+  std::optional<ListPosition> position(int64_t ref, const std::string& id);
+  // Entry i's node id.
+  void noteEntry(int64_t ref, int64_t i, const std::string& id);
+  std::optional<std::string> entry(int64_t ref, int64_t i);
+
+ private:
+  struct List {
+    int64_t ref = 0;
+    std::map<std::string, ListPosition> positions;
+    std::map<int64_t, std::string> entries;
+  };
+  List& of(int64_t ref);  // under mu_; the newest last
+  std::mutex mu_;
+  std::deque<List> lists_;
+};
+
+// With `cache`, a position known to it costs no round trip, and one read is noted in it.
 std::optional<ListPosition> position(Store& store, const RoundState& s, RoundState::List which,
-                                     const std::string& id);
+                                     const std::string& id, ListCache* cache = nullptr);
 // The node the heartbeat ring has `self` watch in state `s`: on a loaded state its successor
 // among allIds(); on a compact one the next entry of the member list (the expected list while
-// the round is joining). Empty when none (alone, or not in the ring). O(1) round trips.
-std::string ringTarget(Store& store, const RoundState& s, const std::string& self);
+// the round is joining). Empty when none (alone, or not in the ring). O(1) round trips, none
+// for the entries `cache` knows (it notes those read).
+std::string ringTarget(Store& store, const RoundState& s, const std::string& self,
+                       ListCache* cache = nullptr);
 
 // StateView: the newest state one agent has seen, shared by its threads. The heartbeat
 // monitor picks the node it watches from it, and waits on it for changes.
@@ -157,8 +195,11 @@ class StateView {
   // Blocks until a version newer than `seen` is offered or stop() is called (then false).
   bool waitNewer(int64_t seen);
   void stop();
+  // What the agent knows of the lists its versions name.
+  ListCache& lists() { return lists_; }
 
  private:
+  ListCache lists_;
   std::mutex mu_;
   std::condition_variable cv_;
   Versioned newest_;

@@ -89,6 +89,19 @@ class Store {
   // rendezvous keys by itself, scalable/slot_join.h).
   virtual void createAll(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values);
+  // Several reads or writes in one request where the store can (etcd: one txn), so that an
+  // agent's store work stays within issue 20's bound of round trips on etcd as on ddprun-store:
+  //   - readAll: the keys' values without waiting (nullopt: missing); on etcd at one revision.
+  //     Elsewhere one CHECK and, for a key present, one GET per key.
+  //   - compareSetAndSet: compareSet, and when it stores `desired` (or finds it, a retried
+  //     request) also sets `keys` to `values`, in the same request: the state log's version and
+  //     the marker keys it implies (state_log.h). Elsewhere a compareSet and, when it won, one
+  //     multiSet. Returns what compareSet returns.
+  virtual std::vector<std::optional<std::string>> readAll(const std::vector<std::string>& keys);
+  virtual std::string compareSetAndSet(const std::string& key, const std::string& expected,
+                                       const std::string& desired,
+                                       const std::vector<std::string>& keys,
+                                       const std::vector<std::string>& values);
 
   Millis timeout() const { return timeout_; }
   // Virtual: a store that wraps another (PrefixStore) passes it on.
@@ -132,6 +145,27 @@ inline void Store::createAll(const std::vector<std::string>& keys,
                        "', written before: it is corrupt or forged");
     }
   }
+}
+
+inline std::vector<std::optional<std::string>> Store::readAll(
+    const std::vector<std::string>& keys) {
+  std::vector<std::optional<std::string>> out;
+  for (const auto& k : keys) {
+    if (check({k})) {
+      out.emplace_back(get(k));
+    } else {
+      out.emplace_back(std::nullopt);
+    }
+  }
+  return out;
+}
+inline std::string Store::compareSetAndSet(const std::string& key, const std::string& expected,
+                                           const std::string& desired,
+                                           const std::vector<std::string>& keys,
+                                           const std::vector<std::string>& values) {
+  std::string got = compareSet(key, expected, desired);
+  if (got == desired && !keys.empty()) multiSet(keys, values);
+  return got;
 }
 
 // The default per-call timeout, as PyTorch's (300 s).

@@ -86,7 +86,7 @@ const std::string& EtcdLiveness::targetIn(Store& store, const Versioned& v) {
   if (ringVersion_ != v.version) {  // the ring changes only with the version
     ringTarget_ = v.state.phase == Phase::Finished || v.state.phase == Phase::Failed
                       ? std::string()
-                      : ringTarget(store, v.state, self_);
+                      : ringTarget(store, v.state, self_, &view_.lists());
     ringVersion_ = v.version;
   }
   return ringTarget_;

@@ -328,6 +328,41 @@ void EtcdStore::createAll(const std::vector<std::string>& keys,
   }
 }
 
+std::vector<std::optional<std::string>> EtcdStore::readAll(const std::vector<std::string>& keys) {
+  if (keys.empty()) return {};
+  return read(keys).first;
+}
+
+// compareSet's txn with the other puts in its success branch: the state log's version and its
+// markers in one request (etcd applies a txn whole). The rare cases compareSet settles in a second
+// txn (the key deleted meanwhile, or holding "" where "" was expected) take the general path.
+std::string EtcdStore::compareSetAndSet(const std::string& key, const std::string& expected,
+                                        const std::string& desired,
+                                        const std::vector<std::string>& keys,
+                                        const std::vector<std::string>& values) {
+  if (keys.size() != values.size() || keys.size() + 1 > kMaxTxnOps) {
+    return Store::compareSetAndSet(key, expected, desired, keys, values);
+  }
+  const std::string k = prefix_ + key;
+  Compare cmp{.key = k};
+  if (expected.empty()) {
+    cmp.target = Compare::Target::Create;  // create_revision 0: the key is absent
+    cmp.number = 0;
+  } else {
+    cmp.target = Compare::Target::Value;
+    cmp.value = expected;
+  }
+  TxnRequest t{.compare = {cmp}, .success = {putOp(k, desired)}, .failure = {rangeOp(k)}};
+  for (size_t i = 0; i < keys.size(); ++i) t.success.push_back(putOp(prefix_ + keys[i], values[i]));
+  // Idempotent: applied twice, the second finds `desired` (and the keys set by the first).
+  const TxnReply r = client_.txn(t, true);
+  if (r.succeeded) return desired;
+  const KeyValue* kv = firstKv(r);
+  if (kv && (!expected.empty() || !kv->value.empty())) return kv->value;
+  if (!kv && !expected.empty()) return expected;  // c10d's quirk, as compareSet
+  return Store::compareSetAndSet(key, expected, desired, keys, values);
+}
+
 int64_t EtcdStore::ticketCount(const std::string& counter) {
   const std::string dir = prefix_ + counter + ".t/";
   return client_.range({.key = dir, .rangeEnd = prefixEnd(dir), .countOnly = true}).count;

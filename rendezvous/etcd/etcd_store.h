@@ -20,6 +20,8 @@
 //                        takeWeightedTicket: the same txn also counts and writes the weight's
 //                        keys, one per set bit under `<counter>.w<bit>/`
 //   createAll            one txn: every key absent -> put them all
+//   readAll              one range, or one txn of ranges (per kMaxTxnOps keys), at one revision
+//   compareSetAndSet     compareSet's txn, whose success branch also puts the other keys
 //   wait                 range; for a missing key, a watch from the revision of that read + 1
 //                        for its PUT (no polling, no event lost between read and watch)
 //   deleteKey            deleterange
@@ -66,6 +68,10 @@ class EtcdStore final : public Store {
                             int64_t weight) override;
   void createAll(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
+  std::vector<std::optional<std::string>> readAll(const std::vector<std::string>& keys) override;
+  std::string compareSetAndSet(const std::string& key, const std::string& expected,
+                               const std::string& desired, const std::vector<std::string>& keys,
+                               const std::vector<std::string>& values) override;
 
   // Any thread: the call in progress and every later one fail with NetworkError.
   void interrupt();

@@ -199,6 +199,38 @@ TEST_CASE("etcd store: weighted tickets -- k members at once get 1..k and the ru
   CHECK(s.get("c/b") == "2");
 }
 
+// The two calls that keep an agent within issue 20's round trips on etcd (store.h): each one
+// request, whatever the number of keys.
+TEST_CASE("etcd store: readAll reads several keys in one request without waiting, "
+          "compareSetAndSet sets its keys only when it wins, in the same request",
+          "[etcd][store]") {
+  EtcdStore s(sharedCluster().clientOptions(), uniquePrefix());
+  s.set("a", "1");
+  s.set("c", "3");
+  int64_t before = s.client().requests();
+  const auto got = s.readAll({"a", "b", "c"});
+  CHECK(s.client().requests() - before == 1);
+  REQUIRE(got.size() == 3);
+  CHECK(got[0] == std::optional<std::string>("1"));
+  CHECK_FALSE(got[1].has_value());  // missing: no wait
+  CHECK(got[2] == std::optional<std::string>("3"));
+
+  before = s.client().requests();
+  CHECK(s.compareSetAndSet("state/1", "", "v1", {"m/1", "latest"}, {"1", "1"}) == "v1");
+  CHECK(s.client().requests() - before == 1);
+  CHECK(s.get("m/1") == "1");
+  CHECK(s.get("latest") == "1");
+  // A loser gets the winner's value back and sets nothing.
+  before = s.client().requests();
+  CHECK(s.compareSetAndSet("state/1", "", "v1-other", {"m/2", "latest"}, {"2", "2"}) == "v1");
+  CHECK(s.client().requests() - before == 1);
+  CHECK_FALSE(s.check({"m/2"}));
+  CHECK(s.get("latest") == "1");
+  // Expecting a value: swapped, with the keys.
+  CHECK(s.compareSetAndSet("state/1", "v1", "v1b", {"m/3"}, {"3"}) == "v1b");
+  CHECK(s.get("m/3") == "3");
+}
+
 TEST_CASE("etcd store: a WAIT returns when another client sets the key", "[etcd][store]") {
   const std::string prefix = uniquePrefix();
   EtcdStore waiter(sharedCluster().clientOptions(), prefix);

@@ -110,6 +110,28 @@ TEST_CASE("short flags -m, -r, -t", "[launcher][options]") {
   CHECK(o.programArgs == std::vector<std::string>{"--lr", "0.1"});
 }
 
+// The parser adds to CLI11 only the flags argv names (launcher/options.cpp, CliParser): short
+// flags combined in one token, a flag whose only mention is its underscore spelling, and --help
+// after a few flags must still see every flag.
+TEST_CASE("the parser knows every flag whatever few argv names", "[launcher][options]") {
+  auto combined = parse({"-mr3", "pkg.train"});
+  CHECK(combined.module);
+  CHECK(combined.redirects.forRank(1) == kStdAll);
+  auto attached = parse({"-t3", "--no_python", "prog"});
+  CHECK(attached.tee.forRank(0) == kStdAll);
+  CHECK(attached.noPython);
+  CHECK_THAT(parseError({"--nnodes=2", "-x", "prog"}), Catch::StartsWith("unknown flag -x"));
+  auto help = parseLaunchOptions({"ddprun", "--nnodes=2", "--rdzv_id=j", "--help"}, {});
+  REQUIRE_FALSE(help.options);
+  for (const char* flag : {"-m,--module", "-r,--redirects", "-t,--tee", "--spares", "--hostfile",
+                           "--peer-timeout,--peer_timeout", "--config", "--ssh-option,--ssh_option",
+                           "--export", "--version"}) {
+    CHECK_THAT(help.message, Catch::Contains(flag));
+  }
+  auto shortHelp = parseLaunchOptions({"ddprun", "-h"}, {});
+  CHECK(shortHelp.message == help.message);
+}
+
 TEST_CASE("everything after PROGRAM belongs to PROGRAM", "[launcher][options]") {
   auto o = parse({"--nproc-per-node", "2", "train.py", "--nproc-per-node=9", "--help", "-m"});
   CHECK(o.nprocPerNode == 2);

@@ -3,6 +3,7 @@
 
 #include <thread>
 
+#include "rendezvous/counting_store.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/state_log.h"
 
@@ -200,6 +201,30 @@ TEST_CASE("spilled lists: a version names the member list, readers get their own
     CHECK(ringTarget(*store, cl, full[1].id) == full[2].id);
     CHECK(ringTarget(*store, cl, full[3].id) == "");
     CHECK(ringTarget(*store, vl, full[4].id) == "");
+  }
+  {
+    // With a ListCache (the entries an agent read or wrote: StateView::lists()) the ring
+    // re-targets without reading them again. The eviction's version (round r+1 awaits round r's
+    // members without one) names the same list: only a new successor's entry is read.
+    auto traffic = std::make_shared<StoreTraffic>();
+    CountingStore counted(store, traffic);
+    ListCache cache;
+    CHECK(ringTarget(counted, c.state, full[2].id, &cache) == full[3].id);
+    CHECK(traffic->roundTrips == 2);  // its position and its successor's entry
+    CHECK(ringTarget(counted, c.state, full[2].id, &cache) == full[3].id);
+    CHECK(traffic->roundTrips == 2);
+    RoundState evicted;
+    evicted.round = c.state.round + 1;
+    evicted.phase = Phase::Joining;
+    evicted.expectedList = ListRef{.ref = c.state.membersList.ref, .count = 7, .ofMembers = true,
+                                   .without = full[3].id};
+    CHECK(ringTarget(counted, evicted, full[2].id, &cache) == full[4].id);
+    CHECK(traffic->roundTrips == 3);  // entry 4 only
+    CHECK(ringTarget(*store, evicted, full[2].id) == full[4].id);  // as without a cache
+    // A position the agent wrote itself (its slot's entry, noted by DynamicRendezvous) is not read.
+    cache.notePosition(c.state.membersList.ref, full[6].id, {.index = 6, .rankOffset = 21});
+    CHECK(ringTarget(counted, c.state, full[6].id, &cache) == full[7].id);
+    CHECK(traffic->roundTrips == 4);
   }
   // Loading the lists gives the state back.
   RoundState h = c.state;
