@@ -118,4 +118,20 @@ size_t killDescendants() noexcept {
   return alive;
 }
 
+void takeGuardSignals(void (*onChild)(int)) noexcept {
+  struct sigaction dfl {}, ign {}, chld {};
+  dfl.sa_handler = SIG_DFL;
+  ign.sa_handler = SIG_IGN;
+  chld.sa_handler = onChild;
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction current {};
+    if (::sigaction(s, nullptr, &current) == 0 && current.sa_handler != SIG_DFL &&
+        current.sa_handler != SIG_IGN) {
+      ::sigaction(s, &dfl, nullptr);
+    }
+  }
+  for (int s : kGuardForwardedSignals) ::sigaction(s, &ign, nullptr);
+  ::sigaction(SIGCHLD, &chld, nullptr);
+}
+
 }  // namespace ddprun

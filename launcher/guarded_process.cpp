@@ -30,8 +30,6 @@ constexpr int kGuardStatusFd = 4;
 constexpr int kFirstFreeFd = kPassedFd + 1;
 
 // Signals the guard ignores (they are meant for the worker) and the worker gets back.
-constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP,
-                                     SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2, SIGALRM};
 
 struct Pipe {
   UniqueFd read, write;
@@ -113,7 +111,7 @@ pid_t forkInto(int cgroupFd, bool& inCgroup) {
   // delivers whatever arrived meanwhile).
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
-  for (int s : kForwardedSignals) ::sigaction(s, &dfl, nullptr);
+  for (int s : kGuardForwardedSignals) ::sigaction(s, &dfl, nullptr);
   ::sigaction(SIGCHLD, &dfl, nullptr);
   sigset_t none;
   sigemptyset(&none);
@@ -134,19 +132,7 @@ pid_t forkInto(int cgroupFd, bool& inCgroup) {
   // 1. Signals. The launcher forked us with every signal blocked, so none can arrive before
   //    this is done: the launcher's own handlers (which would write into the launcher's
   //    event loop through an inherited pipe) are reset, the forwarded signals ignored.
-  struct sigaction dfl {}, ign {}, chld {};
-  dfl.sa_handler = SIG_DFL;
-  ign.sa_handler = SIG_IGN;
-  chld.sa_handler = onChild;
-  for (int s = 1; s < NSIG; ++s) {
-    struct sigaction current {};
-    if (::sigaction(s, nullptr, &current) == 0 && current.sa_handler != SIG_DFL &&
-        current.sa_handler != SIG_IGN) {
-      ::sigaction(s, &dfl, nullptr);
-    }
-  }
-  for (int s : kForwardedSignals) ::sigaction(s, &ign, nullptr);
-  ::sigaction(SIGCHLD, &chld, nullptr);
+  takeGuardSignals(onChild);
   sigset_t blockChld, waitMask;
   sigemptyset(&blockChld);
   sigaddset(&blockChld, SIGCHLD);

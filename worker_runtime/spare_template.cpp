@@ -113,9 +113,6 @@ bool receive(int fd, Request& r) {
   return true;
 }
 
-// The signals the guard leaves to the spare, as the launcher's guard does.
-constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP,
-                                     SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2, SIGALRM};
 void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
 
 void sendRecord(int statusFd, int32_t kind, int32_t value) {
@@ -129,19 +126,7 @@ void sendRecord(int statusFd, int32_t kind, int32_t value) {
 // The guard G of spare W, from W's start to the sweep (launcher/guarded_process.cpp's runGuard,
 // steps 4-5, without the job cgroup: the launcher's own guards sweep that when it dies).
 [[noreturn]] void guardSpare(int controlFd, int statusFd, pid_t worker) {
-  struct sigaction dfl {}, ign {}, chld {};
-  dfl.sa_handler = SIG_DFL;
-  ign.sa_handler = SIG_IGN;
-  chld.sa_handler = onChild;
-  for (int s = 1; s < NSIG; ++s) {
-    struct sigaction current {};
-    if (::sigaction(s, nullptr, &current) == 0 && current.sa_handler != SIG_DFL &&
-        current.sa_handler != SIG_IGN) {
-      ::sigaction(s, &dfl, nullptr);
-    }
-  }
-  for (int s : kForwardedSignals) ::sigaction(s, &ign, nullptr);
-  ::sigaction(SIGCHLD, &chld, nullptr);
+  takeGuardSignals(onChild);
   sigset_t waitMask;
   sigemptyset(&waitMask);
   bool running = worker > 0;
