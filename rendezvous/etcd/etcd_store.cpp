@@ -20,6 +20,13 @@ RequestOp putOp(const std::string& key, const std::string& value) {
   return RequestOp::putOf({.key = key, .value = value});
 }
 
+// A compare-set's condition on `key`: absent (create_revision 0) when `expected` is empty, as
+// c10d's compareSet means it, else holding `expected`.
+Compare expecting(const std::string& key, const std::string& expected) {
+  if (expected.empty()) return Compare{.key = key, .target = Compare::Target::Create, .number = 0};
+  return Compare{.key = key, .target = Compare::Target::Value, .value = expected};
+}
+
 const KeyValue* firstKv(const TxnReply& r) {
   if (r.responses.empty() || r.responses[0].range.kvs.empty()) return nullptr;
   return &r.responses[0].range.kvs[0];
@@ -172,14 +179,7 @@ int64_t EtcdStore::numKeys() {
 std::string EtcdStore::compareSet(const std::string& key, const std::string& expected,
                                   const std::string& desired) {
   const std::string k = prefix_ + key;
-  Compare first{.key = k};
-  if (expected.empty()) {
-    first.target = Compare::Target::Create;  // create_revision 0: the key is absent
-    first.number = 0;
-  } else {
-    first.target = Compare::Target::Value;
-    first.value = expected;
-  }
+  const Compare first = expecting(k, expected);
   Compare cmp = first;
   for (;;) {
     TxnRequest t{.compare = {cmp}, .success = {putOp(k, desired)}, .failure = {rangeOp(k)}};
@@ -344,15 +344,7 @@ std::string EtcdStore::compareSetAndSet(const std::string& key, const std::strin
     return Store::compareSetAndSet(key, expected, desired, keys, values);
   }
   const std::string k = prefix_ + key;
-  Compare cmp{.key = k};
-  if (expected.empty()) {
-    cmp.target = Compare::Target::Create;  // create_revision 0: the key is absent
-    cmp.number = 0;
-  } else {
-    cmp.target = Compare::Target::Value;
-    cmp.value = expected;
-  }
-  TxnRequest t{.compare = {cmp}, .success = {putOp(k, desired)}, .failure = {rangeOp(k)}};
+  TxnRequest t{.compare = {expecting(k, expected)}, .success = {putOp(k, desired)}, .failure = {rangeOp(k)}};
   for (size_t i = 0; i < keys.size(); ++i) t.success.push_back(putOp(prefix_ + keys[i], values[i]));
   // Idempotent: applied twice, the second finds `desired` (and the keys set by the first).
   const TxnReply r = client_.txn(t, true);
