@@ -72,8 +72,11 @@ Versioned DynamicRendezvous::joinBySlots() {
         // (scalable/waiting_list.h: O(1) store work, where appending itself to the version's
         // waiting list loaded and rewrote the lists). A finishing round's arrivals still go in
         // its version (arriveNode), which names every node the store's host waits for.
-        scalable::joinWaitingList(*main_.store, s.round, self_);
+        const int64_t index = scalable::joinWaitingList(*main_.store, s.round, self_);
         waitRound_ = s.round;
+        // Its entry, for the ring of the round that expects it (ListRef::waiting): no read.
+        view_.lists().notePosition(waitingListRef(s.round), self_.id, {.index = index - 1});
+        view_.lists().noteEntry(waitingListRef(s.round), index - 1, self_.id);
         DDPRUN_LOG(DEBUG, "rendezvous") << "round " << s.round << " is full (MAX="
                                        << lim.maxNodes << "): waiting for a place";
         continue;
@@ -115,6 +118,10 @@ Versioned DynamicRendezvous::joinBySlots() {
         view_.lists().notePosition(listRef, self_.id, {.index = slot_ - 1,
                                                        .rankOffset = slotProcs_ - self_.nproc});
         view_.lists().noteEntry(listRef, slot_ - 1, self_.id);
+      } else if (listed) {
+        // Beyond MAX: no entry, and not in the list whatever its count (position() says so from
+        // the index, so that the ring does not read the missing id key).
+        view_.lists().notePosition(listRef, self_.id, {.index = slot_ - 1});
       }
       slotTarget_ = target;
       closeAt_ = Clock::time_point::max();

@@ -132,6 +132,13 @@ std::optional<ListPosition> position(Store& store, const RoundState& s, RoundSta
   if (id == ref.without) return std::nullopt;  // the member an expected list leaves out
   if (!ref.with.empty() && id == ref.with) return ListPosition{.index = ref.stored()};
   const std::string key = listIdKey(ref.ref, id);
+  if (ref.waiting > 0 && cache) {
+    // A waiting node knows its own entry (it wrote it): no read, and none of the member list.
+    if (const auto w = cache->position(waitingListRef(s.round - 1), id)) {
+      if (w->index >= ref.waiting) return std::nullopt;  // registered too late for the count
+      return ListPosition{.index = ref.stored() + (ref.with.empty() ? 0 : 1) + w->index};
+    }
+  }
   std::optional<ListPosition> known = idPosition(store, ref.ref, id, cache);
   // A joiners' list (kJoinerListBase) holds the id keys of joiners too late for its count.
   if (known && ref.ref >= kJoinerListBase &&
