@@ -17,8 +17,8 @@
 #include <ctime>
 
 #include "base/errors.h"
+#include "base/signal_safe_io.h"
 #include "base/sweep.h"
-#include "launcher/signal_safe_io.h"
 
 namespace ddprun::launcher {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "base/log.h"
-#include "launcher/signal_safe_io.h"
+#include "base/signal_safe_io.h"
 
 namespace ddprun::launcher {
 
