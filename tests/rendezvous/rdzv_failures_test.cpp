@@ -234,6 +234,42 @@ TEST_CASE("interrupt() cancels a waiting join, the agent can still leave", "[rdz
   CHECK(r[0].nodeCount == 2);  // a is gone: b and c form the round by themselves
 }
 
+// Issue 20's waiting list by counters (rendezvous/scalable/waiting_list.h): a node waiting for
+// a place in a full round is named by no version, so its departure writes none; the re-form
+// that expects it (the members and the round's waiting nodes) closes without it once its
+// heartbeats are missed or the last call runs out.
+TEST_CASE("a waiting node that leaves writes no version; the re-form that expects it closes without it",
+          "[rdzv][failures]") {
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
+  const JobLimits lim{.minNodes = 1, .maxNodes = 2};
+  auto a = makeAgent(agentOptions(server.port(), "waitleave", 2, lim));
+  auto b = makeAgent(agentOptions(server.port(), "waitleave", 3, lim));
+  const auto first = allNextRound({a.get(), b.get()});
+  auto c = makeAgent(agentOptions(server.port(), "waitleave", 4, lim));
+  auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
+  TcpStore client({.host = "127.0.0.1", .port = server.port(), .timeout = Millis(2'000)});
+  const std::string job = "ddprun/rdzv/waitleave/";
+  const std::string r = std::to_string(first[0].round);
+  const auto deadline = Clock::now() + Millis(5'000);
+  while (!client.check({job + "r/" + r + "/waiting.written"}) && Clock::now() < deadline)
+    std::this_thread::sleep_for(Millis(10));
+  REQUIRE(client.add(job + "r/" + r + "/waiting.written", 0) == 1);
+  CHECK_FALSE(client.check({job + "state/2"}));  // c registered without a version
+  c->rdzv->interrupt();
+  CHECK_THROWS_AS(fc.get(), ddprun::NetworkError);
+  c->rdzv->leave("SIGINT");
+  CHECK_FALSE(client.check({job + "state/2"}));  // nor did its departure write one
+  CHECK_FALSE(a->events.next(Millis(200)));      // and nobody restarted
+  b->rdzv->leave("scaled down");
+  REQUIRE(a->events.next(Millis(5'000)));
+  CHECK(client.get(job + "state/2").find(" waiting 1") != std::string::npos);
+  const auto t0 = Clock::now();
+  const RoundInfo again = a->rdzv->nextRound();
+  CHECK(again.nodeCount == 1);
+  CHECK(again.worldSize == 1);
+  CHECK(Clock::now() - t0 < Millis(5'000));
+}
+
 TEST_CASE("a node arriving during the exit barrier does not make finished nodes redo work",
           "[rdzv][failures]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
