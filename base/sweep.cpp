@@ -1,5 +1,7 @@
 #include "base/sweep.h"
 
+#include "base/signal_safe_io.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -12,19 +14,6 @@
 namespace ddprun {
 
 namespace {
-
-// Reads up to size - 1 bytes of `path` into buf and NUL-terminates them: open/read/close only.
-ssize_t readSmall(const char* path, char* buf, size_t size) noexcept {
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t n;
-  do {
-    n = ::read(fd, buf, size - 1);
-  } while (n < 0 && errno == EINTR);
-  ::close(fd);
-  if (n >= 0) buf[n] = '\0';
-  return n;
-}
 
 struct ProcEntry {
   pid_t pid, ppid;
@@ -56,7 +45,7 @@ bool readStat(pid_t pid, pid_t& ppid, bool& live) {
   for (const char* t = "/stat"; *t != '\0'; ++t) path[at++] = *t;
   path[at] = '\0';
   char buf[512];
-  if (readSmall(path, buf, sizeof buf) <= 0) return false;
+  if (readSmallFile(path, buf, sizeof buf) <= 0) return false;
   char* close = nullptr;
   for (char* c = buf; *c != '\0'; ++c) {
     if (*c == ')') close = c;

@@ -88,8 +88,8 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # OpenSSL is dlopen()ed at its first use (rendezvous/openssl/lazy_openssl.h), so no program's
 # DT_NEEDED names it and dpkg-shlibdeps cannot see it: it is named here (the package of
 # libssl.so.3 and libcrypto.so.3, the sonames the forwarders load).
-# libnghttp2-14: etcd's gRPC transport (rendezvous/etcd/grpc/), linked (dpkg-shlibdeps finds
-# it too; named so that the list says what the package needs).
+# libnghttp2-14: etcd's gRPC transport (rendezvous/etcd/grpc/), likewise dlopen()ed at its first
+# use (lazy_nghttp2.h), so dpkg-shlibdeps cannot see it either.
 if(DDPRUN_LAZY_OPENSSL)
   set(CPACK_DEBIAN_PACKAGE_DEPENDS "libssl3, libnghttp2-14")
 else()

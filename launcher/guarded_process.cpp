@@ -17,8 +17,8 @@
 #include <ctime>
 
 #include "base/errors.h"
+#include "base/signal_safe_io.h"
 #include "base/sweep.h"
-#include "launcher/signal_safe_io.h"
 
 namespace ddprun::launcher {
 
@@ -80,31 +80,6 @@ void closeFrom(int first) {
 
 void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
 
-// fork(), with the child started right in the cgroup open as `cgroupFd` (clone3 with
-// CLONE_INTO_CGROUP, Linux 5.7) and `inCgroup` set. Moving a process later (writing
-// cgroup.procs) waits for an RCU grace period: about a millisecond each, serialised between
-// workers. Where clone3 is refused (a seccomp filter may say ENOSYS) it is a plain fork().
-// The child only execs: glibc's fork handlers are not needed before execve.
-pid_t forkInto(int cgroupFd, bool& inCgroup) {
-  inCgroup = false;
-#if defined(SYS_clone3) && defined(CLONE_INTO_CGROUP)
-  if (cgroupFd >= 0) {
-    struct clone_args args {};
-    args.flags = CLONE_INTO_CGROUP;
-    args.exit_signal = SIGCHLD;
-    args.cgroup = static_cast<uint64_t>(cgroupFd);
-    const long pid = ::syscall(SYS_clone3, &args, sizeof args);
-    if (pid >= 0) {
-      inCgroup = true;
-      return static_cast<pid_t>(pid);
-    }
-  }
-#endif
-  return ::fork();
-}
-
-// ---- The guard's sweep: base/sweep.h (killDescendants) ----
-
 [[noreturn]] void execWorker(const char* path, char* const* argv, char* const* envp,
                              int execErrorFd) {
   // Undo what the guard changed: default dispositions first, then the empty mask (which
@@ -123,6 +98,141 @@ pid_t forkInto(int cgroupFd, bool& inCgroup) {
   writeAll(execErrorFd, &err, sizeof err);
   ::_exit(127);
 }
+
+// ---- The worker's start: a child that shares the guard's memory until its execve ----
+//
+// The guard is a fork of the agent, so a fork() of the guard copies the agent's page tables
+// once more, write-protects both copies (every page the guard then writes is copied on a
+// fault) and the worker's execve tears that copy down again: at 256 agents starting their
+// workers at once, that was most of the guard's CPU (docs/rendezvous.md, "What an agent
+// process costs"). Instead the worker is started as vfork() starts a child: CLONE_VM |
+// CLONE_VFORK, on a stack of its own, the guard suspended until the worker's execve (or its
+// exit). The child runs only workerMain(): async-signal-safe system calls on its own stack
+// and on the WorkerStart the guard prepared; it writes no memory of the guard's but errno
+// (the guard reads the clone's result from its return value, never from errno).
+// Not in sanitizer builds: their runtimes do not expect a second process in their memory.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DDPRUN_GUARD_FORKS_WORKER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define DDPRUN_GUARD_FORKS_WORKER 1
+#endif
+#endif
+
+struct WorkerStart {
+  const WorkerCgroup* cgroup;
+  bool inCgroup;  // started in it (CLONE_INTO_CGROUP): no cgroup.procs write needed
+  bool idle;
+  int execPipeRead, execPipeWrite;
+  const char* path;
+  char* const* argv;
+  char* const* envp;
+};
+
+[[noreturn]] void runWorker(const WorkerStart& w) {
+  ::close(w.execPipeRead);
+  if (const int err = w.inCgroup ? 0 : joinCgroup(*w.cgroup); err != 0) {
+    sendRecord(GuardRecord::CgroupFailed, err);
+  }
+  if (w.idle) {
+    sched_param none{};
+    ::sched_setscheduler(0, SCHED_IDLE, &none);  // a syscall: async-signal-safe
+  }
+  execWorker(w.path, w.argv, w.envp, w.execPipeWrite);
+}
+
+#if defined(__x86_64__) && defined(SYS_clone3) && defined(CLONE_INTO_CGROUP) && \
+    !defined(DDPRUN_GUARD_FORKS_WORKER)
+int workerMain(void* start) { runWorker(*static_cast<const WorkerStart*>(start)); }
+
+// clone3(args) whose child calls fn(arg) on args->stack and exits with its result; the parent
+// gets the child's pid or -errno. glibc 2.36 exports no clone3 wrapper, and a child that
+// shares the parent's memory cannot return through a C function (it would unwind the frames
+// the parent returns through): this one never returns in the child. fn and arg ride in r8
+// and r9, which the syscall instruction preserves in both processes.
+extern "C" long ddprun_clone3_call(struct clone_args* args, size_t size, int (*fn)(void*),
+                                   void* arg);
+asm(R"(
+  .text
+  .p2align 4
+  .globl ddprun_clone3_call
+  .hidden ddprun_clone3_call
+  .type ddprun_clone3_call, @function
+ddprun_clone3_call:
+  .cfi_startproc
+  mov %rdx, %r8
+  mov %rcx, %r9
+  mov $435, %eax
+  syscall
+  test %rax, %rax
+  jz 1f
+  ret
+1:
+  .cfi_undefined rip
+  xor %ebp, %ebp
+  mov %r9, %rdi
+  call *%r8
+  mov %eax, %edi
+  mov $60, %eax
+  syscall
+  hlt
+  .cfi_endproc
+  .size ddprun_clone3_call, .-ddprun_clone3_call
+)");
+static_assert(SYS_clone3 == 435 && SYS_exit == 60, "x86_64 system call numbers");
+
+// Starts the worker sharing the guard's memory, in the cgroup open as `cgroupFd` when there is
+// one (CLONE_INTO_CGROUP, Linux 5.7) and else outside (it joins by cgroup.procs). Where clone3
+// is refused (a seccomp filter may say ENOSYS) it is glibc's clone() with the same flags.
+// Returns the worker's pid, or -errno.
+pid_t startWorker(int cgroupFd, WorkerStart& w) {
+  alignas(64) static char stack[64 * 1024];  // the worker's until its execve: the guard waits
+  if (cgroupFd >= 0) {
+    struct clone_args args {};
+    args.flags = CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP;
+    args.exit_signal = SIGCHLD;
+    args.cgroup = static_cast<uint64_t>(cgroupFd);
+    args.stack = reinterpret_cast<uint64_t>(stack);
+    args.stack_size = sizeof stack;
+    w.inCgroup = true;
+    const long pid = ddprun_clone3_call(&args, sizeof args, workerMain, &w);
+    if (pid > 0) return static_cast<pid_t>(pid);
+  }
+  w.inCgroup = false;
+  const pid_t pid =
+      ::clone(workerMain, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &w);
+  return pid > 0 ? pid : -errno;
+}
+#else
+// fork(), with the child started right in the cgroup open as `cgroupFd` (clone3 with
+// CLONE_INTO_CGROUP, Linux 5.7). Moving a process later (writing cgroup.procs) waits for an
+// RCU grace period: about a millisecond each, serialised between workers. Where clone3 is
+// refused (a seccomp filter may say ENOSYS) it is a plain fork(). The child only execs:
+// glibc's fork handlers are not needed before execve. Returns the worker's pid, or -errno.
+pid_t startWorker(int cgroupFd, WorkerStart& w) {
+  w.inCgroup = false;
+  pid_t pid = -1;
+#if defined(SYS_clone3) && defined(CLONE_INTO_CGROUP)
+  if (cgroupFd >= 0) {
+    struct clone_args args {};
+    args.flags = CLONE_INTO_CGROUP;
+    args.exit_signal = SIGCHLD;
+    args.cgroup = static_cast<uint64_t>(cgroupFd);
+    const long r = ::syscall(SYS_clone3, &args, sizeof args);
+    if (r >= 0) {
+      w.inCgroup = true;
+      pid = static_cast<pid_t>(r);
+    }
+  }
+#endif
+  if (pid < 0) pid = ::fork();
+  if (pid == 0) runWorker(w);
+  return pid > 0 ? pid : -errno;
+}
+#endif
+
+// ---- The guard's sweep: base/sweep.h (killDescendants) ----
 
 // The guard's whole life. `fds` are the launcher-side numbers of the descriptors it needs.
 [[noreturn]] void runGuard(int controlFd, int statusFd, int outFd, int errFd, int passFd,
@@ -183,20 +293,12 @@ pid_t forkInto(int cgroupFd, bool& inCgroup) {
   // stays outside.
   const int cgroupFd =
       cgroup.dir.empty() ? -1 : ::open(cgroup.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  bool inCgroup = false;
-  const pid_t worker = forkInto(cgroupFd, inCgroup);
-  if (worker == 0) {
-    ::close(execPipe[0]);
-    if (const int err = inCgroup ? 0 : joinCgroup(cgroup); err != 0) {
-      sendRecord(GuardRecord::CgroupFailed, err);
-    }
-    if (idle) {
-      sched_param none{};
-      ::sched_setscheduler(0, SCHED_IDLE, &none);  // a syscall: async-signal-safe
-    }
-    execWorker(path, argv, envp, execPipe[1]);
-  }
-  const int forkErrno = errno;
+  WorkerStart start{.cgroup = &cgroup, .inCgroup = false, .idle = idle,
+                    .execPipeRead = execPipe[0], .execPipeWrite = execPipe[1],
+                    .path = path, .argv = argv, .envp = envp};
+  const pid_t started = startWorker(cgroupFd, start);
+  const pid_t worker = started > 0 ? started : -1;
+  const int forkErrno = started > 0 ? 0 : -started;
   ::sigprocmask(SIG_SETMASK, &blockChld, nullptr);
   if (cgroupFd >= 0) ::close(cgroupFd);
   ::close(execPipe[1]);

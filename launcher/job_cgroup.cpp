@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "base/log.h"
-#include "launcher/signal_safe_io.h"
+#include "base/signal_safe_io.h"
 
 namespace ddprun::launcher {
 
@@ -263,6 +263,9 @@ std::unique_ptr<JobCgroup> JobCgroup::create(const std::string& runId, bool disa
 }
 
 JobCgroup::~JobCgroup() {
+  // The common end: the workers exited and left nothing, so their cgroup is empty. Removed
+  // first, it lets the job's go with one rmdir (no cgroup.kill, no listing of either).
+  if (!worker_.dir.empty()) ::rmdir(worker_.dir.c_str());
   if (!killAndRemoveCgroup(dir_.c_str(), 2000)) {
     DDPRUN_LOG(WARN, "launcher") << "could not remove the job's cgroup " << dir_ << ": "
                                  << std::strerror(errno);

@@ -1,7 +1,6 @@
 #include "rendezvous/rendezvous_config.h"
 
 #include <cctype>
-#include <cmath>
 #include <sstream>
 
 #include "base/errors.h"
@@ -95,13 +94,7 @@ RendezvousConf parseRdzvConf(const std::string& value) {
     const std::string key = item.substr(0, eq);
     const std::string v = eq == std::string::npos ? "" : item.substr(eq + 1);
     auto seconds = [&]() -> Millis {
-      try {
-        size_t used = 0;
-        const double s = std::stod(v, &used);
-        if (used == v.size() && std::isfinite(s) && s >= 0 && s < 1e9)
-          return Millis(static_cast<int64_t>(std::llround(s * 1000)));
-      } catch (const std::exception&) {
-      }
+      if (const auto ms = parseSecondsValue(v)) return Millis(ms->count());
       throw ConfigError("--rdzv-conf " + key + "='" + v +
                         "' is not valid (allowed: a number of seconds >= 0, e.g. 30 or 0.5)");
     };

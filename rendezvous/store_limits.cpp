@@ -26,18 +26,22 @@ std::optional<uint64_t> parseSize(const std::string& v) {
   return std::stoull(digits) * scale;
 }
 
-std::optional<std::chrono::milliseconds> parseSeconds(const std::string& v) {
+}  // namespace
+
+std::optional<std::chrono::milliseconds> parseSecondsValue(const std::string& v) {
   try {
     size_t used = 0;
     const double s = std::stod(v, &used);
-    if (used == v.size() && std::isfinite(s) && s >= 0 && s < 1e9)
-      return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000)));
+    if (used == v.size() && std::isfinite(s) && s >= 0 && s < 1e9) {
+      // llround for 0 <= ms < 1e12 < 2^53: the integer part and the fraction are exact.
+      const double ms = s * 1000;
+      const auto whole = static_cast<int64_t>(ms);
+      return std::chrono::milliseconds(whole + (ms - static_cast<double>(whole) >= 0.5 ? 1 : 0));
+    }
   } catch (const std::exception&) {
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 const std::vector<std::string>& storeLimitNames() {
   static const std::vector<std::string> names{
@@ -60,7 +64,7 @@ void setStoreLimit(ServerLimits& l, const std::string& name, const std::string& 
   };
   auto count = [&] { return size(1, ""); };
   auto seconds = [&] {
-    auto ms = parseSeconds(value);
+    auto ms = parseSecondsValue(value);
     if (!ms) {
       throw ConfigError(what + "='" + value +
                         "' is not valid (allowed: a number of seconds >= 0, e.g. 30 or 0.5; "

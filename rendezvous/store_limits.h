@@ -10,6 +10,7 @@
 // stays. docs/protocol.md ("Limits") and docs/security.md list each with its flag.
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,13 @@ const std::vector<std::string>& storeLimitNames();
 // wrote it), the value and what is allowed when the name or the value is not valid.
 void setStoreLimit(ServerLimits& limits, const std::string& name, const std::string& value,
                    const std::string& what);
+
+// `value` as a number of seconds (decimals allowed, >= 0 and < 1e9, e.g. "30" or "0.5") in
+// milliseconds, rounded to the nearest (a half up, as std::llround); nullopt when it is not
+// one. Rounds without libm's llround, so that ddprun needs no libm.so.6: one shared library
+// fewer for the loader at every agent's start (docs/rendezvous.md, "What an agent process
+// costs").
+std::optional<std::chrono::milliseconds> parseSecondsValue(const std::string& value);
 
 // What an unauthenticated connection may send, frame by frame, when the server has a token.
 inline constexpr protocol::Limits kHandshakeFrameLimits{

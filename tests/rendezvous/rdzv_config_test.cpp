@@ -1,6 +1,10 @@
 // Values of --nnodes, --rdzv-endpoint and --rdzv-conf: accepted forms and the messages for bad ones.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstdio>
+#include <random>
+
 #include "rendezvous/rendezvous_config.h"
 
 using namespace ddprun;
@@ -27,6 +31,34 @@ TEST_CASE("rdzv-endpoint values: HOST[:PORT] and bracketed IPv6", "[rdzv][config
   for (const char* bad : {"", ":80", "h:", "h:0", "h:70000", "h:x", "::1", "[::1", "[::1]x"}) {
     INFO(bad);
     CHECK_THROWS_WITH(parseEndpoint(bad), Catch::Contains("--rdzv-endpoint='" + std::string(bad)));
+  }
+}
+
+// parseSecondsValue rounds as std::llround did (ddprun no longer links libm for it): halves up,
+// and values just below a half down, over the whole range it accepts.
+TEST_CASE("rdzv-conf seconds round to the nearest millisecond as llround does",
+          "[rdzv][config]") {
+  CHECK(parseSecondsValue("0.5")->count() == 500);
+  CHECK(parseSecondsValue("0.0005")->count() == 1);   // a half (a hair above, in binary)
+  CHECK(parseSecondsValue("0.0004999")->count() == 0);
+  CHECK(parseSecondsValue("0.00049999999999999994")->count() == 0);  // + 0.5 would round up
+  CHECK(parseSecondsValue("999999999.9995")->count() == std::llround(999999999.9995 * 1000));
+  CHECK_FALSE(parseSecondsValue("1e9"));
+  CHECK_FALSE(parseSecondsValue("-0.5"));
+  CHECK_FALSE(parseSecondsValue("nan"));
+  CHECK_FALSE(parseSecondsValue("0.5s"));
+  std::mt19937_64 rng(20);
+  std::uniform_real_distribution<double> any(0, 1e9), small(0, 10);
+  char text[64];
+  for (int i = 0; i < 100'000; ++i) {
+    const double s = i % 2 ? any(rng) : small(rng);
+    std::snprintf(text, sizeof text, "%.17g", s);
+    const double parsed = std::stod(text);
+    INFO(text);
+    REQUIRE(parseSecondsValue(text)->count() == std::llround(parsed * 1000));
+    // and the halves: k + 0.5 ms exactly
+    std::snprintf(text, sizeof text, "%.17g", (std::floor(s * 1000) + 0.5) / 1000);
+    REQUIRE(parseSecondsValue(text)->count() == std::llround(std::stod(text) * 1000));
   }
 }
 

@@ -1,14 +1,14 @@
 #pragma once
-// File reads the guard can do between fork and exit: open/read/close only, no allocation, so
-// they are async-signal-safe in the fork of a threaded process (guarded_process.cpp,
-// job_cgroup.cpp).
+// File reads a forked child of a threaded process can do between fork and exit: open/read/close
+// only, no allocation, so they are async-signal-safe (the launcher's guard, its cgroup checks,
+// base/sweep's /proc walk).
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstddef>
 
-namespace ddprun::launcher {
+namespace ddprun {
 
 // Reads up to size - 1 bytes of `path` into buf and NUL-terminates them. Returns the count,
 // or -1 when the file cannot be opened or read (errno kept from the failing call).
@@ -26,4 +26,4 @@ inline ssize_t readSmallFile(const char* path, char* buf, size_t size) noexcept 
   return n;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun
