@@ -395,6 +395,11 @@ int benchRendezvous(int argc, char** argv) {
                  "i % loops)")
       ->check(CLI::Range(1, 64));
   app.add_flag("--no-plot", noPlot, "--simulate: no PNG");
+  int waiting = 0;
+  app.add_option("--waiting", waiting,
+                 "--simulate: W more agents arrive at the full round once it formed and wait on "
+                 "its waiting list; the re-form after the eviction takes them in (MAX stays N)")
+      ->check(CLI::Range(0, 100000));
   // The default is the rendezvous's (what a job gets without --rdzv-conf rank_order).
   std::string rankOrder =
       ddprun::rendezvous::DynamicRendezvousOptions{}.arrivalRanks ? "arrival" : "stable";
@@ -437,6 +442,7 @@ int benchRendezvous(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   sim.arrivalRanks = rankOrder == "arrival";
+  sim.waiting = waiting;
   if (!sim.sizes.empty()) {
     sim.spread = Millis(spreadMs);
     sim.cap = Millis(capS * 1000);

@@ -81,7 +81,8 @@ int simulate(const SimulateOptions& o) {
   // The CSV's scenario: the protocol, and etcd when the keys are there.
   auto scenario = [&](const std::string& protocol) {
     return "simulate-" + std::string(etcd ? "etcd-" : "") + protocol +
-           (etcd && !o.etcdLeases ? "-no-leases" : "") + (etcd && o.etcdGateway ? "-gateway" : "");
+           (etcd && !o.etcdLeases ? "-no-leases" : "") + (etcd && o.etcdGateway ? "-gateway" : "") +
+           (o.waiting > 0 ? "-waiting" : "");
   };
   const std::string csvPath = o.csv.empty() ? resultsPath("rendezvous_simulate.csv") : o.csv;
   // The rows of protocols not run this time are kept from the file (one plot, several runs).
@@ -121,7 +122,7 @@ int simulate(const SimulateOptions& o) {
     } else {
       const SwarmOptions so{.agents = n, .seed = o.seed, .spread = o.spread, .maxNproc = 4,
                             .timeout = o.cap, .protocol = protocol, .loops = o.loops,
-                            .arrivalRanks = o.arrivalRanks};
+                            .arrivalRanks = o.arrivalRanks, .waiting = o.waiting};
       try {
         r = etcd ? runEtcdSwarm(so, {.leaseTtl = o.etcdLeaseTtl, .leases = o.etcdLeases, .gateway = o.etcdGateway,
                                    .dataParent = o.etcdDataParent}) : runSwarm(o.storeBinary, so);
@@ -131,6 +132,17 @@ int simulate(const SimulateOptions& o) {
       note = r.error;
       if (protocol == "agents" && !etcd && !o.arrivalRanks)
         note += std::string(note.empty() ? "" : "; ") + "rank order stable";
+      if (o.waiting > 0 && r.error.empty()) {
+        char b[256];
+        std::snprintf(b, sizeof b,
+                      "%s%d waiting: on the list in %.3f s, rt %lld / %lld, bytes %lld / %lld "
+                      "(median / max); re-form includes them; the evictor rt %lld, bytes %lld",
+                      note.empty() ? "" : "; ", o.waiting, r.waitSeconds,
+                      (long long)r.wait.medianRoundTrips, (long long)r.wait.maxRoundTrips,
+                      (long long)r.wait.medianBytes, (long long)r.wait.maxBytes,
+                      (long long)r.evictor.maxRoundTrips, (long long)r.evictor.maxBytes);
+        note += b;
+      }
       if (r.connectSeconds > 0) {
         char b[96];
         std::snprintf(b, sizeof b, "%sset-up (fibers, connections) %.2f s before the first arrival, not timed",

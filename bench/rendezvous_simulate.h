@@ -25,6 +25,9 @@ struct SimulateOptions {
   uint64_t seed = 1;
   std::chrono::milliseconds spread{200};
   int loops = 1;  // threads running the agents' fibers (SwarmOptions::loops)
+  // SwarmOptions::waiting (--waiting W): W agents arrive at the full round and wait; the re-form
+  // takes them in. The scenario then ends in -waiting (the note gives W and their cost).
+  int waiting = 0;
   bool arrivalRanks = true;  // SwarmOptions::arrivalRanks (--rank-order; the rendezvous's default)
   std::chrono::milliseconds cap{120'000};  // per phase; larger N are skipped once one fails
   std::string storeBinary;                  // ddprun-store

@@ -15,10 +15,12 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "base/errors.h"
 #include "bench/fiber_scheduler.h"
 #include "rendezvous/prefix_store.h"
+#include "rendezvous/scalable/waiting_list.h"
 #include "rendezvous/state_log.h"
 #include "rendezvous/store_server.h"
 
@@ -187,6 +189,9 @@ struct SimAgent {
   StoreTraffic::Snapshot atStart, atFormed, atReformed;
   std::string error;       // written by the agent's fiber before it counts itself
   bool superseded = false;  // its round 1 ended (its watcher's event); the agent parks on &agent
+  // SwarmOptions::waiting: sampled by the harness once every waiting agent registered (atWaited)
+  // and once round 2 re-formed (atEnd: for an agent left on round 2's waiting list).
+  StoreTraffic::Snapshot atWaited, atEnd;
 };
 
 }  // namespace
@@ -240,8 +245,19 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
     nproc[i] = 1 + static_cast<int>(rng() % std::max(1, o.maxNproc));
   }
   const int victim = static_cast<int>(rng() % n);
+  // SwarmOptions::waiting: agents n.. arrive at the full round 1 once it formed.
+  const int w = std::max(0, o.waiting);
+  const int total = n + w;
+  for (int i = 0; i < w; ++i) {
+    arrival.push_back(Millis(0));
+    nproc.push_back(1 + static_cast<int>(rng() % std::max(1, o.maxNproc)));
+  }
+  // Round 2: MAX members (the survivors and the first waiting nodes to take a slot); the rest
+  // wait on its list.
+  const int members2 = std::min(n - 1 + w, n);
+  const int queued2 = n - 1 + w - members2;
 
-  std::vector<SimAgent> agents(n);
+  std::vector<SimAgent> agents(total);
   // The agents are fibers of `pool` (agent i on scheduler i % o.loops, each run by a thread of
   // its own); the main thread waits on `cv` for the counts and wakes the fibers by posting.
   FiberPool pool(o.loops);
@@ -249,6 +265,8 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
   std::condition_variable cv;
   std::atomic<bool> go{false};    // the first arrival's time has come (fibers park on &go)
   std::atomic<bool> done{false};  // the end of the run (each agent's fiber parks on its agent)
+  std::atomic<bool> go2{false};    // round 1 formed: the waiting agents arrive (park on &go2)
+  std::atomic<bool> ending{false};  // the harness ends the job: a JobEndedError is no error
   // Counted without the lock; the one that reaches the target takes it to notify, so the main
   // thread's predicate cannot miss the wake-up.
   std::atomic<int> formed{0}, reformed{0};
@@ -319,7 +337,20 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
         a.id = a.rdzv->self().id;
       }
       isReady = true;
-      count(ready, n);
+      count(ready, total);
+      if (i >= n) {  // a waiting agent: arrives at the full round 1, re-forms in round 2 or waits
+        while (!go2 && !done) fibers.park(nullptr, &go2, Clock::time_point::max());
+        if (done) throw Error("the run ended before this agent's arrival");
+        counted = true;
+        a.atFormed = a.atStart;
+        a.second = a.rdzv->nextRound();
+        a.reformedAt = Clock::now();
+        a.atReformed = a.traffic->snapshot();
+        count(reformed, members2);
+        sleepUntil(fibers, a, kForever, [] { return false; });
+        a.rdzv.reset();
+        return;
+      }
       while (!go) fibers.park(nullptr, &go, Clock::time_point::max());
       if (done) throw Error("the run ended before this agent's arrival");
       fibers.sleepUntil(t0 + arrival[i]);
@@ -332,31 +363,36 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
         sleepUntil(fibers, a, kForever, [] { return false; });
       } else if (!sleepUntil(fibers, a, o.timeout, [&] { return a.superseded; })) {
         a.error = "round " + std::to_string(a.first.round) + " never ended";
-        count(reformed, n - 1);
+        count(reformed, members2);
       } else if (!done) {
         a.second = a.rdzv->nextRound();
         a.reformedAt = Clock::now();
         a.atReformed = a.traffic->snapshot();
-        count(reformed, n - 1);
+        count(reformed, members2);
         sleepUntil(fibers, a, kForever, [] { return false; });
+      }
+    } catch (const JobEndedError&) {
+      if (!ending) {
+        a.error = "the job ended";
+        count(reformed, members2);
       }
     } catch (const std::exception& e) {
       a.error = e.what();
-      if (!isReady) count(ready, n);  // so that the swarm does not wait for it
+      if (!isReady) count(ready, total);  // so that the swarm does not wait for it
       if (!counted) count(formed, n);  // counted (with an error), so the swarm does not wait for it
-      count(reformed, n - 1);
+      count(reformed, members2);
     }
     a.rdzv.reset();  // on its fiber: the destructor joins the watcher's fiber
   };
 
   SwarmResult r;
   const auto tConnect = Clock::now();  // set-up: the agents' fibers, connections, settings check
-  for (int i = 0; i < n; ++i) pool.spawn(i, [&body, i] { body(i); });
+  for (int i = 0; i < total; ++i) pool.spawn(i, [&body, i] { body(i); });
   pool.start();
   {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, 2 * o.timeout, [&] { return ready >= n; });
-    if (ready < n) r.error = std::to_string(n - ready.load()) + " agents did not connect";
+    cv.wait_for(lock, 2 * o.timeout, [&] { return ready >= total; });
+    if (ready < total) r.error = std::to_string(total - ready.load()) + " agents did not connect";
   }
   r.connectSeconds = seconds(Clock::now() - tConnect);
   const double cpu0 = store.cpuSeconds();
@@ -366,16 +402,34 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
   pool.postAll([&](FiberScheduler& f) { f.wake(&go); });
 
   auto firstError = [&]() -> std::string {
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < total; ++i)
       if (!agents[i].error.empty()) return "agent " + std::to_string(i) + ": " + agents[i].error;
     return "";
   };
   // Every agent's fiber ends (its DynamicRendezvous and watcher with it) before the store goes.
   auto finish = [&] {
+    if (w > 0) {
+      // Agents still waiting for a place hold a join: the harness ends the job (Failed, on the
+      // closed round 2) so that every waiting agent's join returns.
+      ending = true;
+      try {
+        auto conn = store.connect(runId);
+        StateLog log(*conn, limits, /*spill=*/true);
+        const Versioned v = log.refresh(log.latest());
+        if (v.state.phase == Phase::Closed) {
+          const auto m = membersOfRound(*conn, limits, v.state.round);
+          failNode(log, v, v.state.round, m.at(0).id, 1, "the simulation is over", true);
+        }
+      } catch (const std::exception& e) {
+        if (r.error.empty()) r.error = std::string("ending the job: ") + e.what();
+      }
+    }
     done = true;
     go = true;
+    go2 = true;
     pool.postAll([&](FiberScheduler& f) {
       f.wake(&go);
+      f.wake(&go2);
       for (auto& a : agents) f.wake(&a);  // each scheduler wakes its own
     });
     pool.join();
@@ -396,7 +450,8 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
   std::vector<RoundInfo> rounds;
   std::vector<StoreTraffic::Snapshot> cost;
   Clock::time_point last = t0, firstDone = Clock::time_point::max();
-  for (auto& a : agents) {
+  for (int i = 0; i < n; ++i) {
+    const SimAgent& a = agents[i];
     rounds.push_back(a.first);
     cost.push_back(a.atFormed - a.atStart);
     last = std::max(last, a.formedAt);
@@ -425,25 +480,94 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
   r.formStoreCpu = store.cpuSeconds() - cpu0;
   r.formSwarmCpu = StoreProcess::cpuSecondsOf(::getpid()) - self0;
   r.form = costOf(cost);
+  const int64_t round1 = rounds[0].round, round2 = round1 + 1;  // the protocol's round numbers
+
+  // SwarmOptions::waiting: the waiting agents arrive at the full round 1, all at once; each
+  // registers on its waiting list (no version written) and waits.
+  if (w > 0) {
+    const auto tWait = Clock::now();
+    go2 = true;
+    pool.postAll([&](FiberScheduler& f) { f.wake(&go2); });
+    try {
+      auto conn = store.connect(runId);
+      StateLog log(*conn, limits, /*spill=*/true);
+      const Versioned closed = log.refresh(log.latest());
+      const auto deadline = Clock::now() + o.timeout;
+      int64_t k = 0;
+      while ((k = scalable::readWaitingCount(*conn, round1)) < w && Clock::now() < deadline &&
+             firstError().empty())
+        std::this_thread::sleep_for(Millis(2));
+      r.waitSeconds = seconds(Clock::now() - tWait);
+      if (k != w) {
+        r.error = "round 1's waiting list counts " + std::to_string(k) + " of " +
+                  std::to_string(w) + " waiting agents";
+      } else if (log.refresh(closed).version != closed.version) {
+        r.error = "the waiting agents wrote a state version (" + std::to_string(closed.version) +
+                  " -> " + std::to_string(log.refresh(closed).version) + ")";
+      }
+    } catch (const std::exception& e) {
+      r.error = std::string("waiting list: ") + e.what();
+    }
+    if (r.error.empty()) r.error = firstError();
+    if (!r.error.empty()) {
+      finish();
+      return r;
+    }
+    cost.clear();
+    for (int i = n; i < total; ++i) {
+      agents[i].atWaited = agents[i].traffic->snapshot();  // parked on round/1/over
+      cost.push_back(agents[i].atWaited - agents[i].atStart);
+    }
+    r.wait = costOf(cost);
+  }
 
   // The victim is dead: evicted as its heartbeat watcher would (one compare-set).
   const double cpu1 = store.cpuSeconds();
   const double self1 = StoreProcess::cpuSecondsOf(::getpid());
   Clock::time_point tEvict;
   try {
-    auto conn = store.connect(runId);
+    auto evictTraffic = std::make_shared<StoreTraffic>();
+    auto conn = std::make_shared<CountingStore>(store.connect(runId), evictTraffic);
     StateLog log(*conn, limits, /*spill=*/o.protocol == "agents");
     const std::string why = "node " + agents[victim].id + " simulated lost";
-    auto w = removeNode(log, log.refresh(log.latest()), agents[victim].id, why);
+    const Versioned newest = log.refresh(log.latest());  // a watcher holds it (its StateView)
+    const auto before = evictTraffic->snapshot();
+    auto ev = removeNode(log, newest, agents[victim].id, why);
     tEvict = Clock::now();
-    if (!w.wrote) r.error = "the eviction of " + agents[victim].id + " wrote nothing";
+    r.evictor = costOf({evictTraffic->snapshot() - before});
+    if (!ev.wrote) r.error = "the eviction of " + agents[victim].id + " wrote nothing";
   } catch (const std::exception& e) {
     r.error = std::string("eviction: ") + e.what();
   }
   if (r.error.empty()) {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, o.timeout + Millis(5'000), [&] { return reformed >= n - 1; });
-    if (reformed < n - 1) r.error = std::to_string(n - 1 - reformed.load()) + " survivors did not re-form";
+    cv.wait_for(lock, o.timeout + Millis(5'000), [&] { return reformed >= members2; });
+    if (reformed < members2)
+      r.error = std::to_string(members2 - reformed.load()) + " agents did not re-form";
+  }
+  // The agents left out of round 2 (slots beyond MAX) are on its waiting list.
+  std::set<std::string> queued;
+  if (r.error.empty() && queued2 > 0) {
+    try {
+      auto conn = store.connect(runId);
+      const auto deadline = Clock::now() + o.timeout;
+      int64_t k = 0;
+      while ((k = scalable::readWaitingCount(*conn, round2)) < queued2 && Clock::now() < deadline &&
+             firstError().empty())
+        std::this_thread::sleep_for(Millis(2));
+      if (k != queued2) {
+        r.error = "round 2's waiting list counts " + std::to_string(k) + " of " +
+                  std::to_string(queued2) + " agents left out";
+      } else {
+        std::vector<std::string> keys;
+        for (int64_t i = 0; i < k; ++i) keys.push_back(listKey(waitingListRef(round2), i));
+        for (const auto& node : decodeNodeLines(conn->multiGet(keys), RoundState::List::Waiting,
+                                                "round 2's waiting list"))
+          if (!queued.insert(node.id).second) r.error = node.id + " waits twice in round 2";
+      }
+    } catch (const std::exception& e) {
+      r.error = std::string("round 2's waiting list: ") + e.what();
+    }
   }
   if (r.error.empty()) r.error = firstError();
   if (r.error.empty()) {
@@ -451,21 +575,35 @@ SwarmResult runSwarmOn(const SwarmStore& store, const SwarmOptions& o) {
     cost.clear();
     last = tEvict;
     firstDone = Clock::time_point::max();
-    for (int i = 0; i < n; ++i) {
+    std::set<std::string> inRound;
+    for (int i = 0; i < total; ++i) {
       if (i == victim) continue;
-      rounds.push_back(agents[i].second);
-      cost.push_back(agents[i].atReformed - agents[i].atFormed);
-      last = std::max(last, agents[i].reformedAt);
-      firstDone = std::min(firstDone, agents[i].reformedAt);
+      SimAgent& a = agents[i];
+      const StoreTraffic::Snapshot from = i >= n ? a.atWaited : a.atFormed;
+      if (a.second.round == 0) {  // left out: on round 2's waiting list (checked below)
+        if (!queued.count(a.id)) r.error = "agent " + a.id + " is neither in round 2 nor waiting";
+        a.atEnd = a.traffic->snapshot();
+        cost.push_back(a.atEnd - from);
+        continue;
+      }
+      if (queued.count(a.id)) r.error = "agent " + a.id + " is in round 2 and waits for it";
+      inRound.insert(a.id);
+      rounds.push_back(a.second);
+      cost.push_back(a.atReformed - from);
+      last = std::max(last, a.reformedAt);
+      firstDone = std::min(firstDone, a.reformedAt);
     }
     try {
-      members = membersOfRound(*store.connect(runId), limits, rounds[0].round);
+      if (r.error.empty()) members = membersOfRound(*store.connect(runId), limits, rounds[0].round);
     } catch (const std::exception& e) {
       r.error = e.what();
     }
     if (r.error.empty()) r.error = checkRound(rounds, &members);
-    if (r.error.empty() && static_cast<int>(members.size()) != n - 1)
+    if (r.error.empty() && static_cast<int>(members.size()) != members2)
       r.error = "the re-formed round has " + std::to_string(members.size()) + " members";
+    if (r.error.empty() && static_cast<int>(inRound.size() + queued.size()) != total - 1)
+      r.error = "a live agent is lost: " + std::to_string(inRound.size()) + " in round 2, " +
+                std::to_string(queued.size()) + " waiting, of " + std::to_string(total - 1);
     if (r.error.empty()) {
       r.reformSeconds = seconds(last - tEvict);
       r.reformFirstSeconds = seconds(firstDone - tEvict);

@@ -115,6 +115,12 @@ struct SwarmOptions {
   // reads every record and writes the member list). By default the rendezvous's own default, so
   // that the tests and the bench measure what a job gets without --rdzv-conf rank_order.
   bool arrivalRanks = ddprun::rendezvous::DynamicRendezvousOptions{}.arrivalRanks;
+  // Agents that arrive at the full round once it formed (all at once): each goes on its waiting
+  // list (scalable/waiting_list.h); the eviction then re-forms round 2 with MAX = N members, the
+  // survivors and waiting nodes that took its first slots, and the rest wait on round 2's list.
+  // Checked: the waiting nodes wrote no version; after the re-form every live agent is a member
+  // of round 2 or on its waiting list, never both (no lost joiner). 0: the plain scenario.
+  int waiting = 0;
   // Tests only: after round 1, the harness makes agent 0's view claim agent 1's node rank before
   // checking it, so that a test can see a violated invariant fail the run.
   bool corruptView = false;
@@ -138,6 +144,13 @@ struct SwarmResult {
   // work done on their behalf) used in each phase.
   double formSwarmCpu = 0, reformSwarmCpu = 0;
   Cost form, reform;
+  // With SwarmOptions::waiting: each waiting agent's cost from its arrival until it was on
+  // round 1's waiting list (its settings check included, as in `form`); `reform` then covers
+  // every live agent, the waiting ones and those left on round 2's list included. `evictor`:
+  // the eviction's own store work (removeNode on the newest version, which is the re-form's
+  // writer: with a waiting list it reads the waiting count), one agent.
+  Cost wait, evictor;
+  double waitSeconds = 0;  // the waiting agents' arrival to the last one registered
   std::string error;  // why a phase has no time (a violated invariant, an agent's error)
 };
 

@@ -243,6 +243,8 @@ class DynamicRendezvous {
   // The slot join: the round this node holds a slot of (-1: none), the slot, the round's target
   // when it was taken, and when this node's last call runs out (max: it has none).
   int64_t slotRound_ = -1;
+  // The closed round whose waiting list this node registered on (scalable/waiting_list.h).
+  int64_t waitRound_ = -1;
   int64_t slot_ = 0;
   int64_t slotProcs_ = 0;  // the processes of slots 1..slot_ (0 on a store with tickets)
   Clock::time_point closeAt_ = Clock::time_point::max();  // arrival ranks: the target's fallback

@@ -346,8 +346,15 @@ void DynamicRendezvous::leave(const std::string& reason) {
   // most kLeaveTimeout per call, not connect_timeout; its heartbeat keys are left then.
   main_.store->setTimeout(std::min(main_.store->timeout(), kLeaveTimeout));
   try {
-    auto r = removeNode(*log_, fresh(), self_.id, why);
-    current_ = r.now;
+    Versioned now = fresh();
+    if (now.state.phase == Phase::Closed && now.state.round == waitRound_ &&
+        !position(*main_.store, now.state, RoundState::List::Members, self_.id)) {
+      // On the waiting list by counters (scalable/waiting_list.h): no version names it, so there
+      // is nothing to remove; a round that expects it back evicts it by its missing heartbeats.
+      current_ = now;
+    } else {
+      current_ = removeNode(*log_, now, self_.id, why).now;
+    }
   } catch (...) {
     if (liveness_) liveness_->stop(false);
     throw;

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/scalable/slot_join.h"
+#include "rendezvous/scalable/waiting_list.h"
 #include "rendezvous/text_fields.h"
 
 namespace ddprun::rendezvous {
@@ -60,9 +61,24 @@ Versioned DynamicRendezvous::joinBySlots() {
     }
     if (s.phase == Phase::Closed) {
       if (findSelf(s)) return cur;
-      if (position(*main_.store, s, RoundState::List::Waiting, self_.id)) {
+      if (waitRound_ == s.round || position(*main_.store, s, RoundState::List::Waiting, self_.id)) {
         // the job is full: wait for a place
         if (auto v = log_->waitMarkerRead(overKey(s.round), until(joinDeadline))) cur = *v;
+        continue;
+      }
+      if (log_->spills() && s.membersList.ref != 0 && !s.finishing() &&
+          s.memberCount() >= lim.maxNodes && s.waitingList.ref == 0 && s.waiting.empty()) {
+        // Full: this node registers on the round's waiting list by counters, writing no version
+        // (scalable/waiting_list.h: O(1) store work, where appending itself to the version's
+        // waiting list loaded and rewrote the lists). A finishing round's arrivals still go in
+        // its version (arriveNode), which names every node the store's host waits for.
+        const int64_t index = scalable::joinWaitingList(*main_.store, s.round, self_);
+        waitRound_ = s.round;
+        // Its entry, for the ring of the round that expects it (ListRef::waiting): no read.
+        view_.lists().notePosition(waitingListRef(s.round), self_.id, {.index = index - 1});
+        view_.lists().noteEntry(waitingListRef(s.round), index - 1, self_.id);
+        DDPRUN_LOG(DEBUG, "rendezvous") << "round " << s.round << " is full (MAX="
+                                       << lim.maxNodes << "): waiting for a place";
         continue;
       }
       // Too late for it, or new: open the next round, or wait for a place.
@@ -102,6 +118,10 @@ Versioned DynamicRendezvous::joinBySlots() {
         view_.lists().notePosition(listRef, self_.id, {.index = slot_ - 1,
                                                        .rankOffset = slotProcs_ - self_.nproc});
         view_.lists().noteEntry(listRef, slot_ - 1, self_.id);
+      } else if (listed) {
+        // Beyond MAX: no entry, and not in the list whatever its count (position() says so from
+        // the index, so that the ring does not read the missing id key).
+        view_.lists().notePosition(listRef, self_.id, {.index = slot_ - 1});
       }
       slotTarget_ = target;
       closeAt_ = Clock::time_point::max();

@@ -65,6 +65,12 @@ const char* phaseName(Phase p);
 // scalable::slotListRef): a joiner whose slot came after the round's count wrote its id key
 // there too, so an id key beyond the count names a node that is not in the list.
 inline constexpr int64_t kJoinerListBase = 1'000'000'000;  // above any ref of the `lists` counter
+// The waiting list of a full closed round r (issue 20): each node arriving there takes an index
+// of r/<r>/waiting and writes its own entry of list kWaitingListBase + r (write-once), instead
+// of a writer loading and rewriting the whole list in a version. Above the joiners' lists of
+// any round (rounds stay below 10^9).
+inline constexpr int64_t kWaitingListBase = 2'000'000'000;
+inline int64_t waitingListRef(int64_t round) { return kWaitingListBase + round; }
 struct ListRef {
   int64_t ref = 0;
   int64_t count = 0;
@@ -79,9 +85,16 @@ struct ListRef {
   // arrival into a running round with room writes no list. `count` is then the member list's
   // length plus one. At most one of `without` and `with`.
   std::string with;
+  // ofMembers only: and after them the first `waiting` nodes of the round before's waiting list
+  // (a full round's arrivals, each registered by itself on counters with its own entry of list
+  // waitingListRef(round - 1): scalable::joinWaitingList), newcomers (prevRank -1): a re-form
+  // with a waiting list loads and writes no list either. `count` includes them.
+  int64_t waiting = 0;
   // The entries of the list `ref` names (count, plus the one left out by `without`, less the
-  // one `with` adds).
-  int64_t stored() const { return count + (without.empty() ? 0 : 1) - (with.empty() ? 0 : 1); }
+  // one `with` adds and the waiting nodes).
+  int64_t stored() const {
+    return count + (without.empty() ? 0 : 1) - (with.empty() ? 0 : 1) - waiting;
+  }
   bool operator==(const ListRef&) const = default;
 };
 

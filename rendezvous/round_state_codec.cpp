@@ -105,6 +105,10 @@ std::string encodeState(const RoundState& s) {
       out.append(" and ");
       out.append(s.expectedList.with);
     }
+    if (s.expectedList.ofMembers && s.expectedList.waiting > 0) {
+      out.append(" waiting ");
+      put(out, s.expectedList.waiting);
+    }
     out += '\n';
   }
   return out;
@@ -225,6 +229,13 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       s.masterPort = static_cast<uint16_t>(port);
     } else if (tag == "expected-list" || tag == "waiting-list") {
       ListRef& ref = tag == "expected-list" ? s.expectedList : s.waitingList;
+      // "... members ... waiting <K>": and the round before's K waiting nodes (ListRef::waiting).
+      auto w = words(line);
+      if (tag == "expected-list" && w.size() >= 6 && w[w.size() - 2] == "waiting") {
+        if (!number(w.back(), ref.waiting) || ref.waiting < 1)
+          throw bad(std::string(tag) + " record '" + std::string(line) + "'");
+        w.resize(w.size() - 2);
+      }
       ref.ofMembers = (w.size() >= 4 && w.size() <= 6) && tag == "expected-list" &&
                       w[3] == "members";
       size_t words = ref.ofMembers ? 4u : 3u;
@@ -238,7 +249,8 @@ RoundState decodeState(const std::string& text, const std::string& what) {
         words = 6;
       }
       if (w.size() != words || !number(w[1], ref.ref) || !number(w[2], ref.count) ||
-          ref.ref < 1 || ref.count < 1 || (!ref.with.empty() && ref.count < 2)) {
+          ref.ref < 1 || ref.count < 1 || (!ref.with.empty() && ref.count < 2) ||
+          (ref.waiting > 0 && (!ref.ofMembers || ref.stored() < 1))) {
         throw bad(std::string(tag) + " record '" + std::string(line) + "'");
       }
     } else {

@@ -5,6 +5,7 @@
 
 #include "base/errors.h"
 #include "rendezvous/heartbeat.h"
+#include "rendezvous/scalable/waiting_list.h"
 #include "rendezvous/text_fields.h"
 
 namespace ddprun::rendezvous {
@@ -94,6 +95,26 @@ std::optional<std::string> ListCache::entry(int64_t ref, int64_t i) {
   return std::nullopt;
 }
 
+// Entry `id`'s "<index> <first global rank>" in list `ref` (its id key): one round trip, none
+// when `cache` knows it (it notes the one read). nullopt when the list has no such key.
+static std::optional<ListPosition> idPosition(Store& store, int64_t ref, const std::string& id,
+                                              ListCache* cache) {
+  if (cache) {
+    if (auto known = cache->position(ref, id)) return known;
+  }
+  const std::string key = listIdKey(ref, id);
+  const auto v = tryGet(store, key);
+  if (!v) return std::nullopt;
+  ListPosition p;
+  const auto w = text::words(*v);
+  if (w.size() != 2 || !text::number(w[0], p.index) || !text::number(w[1], p.rankOffset) ||
+      p.index < 0 || p.rankOffset < 0) {
+    forgedList(key, "'" + v->substr(0, 80) + "'");
+  }
+  if (cache) cache->notePosition(ref, id, p);
+  return p;
+}
+
 std::optional<ListPosition> position(Store& store, const RoundState& s, RoundState::List which,
                                      const std::string& id, ListCache* cache) {
   const bool members = which == RoundState::List::Members;
@@ -111,23 +132,30 @@ std::optional<ListPosition> position(Store& store, const RoundState& s, RoundSta
   if (id == ref.without) return std::nullopt;  // the member an expected list leaves out
   if (!ref.with.empty() && id == ref.with) return ListPosition{.index = ref.stored()};
   const std::string key = listIdKey(ref.ref, id);
-  std::optional<ListPosition> known = cache ? cache->position(ref.ref, id) : std::nullopt;
-  if (!known) {
-    const auto v = tryGet(store, key);
-    if (!v) return std::nullopt;
-    ListPosition p;
-    const auto w = text::words(*v);
-    if (w.size() != 2 || !text::number(w[0], p.index) || !text::number(w[1], p.rankOffset) ||
-        p.index < 0 || p.rankOffset < 0) {
-      forgedList(key, "'" + v->substr(0, 80) + "'");
+  if (ref.waiting > 0 && cache) {
+    // A waiting node knows its own entry (it wrote it): no read, and none of the member list.
+    if (const auto w = cache->position(waitingListRef(s.round - 1), id)) {
+      if (w->index >= ref.waiting) return std::nullopt;  // registered too late for the count
+      return ListPosition{.index = ref.stored() + (ref.with.empty() ? 0 : 1) + w->index};
     }
-    known = p;
-    if (cache) cache->notePosition(ref.ref, id, p);
   }
-  const ListPosition p = *known;
+  std::optional<ListPosition> known = idPosition(store, ref.ref, id, cache);
   // A joiners' list (kJoinerListBase) holds the id keys of joiners too late for its count.
+  if (known && ref.ref >= kJoinerListBase &&
+      (known->index >= ref.stored() || (members && known->rankOffset >= s.worldSize))) {
+    known.reset();
+  }
+  if (!known && ref.waiting > 0) {
+    // Not a member of the round before: one of its waiting nodes that round r+1 expects after
+    // them (ListRef::waiting)? Their list is written by its own nodes: an index beyond the
+    // count names a node that registered too late for it.
+    const auto w = idPosition(store, waitingListRef(s.round - 1), id, cache);
+    if (!w || w->index >= ref.waiting) return std::nullopt;
+    return ListPosition{.index = ref.stored() + (ref.with.empty() ? 0 : 1) + w->index};
+  }
+  if (!known) return std::nullopt;
+  const ListPosition p = *known;
   const bool beyond = p.index >= ref.stored() || (members && p.rankOffset >= s.worldSize);
-  if (beyond && ref.ref >= kJoinerListBase) return std::nullopt;
   if (beyond) {
     forgedList(key, "'" + std::to_string(p.index) + " " + std::to_string(p.rankOffset) + "'");
   }
@@ -171,18 +199,25 @@ std::string ringTarget(Store& store, const RoundState& s, const std::string& sel
   if (!p) return {};
   // At most lost.size() + 2 reads: the lost members are few (and `without` is one). A
   // newcomer (`with`) is last in the ring, after the stored entries.
-  const int64_t ring = ref.stored() + (ref.with.empty() ? 0 : 1);
+  // The round before's waiting nodes (ListRef::waiting) follow, entries of their own list.
+  const int64_t ring = ref.stored() + (ref.with.empty() ? 0 : 1) + ref.waiting;
+  const int64_t firstWaiting = ring - ref.waiting;
   for (int64_t k = 1; k < ring; ++k) {
     const int64_t i = (p->index + k) % ring;
-    if (i == ref.stored()) return ref.with;
-    std::optional<std::string> id = cache ? cache->entry(ref.ref, i) : std::nullopt;
+    if (i == ref.stored() && !ref.with.empty()) return ref.with;
+    const bool waiting = i >= firstWaiting;
+    const int64_t list = waiting ? waitingListRef(s.round - 1) : ref.ref;
+    const int64_t at = waiting ? i - firstWaiting : i;
+    std::optional<std::string> id = cache ? cache->entry(list, at) : std::nullopt;
     if (!id) {
-      const std::string key = listKey(ref.ref, i);
+      const std::string key = listKey(list, at);
       const auto nodes = decodeNodeLines({store.get(key)},
-                                         ref.ofMembers ? RoundState::List::Members : which,
+                                         waiting          ? RoundState::List::Waiting
+                                         : ref.ofMembers ? RoundState::List::Members
+                                                         : which,
                                          "'" + key + "'");
       id = nodes.at(0).id;
-      if (cache) cache->noteEntry(ref.ref, i, *id);
+      if (cache) cache->noteEntry(list, at, *id);
     }
     if (!lost(*id) && *id != ref.without) return *id;
   }
@@ -213,6 +248,21 @@ void StateLog::hydrate(RoundState& s) {
         for (const auto& e : expected)
           if (e.id == ref.with) forgedList(keys.front(), "the newcomer it adds is a member");
         expected.push_back(NodeInfo{.id = ref.with, .prevRank = -1});
+      }
+      if (ref.waiting > 0) {  // and the round before's waiting nodes (scalable/waiting_list.h)
+        const int64_t w = waitingListRef(s.round - 1);
+        std::vector<std::string> waitingKeys;
+        for (int64_t i = 0; i < ref.waiting; ++i) waitingKeys.push_back(listKey(w, i));
+        if (!store_.check(waitingKeys))
+          forgedList(waitingKeys.back(), "a version names waiting entries never written");
+        std::set<std::string> ids;
+        for (const auto& e : expected) ids.insert(e.id);
+        for (const auto& n : decodeNodeLines(store_.multiGet(waitingKeys), L::Waiting,
+                                             "'l/" + std::to_string(w) + "'")) {
+          if (!ids.insert(n.id).second)
+            forgedList(listIdKey(w, n.id), "a node both expected and waiting, or waiting twice");
+          expected.push_back(NodeInfo{.id = n.id, .prevRank = -1});
+        }
       }
       if (static_cast<int64_t>(expected.size()) != ref.count)
         forgedList(keys.front(), "the member it leaves out is not in it once");
@@ -457,8 +507,11 @@ StateLog::Result removeNode(StateLog& log, const Versioned& known, const std::st
         next.phase = Phase::Joining;
         next.restarts = st.restarts;
         next.reason = reason;
-        next.expectedList = ListRef{.ref = st.membersList.ref, .count = st.membersList.count - 1,
-                                    .ofMembers = true, .without = id};
+        // And the round's waiting nodes (scalable/waiting_list.h): two reads, no list loaded.
+        const int64_t waiting = scalable::readWaitingCount(log.store(), st.round);
+        next.expectedList = ListRef{.ref = st.membersList.ref,
+                                    .count = st.membersList.count - 1 + waiting,
+                                    .ofMembers = true, .without = id, .waiting = waiting};
         return next;
       },
       [&](const RoundState& s) { return transition::remove(s, id, reason, lim); });
@@ -520,6 +573,9 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
                       std::to_string(lim.maxRestarts) + ")";
         next.expectedList = st.membersList;
         next.expectedList.ofMembers = true;
+        // And the round's waiting nodes (scalable/waiting_list.h): two reads, no list loaded.
+        next.expectedList.waiting = scalable::readWaitingCount(log.store(), st.round);
+        next.expectedList.count += next.expectedList.waiting;
         return next;
       },
       [&](const RoundState& s) {

@@ -183,3 +183,39 @@ TEST_CASE("simulated agents on etcd form and re-form within issue 20's bound at 
   CHECK(results[1].reform.medianRoundTrips <= results[0].reform.medianRoundTrips + 1);
   CHECK(results[1].reform.medianBytes <= results[0].reform.medianBytes + 128);
 }
+
+// Issue 20's waiting list on etcd (tests/rendezvous/rdzv_swarm_test.cpp has the ddprun store's):
+// N agents form a full round, N/4 more arrive at once and register on its waiting list (a
+// ticket, one txn for their entries, a ticket once written: no state version), one member is
+// evicted and round 2 re-forms with the survivors and one waiting node, the rest waiting again;
+// every live agent is in round 2 or on its list. Each agent's registration, re-form (its ring
+// over the expected members and waiting nodes included) and the evictor's work stay within the
+// bound, at 32 as at 128 agents.
+TEST_CASE("simulated agents on etcd: a full round's waiting list and its re-form within issue 20's bound") {
+  ddprun::log::setLevel(ddprun::log::Level::Warn);
+  std::vector<SwarmResult> results;
+  for (int n : {32, 128}) {
+    const SwarmResult r = runEtcdSwarm(SwarmOptions{.agents = n, .seed = 40 + uint64_t(n),
+                                                    .spread = Millis(200), .maxNproc = 8,
+                                                    .timeout = Millis(120'000),
+                                                    .protocol = "agents", .loops = 1,
+                                                    .waiting = n / 4},
+                                       EtcdSwarmOptions{.leaseTtl = Millis(30'000)});
+    INFO(n << " agents + " << n / 4 << " waiting: " << r.error);
+    REQUIRE(r.error.empty());  // runSwarmOn checked round 2 and that no live agent was lost
+    REQUIRE(r.reformSeconds);
+    INFO("round trips (median / max): wait " << r.wait.medianRoundTrips << " / "
+         << r.wait.maxRoundTrips << ", re-form " << r.reform.medianRoundTrips << " / "
+         << r.reform.maxRoundTrips << ", evictor " << r.evictor.maxRoundTrips
+         << "; bytes (max): wait " << r.wait.maxBytes << ", re-form " << r.reform.maxBytes
+         << ", evictor " << r.evictor.maxBytes);
+    for (const Cost* c : {&r.wait, &r.reform, &r.evictor}) {
+      CHECK(c->maxRoundTrips <= 10);
+      CHECK(c->maxBytes <= 4096);
+    }
+    results.push_back(r);
+  }
+  CHECK(results[1].wait.medianRoundTrips <= results[0].wait.medianRoundTrips + 1);
+  CHECK(results[1].reform.medianRoundTrips <= results[0].reform.medianRoundTrips + 1);
+  CHECK(results[1].reform.medianBytes <= results[0].reform.medianBytes + 128);
+}

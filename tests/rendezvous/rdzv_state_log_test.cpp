@@ -5,6 +5,7 @@
 
 #include "rendezvous/counting_store.h"
 #include "rendezvous/memory_store.h"
+#include "rendezvous/scalable/waiting_list.h"
 #include "rendezvous/state_log.h"
 
 using namespace ddprun;
@@ -376,6 +377,73 @@ TEST_CASE("spilled lists: an eviction from a closed round writes no list (the me
   store->set(stateKey(e.version + 1), encodeState(forged));
   RoundState g = reader.read(e.version + 1).state;
   CHECK_THROWS_WITH(reader.hydrate(g), Catch::Contains("leaves out"));
+}
+
+// Issue 20: a full round's waiting list by counters (scalable/waiting_list.h). The waiting nodes
+// write no version; the eviction's re-form names them after the members (ListRef::waiting) and
+// loads as transition::remove's state would have with the same waiting list in the version.
+TEST_CASE("spilled lists: a full round's waiting list by counters writes no version, and the "
+          "eviction's re-form expects the waiting nodes after the members",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const JobLimits lim{.minNodes = 2, .maxNodes = 4, .maxRestarts = 2};
+  StateLog log(*store, lim, /*spill=*/true);
+  Versioned v = log.latest();
+  for (int i = 0; i < 4; ++i) {
+    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
+    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
+  }
+  REQUIRE(v.state.phase == Phase::Closed);
+  const int64_t r = v.state.round;
+  const NodeInfo n8{.id = "n8", .addr = "10.0.0.8", .nproc = 2}, n9{.id = "n9", .addr = "10.0.0.9"};
+  CHECK(scalable::readWaitingCount(*store, r) == 0);
+  CHECK(scalable::joinWaitingList(*store, r, n8) == 1);
+  CHECK(scalable::joinWaitingList(*store, r, n9) == 2);
+  CHECK_FALSE(store->check({stateKey(v.version + 1)}));  // no version written
+  CHECK(scalable::readWaitingCount(*store, r) == 2);
+  // An entry in flight (its index taken, its entries not yet written) makes the count 0: the
+  // waiting nodes then re-join as newcomers.
+  store->add(scalable::waitingCountKey(r), 1);
+  CHECK(scalable::readWaitingCount(*store, r) == 0);
+  store->add(scalable::waitingWrittenKey(r), 1);  // (as if its holder wrote it)
+  store->set(listKey(waitingListRef(r), 2), encodeNodeLine(NodeInfo{.id = "n7", .addr = "10.0.0.7"},
+                                                         RoundState::List::Waiting));
+  store->set(listIdKey(waitingListRef(r), "n7"), "2 0");
+  RoundState withWaiting = v.state;
+  withWaiting.waiting = {n8, n9, NodeInfo{.id = "n7", .addr = "10.0.0.7"}};
+  const std::optional<RoundState> expect = transition::remove(withWaiting, "n1", "gone", lim);
+  REQUIRE(expect);
+  StateLog reader(*store, lim);
+  const Versioned e = removeNode(log, v, "n1", "gone").now;
+  const Versioned joining = reader.read(e.version);
+  REQUIRE(joining.state.phase == Phase::Joining);
+  CHECK(joining.state.expectedList.without == "n1");
+  CHECK(joining.state.expectedList.waiting == 3);
+  CHECK(joining.state.expectedCount() == 6);
+  CHECK(slotTarget(joining.state, lim) == 4);
+  CHECK(store->get(stateKey(e.version)).find("waiting 3") != std::string::npos);
+  RoundState h = joining.state;
+  reader.hydrate(h);
+  CHECK(h == *expect);
+  // Positions and the ring: the waiting nodes after the members, in their order.
+  CHECK(position(*store, joining.state, RoundState::List::Expected, "n9")->index == 5);
+  CHECK_FALSE(position(*store, joining.state, RoundState::List::Expected, "n1"));
+  CHECK_FALSE(position(*store, joining.state, RoundState::List::Expected, "n5"));
+  CHECK(ringTarget(*store, joining.state, "n3") == "n8");
+  CHECK(ringTarget(*store, joining.state, "n8") == "n9");
+  CHECK(ringTarget(*store, joining.state, "n7") == "n0");
+  CHECK(ringTarget(*store, joining.state, "n0") == "n2");
+  // One that registered after the count was read is not expected (it re-joins as a newcomer).
+  CHECK(scalable::joinWaitingList(*store, r, NodeInfo{.id = "n6", .addr = "10.0.0.6"}) == 4);
+  CHECK_FALSE(position(*store, joining.state, RoundState::List::Expected, "n6"));
+  CHECK(decodeState(encodeState(joining.state), "k") == joining.state);
+  // A version naming more waiting nodes than ever wrote their entries is forged.
+  RoundState forged = joining.state;
+  forged.expectedList.waiting = 9;
+  forged.expectedList.count += 6;
+  store->set(stateKey(e.version + 1), encodeState(forged));
+  RoundState g = reader.read(e.version + 1).state;
+  CHECK_THROWS_WITH(reader.hydrate(g), Catch::Contains("waiting entries never written"));
 }
 
 TEST_CASE("spilled lists: an arrival into a running round with room writes no list (the member "

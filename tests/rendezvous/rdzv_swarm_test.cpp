@@ -76,6 +76,62 @@ TEST_CASE("checkRound accepts a correct round and names each violated invariant"
   CHECK_THAT(checkRound(r), Catch::Contains("node rank 0's"));
 }
 
+// Issue 20, the waiting list: N agents form a full round (MAX = N), N/4 more arrive at once and
+// go on its waiting list, one member is evicted and round 2 re-forms with the survivors and the
+// first waiting node to take a slot, the others waiting again. The harness checks that the
+// waiting agents wrote no state version, the invariants of round 2, and that every live agent
+// is in round 2 or on its waiting list (no lost joiner). This is the regression test of their
+// cost: the waiting agents' registration, every agent's re-form (the ones waiting again
+// included) and the evictor's store work may not grow with N, within issue 20's bound
+// (10 round trips, 4 KiB). Before the waiting list by counters, a waiting node appended itself
+// to the version (loading the member list: O(N) bytes) and the evictor loaded and wrote the
+// lists (O(N)): this test failed on bytes at 1024 and on round trips (k arrivals racing for
+// one version).
+TEST_CASE("a full round's waiting list and the re-form that takes it in cost every agent O(1)") {
+  ddprun::log::setLevel(ddprun::log::Level::Warn);
+  const uint64_t seed = testSeed();
+  std::vector<SwarmResult> results;
+  for (int n : {64, 1024}) {
+    INFO("agents " << n << " + " << n / 4 << " waiting, seed " << seed);
+    const SwarmResult r = runSwarm(std::string(DDPRUN_BIN_DIR) + "/ddprun-store",
+                                   SwarmOptions{.agents = n, .seed = seed + n,
+                                                .spread = Millis(300), .maxNproc = 8,
+                                                .timeout = Millis(120'000), .waiting = n / 4});
+    CHECK(r.error == "");
+    REQUIRE(r.formSeconds);
+    REQUIRE(r.reformSeconds);
+    CHECK(r.wait.medianRoundTrips >= 3);  // its index, its entries, the written count at least
+    results.push_back(r);
+  }
+  const SwarmResult &small = results[0], &large = results[1];
+  INFO("at 64 / 1024: wait rt " << small.wait.medianRoundTrips << "/" << small.wait.maxRoundTrips
+       << " / " << large.wait.medianRoundTrips << "/" << large.wait.maxRoundTrips
+       << ", bytes " << small.wait.medianBytes << "/" << small.wait.maxBytes << " / "
+       << large.wait.medianBytes << "/" << large.wait.maxBytes << "; re-form rt "
+       << small.reform.medianRoundTrips << "/" << small.reform.maxRoundTrips << " / "
+       << large.reform.medianRoundTrips << "/" << large.reform.maxRoundTrips << ", bytes "
+       << small.reform.medianBytes << "/" << small.reform.maxBytes << " / "
+       << large.reform.medianBytes << "/" << large.reform.maxBytes << "; evictor rt "
+       << small.evictor.maxRoundTrips << " / " << large.evictor.maxRoundTrips << ", bytes "
+       << small.evictor.maxBytes << " / " << large.evictor.maxBytes);
+  for (const Cost* c : {&large.wait, &large.reform, &large.evictor}) {
+    CHECK(c->maxRoundTrips <= 10);
+    CHECK(c->maxBytes <= 4096);
+  }
+  // Not growing with N: the same round trips (one more allowed for the median, two for the max:
+  // whether a hint or an entry is found written yet depends on timing), bytes within the digits
+  // of larger slots, indices and refs.
+  CHECK(large.wait.medianRoundTrips <= small.wait.medianRoundTrips + 1);
+  CHECK(large.wait.maxRoundTrips <= small.wait.maxRoundTrips + 2);
+  CHECK(large.reform.medianRoundTrips <= small.reform.medianRoundTrips + 1);
+  CHECK(large.reform.maxRoundTrips <= small.reform.maxRoundTrips + 2);
+  CHECK(large.evictor.maxRoundTrips <= small.evictor.maxRoundTrips);
+  CHECK(large.wait.maxBytes <= small.wait.maxBytes + 128);
+  CHECK(large.reform.medianBytes <= small.reform.medianBytes + 128);
+  CHECK(large.reform.maxBytes <= small.reform.maxBytes + 192);
+  CHECK(large.evictor.maxBytes <= small.evictor.maxBytes + 64);
+}
+
 TEST_CASE("a swarm of agents arriving at random forms one round, and re-forms after an eviction") {
   ddprun::log::setLevel(ddprun::log::Level::Warn);
   const uint64_t seed = testSeed();
