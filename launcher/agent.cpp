@@ -298,7 +298,12 @@ void Agent::Impl::watchProgress() {
   const std::string table = progressTablePath();
   if (table.empty() || !group_) return;
   std::vector<ProgressWatch::Worker> watched;
-  for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
+  // This node's slots, and those after them of ranks moved here from a lost node.
+  int slots = options_.nprocPerNode;
+  for (const auto& w : group_->results()) {
+    if (!w.spare && !w.sparesTemplate && w.localRank >= slots) slots = w.localRank + 1;
+  }
+  for (int lr = 0; lr < slots; ++lr) {
     // The rank the slot's process has now (a shrink renumbers); a slot a shrink left empty is
     // not watched.
     int rank = round_.rankOffset + lr;

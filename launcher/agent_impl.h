@@ -23,6 +23,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -68,6 +69,10 @@ inline std::string agentHostName() {
 // there (bounded: a TimeoutError naming the generation).
 std::vector<int> parseCounts(const std::string& text);
 std::string awaitRecord(rendezvous::Store& s, int g);
+// Node rank 0, a lost node under replace (agent_node_loss.cpp): up to `wanted` ready spares that
+// no assignment names yet, of the nodes not in `lost`, node by node from node rank 0.
+std::vector<rendezvous::recovery::MovedRank> readySpares(rendezvous::Store& s, int nodes,
+                                                         const std::set<int>& lost, int wanted);
 
 class Agent::Impl {
  public:
@@ -220,6 +225,18 @@ class Agent::Impl {
   // one line saying why).
   void onNodeLost(const JobDecision& d);
   void shrinkLostNode(int node, const std::string& cause, const JobDecision& d);
+  // Under replace with --spares: `ranks` (the lost node's) are taken by `takers`, ready spares of
+  // other nodes (readySpares), named in one generation record (GenerationRecord::moved).
+  void replaceLostNode(int node, const std::string& cause, const JobDecision& d,
+                       const std::vector<int>& ranks,
+                       const std::vector<rendezvous::recovery::MovedRank>& takers);
+  // Every agent, following the records: a record names this node's spare `spareId` to take a
+  // lost node's rank; it gets the slot after this node's own and its assignment. A spare that
+  // is gone meanwhile restarts the group (failAcross).
+  void takeMovedRank(int g, int rank, int spareId, const std::string& cause);
+  // Several nodes, --spares: this node's waiting spares as ddprun/node_spares/<node rank>, in
+  // the workers' store (for node rank 0's readySpares), whenever they change.
+  void publishSpares();
   // `spent`: a restart was spent for it already (its generation could not be published).
   void reformWithoutNode(const std::string& what, const std::string& why, bool spent = false);
   // --spares on several nodes: once this node's workers announced (read by the link), the
@@ -351,6 +368,10 @@ class Agent::Impl {
   int worldNow_ = 0;
   std::set<int> ownGenerations_;
   bool nodeLossPending_ = false;  // node rank 0: a lost node's recovery is under way
+  // Under replace: the nodes lost in process so far (node rank 0, the writer: their spares are
+  // gone), and every rank that moved to another node's spare (rank -> node), from the records.
+  std::set<int> lostNodes_;
+  std::map<int, int> movedTo_;
   int deathRank_ = -1;
   int deathGeneration_ = 0;
   std::vector<int> deathCounts_;

@@ -27,6 +27,24 @@ void Agent::Impl::reformWithoutNode(const std::string& what, const std::string& 
                                 });
 }
 
+std::vector<keys::MovedRank> readySpares(rendezvous::Store& s, int nodes,
+                                        const std::set<int>& lost, int wanted) {
+  // Node by node from 0 (this node's first): each node's agent lists its waiting spares
+  // (publishSpares); a spare is ready once its runtime set its ready key, and free while no
+  // assignment names it. Read by one writer in one job, so no spare is named twice.
+  std::vector<keys::MovedRank> found;
+  for (int n = 0; n < nodes && static_cast<int>(found.size()) < wanted; ++n) {
+    if (lost.count(n) > 0 || !s.check({keys::nodeSparesKey(n)})) continue;
+    for (int id : parseCounts(s.get(keys::nodeSparesKey(n)))) {
+      if (static_cast<int>(found.size()) >= wanted) break;
+      if (s.check({keys::spareReadyKey(id)}) && !s.check({keys::spareAssignKey(id)})) {
+        found.push_back({.node = n, .spare = id});
+      }
+    }
+  }
+  return found;
+}
+
 void Agent::Impl::onNodeLost(const JobDecision& d) {
   const int k = d.lostNode;
   const std::string what = "node rank " + std::to_string(k) + " (" + d.lostId + ") was lost";
@@ -46,10 +64,12 @@ void Agent::Impl::onNodeLost(const JobDecision& d) {
   } else if (k <= 0 || static_cast<size_t>(k) >= nodes ||
              nodeCounts_[static_cast<size_t>(k)] <= 0) {
     why = "its worker count in the group is not known to this agent";
-  } else if (options_.recoveryPolicy != LaunchOptions::RecoveryPolicy::Shrink) {
-    why = "--recovery-policy=replace takes a lost node's ranks only with spares on other nodes, "
-          "which is not implemented (use --recovery-policy=shrink)";
-  } else if (worldNow_ - nodeCounts_[static_cast<size_t>(k)] < options_.shrinkMinRanks) {
+  } else if (options_.recoveryPolicy != LaunchOptions::RecoveryPolicy::Shrink &&
+             options_.spares <= 0) {
+    why = "--recovery-policy=replace gives a lost node's ranks to ready spares of the other "
+          "nodes, and this job has none (--spares=0; or use --recovery-policy=shrink)";
+  } else if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
+             worldNow_ - nodeCounts_[static_cast<size_t>(k)] < options_.shrinkMinRanks) {
     why = "--recovery-policy=shrink: without its " +
           std::to_string(nodeCounts_[static_cast<size_t>(k)]) + " rank(s) the group would have " +
           std::to_string(worldNow_ - nodeCounts_[static_cast<size_t>(k)]) +
@@ -60,24 +80,44 @@ void Agent::Impl::onNodeLost(const JobDecision& d) {
     return;
   }
   // Every surviving rank must hold the training state (it announced it): read off this thread.
+  // Under replace, also the ready spares of the other nodes that would take the lost ranks.
   int first = 0;
   for (int n = 0; n < k; ++n) first += nodeCounts_[static_cast<size_t>(n)];
-  const int count = nodeCounts_[static_cast<size_t>(k)];
+  int count = nodeCounts_[static_cast<size_t>(k)];
+  // Under replace the node may also hold ranks moved to it from a node lost before.
+  std::vector<int> lostRanks;
+  for (int r = first; r < first + count; ++r) lostRanks.push_back(r);
+  for (const auto& [rank, node] : movedTo_) {
+    if (node == k) lostRanks.push_back(rank);
+  }
+  std::set<int> lostNodes = lostNodes_;
+  lostNodes.insert(k);
   const int world = worldNow_;
+  const bool replace = options_.recoveryPolicy != LaunchOptions::RecoveryPolicy::Shrink;
   auto missing = std::make_shared<std::string>();
+  auto takers = std::make_shared<std::vector<keys::MovedRank>>();
   const int epoch = linkEpoch_;
   const std::string cause = "node rank " + std::to_string(k) + " was lost: " + d.reason;
   storeLink_->run(
-      [missing, first, count, world](rendezvous::Store& s) {
+      [missing, takers, lostRanks, world, replace, nodes, lost = lostNodes](
+          rendezvous::Store& s) {
         for (int rank = 0; rank < world; ++rank) {
-          if (rank >= first && rank < first + count) continue;
+          if (std::find(lostRanks.begin(), lostRanks.end(), rank) != lostRanks.end()) continue;
           if (!s.check({keys::announceKey(rank)})) {
             *missing = "rank " + std::to_string(rank) + " does not hold the training state yet";
             return;
           }
         }
+        if (!replace) return;
+        const int wanted = static_cast<int>(lostRanks.size());
+        *takers = readySpares(s, static_cast<int>(nodes), lost, wanted);
+        if (static_cast<int>(takers->size()) < wanted) {
+          *missing = "--recovery-policy=replace: its " + std::to_string(wanted) +
+                     " rank(s) need as many ready spares on the other nodes, " +
+                     std::to_string(takers->size()) + " are ready";
+        }
       },
-      [this, k, what, cause, missing, epoch](const std::string& error) {
+      [this, k, what, cause, missing, takers, epoch, replace, lostRanks](const std::string& error) {
         guarded([&] {
           if (epoch != linkEpoch_ || state_ != State::Running) return;
           if (!error.empty() || !missing->empty()) {
@@ -91,7 +131,8 @@ void Agent::Impl::onNodeLost(const JobDecision& d) {
           nodeLossPending_ = true;
           handler_->asyncReportNodeLoss(
               cause, /*inProcess=*/true,
-              [this, k, cause, epoch](std::exception_ptr e, JobDecision dec) {
+              [this, k, cause, epoch, replace, takers, lostRanks](std::exception_ptr e,
+                                                                  JobDecision dec) {
                 guarded([&] {
                   if (e) std::rethrow_exception(e);
                   if (epoch != linkEpoch_ || state_ != State::Running) return;
@@ -100,7 +141,11 @@ void Agent::Impl::onNodeLost(const JobDecision& d) {
                     onHandlerDecision(dec);  // the round ended meanwhile, or no restart is left
                     return;
                   }
-                  shrinkLostNode(k, cause, dec);
+                  if (replace) {
+                    replaceLostNode(k, cause, dec, lostRanks, *takers);
+                  } else {
+                    shrinkLostNode(k, cause, dec);
+                  }
                 });
               });
         });
@@ -187,6 +232,128 @@ void Agent::Impl::shrinkLostNode(int node, const std::string& cause, const JobDe
                                        << " of " << options_.maxRestarts << " spent)";
         });
       });
+}
+
+void Agent::Impl::replaceLostNode(int node, const std::string& cause, const JobDecision& d,
+                                  const std::vector<int>& ranks,
+                                  const std::vector<keys::MovedRank>& takers) {
+  recoveryRestarts_ = d.restartCount;
+  auto generation = std::make_shared<int>(0);
+  const int epoch = linkEpoch_;
+  // One record names every taker; each named node's agent hands the rank to its spare when its
+  // follower reads it (takeMovedRank), as it reads every record.
+  storeLink_->run(
+      [generation, ranks, takers, cause](rendezvous::Store& s) {
+        const int g = static_cast<int>(s.add(keys::generationCounterKey(), 1));
+        *generation = g;
+        if (g > 1) awaitRecord(s, g - 1);  // written in order
+        s.set(keys::generationKey(g),
+              keys::formatGenerationRecord(
+                  {.generation = g, .replaced = ranks, .cause = cause, .moved = takers}));
+      },
+      [this, node, d, ranks, takers, generation, epoch, cause](const std::string& error) {
+        guarded([&] {
+          if (epoch != linkEpoch_ || state_ != State::Running) return;
+          nodeLossPending_ = false;
+          if (!error.empty()) {
+            reformWithoutNode("node rank " + std::to_string(node) + " was lost",
+                              "its generation could not be published (" + error + ")",
+                              /*spent=*/true);
+            return;
+          }
+          lostNodes_.insert(node);
+          ownGenerations_.insert(*generation);
+          std::string taken;
+          for (size_t i = 0; i < ranks.size(); ++i) {
+            taken += (taken.empty() ? "" : ", ") + std::string("rank ") +
+                     std::to_string(ranks[i]) + " by spare " + std::to_string(takers[i].spare) +
+                     " of node rank " + std::to_string(takers[i].node);
+          }
+          events::instant("recovery", "agent",
+                          events::Args()
+                              .add("cause", cause)
+                              .add("generation", *generation)
+                              .add("lost_node", node)
+                              .add("policy", "replace")
+                              .add("restarts_spent", d.restartCount));
+          DDPRUN_LOG(WARN, "launcher") << cause << "; recovering in process (generation "
+                                       << *generation << "): its rank(s) are taken by spares "
+                                       << "of other nodes (" << taken << "), the workers of "
+                                       << "every other node keep running (restart "
+                                       << d.restartCount << " of " << options_.maxRestarts
+                                       << " spent)";
+        });
+      });
+}
+
+void Agent::Impl::takeMovedRank(int g, int rank, int spareId, const std::string& cause) {
+  // Its slot: after this node's own and any rank that moved here before (its progress record,
+  // logs and LOCAL_RANK; LOCAL_WORLD_SIZE slot + 1 keeps its environment consistent).
+  int slot = options_.nprocPerNode;
+  for (const auto& w : group_->results()) {
+    if (!w.spare && !w.sparesTemplate && w.localRank >= slot) slot = w.localRank + 1;
+  }
+  pid_t pid = -1;
+  for (const auto& s : group_->waitingSpares()) {
+    if (s.spareId == spareId) pid = s.pid;
+  }
+  if (pid <= 0 || !group_->assign(pid, slot, rank)) {
+    // It died after node rank 0 read it ready: the rank has no process, so the group restarts
+    // (the survivors' set-up of generation g would otherwise wait for it).
+    WorkerResult gone;
+    for (const auto& w : group_->results()) {
+      if (w.spareId == spareId) gone = w;
+    }
+    gone.globalRank = rank;
+    gone.localRank = slot;
+    failAcross(gone, "spare " + std::to_string(spareId) + ", named by generation " +
+                         std::to_string(g) + " to take rank " + std::to_string(rank) +
+                         " of a lost node, is no longer waiting");
+    return;
+  }
+  group_->setPrefix(pid, prefixFor(rank, slot));
+  if (schedulingPolicy(pid) == SCHED_IDLE) {
+    std::string idleError;
+    leaveIdlePriority(pid, idleError);
+  }
+  const std::string table = progressTablePath();
+  if (!table.empty()) {
+    progress::resetProgressRecord(table, slot, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+  }
+  if (startedGeneration_.size() <= static_cast<size_t>(slot)) {
+    startedGeneration_.resize(static_cast<size_t>(slot) + 1, 0);
+  }
+  startedGeneration_[static_cast<size_t>(slot)] = g;
+  const int epoch = linkEpoch_;
+  storeLink().run(
+      [key = keys::spareAssignKey(spareId),
+       text = keys::formatSpareAssignment({.generation = g,
+                                           .rank = rank,
+                                           .localRank = slot,
+                                           .localWorldSize = slot + 1})](rendezvous::Store& s) {
+        s.set(key, text);
+      },
+      [this, epoch, rank, spareId](const std::string& error) {
+        guarded([&] {
+          if (epoch != linkEpoch_ || error.empty()) return;
+          DDPRUN_LOG(ERROR, "launcher") << "spare " << spareId << " could not be told to take "
+                                        << "rank " << rank << ": " << error;
+        });
+      });
+  events::instant("spare assign", "agent",
+                  events::Args()
+                      .add("spare", spareId)
+                      .add("pid", static_cast<int64_t>(pid))
+                      .add("rank", rank)
+                      .add("local_rank", slot)
+                      .add("generation", g));
+  DDPRUN_LOG(WARN, "launcher") << "generation " << g << ": spare " << spareId << " (pid " << pid
+                               << ") of this node takes rank " << rank << " (local rank "
+                               << slot << ") of a lost node (" << cause
+                               << "); the workers of this node keep running";
+  startSpare(/*idle=*/idleSpares_ == 1);  // in the background: the next failure's
+  publishSpares();
+  watchProgress();
 }
 
 }  // namespace ddprun::launcher

@@ -56,6 +56,8 @@ void Agent::Impl::openStoreLink() {
   storeLink_.reset();
   ++linkEpoch_;
   nodeCounts_.clear();
+  lostNodes_.clear();
+  movedTo_.clear();
   worldNow_ = round_.worldSize;
   linkWanted_ = round_.nodeCount > 1 && round_.useAgentStore &&
                 options_.recovery != LaunchOptions::Recovery::Restart;
@@ -121,6 +123,13 @@ void Agent::Impl::onGenerationRecord(int g, const std::string& text) {
     return;
   }
   const bool own = ownGenerations_.count(g) > 0;
+  // A lost node's ranks taken by spares: this node's named spares take theirs.
+  for (size_t i = 0; i < record->moved.size(); ++i) {
+    const auto& m = record->moved[i];
+    movedTo_[record->replaced[i]] = m.node;
+    if (m.node == round_.nodeRank) takeMovedRank(g, record->replaced[i], m.spare, record->cause);
+  }
+  if (state_ != State::Running || !group_) return;  // a spare gone: the group is stopping
   if (!record->removed.empty()) {
     // Shrink: this node's workers keep their order, renumbered as every worker renumbers.
     std::vector<std::pair<pid_t, int>> renumbered;
@@ -252,6 +261,16 @@ void Agent::Impl::startSparesAcross() {
 }
 
 void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
+  if (r.localRank >= options_.nprocPerNode &&
+      (!sparesStarted_ || group_->waitingSpares().empty())) {
+    // A rank moved here from a lost node: a new process for it would need the environment of
+    // a slot this node's launch does not describe; a waiting spare takes it, or the group
+    // restarts.
+    recoveryRestarts_ = d.restartCount;
+    failAcross(r, "rank " + std::to_string(r.globalRank) + " had moved to this node from a lost "
+                  "node, and no spare of this node is waiting to take it");
+    return;
+  }
   recoveryRestarts_ = d.restartCount;
   recoveryPending_ = true;  // until the generation is published: another death restarts
   pendingDeaths_ = {r};
@@ -300,7 +319,11 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
           const std::string assignment =
               spareId < 0 ? std::string()
                           : keys::formatSpareAssignment(
-                                {.generation = g, .rank = r.globalRank, .localRank = lr});
+                                {.generation = g,
+                                 .rank = r.globalRank,
+                                 .localRank = lr,
+                                 .localWorldSize = lr >= options_.nprocPerNode ? lr + 1 : 0});
+          if (spareId >= 0) publishSpares();
           storeLink().run(
               [g, text, spareId, assignment](rendezvous::Store& s) {
                 if (spareId >= 0) s.set(keys::spareAssignKey(spareId), assignment);

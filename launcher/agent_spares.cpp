@@ -303,10 +303,26 @@ void Agent::Impl::startSpare(bool idle) {
   DDPRUN_LOG(INFO, "launcher") << "starting spare " << id
                                << (idle ? " in the background (SCHED_IDLE)" : "")
                                << ": it loads and waits for a rank";
+  publishSpares();
+}
+
+void Agent::Impl::publishSpares() {
+  if (round_.nodeCount < 2 || options_.spares <= 0 || !group_ || !acrossNodes()) return;
+  std::string ids;
+  for (const auto& s : group_->waitingSpares()) {
+    ids += (ids.empty() ? "" : ",") + std::to_string(s.spareId);
+  }
+  // In the link's order: the newest list is the last written.
+  storeLink().run(
+      [key = rendezvous::recovery::nodeSparesKey(round_.nodeRank), ids](rendezvous::Store& s) {
+        s.set(key, ids);
+      },
+      [](const std::string&) {});  // a broken link fails the recovery that needs it
 }
 
 void Agent::Impl::onSpareExited(const WorkerResult& r) {
   if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
+  publishSpares();  // node rank 0 must not name it for a lost node's rank
   // Shrink: a waiting replacement is started again only while the group lacks a rank or a
   // spare (--spares).
   const int wanted = options_.nprocPerNode + (sparesStarted_ ? options_.spares : 0);

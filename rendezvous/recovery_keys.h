@@ -16,6 +16,10 @@
 //   ddprun/generation_counter  several nodes: ADD allocates generation numbers to the agents
 //   ddprun/node_workers        several nodes: each node's worker count at the start (node 0's
 //                              agent writes it)
+//   ddprun/node_spares/<n>     several nodes: the ids of node n's waiting spares ("<id>,<id>",
+//                              empty: none), written by node n's agent when the set changes;
+//                              node rank 0's agent reads it (with each spare's ready key) to
+//                              give a lost node's ranks to spares of the other nodes
 //   ddprun/spare/<id>/rank     the spare's assignment (SpareAssignment below): written once by
 //                              the agent, in the same turn as the generation that names the
 //                              spare; the spare WAITs for it
@@ -49,6 +53,14 @@ inline std::string suspectKey(int rank) { return "ddprun/suspect/" + std::to_str
 // each node's worker count at the group's start ("<c0>,<c1>,...").
 inline std::string generationCounterKey() { return "ddprun/generation_counter"; }
 inline std::string nodeWorkersKey() { return "ddprun/node_workers"; }
+inline std::string nodeSparesKey(int node) { return "ddprun/node_spares/" + std::to_string(node); }
+
+// A rank of a lost node taken by a spare of another node (docs/recovery.md#a-lost-node): the
+// node (the round's node rank) whose agent hands the rank to its spare <spare>.
+struct MovedRank {
+  int node = -1;
+  int spare = -1;
+};
 
 // What the agent publishes for a generation: its number, and one line of why. Two kinds:
 //   replace (--recovery-policy=replace): the ranks that left are taken by new processes (world
@@ -70,6 +82,12 @@ struct GenerationRecord {
   // so a survivor's local rank is its rank minus the counts of the nodes before its own.
   // Text: " nodes=<c0>,<c1>,..." after world_size.
   std::vector<int> nodes;
+  // replace on several nodes, a lost node's ranks: moved[i] takes replaced[i] (same length as
+  // replaced, or empty). Text: " moved=<node>:<spare>[,<node>:<spare>...]" instead of spare=.
+  // Such a rank runs off its node's block of ranks from then on: every worker of the group uses
+  // the flat TCP mesh from this generation on (no shared memory, no hierarchy), which reads
+  // only ranks, so the node placement ("contiguous ranks per node") need not hold any more.
+  std::vector<MovedRank> moved;
 };
 
 // A survivor's rank in a shrunk generation, from its rank in the one before; -1 when the rank
@@ -94,8 +112,14 @@ inline std::string formatGenerationRecord(const GenerationRecord& r) {
            " world_size=" + std::to_string(r.worldSize) +
            (r.nodes.empty() ? std::string() : " nodes=" + list(r.nodes)) + "\n" + r.cause;
   }
+  std::string moved;
+  for (const auto& m : r.moved) {
+    moved += (moved.empty() ? " moved=" : ",") + std::to_string(m.node) + ":" +
+             std::to_string(m.spare);
+  }
   return "generation=" + std::to_string(r.generation) + " replaced=" + list(r.replaced) +
-         (r.spare >= 0 ? " spare=" + std::to_string(r.spare) : std::string()) + "\n" + r.cause;
+         (r.spare >= 0 ? " spare=" + std::to_string(r.spare) : std::string()) + moved + "\n" +
+         r.cause;
 }
 
 // nullopt when `text` is not such a record (a pure function: tests feed it anything).
@@ -138,27 +162,53 @@ inline std::optional<GenerationRecord> parseGenerationRecord(const std::string& 
       if (r.nodes.empty() || sum != r.worldSize) return std::nullopt;
     }
     if (std::string extra; head >> extra) return std::nullopt;
-  } else if (std::string spare; head >> spare) {
-    if (spare.rfind("spare=", 0) != 0 || spare.size() == 6) return std::nullopt;
-    const long v = std::strtol(spare.c_str() + 6, &end, 10);
-    if (*end != '\0' || v < 0 || v > (1 << 24)) return std::nullopt;
-    r.spare = static_cast<int>(v);
+  } else {
+    std::string field;
+    if (head >> field && field.rfind("spare=", 0) == 0) {
+      if (field.size() == 6) return std::nullopt;
+      const long v = std::strtol(field.c_str() + 6, &end, 10);
+      if (*end != '\0' || v < 0 || v > (1 << 24)) return std::nullopt;
+      r.spare = static_cast<int>(v);
+      field.clear();
+      head >> field;
+    }
+    if (!field.empty()) {
+      if (field.rfind("moved=", 0) != 0) return std::nullopt;
+      std::istringstream pairs(field.substr(6));
+      for (std::string x; std::getline(pairs, x, ',');) {
+        const size_t colon = x.find(':');
+        if (colon == std::string::npos || colon == 0 || colon + 1 == x.size()) return std::nullopt;
+        const long node = std::strtol(x.substr(0, colon).c_str(), &end, 10);
+        if (*end != '\0' || node < 0 || node > (1 << 24)) return std::nullopt;
+        const long spare = std::strtol(x.c_str() + colon + 1, &end, 10);
+        if (*end != '\0' || spare < 0 || spare > (1 << 24)) return std::nullopt;
+        r.moved.push_back({static_cast<int>(node), static_cast<int>(spare)});
+      }
+      if (r.moved.size() != r.replaced.size()) return std::nullopt;
+      if (std::string extra; head >> extra) return std::nullopt;
+    }
   }
   if (eol != std::string::npos) r.cause = text.substr(eol + 1);
   return r;
 }
 
 // What a hot spare is told when it takes a rank: the generation it joins, its global and local
-// rank. Text: "generation=<g> rank=<r> local_rank=<l>".
+// rank. Text: "generation=<g> rank=<r> local_rank=<l>[ local_world_size=<n>]". The last only
+// for a rank that moved from a lost node (GenerationRecord::moved): its local rank is a slot
+// after its new node's own (LOCAL_RANK >= the node's LOCAL_WORLD_SIZE), and the process takes
+// LOCAL_WORLD_SIZE=<n> (> <l>) with it, so that its environment stays consistent.
 struct SpareAssignment {
   int generation = 0;
   int rank = -1;
   int localRank = -1;
+  int localWorldSize = 0;  // 0: not said (the node's, from the spare's environment)
 };
 
 inline std::string formatSpareAssignment(const SpareAssignment& a) {
   return "generation=" + std::to_string(a.generation) + " rank=" + std::to_string(a.rank) +
-         " local_rank=" + std::to_string(a.localRank);
+         " local_rank=" + std::to_string(a.localRank) +
+         (a.localWorldSize > 0 ? " local_world_size=" + std::to_string(a.localWorldSize)
+                               : std::string());
 }
 
 // nullopt when `text` is not such an assignment (pure: tests feed it anything).
@@ -174,11 +224,20 @@ inline std::optional<SpareAssignment> parseSpareAssignment(const std::string& te
     values[i] = std::strtol(digits.c_str(), &end, 10);
     if (digits.empty() || *end != '\0' || values[i] < 0 || values[i] > (1 << 24)) return std::nullopt;
   }
+  int localWorldSize = 0;
+  if (std::string lws; in >> lws) {
+    if (lws.rfind("local_world_size=", 0) != 0 || lws.size() == 17) return std::nullopt;
+    char* end = nullptr;
+    const long v = std::strtol(lws.c_str() + 17, &end, 10);
+    if (*end != '\0' || v <= values[2] || v > (1 << 24)) return std::nullopt;
+    localWorldSize = static_cast<int>(v);
+  }
   if (std::string extra; in >> extra) return std::nullopt;
   if (values[0] < 1) return std::nullopt;
   return SpareAssignment{.generation = static_cast<int>(values[0]),
                          .rank = static_cast<int>(values[1]),
-                         .localRank = static_cast<int>(values[2])};
+                         .localRank = static_cast<int>(values[2]),
+                         .localWorldSize = localWorldSize};
 }
 
 }  // namespace ddprun::rendezvous::recovery

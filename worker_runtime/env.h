@@ -31,6 +31,11 @@ struct WorkerEnv {
   int restartCount = 0;  // the attempt number; store keys are scoped by it
   int maxRestarts = 0;
   std::string runId;
+  // Not from the environment: true once a generation record of in-process recovery moved a
+  // lost node's rank to a spare on another node (recovery_keys.h GenerationRecord::moved). The
+  // node placement (contiguous ranks per node, LOCAL_WORLD_SIZE each) no longer holds, so the
+  // communicator is the flat TCP mesh, which reads ranks only (runtime.cpp makeCommunicator).
+  bool ranksOffNode = false;
 };
 
 // Returns the value of an environment variable, or nullopt when unset.

@@ -208,7 +208,12 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
                                         .device = env.localRank % gpus,
                                         .timeout = timeout,
                                         .peerLost = std::move(peerLost)});
-  } else if (const shm::TransportChoice t = shm::chooseTransport(
+  } else if (const shm::TransportChoice t =
+                 env.ranksOffNode
+                     ? shm::TransportChoice{shm::Transport::Tcp,
+                                            "a lost node's rank runs on another node's spare: "
+                                            "the flat mesh, whatever the placement"}
+                     : shm::chooseTransport(
                  transportFrom(options), env.worldSize, env.localWorldSize, env.groupWorldSize,
                  [&] {
                    return shm::nodesOnOneHost(*store, {.rank = env.rank,
@@ -241,7 +246,7 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
                                               .namePrefix = shmPrefix});
     }
   } else {
-    if (env.rank == 0 && generation == 0 && env.worldSize > 1) {
+    if (env.rank == 0 && (generation == 0 || env.ranksOffNode) && env.worldSize > 1) {
       DDPRUN_LOG(INFO, "runtime") << "transport tcp (" << t.reason << ")";
     }
     comm = makeGlooCommunicator(store, {.rank = env.rank,
@@ -347,7 +352,8 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
   }
   const std::string text = store.get(key);
   const auto a = keys::parseSpareAssignment(text);
-  if (!a || a->rank >= env.worldSize || a->localRank >= env.localWorldSize) {
+  if (!a || a->rank >= env.worldSize ||
+      a->localRank >= (a->localWorldSize > 0 ? a->localWorldSize : env.localWorldSize)) {
     throw ConfigError(self + ": the launcher's assignment '" + text + "' is not valid");
   }
   const double waited =
@@ -355,12 +361,14 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
   DDPRUN_LOG(INFO, "runtime") << self << " takes rank " << a->rank << " (local rank "
                               << a->localRank << ") in generation " << a->generation
                               << " after waiting " << static_cast<int64_t>(waited * 1000) << " ms";
-  const std::map<std::string, std::string> vars = {
+  std::map<std::string, std::string> vars = {
       {"RANK", std::to_string(a->rank)},
       {"LOCAL_RANK", std::to_string(a->localRank)},
       {"ROLE_RANK", std::to_string(a->rank)},
       {"DDPRUN_PROGRESS_SLOT", std::to_string(a->localRank)},
       {"DDPRUN_GENERATION", std::to_string(a->generation)}};
+  // A lost node's rank on this node: its local rank is a slot after the node's own.
+  if (a->localWorldSize > 0) vars["LOCAL_WORLD_SIZE"] = std::to_string(a->localWorldSize);
   for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
   ::unsetenv("DDPRUN_SPARE");
   return [vars, base](const std::string& name) -> std::optional<std::string> {
@@ -528,7 +536,12 @@ void Runtime::applyShrinks(int g) {
                          std::to_string(next) + " is not one this runtime reads: '" +
                          text.substr(0, 120) + "'");
     }
-    if (record->removed.empty()) continue;  // replace: ranks and world size stay
+    if (record->removed.empty()) {
+      // replace: ranks and world size stay; a lost node's rank moved to another node's spare
+      // ends the node placement for good (WorkerEnv::ranksOffNode).
+      if (!record->moved.empty()) env_.ranksOffNode = true;
+      continue;
+    }
     const int rank = keys::shrinkRank(env_.rank, record->removed);
     if (rank < 0) {
       // The launcher counts this process as gone (it was silent past --peer-timeout and is
@@ -790,6 +803,13 @@ std::unique_ptr<Runtime> init(InitOptions options) {
       env.localWorldSize = grow->worldSize;  // in-process recovery runs on one node
       env.localRank = env.rank;
     }
+  }
+  // A process joining generation g (a replacement, a spare): whether a record up to g moved a
+  // lost node's rank off its node, as the survivors learnt it record by record (applyShrinks).
+  for (int g = 1; g <= generation && !env.ranksOffNode; ++g) {
+    const auto text = store->get(rendezvous::recovery::generationKey(g));
+    const auto record = rendezvous::recovery::parseGenerationRecord(text);
+    if (record && !record->moved.empty()) env.ranksOffNode = true;
   }
   std::shared_ptr<Communicator> comm;
   std::string superseded;

@@ -9,6 +9,11 @@
 // on at two ranks, node rank 2's worker renumbered 2 -> 1 by its agent, every sample of each
 // epoch exactly once. (The store is not an agent's: with arrival ranks the agent that would host
 // it may hold node rank 1, and the test's lost node must not take the rendezvous with it.)
+// Under replace (the default) with --spares=1, node rank 0's agent names a ready spare of
+// another node to take node rank 1's rank (one generation record); that spare's agent hands it
+// the rank, the survivors keep their processes and the final weights are bit-identical to an
+// uninterrupted run of the same three nodes; with no spare ready the round is re-formed, one
+// line saying why.
 #include "tests/support/catch_torch.h"
 
 #include <netinet/in.h>
@@ -23,6 +28,7 @@
 #include "job_runner.h"
 #include "sample_log_check.h"
 #include "test_files.h"
+#include "trained_weights.h"
 #include "tests/support/skip.h"
 
 using namespace ddprun::trainers;
@@ -108,7 +114,133 @@ struct ThreeNodes {
   }
 };
 
+// The uninterrupted three-node run (once per test process).
+const TempDir& referenceRun() {
+  static std::unique_ptr<TempDir> dir;
+  if (dir) return *dir;
+  dir = std::make_unique<TempDir>();
+  ThreeNodes job(*dir, {});
+  int codes[3];
+  for (int n = 0; n < 3; ++n) codes[n] = job.node[n]->wait(kJobTimeout);
+  for (int n = 0; n < 3; ++n) {
+    INFO(job.node[n]->output());
+    REQUIRE(codes[n] == 0);
+  }
+  return *dir;
+}
+
+// The pid of hot spare `id` under `agent`, as soon as it is exec'd (bounded), or -1.
+pid_t waitForSpare(Job& agent, int id) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !agent.exited()) {
+    const pid_t p = sparePid(agent.pid(), id, "mnist_mlp");
+    if (p > 0) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return -1;
+}
+
+std::string escaped(std::string addr) {
+  for (size_t i = addr.find('.'); i != std::string::npos; i = addr.find('.', i + 2))
+    addr.insert(i, "\\");
+  return addr;
+}
+
 }  // namespace
+
+TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank taken by a ready spare "
+          "of another node, the survivors keep their processes, weights bit-identical",
+          "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
+  REQUIRE(job.findRanks());
+  // Spare ids are n x nodes + node rank: node rank 0's first is spare 0. Node rank 0's agent
+  // takes the ready spares node by node from node rank 0: its own spare 0.
+  REQUIRE(waitForOutput(*job.at[0], "spare 0 (pid ", kJobTimeout));
+  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  const pid_t spare = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
+  REQUIRE(spare > 0);
+  const pid_t r0 = job.worker[0], r1 = job.worker[1], r2 = job.worker[2];
+  const std::string lostAddr = job.addr(1);
+  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << lostAddr << ", " << job.addr(2)
+            << std::endl;
+  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
+  REQUIRE(::kill(r1, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  for (pid_t p : {r0, r2, spare}) CHECK(::kill(p, 0) == 0);
+  const int a = job.at[0]->wait(kJobTimeout);
+  const int c = job.at[2]->wait(kJobTimeout);
+  job.at[1]->wait(kJobTimeout);
+  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  // One writer, one record, one restart spent; the spare's agent (here the writer's own) gives
+  // it the rank in the slot after its node's own.
+  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node )" + escaped(lostAddr) +
+                                           R"(-\S+ was evicted: no heartbeat for 900 ms \(lost in )"
+                                           R"(process\); recovering in process \(generation 1\): )"
+                                           R"(its rank\(s\) are taken by spares of other nodes )"
+                                           R"(\(rank 1 by spare 0 of node rank 0\), the workers of )"
+                                           R"(every other node keep running \(restart 1 of 1 )"
+                                           R"(spent\))")));
+  CHECK_THAT(out0, Contains("generation 1: spare 0 (pid " + std::to_string(spare) +
+                            ") of this node takes rank 1 (local rank 1) of a lost node"));
+  CHECK_THAT(out0, Contains("spare 0 (pid " + std::to_string(spare) + ") takes rank 1 (local "
+                            "rank 1) in generation 1"));
+  CHECK_THAT(out2, Contains("generation 1 of the worker group (another node recovered in "
+                            "process; this node's workers keep running)"));
+  CHECK_THAT(out0 + out2, !Contains("restarting the worker"));
+  CHECK_THAT(out0, !Contains("resumed from checkpoint"));
+  // The survivors never restarted: the same processes ran to the end.
+  CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
+  CHECK(std::regex_search(out2, std::regex(R"(rank 2 recovered in process in \d+ ms)")));
+  CHECK_THAT(out0, Contains("done: "));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("three nodes, replace, --spares=1, no spare ready: node rank 1 lost, the round is "
+          "re-formed without it (no restart spent), one line naming why",
+          "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
+  REQUIRE(job.findRanks());
+  // The survivors' spares are stopped as soon as they are exec'd, long before they could load
+  // LibTorch and say they are ready: none is ready when node rank 1 is lost.
+  const pid_t s0 = waitForSpare(*job.at[0], 0), s2 = waitForSpare(*job.at[2], 2);
+  REQUIRE(s0 > 0);
+  REQUIRE(s2 > 0);
+  REQUIRE(::kill(s0, SIGSTOP) == 0);
+  REQUIRE(::kill(s2, SIGSTOP) == 0);
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
+            << std::endl;
+  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
+  REQUIRE(::kill(job.worker[1], SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.at[0], "need as many ready spares", kJobTimeout));
+  // Our own stopped spares: let them take the group's stop.
+  for (pid_t p : {s0, s2}) ::kill(p, SIGCONT);
+  const int a = job.at[0]->wait(kJobTimeout);
+  const int c = job.at[2]->wait(kJobTimeout);
+  job.at[1]->wait(kJobTimeout);
+  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 \(\S+\) was lost; it is not recovered )"
+                                           R"(in process: --recovery-policy=replace: its 1 )"
+                                           R"(rank\(s\) need as many ready spares on the other )"
+                                           R"(nodes, 0 are ready; restarting the group without it )"
+                                           R"(\(no restart spent\))")));
+  CHECK_THAT(out0 + out2, !Contains("recovering in process (generation"));
+  CHECK_THAT(out0 + out2, Contains("restarting the workers (membership changed, no restart spent)"));
+  CHECK_THAT(out0 + out2, Contains("resumed from checkpoint"));
+  CHECK_THAT(out0 + out2, Contains("done: "));
+}
 
 TEST_CASE("three nodes, shrink: node rank 1's agent and worker SIGKILLed, node rank 0 recovers "
           "the lost node in process, the workers of node ranks 0 and 2 keep their processes, "

@@ -297,6 +297,42 @@ TEST_CASE("elastic state: the commit boundary runs after the snapshot and what i
   state.commit();
   CHECK(checks == 2);
 }
+TEST_CASE("recovery keys: a lost node's ranks taken by spares of other nodes (moved=) round-trip",
+          "[runtime][elastic]") {
+  namespace keys = ddprun::rendezvous::recovery;
+  const std::string text = keys::formatGenerationRecord(
+      {.generation = 2, .replaced = {2, 3}, .cause = "node rank 1 was lost",
+       .moved = {{.node = 0, .spare = 3}, {.node = 2, .spare = 5}}});
+  CHECK(text == "generation=2 replaced=2,3 moved=0:3,2:5\nnode rank 1 was lost");
+  const auto r = keys::parseGenerationRecord(text);
+  REQUIRE(r);
+  CHECK(r->replaced == std::vector<int>{2, 3});
+  REQUIRE(r->moved.size() == 2);
+  CHECK(r->moved[1].node == 2);
+  CHECK(r->moved[1].spare == 5);
+  CHECK(r->spare == -1);
+  CHECK(keys::nodeSparesKey(2) == "ddprun/node_spares/2");
+  for (const char* bad : {"generation=2 replaced=2,3 moved=0:3",  // one taker for two ranks
+                          "generation=2 replaced=2 moved=", "generation=2 replaced=2 moved=0",
+                          "generation=2 replaced=2 moved=:3", "generation=2 replaced=2 moved=0:",
+                          "generation=2 replaced=2 moved=0:-3", "generation=2 replaced=2 moved=a:3",
+                          "generation=2 replaced=2 moved=0:3 x", "generation=2 replaced=2 move=0:3"}) {
+    INFO(bad);
+    CHECK_FALSE(keys::parseGenerationRecord(bad));
+  }
+  // A moved rank's assignment: its local rank is a slot after its new node's own.
+  const auto a = keys::parseSpareAssignment(keys::formatSpareAssignment(
+      {.generation = 2, .rank = 1, .localRank = 1, .localWorldSize = 2}));
+  REQUIRE(a);
+  CHECK(a->localRank == 1);
+  CHECK(a->localWorldSize == 2);
+  for (const char* bad : {"generation=2 rank=1 local_rank=1 local_world_size=1",  // not above
+                          "generation=2 rank=1 local_rank=1 local_world_size=",
+                          "generation=2 rank=1 local_rank=1 local_world_size=2 x"}) {
+    INFO(bad);
+    CHECK_FALSE(keys::parseSpareAssignment(bad));
+  }
+}
 
 TEST_CASE("recovery keys: a spare's assignment round-trips and refuses bad text",
           "[runtime][elastic]") {
