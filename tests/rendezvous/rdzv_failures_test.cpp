@@ -238,7 +238,7 @@ TEST_CASE("interrupt() cancels a waiting join, the agent can still leave", "[rdz
 // a place in a full round is named by no version, so its departure writes none; the re-form
 // that expects it (the members and the round's waiting nodes) closes without it once its
 // heartbeats are missed or the last call runs out.
-TEST_CASE("a waiting node that leaves writes no version; the re-form that expects it closes without it",
+TEST_CASE("a waiting node that leaves writes no version and the re-form that expects it closes without it",
           "[rdzv][failures]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 2};
