@@ -193,10 +193,7 @@ DynamicRendezvous::AfterRecovery DynamicRendezvous::reportRecovery(int exitCode,
   watch(-1);
   reconnectIfInterrupted();
   const std::string reason = "workers of node " + self_.id + " failed: " + what;
-  auto r = log_->update(current_, [&](const RoundState& s) {
-    return transition::recoverWorkers(s, round_.round, self_.id, exitCode, reason,
-                                      options_.limits, !retryable);
-  });
+  auto r = recoverNode(*log_, current_, round_.round, self_.id, exitCode, reason, !retryable);
   return afterRecoveryWrite(r, /*stays=*/true);
 }
 
@@ -229,11 +226,10 @@ DynamicRendezvous::AfterRecovery DynamicRendezvous::reportNodeLoss(const std::st
   DDPRUN_CHECK(inRound_, "reportNodeLoss() outside a round");
   watch(-1);
   reconnectIfInterrupted();
-  auto r = log_->update(current_, [&](const RoundState& s) {
-    return inProcess ? transition::recoverWorkers(s, round_.round, self_.id, 1, what,
-                                                  options_.limits)
-                     : transition::reformWithoutLost(s, round_.round, what);
-  });
+  auto r = inProcess ? recoverNode(*log_, current_, round_.round, self_.id, 1, what, false)
+                     : log_->update(current_, [&](const RoundState& s) {
+                         return transition::reformWithoutLost(s, round_.round, what);
+                       });
   return afterRecoveryWrite(r, /*stays=*/inProcess);
 }
 

@@ -368,12 +368,16 @@ std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, con
   if (final || s.restarts >= lim.maxRestarts) return failWorkers(s, round, id, exitCode, reason, lim, final);
   RoundState next = s;
   next.restarts = s.restarts + 1;
+  next.reason = recoveredReason(reason, next.restarts, lim);
+  return next;
+}
+
+std::string recoveredReason(const std::string& reason, int restart, const JobLimits& lim) {
   // The reason names the node: two agents recovering at once from the same version must not
   // write the same bytes (the log's compare-set would let both believe they won, spending one
   // restart for two recoveries).
-  next.reason = reason + " (recovered in process: restart " + std::to_string(next.restarts) +
-                " of " + std::to_string(lim.maxRestarts) + ")";
-  return next;
+  return reason + " (recovered in process: restart " + std::to_string(restart) + " of " +
+         std::to_string(lim.maxRestarts) + ")";
 }
 
 std::optional<RoundState> reformWithoutLost(const RoundState& s, int64_t round,

@@ -253,6 +253,8 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
 std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, const std::string& id,
                                          int exitCode, const std::string& reason,
                                          const JobLimits& lim, bool final = false);
+// The reason recoverWorkers writes for the job's `restart`th restart.
+std::string recoveredReason(const std::string& reason, int restart, const JobLimits& lim);
 
 // Round `round` has members lost in process (remove with keepRoundOnNodeLoss) and node rank 0's
 // agent cannot recover them in process: round r+1 opens awaiting the others, as an eviction

@@ -456,18 +456,25 @@ StateLog::Result StateLog::updateCompact(Versioned known, const Transition& fn) 
 
 namespace {
 
-// removeNode, arriveNode, failNode on a spilled log: the O(1) change on the compact version when
-// `fast` finds one (it returns the next state), else `general`, the full transition, on the
-// newest version (fast's nullopt: the general path decides, and may find nothing to do).
-template <typename Fast, typename General>
+// removeNode, arriveNode, failNode, recoverNode on a spilled log: the O(1) change on the compact
+// version when `fast` finds one (it returns the next state), else `general`, the full
+// transition, on the newest version (fast's nullopt: the general path decides, and may find
+// nothing to do). `settled(st)` true: the general transition does nothing on `st` nor on any
+// later version (the event's round is over), so the answer is "nothing written" without loading
+// the lists -- k nodes reporting at once: the k-1 losers read versions, never the lists.
+template <typename Fast, typename General, typename Settled>
 StateLog::Result compactElseGeneral(StateLog& log, const Versioned& known, Fast&& fast,
-                                    General&& general) {
+                                    General&& general, Settled&& settled) {
   Versioned cur = known;
   // A version this agent wrote is held loaded (update returns it so): its compact form is one read.
   if (log.spills() && cur.version > 0 && !cur.state.compact()) cur = log.read(cur.version);
   if (log.spills()) {
     bool decided = false;
     auto r = log.updateCompact(cur, [&](const RoundState& st) -> std::optional<RoundState> {
+      if (settled(st)) {
+        decided = true;  // updateCompact goes on to the newest version, settled there too
+        return std::nullopt;
+      }
       auto next = fast(st);
       decided = next.has_value();
       return next;
@@ -476,6 +483,34 @@ StateLog::Result compactElseGeneral(StateLog& log, const Versioned& known, Fast&
     cur = r.now;
   }
   return log.update(cur, general);
+}
+
+template <typename Fast, typename General>
+StateLog::Result compactElseGeneral(StateLog& log, const Versioned& known, Fast&& fast,
+                                    General&& general) {
+  return compactElseGeneral(log, known, fast, general, [](const RoundState&) { return false; });
+}
+
+// A report about round `round` (a failure, a recovery) is moot once that round is over: rounds
+// only grow, and a round's phase never goes back to closed.
+bool roundOver(const RoundState& st, int64_t round) {
+  return st.round > round || (st.round == round && st.phase != Phase::Closed &&
+                              st.phase != Phase::Joining);
+}
+
+// The O(1) delta of a failure that ends the job (final, or no restart left), as
+// transition::failWorkers writes it, on a compact closed round `st` of which `id` is a member:
+// the lists stay where they are.
+std::optional<RoundState> failedJob(const RoundState& st, int exitCode, const std::string& reason,
+                                    const JobLimits& lim, bool final) {
+  if (!final && st.restarts < lim.maxRestarts) return std::nullopt;
+  RoundState next = st;
+  next.phase = Phase::Failed;
+  next.exitCode = exitCode;
+  next.reason = final ? reason + " (not retryable: no restart spent)"
+                      : reason + " and no restart is left (max_restarts=" +
+                            std::to_string(lim.maxRestarts) + ")";
+  return next;
 }
 
 }  // namespace
@@ -556,16 +591,8 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
           return std::nullopt;  // the general path decides (and may find nothing to do)
         }
         // As transition::failWorkers, on the compact state: the lists stay where they are.
-        RoundState next = st;
-        if (final || st.restarts >= lim.maxRestarts) {
-          next.phase = Phase::Failed;
-          next.exitCode = exitCode;
-          next.reason = final ? reason + " (not retryable: no restart spent)"
-                              : reason + " and no restart is left (max_restarts=" +
-                                    std::to_string(lim.maxRestarts) + ")";
-          return next;
-        }
-        next = RoundState{};
+        if (auto failed = failedJob(st, exitCode, reason, lim, final)) return failed;
+        RoundState next;
         next.round = st.round + 1;
         next.phase = Phase::Joining;
         next.restarts = st.restarts + 1;
@@ -580,7 +607,34 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
       },
       [&](const RoundState& s) {
         return transition::failWorkers(s, round, id, exitCode, reason, lim, final);
-      });
+      },
+      [&](const RoundState& st) { return roundOver(st, round); });
+}
+
+StateLog::Result recoverNode(StateLog& log, const Versioned& known, int64_t round,
+                             const std::string& id, int exitCode, const std::string& reason,
+                             bool final) {
+  const JobLimits& lim = log.limits();
+  return compactElseGeneral(
+      log, known,
+      [&](const RoundState& st) -> std::optional<RoundState> {
+        if (st.phase != Phase::Closed || st.round != round || st.membersList.ref == 0 ||
+            !st.members.empty() || !st.expected.empty() || !st.waiting.empty() ||
+            !position(log.store(), st, RoundState::List::Members, id)) {
+          return std::nullopt;  // the general path decides (and may find nothing to do)
+        }
+        // As transition::recoverWorkers, on the compact state: the round, its lists and its lost
+        // members stay; one more restart, and a reason naming the node.
+        if (auto failed = failedJob(st, exitCode, reason, lim, final)) return failed;
+        RoundState next = st;
+        next.restarts = st.restarts + 1;
+        next.reason = transition::recoveredReason(reason, next.restarts, lim);
+        return next;
+      },
+      [&](const RoundState& s) {
+        return transition::recoverWorkers(s, round, id, exitCode, reason, lim, final);
+      },
+      [&](const RoundState& st) { return roundOver(st, round); });
 }
 
 // Writes version `version` (compare-set on the missing key) and, when it wins, the markers `s`

@@ -136,6 +136,14 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
                           const std::string& id, int exitCode, const std::string& reason,
                           bool final);
 
+// transition::recoverWorkers appended to the log; with spilled lists and a closed round, as an
+// O(1) delta (one more restart, the round and its lists kept), after one read of the member's
+// own entry: the writer loads no list. A report about a round that is over writes nothing and
+// loads no list either (so does failNode's).
+StateLog::Result recoverNode(StateLog& log, const Versioned& known, int64_t round,
+                             const std::string& id, int exitCode, const std::string& reason,
+                             bool final);
+
 // Where node `id` is in one of a state's lists (members, the waiting list, the nodes expected
 // back): its index (the node rank, for members) and first global rank (the sum of nproc before). On a compact state one round trip
 // (a compare-set that reads and never writes), on a loaded one a scan. nullopt when absent.

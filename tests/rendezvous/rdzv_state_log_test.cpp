@@ -332,6 +332,77 @@ TEST_CASE("spilled lists: a restart expects the member list back without writing
   }
 }
 
+// Issue 20 (and 18's recovery path): a recovery in process and a failure report whose round
+// another node's report already ended cost their writer O(1) store work, whatever N: neither
+// loads a list (before, both went through update(), which loads every list of the state).
+TEST_CASE("spilled lists: an in-process recovery and a failure report of a round already over "
+          "load no list (the same store work at 8 and 256 nodes)",
+          "[rdzv][log]") {
+  std::vector<StoreTraffic::Snapshot> recovery, moot;
+  for (const int n : {8, 256}) {
+    auto store = std::make_shared<MemoryStore>();
+    const JobLimits lim{.minNodes = n, .maxNodes = n, .maxRestarts = 3};
+    StateLog log(*store, lim, /*spill=*/true);
+    Versioned v = log.latest();
+    for (int i = 0; i < n; ++i) {
+      NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i % 250 + 1)};
+      v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
+    }
+    REQUIRE(v.state.phase == Phase::Closed);
+    const RoundState full = v.state;  // loaded: the closer's
+    const int64_t round = full.round;
+    auto traffic = std::make_shared<StoreTraffic>();
+    CountingStore counted(store, traffic);
+    StateLog a(counted, lim, /*spill=*/true);
+    const Versioned closed = a.read(v.version);
+    REQUIRE(closed.state.compact());
+
+    auto t0 = traffic->snapshot();
+    const auto r = recoverNode(a, closed, round, full.members.back().id, 9, "rank died", false);
+    recovery.push_back(traffic->snapshot() - t0);
+    REQUIRE(r.wrote);
+    CHECK(r.now.state.round == round);
+    CHECK(r.now.state.phase == Phase::Closed);
+    CHECK(r.now.state.restarts == 1);
+    // Loaded, the version is transition::recoverWorkers's state.
+    StateLog reader(*store, lim);
+    RoundState h = reader.read(r.now.version).state;
+    reader.hydrate(h);
+    const auto expect =
+        transition::recoverWorkers(full, round, full.members.back().id, 9, "rank died", lim);
+    REQUIRE(expect);
+    CHECK(h == *expect);
+
+    // Two nodes report a failure from that version: the first ends the round, the second finds
+    // it over and writes nothing.
+    StateLog b(*store, lim, /*spill=*/true);
+    const auto f = failNode(b, r.now, round, full.members[0].id, 1, "boom", false);
+    REQUIRE(f.wrote);
+    CHECK(f.now.state.phase == Phase::Joining);
+    t0 = traffic->snapshot();
+    const auto m = failNode(a, r.now, round, full.members[1].id, 1, "boom too", false);
+    moot.push_back(traffic->snapshot() - t0);
+    CHECK_FALSE(m.wrote);
+    CHECK(m.now.version == f.now.version);
+    CHECK(m.now.state.restarts == 2);
+    // And a recovery reported late, into the next round, writes nothing either.
+    t0 = traffic->snapshot();
+    const auto late = recoverNode(a, r.now, round, full.members[2].id, 9, "late", false);
+    CHECK_FALSE(late.wrote);
+    CHECK(late.now.version == f.now.version);
+    CHECK(traffic->snapshot().roundTrips - t0.roundTrips <= moot.back().roundTrips);
+  }
+  for (const auto* t : {&recovery, &moot}) {
+    INFO((t == &recovery ? "recovery" : "moot failure") << ": round trips "
+         << (*t)[0].roundTrips << " / " << (*t)[1].roundTrips << ", bytes " << (*t)[0].bytes
+         << " / " << (*t)[1].bytes << " at 8 / 256 nodes");
+    CHECK((*t)[1].roundTrips == (*t)[0].roundTrips);
+    CHECK((*t)[1].roundTrips <= 4);
+    CHECK((*t)[1].bytes < (*t)[0].bytes + 256);
+    CHECK((*t)[1].bytes < 4096);
+  }
+}
+
 TEST_CASE("spilled lists: an eviction from a closed round writes no list (the member list "
           "without the evicted node), and loads as transition::remove's state",
           "[rdzv][log]") {
