@@ -237,6 +237,9 @@ class Agent::Impl {
   // Several nodes, --spares: this node's waiting spares as ddprun/node_spares/<node rank>, in
   // the workers' store (for node rank 0's readySpares), whenever they change.
   void publishSpares();
+  // After the link wrote (or failed to write) a lost node's generation record: true when this
+  // group still runs and the record is out; on `error` the round is re-formed without the node.
+  bool nodeLossPublished(int node, int epoch, const std::string& error);
   // `spent`: a restart was spent for it already (its generation could not be published).
   void reformWithoutNode(const std::string& what, const std::string& why, bool spent = false);
   // --spares on several nodes: once this node's workers announced (read by the link), the

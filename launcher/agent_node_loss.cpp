@@ -45,6 +45,16 @@ std::vector<keys::MovedRank> readySpares(rendezvous::Store& s, int nodes,
   return found;
 }
 
+bool Agent::Impl::nodeLossPublished(int node, int epoch, const std::string& error) {
+  if (epoch != linkEpoch_ || state_ != State::Running) return false;
+  nodeLossPending_ = false;
+  if (error.empty()) return true;
+  // The restart stays spent; the round must end for every node.
+  reformWithoutNode("node rank " + std::to_string(node) + " was lost",
+                    "its generation could not be published (" + error + ")", /*spent=*/true);
+  return false;
+}
+
 void Agent::Impl::onNodeLost(const JobDecision& d) {
   const int k = d.lostNode;
   const std::string what = "node rank " + std::to_string(k) + " (" + d.lostId + ") was lost";
@@ -203,15 +213,7 @@ void Agent::Impl::shrinkLostNode(int node, const std::string& cause, const JobDe
       },
       [this, node, d, out, epoch, cause](const std::string& error) {
         guarded([&] {
-          if (epoch != linkEpoch_ || state_ != State::Running) return;
-          nodeLossPending_ = false;
-          if (!error.empty()) {
-            // The restart stays spent; the round must end for every node.
-            reformWithoutNode("node rank " + std::to_string(node) + " was lost",
-                              "its generation could not be published (" + error + ")",
-                              /*spent=*/true);
-            return;
-          }
+          if (!nodeLossPublished(node, epoch, error)) return;
           ownGenerations_.insert(out->generation);
           const int after = out->before - static_cast<int>(out->removed.size());
           std::string ranks;
@@ -253,14 +255,7 @@ void Agent::Impl::replaceLostNode(int node, const std::string& cause, const JobD
       },
       [this, node, d, ranks, takers, generation, epoch, cause](const std::string& error) {
         guarded([&] {
-          if (epoch != linkEpoch_ || state_ != State::Running) return;
-          nodeLossPending_ = false;
-          if (!error.empty()) {
-            reformWithoutNode("node rank " + std::to_string(node) + " was lost",
-                              "its generation could not be published (" + error + ")",
-                              /*spent=*/true);
-            return;
-          }
+          if (!nodeLossPublished(node, epoch, error)) return;
           lostNodes_.insert(node);
           ownGenerations_.insert(*generation);
           std::string taken;

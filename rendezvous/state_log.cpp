@@ -498,6 +498,14 @@ bool roundOver(const RoundState& st, int64_t round) {
                               st.phase != Phase::Joining);
 }
 
+// `st` is a compact closed round `round` (its lists spilled, none in the version) of which `id`
+// is a member: one read of its entry.
+bool compactMember(StateLog& log, const RoundState& st, int64_t round, const std::string& id) {
+  return st.phase == Phase::Closed && st.round == round && st.membersList.ref != 0 &&
+         st.members.empty() && st.expected.empty() && st.waiting.empty() &&
+         position(log.store(), st, RoundState::List::Members, id).has_value();
+}
+
 // The O(1) delta of a failure that ends the job (final, or no restart left), as
 // transition::failWorkers writes it, on a compact closed round `st` of which `id` is a member:
 // the lists stay where they are.
@@ -585,9 +593,10 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
   return compactElseGeneral(
       log, known,
       [&](const RoundState& st) -> std::optional<RoundState> {
-        if (st.phase != Phase::Closed || st.round != round || st.membersList.ref == 0 ||
-            st.waitingList.ref != 0 || !st.waiting.empty() || !st.members.empty() ||
-            !st.lost.empty() || !position(log.store(), st, RoundState::List::Members, id)) {
+        // Round r+1 awaits the member list (openNext), which leaves members lost in process
+        // and a waiting list in the version out: only without them.
+        if (st.waitingList.ref != 0 || !st.lost.empty() ||
+            !compactMember(log, st, round, id)) {
           return std::nullopt;  // the general path decides (and may find nothing to do)
         }
         // As transition::failWorkers, on the compact state: the lists stay where they are.
@@ -618,9 +627,7 @@ StateLog::Result recoverNode(StateLog& log, const Versioned& known, int64_t roun
   return compactElseGeneral(
       log, known,
       [&](const RoundState& st) -> std::optional<RoundState> {
-        if (st.phase != Phase::Closed || st.round != round || st.membersList.ref == 0 ||
-            !st.members.empty() || !st.expected.empty() || !st.waiting.empty() ||
-            !position(log.store(), st, RoundState::List::Members, id)) {
+        if (!compactMember(log, st, round, id)) {
           return std::nullopt;  // the general path decides (and may find nothing to do)
         }
         // As transition::recoverWorkers, on the compact state: the round, its lists and its lost
