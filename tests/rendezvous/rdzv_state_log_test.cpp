@@ -517,6 +517,37 @@ TEST_CASE("spilled lists: a full round's waiting list by counters writes no vers
   CHECK_THROWS_WITH(reader.hydrate(g), Catch::Contains("waiting entries never written"));
 }
 
+// The waiting list's counters (scalable/waiting_list.h) are store values anyone with access can
+// ADD to: what they say is checked before a re-form trusts it.
+TEST_CASE("the waiting list's counters: nobody waiting costs one check, an entry in flight is "
+          "not counted, a forged count or index is refused naming the key",
+          "[rdzv][log]") {
+  auto store = std::make_shared<MemoryStore>();
+  const int64_t r = 3;
+  const std::string count = scalable::waitingCountKey(r), written = scalable::waitingWrittenKey(r);
+  CHECK(scalable::readWaitingCount(*store, r) == 0);
+  CHECK_FALSE(store->check({count}));  // no counter created by reading it
+  CHECK(scalable::joinWaitingList(*store, r, NodeInfo{.id = "a", .addr = "10.0.0.1"}) == 1);
+  CHECK(scalable::joinWaitingList(*store, r, NodeInfo{.id = "b", .addr = "10.0.0.2"}) == 2);
+  CHECK(scalable::readWaitingCount(*store, r) == 2);
+  // A third took its index but has not written its entry yet: the count and the written count
+  // disagree, so no entry is vouched for and none is expected (they re-join as newcomers).
+  store->add(count, 1);
+  CHECK(scalable::readWaitingCount(*store, r) == 0);
+  // A written count above the count was forged.
+  store->add(written, 5);
+  CHECK_THROWS_WITH(scalable::readWaitingCount(*store, r),
+                    Catch::Contains("'" + count + "' counts 3") &&
+                        Catch::Contains("corrupt or forged (fewer than written)"));
+  // A counter driven below zero hands out an index below 1: the arrival refuses it.
+  auto other = std::make_shared<MemoryStore>();
+  other->add(count, -7);
+  CHECK_THROWS_WITH(scalable::joinWaitingList(*other, r, NodeInfo{.id = "c", .addr = "10.0.0.3"}),
+                    Catch::Contains("'" + count + "' counts -6") &&
+                        Catch::Contains("an index below 1"));
+  CHECK_FALSE(other->check({written}));  // and counts itself nowhere
+}
+
 TEST_CASE("spilled lists: an arrival into a running round with room writes no list (the member "
           "list and the newcomer), and loads as transition::arrive's state",
           "[rdzv][log]") {
