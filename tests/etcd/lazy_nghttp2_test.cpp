@@ -7,15 +7,12 @@
 #include <catch2/catch.hpp>
 
 #include <nghttp2/nghttp2.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
 
 #include "rendezvous/etcd/grpc/lazy_nghttp2.h"
-
-extern char** environ;
+#include "tests/support/process.h"
 
 TEST_CASE("etcd: lazy nghttp2 child", "[.lazy_nghttp2_child]") {
   using ddprun::rendezvous::etcd::grpc::nghttp2Loaded;
@@ -45,12 +42,7 @@ TEST_CASE("etcd: lazy nghttp2 child", "[.lazy_nghttp2_child]") {
 
 TEST_CASE("etcd: libnghttp2 is loaded by the first call through its forwarders, not at the "
           "start, and a client session made through them writes the connection preface") {
-  std::string self = "/proc/self/exe", filter = "[lazy_nghttp2_child]";
-  char* argv[] = {self.data(), filter.data(), nullptr};
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, environ) == 0);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);  // Catch's exit code: the child's failed assertions
+  // This binary again, running only the child's case, in a process of its own.
+  ddprun::testing::Process child({.argv = {"/proc/self/exe", "[lazy_nghttp2_child]"}});
+  CHECK(child.wait() == 0);  // Catch's exit code: the child's failed assertions
 }

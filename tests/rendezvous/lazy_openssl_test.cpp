@@ -8,16 +8,13 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
 
 #include "rendezvous/auth.h"
 #include "rendezvous/openssl/lazy_openssl.h"
-
-extern char** environ;
+#include "tests/support/process.h"
 
 namespace {
 
@@ -52,12 +49,7 @@ TEST_CASE("lazy openssl: child", "[.lazy_openssl_child]") {
 
 TEST_CASE("lazy openssl: libcrypto is loaded by the first HMAC, not at the start, and HMAC-SHA256 "
           "through the forwarders matches RFC 4231") {
-  std::string self = "/proc/self/exe", filter = "[lazy_openssl_child]";
-  char* argv[] = {self.data(), filter.data(), nullptr};
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, environ) == 0);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);  // Catch's exit code: the child's failed assertions
+  // This binary again, running only the child's case, in a process of its own.
+  ddprun::testing::Process child({.argv = {"/proc/self/exe", "[lazy_openssl_child]"}});
+  CHECK(child.wait() == 0);  // Catch's exit code: the child's failed assertions
 }
