@@ -229,6 +229,10 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       s.masterPort = static_cast<uint16_t>(port);
     } else if (tag == "expected-list" || tag == "waiting-list") {
       ListRef& ref = tag == "expected-list" ? s.expectedList : s.waitingList;
+      // A record given again replaces the one before whole, as every other record does: a
+      // field of the earlier line (its `without`, `with` or `waiting`) must not survive into a
+      // state that no longer encodes it (found by fuzz_state_codec).
+      ref = ListRef{};
       // "... members ... waiting <K>": and the round before's K waiting nodes (ListRef::waiting).
       auto w = words(line);
       if (tag == "expected-list" && w.size() >= 6 && w[w.size() - 2] == "waiting") {
