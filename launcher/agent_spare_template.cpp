@@ -35,6 +35,15 @@ void Agent::Impl::startSpareTemplate() {
   std::erase(l.spawn.env, spareVar);
   l.spawn.env.push_back(std::string(rendezvous::spare_fork::kTemplateFdVariable) + "=" +
                         std::to_string(kPassedFd));
+  // One thread per pool, whatever the ranks get: OpenBLAS starts its pool as the library loads
+  // (at --nproc-per-node=1 a rank has no OMP_NUM_THREADS, so on 2 CPUs the template had 2
+  // threads at init() and could not fork). Each forked spare sizes its pools again from its own
+  // environment, as a rank's process would (worker_runtime/thread_pools.h).
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    const std::string prefix = std::string(name) + "=";
+    std::erase_if(l.spawn.env, [&](const std::string& v) { return v.rfind(prefix, 0) == 0; });
+    l.spawn.env.push_back(prefix + "1");
+  }
   l.spawn.passFd = tmpl->templateFd();
   l.spawn.subreaper = false;  // its forks' guards go to the agent, out of its tree
   // At normal priority, as the group's first spares: part of the job's start, and loaded as

@@ -37,6 +37,7 @@
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
 #include "worker_runtime/spare_template.h"
+#include "worker_runtime/thread_pools.h"
 #include "worker_runtime/tcp_mesh.h"
 #include "worker_runtime/traced_communicator.h"
 
@@ -714,6 +715,10 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                         "' is not valid: expected a descriptor number (ddprun --spares sets it)");
     }
     const int id = serveSpareForks(static_cast<int>(n));
+    // The template ran with one thread per pool (thread_pools.h); a rank's process would not.
+    DDPRUN_LOG(INFO, "runtime") << "spare " << id << " (pid " << ::getpid() << "): thread pools "
+                                << "as a process started with its environment: "
+                                << matchThreadPools();
     options.env = becomeRank(std::to_string(id), options);
   } else if (const auto spare = options.env("DDPRUN_SPARE"); spare && !spare->empty()) {
     // A hot spare waits here, loaded, until the launcher gives it a rank.

@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <arpa/inet.h>
 
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <regex>
@@ -146,6 +147,31 @@ std::string escaped(std::string addr) {
   return addr;
 }
 
+// The first number matched by group 1 of `re` in the agent's output, waited for (bounded); -1
+// when the agent exited first.
+pid_t waitForNumber(Job& agent, const std::string& re) {
+  const std::regex pattern(re);
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !agent.exited()) {
+    std::smatch m;
+    const std::string out = agent.output();
+    if (std::regex_search(out, m, pattern)) return static_cast<pid_t>(std::stol(m[1]));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+// The value of `name` in the environment `pid` was started with ("" when absent; "?" when
+// unreadable).
+std::string startEnv(pid_t pid, const std::string& name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+  if (!in) return "?";
+  for (std::string e; std::getline(in, e, '\0');) {
+    if (e.rfind(name + "=", 0) == 0) return e.substr(name.size() + 1);
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank taken by a ready spare "
@@ -196,6 +222,82 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank taken by
   CHECK_THAT(out0 + out2, !Contains("restarting the worker"));
   CHECK_THAT(out0, !Contains("resumed from checkpoint"));
   // The survivors never restarted: the same processes ran to the end.
+  CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
+  CHECK(std::regex_search(out2, std::regex(R"(rank 2 recovered in process in \d+ ms)")));
+  CHECK_THAT(out0, Contains("done: "));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("three nodes, replace, --spares=1, one rank per node: the spare template loads (its "
+          "pools held to one thread, the ranks' environment unchanged), a spare forked from it "
+          "takes the lost node's rank, weights bit-identical",
+          "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
+  REQUIRE(job.findRanks());
+  // At --nproc-per-node=1 ddprun sets no OMP_NUM_THREADS for the ranks (torchrun's rule), so
+  // OpenBLAS started its pool as LibTorch loaded and the template, which must have one thread
+  // at init(), exited ("the program has 2 threads when it calls init()") on a 2-CPU machine.
+  const pid_t templ = waitForNumber(*job.at[0], R"(spare template \(pid (\d+)\) ready: loaded)");
+  INFO(job.at[0]->output());
+  REQUIRE(templ > 0);
+  CHECK(startEnv(templ, "OMP_NUM_THREADS") == "1");
+  CHECK(startEnv(templ, "OPENBLAS_NUM_THREADS") == "1");
+  // The ranks' own environment is what it was: nothing set for them at one worker per node.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    CHECK(startEnv(job.worker[0], "OMP_NUM_THREADS").empty());
+  }
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+    CHECK(startEnv(job.worker[0], "OPENBLAS_NUM_THREADS").empty());
+  }
+  // Spare 0 is exec'd (the template was still loading); killed while it waits, it is replaced
+  // by spare 3 (ids: n x 3 nodes + node rank), a fork of the template.
+  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t spare0 = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
+  REQUIRE(spare0 > 0);
+  REQUIRE(::kill(spare0, SIGKILL) == 0);
+  const pid_t forked = waitForNumber(*job.at[0], R"(spare 3 \(pid (\d+)\) forked from the spare )"
+                                                 R"(template \(pid )" + std::to_string(templ));
+  REQUIRE(forked > 0);
+  REQUIRE(waitForOutput(*job.at[0], "spare 3 (pid " + std::to_string(forked) + ") ready: loaded",
+                        kJobTimeout));
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  const pid_t r0 = job.worker[0], r1 = job.worker[1], r2 = job.worker[2];
+  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
+            << std::endl;
+  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
+  REQUIRE(::kill(r1, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  for (pid_t p : {r0, r2, forked}) CHECK(::kill(p, 0) == 0);
+  const int a = job.at[0]->wait(kJobTimeout);
+  const int c = job.at[2]->wait(kJobTimeout);
+  job.at[1]->wait(kJobTimeout);
+  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  CHECK_THAT(out0, !Contains("threads when it calls init()"));
+  CHECK_THAT(out0, !Contains("the spare template (pid " + std::to_string(templ) + ") exited"));
+  // The fork sized its pools as a rank's process: LibTorch by its own rule, OpenBLAS from the
+  // CPUs (no *_NUM_THREADS in a rank's environment here), not the template's one thread.
+  std::smatch m;
+  REQUIRE(std::regex_search(out0, m, std::regex(
+      "spare 3 \\(pid " + std::to_string(forked) + R"(\): thread pools as a process started )"
+      R"(with its environment: LibTorch \d+ threads?(, OpenBLAS (\d+))?)")));
+  if (m[1].matched && std::getenv("OPENBLAS_NUM_THREADS") == nullptr &&
+      std::getenv("OMP_NUM_THREADS") == nullptr && std::thread::hardware_concurrency() > 1) {
+    CHECK(std::stoi(m[2]) > 1);
+  }
+  CHECK(std::regex_search(out0, std::regex(R"(its rank\(s\) are taken by spares of other nodes )"
+                                           R"(\(rank 1 by spare 3 of node rank 0\), the workers of )"
+                                           R"(every other node keep running \(restart 1 of 1 )"
+                                           R"(spent\))")));
+  CHECK_THAT(out0, Contains("generation 1: spare 3 (pid " + std::to_string(forked) +
+                            ") of this node takes rank 1 (local rank 1) of a lost node"));
+  CHECK_THAT(out0 + out2, !Contains("restarting the worker"));
+  CHECK_THAT(out0, !Contains("resumed from checkpoint"));
   CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
   CHECK(std::regex_search(out2, std::regex(R"(rank 2 recovered in process in \d+ ms)")));
   CHECK_THAT(out0, Contains("done: "));
