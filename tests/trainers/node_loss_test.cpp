@@ -304,6 +304,54 @@ TEST_CASE("three nodes, replace, --spares=1, one rank per node: the spare templa
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
+TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to node rank 0's "
+          "spare, then the moved rank SIGKILLed: node rank 0's next spare takes it in process, "
+          "weights bit-identical", "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
+  REQUIRE(job.findRanks());
+  REQUIRE(waitForOutput(*job.at[0], "spare 0 (pid ", kJobTimeout));
+  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
+  REQUIRE(moved > 0);
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  const pid_t r0 = job.worker[0], r2 = job.worker[2];
+  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
+            << std::endl;
+  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
+  REQUIRE(::kill(job.worker[1], SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  // Node rank 0 starts its next spare (3) as spare 0 takes the moved rank; once it is ready,
+  // the moved rank (spare 0's process, local rank 1 of node rank 0) is SIGKILLed.
+  const pid_t next = waitForNumber(*job.at[0], R"(spare 3 \(pid (\d+)\) ready: loaded)");
+  REQUIRE(next > 0);
+  REQUIRE(::kill(moved, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 2", kJobTimeout));
+  for (pid_t p : {r0, r2, next}) CHECK(::kill(p, 0) == 0);
+  const int a = job.at[0]->wait(kJobTimeout);
+  const int c = job.at[2]->wait(kJobTimeout);
+  job.at[1]->wait(kJobTimeout);
+  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  CHECK_THAT(out0, Contains("generation 1: spare 0 (pid " + std::to_string(moved) +
+                            ") of this node takes rank 1 (local rank 1) of a lost node"));
+  CHECK(std::regex_search(out0, std::regex(
+      "rank 1 \\(local rank 1, pid " + std::to_string(moved) + R"(\) failed: signal 9 )"
+      R"(\(SIGKILL\); recovering in process \(generation 2\): the other workers of every node )"
+      R"(keep running, spare 3 \(pid )" + std::to_string(next) + R"(\) takes rank 1 \(restart 2 )"
+      R"(of 2 spent\))")));
+  CHECK_THAT(out2, Contains("generation 2 of the worker group (another node recovered in "
+                            "process; this node's workers keep running)"));
+  CHECK_THAT(out0 + out2, !Contains("restarting the worker"));
+  CHECK_THAT(out0 + out2, !Contains("resumed from checkpoint"));
+  CHECK_THAT(out0, Contains("done: "));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
 TEST_CASE("three nodes, replace, --spares=1, no spare ready: node rank 1 lost, the round is "
           "re-formed without it (no restart spent), one line naming why",
           "[recovery][nodes][spares][slow]") {
