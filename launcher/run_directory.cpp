@@ -1,6 +1,7 @@
 #include "launcher/run_directory.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -28,13 +29,24 @@ RunDirectory::RunDirectory(const std::string& logDir, const std::string& rawRunI
   if (runId.empty() || runId[0] == '.') runId = "run" + runId;
   if (logDir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/ddprun-" + runId + "-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      throw ConfigError("cannot create a temporary directory " + tmpl + ": " +
-                        std::strerror(errno));
-    }
-    base_ = tmpl;
+    const std::string parent = tmp && *tmp ? tmp : "/tmp";
+    template_ = parent + "/ddprun-" + runId + "-XXXXXX";
     temporary_ = true;
+    // Created at its first use; a parent it could not be made in is still refused now, before
+    // the rendezvous (access(2) creates nothing).
+    struct stat st {};
+    int err = 0;
+    if (::stat(parent.c_str(), &st) != 0) {
+      err = errno;
+    } else if (!S_ISDIR(st.st_mode)) {
+      err = ENOTDIR;
+    } else if (::access(parent.c_str(), W_OK | X_OK) != 0) {
+      err = errno;
+    }
+    if (err != 0) {
+      throw ConfigError("cannot create a temporary directory " + template_ + ": " +
+                        std::strerror(err));
+    }
     return;
   }
   std::error_code ec;
@@ -60,7 +72,7 @@ RunDirectory::RunDirectory(const std::string& logDir, const std::string& rawRunI
 }
 
 RunDirectory::~RunDirectory() {
-  if (!temporary_) return;
+  if (!temporary_ || base_.empty()) return;  // never created: nothing to keep or remove
   if (keep_) {
     DDPRUN_LOG(INFO, "launcher") << "worker logs and error files are kept in " << base_;
     return;
@@ -69,8 +81,20 @@ RunDirectory::~RunDirectory() {
   std::filesystem::remove_all(base_, ec);
 }
 
+const std::string& RunDirectory::path() const {
+  if (base_.empty()) {
+    std::string tmpl = template_;
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw ConfigError("cannot create a temporary directory " + template_ + ": " +
+                        std::strerror(errno));
+    }
+    base_ = tmpl;
+  }
+  return base_;
+}
+
 std::string RunDirectory::workerDir(uint64_t attempt, int localRank) const {
-  const std::string attemptDir = base_ + "/attempt_" + std::to_string(attempt);
+  const std::string attemptDir = path() + "/attempt_" + std::to_string(attempt);
   makeDir(attemptDir);
   const std::string dir = attemptDir + "/" + std::to_string(localRank);
   makeDir(dir);

@@ -8,6 +8,12 @@
 // overwritten. Without --log-dir, base is a fresh temporary directory, removed at the end
 // unless it holds logs the user asked for or the job failed (its error files are named in the
 // failure report). k counts the starts of the worker group.
+//
+// A temporary base is created at its first use (path() or workerDir(), when the first workers
+// start), not when the agent starts: a node's rendezvous creates nothing on disk, and an agent
+// whose workers never start leaves nothing behind. On ext4 an inode created within 30 s of
+// deletions in its block group scans the recently deleted inodes (docs/rendezvous.md, "What an
+// agent process costs"): 256 agents starting together paid that while they joined.
 #include <cstdint>
 #include <string>
 
@@ -15,13 +21,16 @@ namespace ddprun::launcher {
 
 class RunDirectory {
  public:
-  // Throws ConfigError naming the directory when it cannot be created.
+  // Throws ConfigError naming the directory when it cannot be created (for a temporary one:
+  // when its parent, $TMPDIR or /tmp, is not a writable directory).
   RunDirectory(const std::string& logDir, const std::string& runId);
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
 
-  const std::string& path() const { return base_; }
+  // The base directory, created now if it is a temporary one not made yet (ConfigError if
+  // that fails).
+  const std::string& path() const;
   bool temporary() const { return temporary_; }
   // Creates (if needed) and returns <base>/attempt_<attempt>/<localRank>.
   std::string workerDir(uint64_t attempt, int localRank) const;
@@ -29,7 +38,8 @@ class RunDirectory {
   void keep() { keep_ = true; }
 
  private:
-  std::string base_;
+  mutable std::string base_;  // empty until a temporary directory is created
+  std::string template_;      // a temporary directory's mkdtemp template
   bool temporary_ = false;
   bool keep_ = false;
 };
