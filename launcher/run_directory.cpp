@@ -15,10 +15,13 @@
 namespace ddprun::launcher {
 namespace {
 
-void makeDir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+// True when it made the directory, false when it existed.
+bool makeDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) == 0) return true;
+  if (errno != EEXIST) {
     throw ConfigError("cannot create directory " + path + ": " + std::strerror(errno));
   }
+  return false;
 }
 
 }  // namespace
@@ -77,7 +80,16 @@ RunDirectory::~RunDirectory() {
     DDPRUN_LOG(INFO, "launcher") << "worker logs and error files are kept in " << base_;
     return;
   }
-  std::error_code ec;
+  removeTemporary();
+}
+
+void RunDirectory::removeTemporary() const {
+  bool empty = true;
+  for (auto d = made_.rbegin(); d != made_.rend() && empty; ++d) {
+    empty = ::rmdir(d->c_str()) == 0 || errno == ENOENT;
+  }
+  if (empty && ::rmdir(base_.c_str()) == 0) return;
+  std::error_code ec;  // files in it (a spare's, a replacement's, the progress table)
   std::filesystem::remove_all(base_, ec);
 }
 
@@ -95,9 +107,9 @@ const std::string& RunDirectory::path() const {
 
 std::string RunDirectory::workerDir(uint64_t attempt, int localRank) const {
   const std::string attemptDir = path() + "/attempt_" + std::to_string(attempt);
-  makeDir(attemptDir);
+  if (makeDir(attemptDir) && temporary_) made_.push_back(attemptDir);
   const std::string dir = attemptDir + "/" + std::to_string(localRank);
-  makeDir(dir);
+  if (makeDir(dir) && temporary_) made_.push_back(dir);
   return dir;
 }
 

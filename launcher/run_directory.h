@@ -16,6 +16,7 @@
 // agent process costs"): 256 agents starting together paid that while they joined.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ddprun::launcher {
 
@@ -38,10 +39,16 @@ class RunDirectory {
   void keep() { keep_ = true; }
 
  private:
+  void removeTemporary() const;
+
   mutable std::string base_;  // empty until a temporary directory is created
   std::string template_;      // a temporary directory's mkdtemp template
   bool temporary_ = false;
   bool keep_ = false;
+  // The directories under a temporary base that workerDir() created, in order: at the end they
+  // go with one rmdir each, deepest first (remove_all, which lists and opens each one, only
+  // when something else is in them).
+  mutable std::vector<std::string> made_;
 };
 
 }  // namespace ddprun::launcher
