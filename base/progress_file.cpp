@@ -18,37 +18,65 @@
 
 namespace ddprun::progress {
 
-void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPeriodMs) {
-  DDPRUN_CHECK(slots > 0 && slots <= kMaxProgressSlots, "progress table slots out of range");
+namespace {
+
+// `slots` fresh records: the magic, zero counters, the heartbeat period.
+std::vector<uint64_t> freshRecords(int slots, uint32_t heartbeatPeriodMs) {
   std::vector<uint64_t> words(static_cast<size_t>(slots) * kProgressRecordSize / 8, 0);
   for (size_t i = 0; i < words.size(); i += kProgressRecordSize / 8) {
     words[i] = kProgressMagic;
     words[i + 3] = heartbeatPeriodMs;
   }
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) throw Error("progress file " + path + ": " + std::strerror(errno));
+  return words;
+}
+
+void writeRecords(int fd, const std::vector<uint64_t>& words, off_t at, const std::string& path) {
   const size_t bytes = words.size() * 8;
-  const ssize_t n = ::pwrite(fd, words.data(), bytes, 0);
-  const int err = errno;
-  ::close(fd);
+  const ssize_t n = ::pwrite(fd, words.data(), bytes, at);
   if (n != static_cast<ssize_t>(bytes)) {
-    throw Error("progress file " + path + ": " + (n < 0 ? std::strerror(err) : "short write"));
+    throw Error("progress file " + path + ": " + (n < 0 ? std::strerror(errno) : "short write"));
   }
+}
+
+}  // namespace
+
+void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPeriodMs) {
+  DDPRUN_CHECK(slots > 0 && slots <= kMaxProgressSlots, "progress table slots out of range");
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd) throw Error("progress file " + path + ": " + std::strerror(errno));
+  writeRecords(fd.get(), freshRecords(slots, heartbeatPeriodMs), 0, path);
 }
 
 void resetProgressRecord(const std::string& path, int slot, uint32_t heartbeatPeriodMs) {
   DDPRUN_CHECK(slot >= 0 && slot < kMaxProgressSlots, "progress record out of range");
-  uint64_t words[kProgressRecordSize / 8] = {};
-  words[0] = kProgressMagic;
-  words[3] = heartbeatPeriodMs;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) throw Error("progress file " + path + ": " + std::strerror(errno));
-  const ssize_t n = ::pwrite(fd, words, sizeof words, static_cast<off_t>(slot) * kProgressRecordSize);
-  const int err = errno;
-  ::close(fd);
-  if (n != static_cast<ssize_t>(sizeof words)) {
-    throw Error("progress file " + path + ": " + (n < 0 ? std::strerror(err) : "short write"));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) throw Error("progress file " + path + ": " + std::strerror(errno));
+  writeRecords(fd.get(), freshRecords(1, heartbeatPeriodMs),
+               static_cast<off_t>(slot) * kProgressRecordSize, path);
+}
+
+ProgressTable::ProgressTable(const std::function<std::string()>& fallbackPath) {
+  fd_.reset(::memfd_create("ddprun-progress", MFD_CLOEXEC));
+  if (fd_) {
+    path_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd_.get());
+    // The workers open it by that name: /proc must show it (and let this process open it).
+    if (::access(path_.c_str(), R_OK | W_OK) == 0) return;
+    fd_.reset();
   }
+  path_ = fallbackPath();
+  fd_.reset(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd_) throw Error("progress file " + path_ + ": " + std::strerror(errno));
+}
+
+void ProgressTable::write(int slots, uint32_t heartbeatPeriodMs) {
+  DDPRUN_CHECK(slots > 0 && slots <= kMaxProgressSlots, "progress table slots out of range");
+  writeRecords(fd_.get(), freshRecords(slots, heartbeatPeriodMs), 0, path_);
+}
+
+void ProgressTable::reset(int slot, uint32_t heartbeatPeriodMs) {
+  DDPRUN_CHECK(slot >= 0 && slot < kMaxProgressSlots, "progress record out of range");
+  writeRecords(fd_.get(), freshRecords(1, heartbeatPeriodMs),
+               static_cast<off_t>(slot) * kProgressRecordSize, path_);
 }
 
 std::optional<ProgressSample> readProgressRecord(int fd, int slot) {

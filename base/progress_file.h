@@ -2,11 +2,11 @@
 // The progress file: how a worker tells its agent that it is making progress, at no cost to the
 // training step and without the agent ever waiting on the worker.
 //
-// The agent creates one small file per job in its run directory, the *progress table*: one
-// 32-byte record per local rank, record i at offset 32 x i, each with the magic below and zero
-// counters (rewritten in place at every round's start: no file is created per worker or per
-// round, which on ext4 costs ~0.1 ms each). It passes the path as DDPRUN_PROGRESS_FILE and the
-// worker's record as DDPRUN_PROGRESS_SLOT (its local rank). The worker maps the file shared and
+// The agent keeps one small table per job, the *progress table* (ProgressTable below: an
+// anonymous memory file, no file on disk): one 32-byte record per local rank, record i at offset
+// 32 x i, each with the magic below and zero counters (rewritten in place at every round's start:
+// nothing is created per worker or per round, which on ext4 costs ~0.1 ms each). It passes its
+// path as DDPRUN_PROGRESS_FILE and the worker's record as DDPRUN_PROGRESS_SLOT (its local rank). The worker maps the file shared and
 // bumps counters in its record in place (a relaxed atomic add: no system call); the agent reads
 // it with pread on a timer (a page-cache read of 32 bytes), so a stalled, stopped or dead worker
 // cannot block it. Record layout (host byte order; both ends are on one machine), 32 bytes:
@@ -26,8 +26,11 @@
 // reporting never fails. Without DDPRUN_PROGRESS_SLOT the slot is 0.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+
+#include "base/unique_fd.h"
 
 namespace ddprun::progress {
 
@@ -53,6 +56,29 @@ void writeProgressTable(const std::string& path, int slots, uint32_t heartbeatPe
 // Agent side: rewrites record `slot` alone of an existing table (as writeProgressTable does), for
 // a worker that replaces a dead one while the others keep counting in theirs.
 void resetProgressRecord(const std::string& path, int slot, uint32_t heartbeatPeriodMs = 0);
+
+// Agent side: the job's progress table, open for the agent's life. Where the system allows it
+// an anonymous memory file (memfd_create) that the workers open as /proc/<agent pid>/fd/<n>, so
+// that nothing is created on disk or deleted at the end (on ext4 each such inode scans the
+// inodes deleted in its block group in the last 30 s: docs/rendezvous.md, "What an agent
+// process costs"); it goes when the agent and every worker that mapped it have ended. Where
+// memfd_create is refused (an old kernel, a seccomp filter) or /proc does not show it, the
+// file `fallbackPath()` names, created as writeProgressTable does. Throws ddprun::Error naming
+// the file when neither can be opened.
+class ProgressTable {
+ public:
+  explicit ProgressTable(const std::function<std::string()>& fallbackPath);
+  // What DDPRUN_PROGRESS_FILE names; readable with open(2) like a file.
+  const std::string& path() const { return path_; }
+  // The records writeProgressTable writes, and resetProgressRecord's rewrite of one record.
+  void write(int slots, uint32_t heartbeatPeriodMs = 0);
+  void reset(int slot, uint32_t heartbeatPeriodMs = 0);
+
+ private:
+  UniqueFd fd_;
+  std::string path_;
+};
+
 // Agent side: the counters of record `slot` of an open progress table, or nullopt when it is not
 // one (short, wrong magic, unreadable). Never blocks on the worker.
 std::optional<ProgressSample> readProgressRecord(int fd, int slot);

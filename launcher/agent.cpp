@@ -116,17 +116,22 @@ void Agent::Impl::nextRound() {
 }
 
 std::string Agent::Impl::progressTablePath() const {
-  // The job's progress table (base/progress_file.h), when a watch reads it.
-  return options_.stallWarning != 0 || options_.peerTimeout > 0 ? runDir_->path() + "/progress"
-                                                                 : std::string();
+  // The job's progress table (base/progress_file.h), when a watch reads it: opened at the
+  // first call (when the first workers start), in memory unless the system refuses it.
+  if (options_.stallWarning == 0 && options_.peerTimeout <= 0) return std::string();
+  if (!progressTable_) {
+    progressTable_ = std::make_unique<progress::ProgressTable>(
+        [this] { return runDir_->path() + "/progress"; });
+  }
+  return progressTable_->path();
 }
 
 std::vector<WorkerLaunch> Agent::Impl::makeLaunches(const RoundInfo& round) {
   // The job's progress table, its records reset for this round.
   const std::string progressTable = progressTablePath();
   if (!progressTable.empty()) {
-    progress::writeProgressTable(progressTable, options_.nprocPerNode,
-                                 FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+    progressTable_->write(options_.nprocPerNode,
+                          FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
   }
   std::vector<WorkerLaunch> launches;
   for (int lr = 0; lr < options_.nprocPerNode; ++lr) launches.push_back(makeLaunch(round, lr, 0));

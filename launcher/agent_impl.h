@@ -308,6 +308,8 @@ class Agent::Impl {
   std::unique_ptr<JobCgroup> cgroup_;  // before group_: outlives the workers' guards
   std::shared_ptr<WorkerGroup> group_;
   std::unique_ptr<ProgressWatch> progressWatch_;  // while the group runs (--stall-warning)
+  // The job's progress table, from the first workers' start (progressTablePath()).
+  mutable std::unique_ptr<progress::ProgressTable> progressTable_;
   RoundInfo round_;
   State state_ = State::Rendezvous;
   StopReason stopReason_ = StopReason::None;

@@ -313,7 +313,7 @@ void Agent::Impl::takeMovedRank(int g, int rank, int spareId, const std::string&
   }
   const std::string table = progressTablePath();
   if (!table.empty()) {
-    progress::resetProgressRecord(table, slot, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+    progressTable_->reset(slot, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
   }
   if (startedGeneration_.size() <= static_cast<size_t>(slot)) {
     startedGeneration_.resize(static_cast<size_t>(slot) + 1, 0);

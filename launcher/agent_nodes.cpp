@@ -277,7 +277,7 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
   const int lr = r.localRank;
   const std::string table = progressTablePath();
   if (!table.empty()) {
-    progress::resetProgressRecord(table, lr, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+    progressTable_->reset(lr, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
   }
   auto generation = std::make_shared<int>(0);
   const int epoch = linkEpoch_;

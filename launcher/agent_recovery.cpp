@@ -320,7 +320,7 @@ void Agent::Impl::replaceWorkers(const std::vector<WorkerResult>& dead, const Jo
   for (const auto& r : dead) {
     const int lr = r.localRank;
     if (!table.empty()) {
-      progress::resetProgressRecord(table, lr, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+      progressTable_->reset(lr, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
     }
     int spareId = -1;
     pid_t sparePid = -1;

@@ -120,7 +120,7 @@ void Agent::Impl::growGroup(pid_t sparePid, int spareId) {
   }
   const std::string table = progressTablePath();
   if (!table.empty()) {
-    progress::resetProgressRecord(table, slot, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
+    progressTable_->reset(slot, FreezePolicy::heartbeatPeriodMs(options_.peerTimeout));
   }
   DDPRUN_CHECK(group_->assign(sparePid, slot, rank), "a waiting spare takes the rank");
   group_->setPrefix(sparePid, prefixFor(rank, slot));

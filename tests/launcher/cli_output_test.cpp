@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ddprun_process.h"
+#include "rendezvous/node_address.h"
 
 using namespace ddprun::testing;
 
@@ -301,6 +302,37 @@ TEST_CASE("a failed job keeps its run directory: the error file the report names
   while (!base.empty() && (base.back() == '\n' || base.back() == ' ')) base.pop_back();
   REQUIRE(!base.empty());
   CHECK_FALSE(std::filesystem::exists(base));
+}
+
+TEST_CASE("the run directory is made when the workers start: the rendezvous creates nothing",
+          "[launcher][cli][report]") {
+  // A job whose workers never start (its rendezvous times out) leaves nothing in TMPDIR.
+  TempDir tmp;
+  Env env = baseEnv();
+  env["TMPDIR"] = tmp.path();
+  auto lone = runDdprun({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                         "--rdzv-endpoint=127.0.0.1:" + std::to_string(ddprun::rendezvous::pickFreePort()),
+                         "--rdzv-id=lazy", "--rdzv-conf=join_timeout=1", "true"},
+                        env);
+  CHECK(lone.code != 0);
+  CHECK(std::filesystem::is_empty(tmp.path()));
+  // Its workers' directories are there once they run, and only those: the progress table is
+  // in the agent's memory, named in /proc, readable and writable by the worker.
+  auto ok = runDdprun({"--standalone", "--nproc-per-node=1", "sh", "-c",
+                       "case $DDPRUN_PROGRESS_FILE in /proc/*/fd/*) ;; *) exit 5 ;; esac; "
+                       "test -r $DDPRUN_PROGRESS_FILE -a -w $DDPRUN_PROGRESS_FILE || exit 6; "
+                       "ls -A $(dirname $(dirname $(dirname $TORCHELASTIC_ERROR_FILE)))"},
+                      env);
+  CHECK(ok.code == 0);
+  CHECK(ok.out == "attempt_0\n");
+  CHECK(std::filesystem::is_empty(tmp.path()));  // and gone after the success
+  // A missing TMPDIR is still refused at the start, naming it.
+  env["TMPDIR"] = tmp / "missing";
+  auto bad = runDdprun({"--standalone", "--nproc-per-node=1", "true"}, env);
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.err, Catch::Contains("cannot create a temporary directory " + tmp.path() +
+                                      "/missing/ddprun-"));
+  CHECK_THAT(bad.err, Catch::Contains("No such file or directory"));
 }
 
 TEST_CASE("an error a restart cannot fix ends the job at once, whatever the budget",
