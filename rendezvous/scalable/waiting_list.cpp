@@ -10,7 +10,9 @@ namespace ddprun::rendezvous::scalable {
 
 namespace {
 
-[[noreturn]] void forgedCount(const std::string& key, int64_t v, const char* why) {
+constexpr const char* kTooMany = "more than 1048576 waiting nodes";
+
+[[noreturn]] void forgedCount(const std::string& key, int64_t v, const std::string& why) {
   throw StoreError("rendezvous key '" + key + "' counts " + std::to_string(v) +
                    ", which is corrupt or forged (" + why + ")");
 }
@@ -26,6 +28,7 @@ int64_t joinWaitingList(Store& store, int64_t round, const NodeInfo& self) {
   const std::string ck = waitingCountKey(round);
   const int64_t i = store.hasTickets() ? store.takeTicket(ck, self.id) : store.add(ck, 1);
   if (i < 1) forgedCount(ck, i, "an index below 1");
+  if (i > kMaxWaiting) forgedCount(ck, i, kTooMany);
   const int64_t ref = waitingListRef(round);
   NodeInfo entry = self;
   entry.fixedRank = -1;
@@ -58,7 +61,14 @@ int64_t readWaitingCount(Store& store, int64_t round) {
   const int64_t count = store.hasTickets() ? store.ticketCount(ck) : store.add(ck, 0);
   if (written < 0) forgedCount(wk, written, "a negative written count");
   if (count < written) forgedCount(ck, count, "fewer than written");
-  return count == written ? count : 0;
+  if (count > kMaxWaiting) forgedCount(ck, count, kTooMany);
+  if (count != written || count == 0) return 0;
+  // The holder of index K wrote its entries before it counted itself written, and K holders
+  // counted: entry K-1 exists. Counters inflated in step without it are refused here, not found
+  // later by a ring that would WAIT for an entry nobody writes (one more round trip).
+  const std::string last = listKey(waitingListRef(round), count - 1);
+  if (!store.check({last})) forgedCount(ck, count, "its entry '" + last + "' was never written");
+  return count;
 }
 
 }  // namespace ddprun::rendezvous::scalable

@@ -27,6 +27,11 @@
 
 namespace ddprun::rendezvous::scalable {
 
+// The most waiting nodes a count may name: ddprun-store holds at most 1,000,000 keys by default
+// and every waiting node writes two, so a count above this was forged (an attacker's ADD of
+// 2^40 would otherwise make a re-form expect, and a loader allocate, 2^40 entries).
+inline constexpr int64_t kMaxWaiting = int64_t{1} << 20;
+
 std::string waitingCountKey(int64_t round);
 std::string waitingWrittenKey(int64_t round);
 
@@ -36,11 +41,12 @@ std::string waitingWrittenKey(int64_t round);
 int64_t joinWaitingList(Store& store, int64_t round, const NodeInfo& self);
 
 // K, the waiting nodes of round `round` whose entries 1..K are all written: on ddprun-store one
-// round trip when nobody registered (CHECK; no counter is created), else three; on etcd two
-// requests. The written count is read first, then the count. Both only grow and the written count never exceeds the
+// round trip when nobody registered (CHECK; no counter is created), else four (the last, a CHECK
+// that entry K-1 exists); on etcd three requests. The written count is read first, then the count. Both only grow and the written count never exceeds the
 // count, so when the two agree, every index up to it had written its entries when the written
 // count was read. When they differ (an entry in flight, or a holder that died between its index
-// and its entries) 0: those nodes re-join as newcomers (above). StoreError on a forged count.
+// and its entries) 0: those nodes re-join as newcomers (above). StoreError on a forged count:
+// a written count above the count, a count above kMaxWaiting, or K with no entry K-1.
 int64_t readWaitingCount(Store& store, int64_t round);
 
 }  // namespace ddprun::rendezvous::scalable
