@@ -34,6 +34,13 @@ std::string formatCounts(const std::vector<int>& v) {
   return s;
 }
 constexpr rendezvous::Millis kPreviousRecordWait{30'000};
+
+// Why the death of a rank moved here from a lost node is not recovered in process.
+std::string movedWithoutSpare(const WorkerResult& r) {
+  return "rank " + std::to_string(r.globalRank) + " had moved to this node from a lost node, and "
+         "no spare of this node is waiting to take it (a new process is not started in process "
+         "for a slot after the node's own)";
+}
 }  // namespace
 
 std::string awaitRecord(rendezvous::Store& s, int g) {
@@ -210,6 +217,13 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
                                                : *why;
           if (refused.empty() && pendingDeaths_.size() > 1) refused = "another worker of this node died meanwhile";
           if (refused.empty() && world - 1 < 1) refused = "no worker survived to heal a replacement from";
+          // Decided before the budget: a restart spent on a recovery that replaceAcross then
+          // cannot make would be followed by the group's restart, a second one for one death.
+          if (refused.empty() && options_.recoveryPolicy != LaunchOptions::RecoveryPolicy::Shrink &&
+              r.localRank >= options_.nprocPerNode &&
+              (!sparesStarted_ || group_->waitingSpares().empty())) {
+            refused = movedWithoutSpare(r);
+          }
           if (refused.empty() && options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
               world - 1 < options_.shrinkMinRanks) {
             DDPRUN_LOG(WARN, "launcher") << "--recovery-policy=shrink: without rank " << r.globalRank
@@ -267,8 +281,7 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
     // a slot this node's launch does not describe; a waiting spare takes it, or the group
     // restarts.
     recoveryRestarts_ = d.restartCount;
-    failAcross(r, "rank " + std::to_string(r.globalRank) + " had moved to this node from a lost "
-                  "node, and no spare of this node is waiting to take it");
+    failAcross(r, movedWithoutSpare(r));
     return;
   }
   recoveryRestarts_ = d.restartCount;

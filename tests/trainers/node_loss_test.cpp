@@ -352,6 +352,56 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
+TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no spare of its new "
+          "node waiting, the group restarts once, spending one restart, not two",
+          "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
+  REQUIRE(job.findRanks());
+  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
+  REQUIRE(moved > 0);
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
+            << std::endl;
+  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
+  REQUIRE(::kill(job.worker[1], SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  // Node rank 0's next spares (3, 6, 9) SIGKILLed as they start: three dead before they were
+  // ready end the spares of its group, so none waits when the moved rank dies.
+  for (int id : {3, 6, 9}) {
+    pid_t p = -1;
+    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+    while (p <= 0 && std::chrono::steady_clock::now() < deadline && !job.at[0]->exited()) {
+      p = forkedSparePid(job.at[0]->output(), id);
+      if (p <= 0) p = sparePid(job.at[0]->pid(), id, "mnist_mlp");
+      if (p <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    INFO("spare " << id);
+    REQUIRE(p > 0);
+    REQUIRE(::kill(p, SIGKILL) == 0);
+  }
+  REQUIRE(waitForOutput(*job.at[0], "the third in a row: no more spares for this group",
+                        kJobTimeout));
+  REQUIRE(::kill(moved, SIGKILL) == 0);
+  const int a = job.at[0]->wait(kJobTimeout);
+  const int c = job.at[2]->wait(kJobTimeout);
+  job.at[1]->wait(kJobTimeout);
+  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
+  // Before the check came ahead of the budget, the recovery spent restart 2 of 2 and then
+  // restarted the group, a failure reported afresh with no restart left: the job failed.
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  CHECK_THAT(out0, Contains("--recovery=in-process: rank 1 had moved to this node from a lost "
+                            "node, and no spare of this node is waiting to take it"));
+  CHECK_THAT(out0, !Contains("recovering in process (generation 2)"));
+  CHECK_THAT(out0, !Contains("in-process recovery of rank 1 failed"));
+  CHECK_THAT(out0 + out2, Contains("resumed from checkpoint"));
+  CHECK_THAT(out0 + out2, Contains("done: "));
+}
+
 TEST_CASE("three nodes, replace, --spares=1, no spare ready: node rank 1 lost, the round is "
           "re-formed without it (no restart spent), one line naming why",
           "[recovery][nodes][spares][slow]") {
