@@ -282,18 +282,15 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishBySlots(int64_t r) {
   const Millis recordWait = std::clamp(options_.lastCallTimeout, Millis(2'000), Millis(10'000));
   Store& store = *main_.store;
   const int64_t d = scalable::markDone(store, r, self_.id);
-  if (d == 1) {
-    current_ = log_->update(current_, [&](const RoundState& s) {
-      return transition::nodeDone(s, r, self_.id);
-    }).now;
-  }
+  if (d == 1) current_ = markFinishing(*log_, current_, r, self_.id).now;
   auto tryFinish = [&](int64_t count) {
     const RoundState& s = current_.state;
     if (s.phase != Phase::Closed || s.round != r) return;
     if (count + static_cast<int64_t>(s.lost.size()) < k) return;  // someone is still running
-    const std::vector<std::string> ids = scalable::readDone(store, r, count, recordWait);
-    current_ = log_->update(current_, [&](const RoundState& st) {
-      return transition::finishWithDone(st, r, ids);
+    // No member lost: the count says every member is done (no id read, no list loaded); with
+    // one lost, the done ids tell the done from the lost (O(N), that rare case only).
+    current_ = finishFromCount(*log_, current_, r, count, [&] {
+      return scalable::readDone(store, r, count, recordWait);
     }).now;
   };
   tryFinish(d);

@@ -110,6 +110,10 @@ struct RoundState {
                                   // Closed, not finishing: members lost in process
                                   // (JobLimits::keepRoundOnNodeLoss);
                                   // Joining: nodes removed while it was open
+  // Finished with spilled lists (StateLog::spill): every member not in `lost` is done, and
+  // `done` is left out of the version ("done-all"), so that every agent reads O(1) bytes at the
+  // job's end instead of every done id; StateLog::hydrate fills `done` from the members.
+  bool allDone = false;
   int exitCode = 0;               // Failed: the root cause's exit code
   std::string reason;             // why this round was opened / the job ended (one line)
   // A compact state (read from a version written with spilled lists): `members` or `expected`
@@ -142,7 +146,7 @@ struct RoundState {
   }
 
   // Some node's workers have succeeded: the round will not be re-formed.
-  bool finishing() const { return !done.empty(); }
+  bool finishing() const { return !done.empty() || allDone; }
 
   const NodeInfo* member(const std::string& id) const;
   int rankOf(const std::string& id) const;  // -1 when not a member

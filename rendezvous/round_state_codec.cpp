@@ -21,6 +21,7 @@ namespace ddprun::rendezvous {
 //   expected <id> <prevRank>
 //   done|lost <id>             (a finishing round: members in the exit barrier / lost since;
 //                               lost in a closed round that is not finishing: lost in process)
+//   done-all                    (finished, members in the store: every member not lost is done)
 //   members-list <ref> <count> <world> <masterAddr> <masterPort>   (a compact state: the
 //   waiting-list|expected-list <ref> <count>  lists are in the store, see StateLog; ListRef)
 // Hand-written both ways: a state is re-read on every lost compare-set, so it must be cheap.
@@ -74,6 +75,7 @@ std::string encodeState(const RoundState& s) {
   }
   for (const auto& id : s.done) out.append("done ").append(id).append("\n");
   for (const auto& id : s.lost) out.append("lost ").append(id).append("\n");
+  if (s.allDone) out.append("done-all\n");
   if (s.membersList.ref) {
     out.append("members-list ");
     put(out, s.membersList.ref);
@@ -194,6 +196,9 @@ RoundState decodeState(const std::string& text, const std::string& what) {
       if (w.size() != 2 || !validId(w[1]))
         throw bad(std::string(tag) + " record '" + std::string(line) + "'");
       (tag == "done" ? s.done : s.lost).emplace_back(w[1]);
+    } else if (tag == "done-all") {  // every member not lost is done (RoundState::allDone)
+      if (w.size() != 1) throw bad("done-all record '" + std::string(line) + "'");
+      s.allDone = true;
     } else if (tag == "member" || tag == "waiting") {
       NodeInfo n;
       int port = 0;
@@ -265,6 +270,8 @@ RoundState decodeState(const std::string& text, const std::string& what) {
   if ((s.membersList.ref && !s.members.empty()) || (s.expectedList.ref && !s.expected.empty()) ||
       (s.waitingList.ref && !s.waiting.empty()))
     throw bad("a list both inline and in the store");
+  if (s.allDone && (s.phase != Phase::Finished || !s.membersList.ref || !s.done.empty()))
+    throw bad("done-all outside a finished state with a member list in the store");
   return s;
 }
 

@@ -284,12 +284,26 @@ void StateLog::hydrate(RoundState& s) {
     }
     ref = {};
   }
+  if (s.allDone) {  // done-all: every member not lost (RoundState::allDone)
+    for (const auto& m : s.members)
+      if (std::find(s.lost.begin(), s.lost.end(), m.id) == s.lost.end()) s.done.push_back(m.id);
+    s.allDone = false;
+  }
   validateState(s, limits_, "with its lists");
 }
 
 void StateLog::spill(RoundState& next, const RoundState& beforeFull,
                      const RoundState& beforeCompact) {
   using L = RoundState::List;
+  // A finished job names no done id (RoundState::allDone) when every member is done or lost:
+  // every agent reads the final version, which would otherwise carry every member's id, O(N)
+  // bytes for each of N agents.
+  bool allDone = next.phase == Phase::Finished && !next.done.empty() && !next.members.empty();
+  if (allDone) {
+    std::set<std::string> ended(next.done.begin(), next.done.end());
+    ended.insert(next.lost.begin(), next.lost.end());
+    for (const auto& m : next.members) allDone = allDone && ended.count(m.id) > 0;
+  }
   for (const L which : {L::Members, L::Waiting, L::Expected}) {
     const bool members = which == L::Members;
     auto& list = next.list(which);
@@ -336,6 +350,10 @@ void StateLog::spill(RoundState& next, const RoundState& beforeFull,
       next.masterPort = list[0].masterPort;
     }
     list.clear();
+  }
+  if (allDone && next.membersList.ref != 0) {
+    next.done.clear();
+    next.allDone = true;
   }
 }
 
@@ -616,6 +634,51 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
       },
       [&](const RoundState& s) {
         return transition::failWorkers(s, round, id, exitCode, reason, lim, final);
+      },
+      [&](const RoundState& st) { return roundOver(st, round); });
+}
+
+StateLog::Result markFinishing(StateLog& log, const Versioned& known, int64_t round,
+                               const std::string& id) {
+  return compactElseGeneral(
+      log, known,
+      [&](const RoundState& st) -> std::optional<RoundState> {
+        if (st.finishing() || !compactMember(log, st, round, id)) return std::nullopt;
+        // As transition::nodeDone: the lists stay where they are.
+        RoundState next = st;
+        next.lost.erase(std::remove(next.lost.begin(), next.lost.end(), id), next.lost.end());
+        next.done.push_back(id);
+        // Done at once (every other member lost): the general path writes Finished.
+        if (1 + static_cast<int64_t>(next.lost.size()) >= st.membersList.count) return std::nullopt;
+        return next;
+      },
+      [&](const RoundState& s) { return transition::nodeDone(s, round, id); },
+      [&](const RoundState& st) { return roundOver(st, round); });
+}
+
+StateLog::Result finishFromCount(StateLog& log, const Versioned& known, int64_t round,
+                                 int64_t doneCount,
+                                 const std::function<std::vector<std::string>()>& doneIds) {
+  std::optional<std::vector<std::string>> ids;
+  return compactElseGeneral(
+      log, known,
+      [&](const RoundState& st) -> std::optional<RoundState> {
+        // Every member counted itself done once (only members do, and each once per round):
+        // with none lost, doneCount members are done and none is counted twice.
+        if (st.phase != Phase::Closed || st.round != round || st.membersList.ref == 0 ||
+            !st.members.empty() || !st.lost.empty() || doneCount < st.membersList.count) {
+          return std::nullopt;  // a member lost: the general path tells the done from the lost
+        }
+        RoundState next = st;
+        next.phase = Phase::Finished;
+        next.done.clear();
+        next.allDone = true;
+        next.reason = "every node's workers succeeded in round " + std::to_string(round);
+        return next;
+      },
+      [&](const RoundState& s) {
+        if (!ids) ids = doneIds();
+        return transition::finishWithDone(s, round, *ids);
       },
       [&](const RoundState& st) { return roundOver(st, round); });
 }

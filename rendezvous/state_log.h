@@ -144,6 +144,20 @@ StateLog::Result recoverNode(StateLog& log, const Versioned& known, int64_t roun
                              const std::string& id, int exitCode, const std::string& reason,
                              bool final);
 
+// The slot join's exit barrier (DynamicRendezvous::finishBySlots). markFinishing: the first
+// node done in closed round `round` appends transition::nodeDone; with spilled lists as an O(1)
+// delta (the round's `done` line), after one read of its own entry. finishFromCount: a node
+// that counted `doneCount` done nodes (r/<r>/done) appends Finished when every member is done
+// or lost; with spilled lists and no member lost, `doneCount` >= the member count says so (each
+// member counts itself once) and Finished is written as "done-all" (RoundState::allDone) without
+// reading a done id or a list; with a lost member, `doneIds` (every done node's id, O(N) reads)
+// tells the done from the lost (transition::finishWithDone).
+StateLog::Result markFinishing(StateLog& log, const Versioned& known, int64_t round,
+                               const std::string& id);
+StateLog::Result finishFromCount(StateLog& log, const Versioned& known, int64_t round,
+                                 int64_t doneCount,
+                                 const std::function<std::vector<std::string>()>& doneIds);
+
 // Where node `id` is in one of a state's lists (members, the waiting list, the nodes expected
 // back): its index (the node rank, for members) and first global rank (the sum of nproc before). On a compact state one round trip
 // (a compare-set that reads and never writes), on a loaded one a scan. nullopt when absent.
