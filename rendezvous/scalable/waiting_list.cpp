@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "base/log.h"
 #include "rendezvous/state_log.h"
 
 namespace ddprun::rendezvous::scalable {
@@ -61,14 +62,23 @@ int64_t readWaitingCount(Store& store, int64_t round) {
   const int64_t count = store.hasTickets() ? store.ticketCount(ck) : store.add(ck, 0);
   if (written < 0) forgedCount(wk, written, "a negative written count");
   if (count < written) forgedCount(ck, count, "fewer than written");
-  if (count > kMaxWaiting) forgedCount(ck, count, kTooMany);
   if (count != written || count == 0) return 0;
-  // The holder of index K wrote its entries before it counted itself written, and K holders
-  // counted: entry K-1 exists. Counters inflated in step without it are refused here, not found
-  // later by a ring that would WAIT for an entry nobody writes (one more round trip).
-  const std::string last = listKey(waitingListRef(round), count - 1);
-  if (!store.check({last})) forgedCount(ck, count, "its entry '" + last + "' was never written");
-  return count;
+  // Counters inflated in step vouch for nothing: a count above kMaxWaiting, or K whose entry K-1
+  // was never written (its holder wrote its entries before it counted itself written, and K
+  // holders counted). Such a K is ignored, said once in a warning naming the key and the value:
+  // the waiting nodes, if any, re-join as newcomers (as when the counts disagree) instead of a
+  // re-form expecting 2^40 nodes (which a loader would allocate) or nodes whose entries a ring
+  // would WAIT for. One more round trip (the CHECK) when nodes wait.
+  std::string why = kTooMany;
+  if (count <= kMaxWaiting) {
+    const std::string last = listKey(waitingListRef(round), count - 1);
+    if (store.check({last})) return count;
+    why = "its entry '" + last + "' was never written";
+  }
+  DDPRUN_LOG(WARN, "rendezvous") << "rendezvous key '" << ck << "' counts " << count
+                                 << ", which is corrupt or forged (" << why
+                                 << "): ignored, no waiting node is expected back";
+  return 0;
 }
 
 }  // namespace ddprun::rendezvous::scalable

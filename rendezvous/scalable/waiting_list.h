@@ -45,8 +45,9 @@ int64_t joinWaitingList(Store& store, int64_t round, const NodeInfo& self);
 // that entry K-1 exists); on etcd three requests. The written count is read first, then the count. Both only grow and the written count never exceeds the
 // count, so when the two agree, every index up to it had written its entries when the written
 // count was read. When they differ (an entry in flight, or a holder that died between its index
-// and its entries) 0: those nodes re-join as newcomers (above). StoreError on a forged count:
-// a written count above the count, a count above kMaxWaiting, or K with no entry K-1.
+// and its entries) 0: those nodes re-join as newcomers (above). StoreError on a written count
+// above the count; counts that agree but vouch for nothing (above kMaxWaiting, or K with no
+// entry K-1: inflated in step) give 0 too, with a warning naming the key and the value.
 int64_t readWaitingCount(Store& store, int64_t round);
 
 }  // namespace ddprun::rendezvous::scalable
