@@ -383,6 +383,36 @@ def store_host_lost(t):
     check(not any(pid_alive(p) for p in workers), "node b's workers are gone")
 
 
+def store_host_lost_in_exit_barrier(t):
+    """The store host is killed just as node b's worker succeeds, so b's agent meets a dead store
+    in its exit barrier (the watcher's connection already gone): b exits 0 -- its workers
+    succeeded -- within a few keep-alive bounds, naming the endpoint, not after read_timeout
+    (30 s here) spent reconnecting to a store its heartbeat already declared lost."""
+    conf = FAST_CONF.replace("read_timeout=3", "read_timeout=30")
+    gate = os.path.join(t.dir, "gate-barrier")
+    a = t.agent("a", "127.0.0.2", "2", "barrierlost", ["--run", "60"], conf=conf)
+    b = t.agent("b", "127.0.0.3", "2", "barrierlost", ["--exit-when", gate], conf=conf)
+    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    b.signal(signal.SIGSTOP)
+    try:
+        open(gate, "w").close()  # b's worker succeeds while its agent is paused
+        time.sleep(0.3)
+        killed = time.time()
+        a.signal(signal.SIGKILL)
+        check(a.wait(30) == -signal.SIGKILL, "the store host is gone")
+        time.sleep(0.3)
+    finally:
+        b.signal(signal.SIGCONT)
+    code = b.wait(60)
+    took = time.time() - killed
+    print("node b exited %s, %.2f s after the store host was killed (keep-alive bound 0.9 s, "
+          "read_timeout 30 s)" % (code, took))
+    err = b.stderr()
+    check(code == 0, "node b exits 0, its workers having succeeded (got %s): %s" % (code, err[-600:]))
+    check(took < 10, "node b is done within 10 s, not read_timeout: %.2f s: %s" % (took, err[-800:]))
+    check(t.endpoint() in err, "its message names the endpoint %s: %s" % (t.endpoint(), err[-600:]))
+
+
 def stopped_answering(t, node, endpoint):
     """Checks that `node` failed naming `endpoint` as a store that stopped answering, with the
     silence it measured (at least the keep-alive bound of FAST_CONF: 0.3 s x 3)."""
@@ -736,7 +766,7 @@ def cancel_and_check_trace(t, nodes, trace, writer=None):
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, join_mid_run_stable, kill_agent, kill_agent_stable, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
-    wrong_store, store_host_lost, store_host_frozen, store_frozen, paused_agent_store_gone, sigterm_leave,
+    wrong_store, store_host_lost, store_host_lost_in_exit_barrier, store_host_frozen, store_frozen, paused_agent_store_gone, sigterm_leave,
     static_backend, torch_gloo_elastic,
     netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed,
     timeline_sigterm, timeline_sigterm_writer_only)}
