@@ -137,6 +137,16 @@ void DynamicRendezvous::reconnectIfInterrupted(bool leaving) {
   };
   refuse();
   if (!interrupted_.exchange(false)) return;
+  {
+    // Once the liveness signal has declared the store lost, a reconnect would only hold this
+    // agent for connect_timeout (60 s by default) per call: fail at once instead.
+    std::lock_guard<std::mutex> g(mu_);
+    if (storeLost_) {
+      interrupted_ = true;  // and so does every later call
+      throw NetworkError("the rendezvous store at " + options_.backend->describe() +
+                         " is lost: not reconnecting");
+    }
+  }
   auto fresh = connect();
   auto log = std::make_unique<StateLog>(*fresh.store, options_.limits, options_.backend->slotJoin());
   {
@@ -330,6 +340,10 @@ void DynamicRendezvous::onBackgroundError(std::exception_ptr eptr) {
     storeLost_ = true;
   }
   cv_.notifyAll();  // an agent taking its connection back from the watcher stops waiting
+  // The agent's thread may be inside a store call that would go on retrying the dead store
+  // (the exit barrier's ADD reconnects for up to connect_timeout): cut it short; with
+  // storeLost_ set, reconnectIfInterrupted refuses, so no later call waits either.
+  interrupt();
   RoundEvent e;
   e.kind = RoundEvent::Kind::StoreLost;
   e.round = roundNo_;

@@ -323,10 +323,6 @@ void DynamicRendezvous::closeJob() {
 void DynamicRendezvous::leave(const std::string& reason) {
   if (left_) return;
   watch(-1);
-  reconnectIfInterrupted(/*leaving=*/true);
-  left_ = true;
-  inRound_ = false;
-  if (liveness_) liveness_->stopWatching();
   const std::string why = "node " + self_.id + " (" + self_.addr + ") left: " + reason;
   bool lost;
   {
@@ -334,10 +330,17 @@ void DynamicRendezvous::leave(const std::string& reason) {
     lost = storeLost_;
   }
   if (lost) {  // nobody to tell: a reconnect would only hold this node for connect_timeout
+    left_ = true;
+    inRound_ = false;
+    if (liveness_) liveness_->stopWatching();
     if (liveness_) liveness_->stop(false);
     DDPRUN_LOG(INFO, "rendezvous") << why << " (the rendezvous store was already lost)";
     return;
   }
+  reconnectIfInterrupted(/*leaving=*/true);
+  left_ = true;
+  inRound_ = false;
+  if (liveness_) liveness_->stopWatching();
   // Bounded: a store that goes away meanwhile (its host got the same signal) costs this node at
   // most kLeaveTimeout per call, not connect_timeout; its heartbeat keys are left then.
   main_.store->setTimeout(std::min(main_.store->timeout(), kLeaveTimeout));

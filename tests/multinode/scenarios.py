@@ -413,6 +413,34 @@ def store_host_lost_in_exit_barrier(t):
     check(t.endpoint() in err, "its message names the endpoint %s: %s" % (t.endpoint(), err[-600:]))
 
 
+def store_host_frozen_in_exit_barrier(t):
+    """The store host is stopped (SIGSTOP) just before node b's worker succeeds, so b's agent
+    sends its exit barrier's ADD to a store that accepts and never answers: once b's heartbeat
+    declares the store lost (keep-alive bound 0.9 s), the ADD is cut short and b exits 0 -- its
+    workers succeeded -- naming the endpoint, instead of waiting out read_timeout (30 s here)
+    for the reply."""
+    conf = FAST_CONF.replace("read_timeout=3", "read_timeout=30")
+    gate = os.path.join(t.dir, "gate-frozen-barrier")
+    a = t.agent("a", "127.0.0.2", "2", "barrierfrozen", ["--run", "60"], conf=conf)
+    b = t.agent("b", "127.0.0.3", "2", "barrierfrozen", ["--exit-when", gate], conf=conf)
+    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    a.signal(signal.SIGSTOP)
+    try:
+        frozen = time.time()
+        open(gate, "w").close()  # b's worker succeeds, b's agent meets the frozen store
+        code = b.wait(60)
+        took = time.time() - frozen
+    finally:
+        a.signal(signal.SIGKILL)  # SIGKILL ends a stopped process too
+    print("node b exited %s, %.2f s after the store host was stopped (keep-alive bound 0.9 s, "
+          "read_timeout 30 s)" % (code, took))
+    err = b.stderr()
+    check(code == 0, "node b exits 0, its workers having succeeded (got %s): %s" % (code, err[-600:]))
+    check(took < 5, "node b is done within 5 s, not after a handshake timeout (10 s) or read_timeout: "
+          "%.2f s: %s" % (took, err[-800:]))
+    stopped_answering(t, b, t.endpoint())
+
+
 def stopped_answering(t, node, endpoint):
     """Checks that `node` failed naming `endpoint` as a store that stopped answering, with the
     silence it measured (at least the keep-alive bound of FAST_CONF: 0.3 s x 3)."""
@@ -766,7 +794,7 @@ def cancel_and_check_trace(t, nodes, trace, writer=None):
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, join_mid_run_stable, kill_agent, kill_agent_stable, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
-    wrong_store, store_host_lost, store_host_lost_in_exit_barrier, store_host_frozen, store_frozen, paused_agent_store_gone, sigterm_leave,
+    wrong_store, store_host_lost, store_host_lost_in_exit_barrier, store_host_frozen_in_exit_barrier, store_host_frozen, store_frozen, paused_agent_store_gone, sigterm_leave,
     static_backend, torch_gloo_elastic,
     netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed,
     timeline_sigterm, timeline_sigterm_writer_only)}
