@@ -113,6 +113,28 @@ struct ThreeNodes {
       if (node[n].get() == at[k]) return "127.0.0." + std::to_string(2 + n);
     return "?";
   }
+  // Node rank 1 is lost: its agent first (no report of the worker's death can leave it), then
+  // its worker (only processes of this test's own ddprun). Says who held which node rank.
+  void loseNodeRank1() {
+    std::cout << "node ranks 0, 1, 2: " << addr(0) << ", " << addr(1) << ", " << addr(2)
+              << std::endl;
+    REQUIRE(::kill(at[1]->pid(), SIGKILL) == 0);
+    REQUIRE(::kill(worker[1], SIGKILL) == 0);
+  }
+  // Every agent's end (bounded); the survivors' (node ranks 0 and 2) exit codes and output.
+  struct End {
+    int code0, code2;
+    std::string out0, out2;
+  };
+  End waitForEnd() {
+    End e;
+    e.code0 = at[0]->wait(kJobTimeout);
+    e.code2 = at[2]->wait(kJobTimeout);
+    at[1]->wait(kJobTimeout);
+    e.out0 = at[0]->output();
+    e.out2 = at[2]->output();
+    return e;
+  }
 };
 
 // The uninterrupted three-node run (once per test process).
@@ -172,6 +194,16 @@ std::string startEnv(pid_t pid, const std::string& name) {
   return "";
 }
 
+// The survivors (node ranks 0 and 2) never restarted: the same processes recovered in process
+// and ran to the end, no checkpoint was read.
+void checkSurvivorsKeptRunning(const std::string& out0, const std::string& out2) {
+  CHECK_THAT(out0 + out2, !Contains("restarting the worker"));
+  CHECK_THAT(out0, !Contains("resumed from checkpoint"));
+  CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
+  CHECK(std::regex_search(out2, std::regex(R"(rank 2 recovered in process in \d+ ms)")));
+  CHECK_THAT(out0, Contains("done: "));
+}
+
 }  // namespace
 
 TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank taken by a ready spare "
@@ -189,18 +221,12 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank taken by
   REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
   const pid_t spare = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
   REQUIRE(spare > 0);
-  const pid_t r0 = job.worker[0], r1 = job.worker[1], r2 = job.worker[2];
+  const pid_t r0 = job.worker[0], r2 = job.worker[2];
   const std::string lostAddr = job.addr(1);
-  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << lostAddr << ", " << job.addr(2)
-            << std::endl;
-  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
-  REQUIRE(::kill(r1, SIGKILL) == 0);
+  job.loseNodeRank1();
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   for (pid_t p : {r0, r2, spare}) CHECK(::kill(p, 0) == 0);
-  const int a = job.at[0]->wait(kJobTimeout);
-  const int c = job.at[2]->wait(kJobTimeout);
-  job.at[1]->wait(kJobTimeout);
-  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  const auto [a, c, out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
@@ -219,12 +245,7 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank taken by
                             "rank 1) in generation 1"));
   CHECK_THAT(out2, Contains("generation 1 of the worker group (another node recovered in "
                             "process; this node's workers keep running)"));
-  CHECK_THAT(out0 + out2, !Contains("restarting the worker"));
-  CHECK_THAT(out0, !Contains("resumed from checkpoint"));
-  // The survivors never restarted: the same processes ran to the end.
-  CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
-  CHECK(std::regex_search(out2, std::regex(R"(rank 2 recovered in process in \d+ ms)")));
-  CHECK_THAT(out0, Contains("done: "));
+  checkSurvivorsKeptRunning(out0, out2);
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
@@ -264,17 +285,11 @@ TEST_CASE("three nodes, replace, --spares=1, one rank per node: the spare templa
   REQUIRE(waitForOutput(*job.at[0], "spare 3 (pid " + std::to_string(forked) + ") ready: loaded",
                         kJobTimeout));
   REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
-  const pid_t r0 = job.worker[0], r1 = job.worker[1], r2 = job.worker[2];
-  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
-            << std::endl;
-  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
-  REQUIRE(::kill(r1, SIGKILL) == 0);
+  const pid_t r0 = job.worker[0], r2 = job.worker[2];
+  job.loseNodeRank1();
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   for (pid_t p : {r0, r2, forked}) CHECK(::kill(p, 0) == 0);
-  const int a = job.at[0]->wait(kJobTimeout);
-  const int c = job.at[2]->wait(kJobTimeout);
-  job.at[1]->wait(kJobTimeout);
-  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  const auto [a, c, out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
@@ -296,11 +311,7 @@ TEST_CASE("three nodes, replace, --spares=1, one rank per node: the spare templa
                                            R"(spent\))")));
   CHECK_THAT(out0, Contains("generation 1: spare 3 (pid " + std::to_string(forked) +
                             ") of this node takes rank 1 (local rank 1) of a lost node"));
-  CHECK_THAT(out0 + out2, !Contains("restarting the worker"));
-  CHECK_THAT(out0, !Contains("resumed from checkpoint"));
-  CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
-  CHECK(std::regex_search(out2, std::regex(R"(rank 2 recovered in process in \d+ ms)")));
-  CHECK_THAT(out0, Contains("done: "));
+  checkSurvivorsKeptRunning(out0, out2);
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
@@ -318,10 +329,7 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to
   REQUIRE(moved > 0);
   REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
   const pid_t r0 = job.worker[0], r2 = job.worker[2];
-  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
-            << std::endl;
-  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
-  REQUIRE(::kill(job.worker[1], SIGKILL) == 0);
+  job.loseNodeRank1();
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   // Node rank 0 starts its next spare (3) as spare 0 takes the moved rank; once it is ready,
   // the moved rank (spare 0's process, local rank 1 of node rank 0) is SIGKILLed.
@@ -330,10 +338,7 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to
   REQUIRE(::kill(moved, SIGKILL) == 0);
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 2", kJobTimeout));
   for (pid_t p : {r0, r2, next}) CHECK(::kill(p, 0) == 0);
-  const int a = job.at[0]->wait(kJobTimeout);
-  const int c = job.at[2]->wait(kJobTimeout);
-  job.at[1]->wait(kJobTimeout);
-  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  const auto [a, c, out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
@@ -363,10 +368,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
   const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
   REQUIRE(moved > 0);
   REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
-  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
-            << std::endl;
-  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
-  REQUIRE(::kill(job.worker[1], SIGKILL) == 0);
+  job.loseNodeRank1();
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   // Node rank 0's next spares (3, 6, 9) SIGKILLed as they start: three dead before they were
   // ready end the spares of its group, so none waits when the moved rank dies.
@@ -385,10 +387,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
   REQUIRE(waitForOutput(*job.at[0], "the third in a row: no more spares for this group",
                         kJobTimeout));
   REQUIRE(::kill(moved, SIGKILL) == 0);
-  const int a = job.at[0]->wait(kJobTimeout);
-  const int c = job.at[2]->wait(kJobTimeout);
-  job.at[1]->wait(kJobTimeout);
-  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  const auto [a, c, out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   // Before the check came ahead of the budget, the recovery spent restart 2 of 2 and then
   // restarted the group, a failure reported afresh with no restart left: the job failed.
@@ -417,17 +416,11 @@ TEST_CASE("three nodes, replace, --spares=1, no spare ready: node rank 1 lost, t
   REQUIRE(::kill(s0, SIGSTOP) == 0);
   REQUIRE(::kill(s2, SIGSTOP) == 0);
   REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
-  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
-            << std::endl;
-  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
-  REQUIRE(::kill(job.worker[1], SIGKILL) == 0);
+  job.loseNodeRank1();
   REQUIRE(waitForOutput(*job.at[0], "need as many ready spares", kJobTimeout));
   // Our own stopped spares: let them take the group's stop.
   for (pid_t p : {s0, s2}) ::kill(p, SIGCONT);
-  const int a = job.at[0]->wait(kJobTimeout);
-  const int c = job.at[2]->wait(kJobTimeout);
-  job.at[1]->wait(kJobTimeout);
-  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  const auto [a, c, out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
@@ -452,29 +445,19 @@ TEST_CASE("three nodes, shrink: node rank 1's agent and worker SIGKILLed, node r
                  {{"DDPRUN_SAMPLE_LOG", dir / "samples"}});
   REQUIRE(job.findRanks());
   REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
-  const pid_t r0 = job.worker[0], r1 = job.worker[1], r2 = job.worker[2];
+  const pid_t r0 = job.worker[0], r2 = job.worker[2];
   const std::string lostAddr = job.addr(1);
-  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << lostAddr << ", " << job.addr(2)
-            << std::endl;
-  // Node rank 1 is lost: its agent first (no report of the worker's death can leave it), then
-  // its worker (only processes of this test's own ddprun).
-  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
-  REQUIRE(::kill(r1, SIGKILL) == 0);
+  job.loseNodeRank1();
   REQUIRE(waitForOutput(*job.at[2], "as rank 1 of 2 (was rank 2 of 3; the group shrank)",
                         kJobTimeout));
   for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
-  const int a = job.at[0]->wait(kJobTimeout);
-  const int c = job.at[2]->wait(kJobTimeout);
-  job.at[1]->wait(kJobTimeout);
-  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  const auto [a, c, out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
   // One writer, node rank 0's agent: one restart spent, node rank 1's rank removed.
-  std::string lostRe = lostAddr;
-  for (size_t i = lostRe.find('.'); i != std::string::npos; i = lostRe.find('.', i + 2))
-    lostRe.insert(i, "\\");
-  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node )" + lostRe + R"(-\S+ was )"
+  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node )" + escaped(lostAddr) +
+                                           R"(-\S+ was )"
                                            R"(evicted: no heartbeat for 900 ms \(lost in process\); )"
                                            R"(recovering in process \(generation 1\): its )"
                                            R"(rank\(s\) 1 are removed, the group shrinks from 3 )"
@@ -505,14 +488,8 @@ TEST_CASE("three nodes, shrink:3: node rank 1 lost below the job's minimum, the 
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink:3"});
   REQUIRE(job.findRanks());
   REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
-  std::cout << "node ranks 0, 1, 2: " << job.addr(0) << ", " << job.addr(1) << ", " << job.addr(2)
-            << std::endl;
-  REQUIRE(::kill(job.at[1]->pid(), SIGKILL) == 0);
-  REQUIRE(::kill(job.worker[1], SIGKILL) == 0);
-  const int a = job.at[0]->wait(kJobTimeout);
-  const int c = job.at[2]->wait(kJobTimeout);
-  job.at[1]->wait(kJobTimeout);
-  const std::string out0 = job.at[0]->output(), out2 = job.at[2]->output();
+  job.loseNodeRank1();
+  const auto [a, c, out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
