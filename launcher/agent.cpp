@@ -243,7 +243,21 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
     std::string why;
     observe = growBackUsable(why) || observe;
   }
-  if (options_.spares > 0) {
+  // A single rank has no survivor: in-process recovery heals a dead rank's new process (a
+  // spare or not) from a surviving rank's memory, never from disk, and the runtime keeps no
+  // in-memory commits at world size 1 (inProcessRecoveryWanted). Said once, at the start.
+  const bool singleRank = round.worldSize < 2 && options_.recovery != LaunchOptions::Recovery::Restart;
+  if (singleRank && !singleRankNoted_ &&
+      (options_.spares > 0 || options_.recovery == LaunchOptions::Recovery::InProcess)) {
+    singleRankNoted_ = true;
+    DDPRUN_LOG(WARN, "launcher")
+        << (options_.spares > 0 ? "--spares=" + std::to_string(options_.spares) + ": no spare starts"
+                                : std::string("--recovery=in-process: no in-process recovery"))
+        << " while the job has a single rank (world size 1): in-process recovery heals a dead "
+        << "rank's new process from a surviving rank's memory, and one rank leaves no survivor; "
+        << "its death restarts it from the newest checkpoint (docs/recovery.md)";
+  }
+  if (options_.spares > 0 && !singleRank) {
     std::string why;
     if (!sparesUsable(why)) {
       if (!sparesNoted_) {

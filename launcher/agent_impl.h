@@ -139,6 +139,13 @@ class Agent::Impl {
   // healed without stopping the others, then the budget, then the replacements or the shrink,
   // and the new generation. Several deaths are one recovery (agent_recovery.cpp).
   bool canRecoverInProcess(const std::vector<WorkerResult>& dead);
+  // How the refusal of an in-process recovery is introduced ("--recovery=in-process", or auto
+  // when it had chosen in-process for this group), or "" when it was not in effect (auto with a
+  // program without the runtime: a restart is then the job's plain semantics, said by no line).
+  std::string inProcessInEffect(const std::vector<WorkerResult>& dead) const;
+  // "--recovery=in-process"; under auto, the same for auto when `autoChose` (else ""); "" under
+  // restart.
+  std::string recoveryMode(bool autoChose) const;
   void recoverInProcess(const WorkerResult& r);
   // A death reported while the budget decision of a recovery is pending: recovered with it.
   void addPendingDeath(const WorkerResult& r);
@@ -338,6 +345,7 @@ class Agent::Impl {
   bool sparesStarted_ = false;
   int sparesDiedUnready_ = 0;
   bool sparesNoted_ = false;     // the line saying spares cannot be used was printed
+  bool singleRankNoted_ = false; // the line saying a single rank is not recovered in process
   int idleSpares_ = -1;          // -1: not decided; 0: spares start at normal priority; 1: idle
   // The group's spare template (none: not started, or gone); off for the job (DDPRUN_SPARE_TEMPLATE=0,
   // or this process cannot be a child subreaper).

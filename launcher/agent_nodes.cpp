@@ -182,6 +182,9 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
   }
   const int world = worldNow_;
   auto why = std::make_shared<std::string>();
+  // Whether a rank announced in-process recovery (read when the check fails): auto had chosen
+  // it for this group, so a refusal is said under auto too.
+  auto announced = std::make_shared<bool>(generation_ > 0 || sparesStarted_);
   const int epoch = linkEpoch_;
   // The dead rank, its generation and each node's worker count as this agent knows them now
   // (a shrink's writer folds the records after them).
@@ -189,13 +192,21 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
   deathGeneration_ = generation_;
   deathCounts_ = nodeCounts_;
   storeLink().run(
-      [why, local, world, dead = r.globalRank](rendezvous::Store& s) {
+      [why, announced, local, world, dead = r.globalRank](rendezvous::Store& s) {
+        // One other rank is evidence enough (the ranks announce together, after DDP's first
+        // broadcast), and a program without the runtime costs one round trip, not one per rank.
+        auto anyAnnounced = [&] {
+          const int other = dead == 0 ? 1 : 0;
+          if (!*announced && other < world) *announced = s.check({keys::announceKey(other)});
+        };
         if (!s.check({keys::announceKey(dead)})) {
           *why = "rank " + std::to_string(dead) + " had not announced in-process recovery (its "
                  "program does not run the runtime's elastic loop, or it died before it held "
                  "the training state)";
+          anyAnnounced();
           return;
         }
+        *announced = true;
         for (int rank = 0; rank < world; ++rank) {
           if (rank == dead) continue;
           const Local* mine = nullptr;
@@ -209,7 +220,7 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
           }
         }
       },
-      [this, r, why, epoch, world](const std::string& error) {
+      [this, r, why, announced, epoch, world](const std::string& error) {
         guarded([&] {
           if (epoch != linkEpoch_ || state_ != State::Running) return;
           recoveryPending_ = false;
@@ -233,8 +244,8 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
           } else if (refused.empty()) {
             recoverInProcess(r);
             return;
-          } else if (options_.recovery == LaunchOptions::Recovery::InProcess) {
-            DDPRUN_LOG(WARN, "launcher") << "--recovery=in-process: " << refused
+          } else if (const std::string mode = recoveryMode(*announced); !mode.empty()) {
+            DDPRUN_LOG(WARN, "launcher") << mode << ": " << refused
                                          << "; restarting the group instead";
           }
           pendingDeaths_.clear();

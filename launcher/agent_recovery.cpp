@@ -45,15 +45,17 @@ std::string rankList(const std::vector<WorkerResult>& dead) {
 
 bool Agent::Impl::canRecoverInProcess(const std::vector<WorkerResult>& dead) {
   if (options_.recovery == LaunchOptions::Recovery::Restart) return false;
-  const bool asked = options_.recovery == LaunchOptions::Recovery::InProcess;
+  rendezvous::StoreServer* store = handler_->workerStore();
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  // Said whenever in-process recovery was in effect: asked for, or chosen by auto (the workers
+  // run the elastic loop). Under auto with a program without the runtime a restart is simply
+  // the job's semantics, and says nothing more.
   auto refuse = [&](const std::string& why) {
-    if (asked) {
-      DDPRUN_LOG(WARN, "launcher") << "--recovery=in-process: " << why
-                                   << "; restarting the group instead";
+    if (const std::string mode = inProcessInEffect(dead); !mode.empty()) {
+      DDPRUN_LOG(WARN, "launcher") << mode << ": " << why << "; restarting the group instead";
     }
     return false;
   };
-  rendezvous::StoreServer* store = handler_->workerStore();
   if (!round_.useAgentStore) {
     return refuse("only workers that use the agent's store recover in process");
   }
@@ -64,7 +66,13 @@ bool Agent::Impl::canRecoverInProcess(const std::vector<WorkerResult>& dead) {
                   "of its node runs, one death of the node at a time");
   }
   if (store == nullptr) return refuse("the agent does not host its workers' store");
-  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  // No survivor first: at world size 1 (or every rank dead) that is the reason, whatever the
+  // dead announced (a single rank's runtime announces nothing: inProcessRecoveryWanted).
+  bool anySurvivor = false;
+  for (const auto& w : group_->results()) {
+    anySurvivor = anySurvivor || (!w.ended && !w.spare && !w.sparesTemplate && !contains(dead, w.pid));
+  }
+  if (!anySurvivor) return refuse("no worker survived to heal a replacement from");
   auto startedIn = [&](const WorkerResult& w) {
     const size_t lr = static_cast<size_t>(w.localRank);
     return lr < startedGeneration_.size() ? startedGeneration_[lr] : 0;
@@ -103,7 +111,6 @@ bool Agent::Impl::canRecoverInProcess(const std::vector<WorkerResult>& dead) {
                  std::to_string(w.globalRank) + " (pid " + std::to_string(w.pid) + ")";
     }
   }
-  if (survivors == 0) return refuse("no worker survived to heal a replacement from");
   if (holders == 0) {
     // Not only under --recovery=in-process: under auto the job would have recovered otherwise.
     DDPRUN_LOG(WARN, "launcher") << "in-process recovery of rank(s) " << rankList(dead)
@@ -124,6 +131,43 @@ bool Agent::Impl::canRecoverInProcess(const std::vector<WorkerResult>& dead) {
     return false;
   }
   return true;
+}
+
+std::string Agent::Impl::recoveryMode(bool autoChose) const {
+  switch (options_.recovery) {
+    case LaunchOptions::Recovery::InProcess:
+      return "--recovery=in-process";
+    case LaunchOptions::Recovery::Auto:
+      return autoChose ? "--recovery=auto (in process: the workers run the runtime's elastic loop)"
+                       : "";
+    case LaunchOptions::Recovery::Restart:
+      break;
+  }
+  return "";
+}
+
+std::string Agent::Impl::inProcessInEffect(const std::vector<WorkerResult>& dead) const {
+  if (options_.recovery != LaunchOptions::Recovery::Auto) return recoveryMode(false);
+  const std::string mode = recoveryMode(true);
+  // Evidence that auto had chosen in-process recovery for this group: a recovery or spares
+  // already (both need every worker's announcement), or an announcement in the workers' store
+  // (hosted here on one node and on node rank 0; other nodes' agents read it through the link,
+  // not on this path).
+  if (generation_ > 0 || sparesStarted_) return mode;
+  rendezvous::StoreServer* store = handler_->workerStore();
+  if (store == nullptr || !round_.useAgentStore) return "";
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  auto announced = [&](const WorkerResult& w) {
+    return !w.spare && !w.sparesTemplate &&
+           store->get(prefix + rendezvous::recovery::announceKey(w.globalRank)).has_value();
+  };
+  for (const auto& w : dead) {
+    if (announced(w)) return mode;
+  }
+  for (const auto& w : group_->results()) {
+    if (announced(w)) return mode;
+  }
+  return "";
 }
 
 int Agent::Impl::liveWorkers(pid_t except) const {

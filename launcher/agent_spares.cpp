@@ -245,6 +245,10 @@ bool Agent::Impl::sparesUsable(std::string& why) const {
           "with --recovery=restart";
     return false;
   }
+  if (round_.worldSize < 2) {
+    why = "a single rank (world size 1) leaves no survivor to heal a spare from";
+    return false;
+  }
   if (!round_.useAgentStore || (round_.nodeCount == 1 ? handler_->workerStore() == nullptr
                                                       : !linkWanted_)) {
     why = "only workers that use the agent's store recover in process";

@@ -93,6 +93,25 @@ TEST_CASE("recovery in-process asked for: a program without the runtime still ge
   CHECK_THAT(r.err, !Catch::Contains("recovering in process"));
 }
 
+TEST_CASE("a single rank under --recovery=in-process: one line at the start says a death "
+          "restarts it, and the death's line names no survivor as the reason",
+          "[launcher][cli][recovery]") {
+  TempDir dir;
+  const std::string log = dir / "attempts";
+  auto r = runDdprun({"--standalone", "--nproc-per-node=1", "--max-restarts=1",
+                      "--recovery=in-process", "sh", "-c",
+                      "echo $TORCHELASTIC_RESTART_COUNT.$RANK >> " + log +
+                          "; [ $TORCHELASTIC_RESTART_COUNT = 0 ] && exit 3; exit 0"});
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK((lines(readFile(log)) == std::vector<std::string>{"0.0", "1.0"}));
+  CHECK_THAT(r.err, Catch::Contains("--recovery=in-process: no in-process recovery while the job "
+                                    "has a single rank (world size 1)"));
+  CHECK_THAT(r.err, Catch::Contains("--recovery=in-process: no worker survived to heal a "
+                                    "replacement from; restarting the group instead"));
+  CHECK_THAT(r.err, !Catch::Contains("had not announced"));
+}
+
 TEST_CASE("the recovery flag takes restart, in-process or auto", "[launcher][cli][recovery]") {
   auto r = runDdprun({"--standalone", "--recovery=sometimes", "true"});
   CHECK(r.code != 0);

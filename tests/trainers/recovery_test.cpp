@@ -13,7 +13,11 @@
 //     hint from the zombie's status, and its late exit report is no second failure;
 //   - forged and flooded hints from a stranger on the agent's store: nothing happens;
 //   - rank 0 SIGKILLed while it writes a checkpoint: recovered in process, and with no restart
-//     left the job ends and a new start resumes from the newest complete checkpoint.
+//     left the job ends and a new start resumes from the newest complete checkpoint;
+//   - a single rank with --spares=1: no spare starts (no survivor to heal one from), one line
+//     at the start says so, and its death restarts it from its checkpoint;
+//   - under --recovery=auto, both ranks of two SIGKILLed at once: the refusal of the in-process
+//     recovery is said (no survivor), as under --recovery=in-process, and the group restarts.
 // Each ends with the weights of an uninterrupted run (bit for bit), the survivors in the
 // processes they started in, or with a bounded failure naming its root cause; no survivor
 // waits for ever (every job wait is bounded, the test fails on a timeout).
@@ -466,4 +470,58 @@ TEST_CASE("rank 0 SIGKILLed while it writes a checkpoint is recovered in process
   for (const auto& e : fs::directory_iterator(ckpt)) {
     CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
   }
+}
+
+TEST_CASE("a single rank with --spares=1: one line at the start says why no spare starts, "
+          "SIGKILLed, it restarts from its newest checkpoint, weights bit-identical",
+          "[recovery][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(1);
+  TempDir dir;
+  Job job(underDdprun(1, dir.path(), {"--max-restarts=1", "--recovery=in-process", "--spares=1"}),
+          {}, dir / "log");
+  const auto pids = ranksOf(job, dir, 1);
+  // Step 40 is long after a spare would have started (they start once the ranks announced).
+  CHECK(sparePid(job.pid(), 0, "mnist_mlp") < 0);
+  REQUIRE(::kill(pids[0], SIGKILL) == 0);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("--spares=1: no spare starts while the job has a single rank (world "
+                           "size 1): in-process recovery heals a dead rank's new process from a "
+                           "surviving rank's memory, and one rank leaves no survivor"));
+  CHECK_THAT(out, !Contains("starting spare"));
+  CHECK_THAT(out, !Contains("spare template"));
+  // The refusal names the reason, not the announcement a single rank never makes.
+  CHECK_THAT(out, Contains("--recovery=in-process: no worker survived to heal a replacement "
+                           "from; restarting the group instead"));
+  CHECK_THAT(out, !Contains("had not announced"));
+  CHECK_THAT(out, Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains(doneLine(1)));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("under --recovery=auto, both ranks of two SIGKILLed at once: one line says why the "
+          "in-process recovery is refused, the group restarts, weights bit-identical",
+          "[recovery][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun(2);
+  TempDir dir;
+  // auto (the default) chose in-process: the bundled trainer runs the elastic loop.
+  Job job(underDdprun(2, dir.path(), {"--max-restarts=1"}), {}, dir / "log");
+  const auto pids = ranksOf(job, dir, 2);
+  REQUIRE(::kill(pids[0], SIGKILL) == 0);
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Contains("--recovery=auto (in process: the workers run the runtime's elastic "
+                           "loop): no worker survived to heal a replacement from; restarting "
+                           "the group instead"));
+  CHECK_THAT(out, !Contains("recovering in process (generation"));
+  CHECK_THAT(out, Contains("resumed from checkpoint"));
+  CHECK_THAT(out, Contains(doneLine(2)));
+  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
