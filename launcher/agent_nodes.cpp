@@ -41,6 +41,14 @@ std::string movedWithoutSpare(const WorkerResult& r) {
          "no spare of this node is waiting to take it (a new process is not started in process "
          "for a slot after the node's own)";
 }
+
+// The same after the budget: a spare was waiting when the death was checked (checkAcrossNodes
+// refuses otherwise), and none is by the time the recovery would give it the rank.
+std::string movedSpareGone(const WorkerResult& r) {
+  return "rank " + std::to_string(r.globalRank) + " had moved to this node from a lost node, and "
+         "the spare of this node that was waiting to take it died (or was not started again) "
+         "in the milliseconds since the death was checked";
+}
 }  // namespace
 
 std::string awaitRecord(rendezvous::Store& s, int g) {
@@ -292,7 +300,7 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
     // a slot this node's launch does not describe; a waiting spare takes it, or the group
     // restarts.
     recoveryRestarts_ = d.restartCount;
-    failAcross(r, movedWithoutSpare(r));
+    failAcross(r, movedSpareGone(r));
     return;
   }
   recoveryRestarts_ = d.restartCount;
@@ -329,6 +337,14 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
               std::string idleError;
               leaveIdlePriority(sparePid, idleError);
             }
+          } else if (lr >= options_.nprocPerNode) {
+            // A moved rank's spare died since the check above: a new process would get the
+            // environment of a slot this node's launch does not describe (another rank's, or
+            // none). The group restarts instead (generation g is never written: the restart
+            // ends the attempt whose records would wait for it).
+            recoveryPending_ = false;
+            failAcross(r, movedSpareGone(r));
+            return;
           } else {
             spareId = -1;
             sparePid = -1;

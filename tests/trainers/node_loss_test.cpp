@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <arpa/inet.h>
 
+#include <cerrno>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -397,6 +398,71 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
                             "node, and no spare of this node is waiting to take it"));
   CHECK_THAT(out0, !Contains("recovering in process (generation 2)"));
   CHECK_THAT(out0, !Contains("in-process recovery of rank 1 failed"));
+  CHECK_THAT(out0 + out2, Contains("resumed from checkpoint"));
+  CHECK_THAT(out0 + out2, Contains("done: "));
+}
+
+// Gone from /proc (reaped by its guard: its agent has its exit report), bounded.
+bool waitUntilReaped(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (::kill(pid, 0) == 0 || errno != ESRCH) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies between the "
+          "check and the budget's answer, the group restarts with one line naming it",
+          "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=3", "--recovery=in-process", "--spares=1"});
+  REQUIRE(job.findRanks());
+  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
+  REQUIRE(moved > 0);
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  job.loseNodeRank1();
+  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  // Node rank 0's next spares 3 and 6 SIGKILLed as they start (two dead before they were ready);
+  // spare 9 waits, and its death will be the third in a row: no other is started after it.
+  pid_t last = -1;
+  for (int id : {3, 6, 9}) {
+    pid_t p = -1;
+    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+    while (p <= 0 && std::chrono::steady_clock::now() < deadline && !job.at[0]->exited()) {
+      p = forkedSparePid(job.at[0]->output(), id);
+      if (p <= 0) p = sparePid(job.at[0]->pid(), id, "mnist_mlp");
+      if (p <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    INFO("spare " << id);
+    REQUIRE(p > 0);
+    if (id != 9) REQUIRE(::kill(p, SIGKILL) == 0);
+    last = p;
+  }
+  // The window, held open: the rendezvous store stopped, so the budget's answer cannot come.
+  // The moved rank dies (the check finds spare 9 waiting and asks for the budget), then spare 9
+  // dies; the store goes on well within the agents' keep-alive bound (3 x 0.3 s).
+  REQUIRE(::kill(job.store->pid(), SIGSTOP) == 0);
+  REQUIRE(::kill(moved, SIGKILL) == 0);
+  const bool reaped = waitUntilReaped(moved);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the check: one link round trip
+  REQUIRE(::kill(last, SIGKILL) == 0);
+  const bool spareReaped = waitUntilReaped(last);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  REQUIRE(::kill(job.store->pid(), SIGCONT) == 0);
+  REQUIRE(reaped);
+  REQUIRE(spareReaped);
+  const auto [a, c, out0, out2] = job.waitForEnd();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  CHECK_THAT(out0, Contains("in-process recovery of rank 1 failed: rank 1 had moved to this "
+                            "node from a lost node, and the spare of this node that was waiting "
+                            "to take it died"));
+  CHECK_THAT(out0, !Contains("--recovery=in-process: rank 1 had moved"));  // not the check's
+  CHECK_THAT(out0, !Contains("recovering in process (generation 2)"));
   CHECK_THAT(out0 + out2, Contains("resumed from checkpoint"));
   CHECK_THAT(out0 + out2, Contains("done: "));
 }
