@@ -128,6 +128,9 @@ class Agent::Impl {
   std::function<GuardedProcess(const SpawnRequest&)> spareSpawner(int id);
   // The pid of a waiting spare to give a dead rank to (a ready one first), or -1.
   pid_t pickSpare(int& id);
+  // Whether pickSpare would find a spare to take a rank now (one waiting and exec'd: a spare
+  // being forked from the template has no pid yet).
+  bool spareToPick() const;
   void onWorkerStarted(const WorkerResult& r);
   // Moves the waiting spares out of SCHED_IDLE (before they are stopped).
   void unidleSpares();

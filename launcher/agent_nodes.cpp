@@ -239,8 +239,7 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
           // Decided before the budget: a restart spent on a recovery that replaceAcross then
           // cannot make would be followed by the group's restart, a second one for one death.
           if (refused.empty() && options_.recoveryPolicy != LaunchOptions::RecoveryPolicy::Shrink &&
-              r.localRank >= options_.nprocPerNode &&
-              (!sparesStarted_ || group_->waitingSpares().empty())) {
+              r.localRank >= options_.nprocPerNode && !spareToPick()) {
             refused = movedWithoutSpare(r);
           }
           if (refused.empty() && options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
@@ -294,8 +293,7 @@ void Agent::Impl::startSparesAcross() {
 }
 
 void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
-  if (r.localRank >= options_.nprocPerNode &&
-      (!sparesStarted_ || group_->waitingSpares().empty())) {
+  if (r.localRank >= options_.nprocPerNode && !spareToPick()) {
     // A rank moved here from a lost node: a new process for it would need the environment of
     // a slot this node's launch does not describe; a waiting spare takes it, or the group
     // restarts.

@@ -239,6 +239,13 @@ pid_t Agent::Impl::pickSpare(int& id) {
   return best;
 }
 
+bool Agent::Impl::spareToPick() const {
+  if (!sparesStarted_) return false;
+  for (const auto& s : group_->waitingSpares())
+    if (s.pid > 0) return true;
+  return false;
+}
+
 bool Agent::Impl::sparesUsable(std::string& why) const {
   if (options_.recovery == LaunchOptions::Recovery::Restart) {
     why = "they take a dead worker's rank only in an in-process recovery, and this job runs "

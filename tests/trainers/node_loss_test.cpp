@@ -358,6 +358,50 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
+TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, the spare given its rank SIGKILLed "
+          "before it healed: its node's next spare takes it in process, or the group restarts, never a "
+          "process for a slot the node does not have",
+          "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  const auto& reference = referenceRun();
+  TempDir dir;
+  ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
+  REQUIRE(job.findRanks());
+  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
+  REQUIRE(moved > 0);
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  job.loseNodeRank1();
+  // The spare dies the moment its agent has given it the rank: before (or while) it heals from
+  // a survivor's memory, with the survivors waiting for it in generation 1.
+  REQUIRE(waitForOutput(*job.at[0], "generation 1: spare 0 (pid " + std::to_string(moved) +
+                                        ") of this node takes rank 1", kJobTimeout));
+  REQUIRE(::kill(moved, SIGKILL) == 0);
+  const auto [a, c, out0, out2] = job.waitForEnd();
+  INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
+  REQUIRE(a == 0);
+  REQUIRE(c == 0);
+  CHECK_THAT(out0, Contains("rank 1 (local rank 1, pid " + std::to_string(moved) + ") failed: "
+                            "signal 9 (SIGKILL)"));
+  CHECK_THAT(out0, !Contains("joined generation 1 and healed"));
+  CHECK_THAT(out0 + out2, Contains("done: "));
+  // Node rank 0's next spare (3, forked from the template as spare 0 took the rank) takes the
+  // rank in process (generation 2) if it is exec'd by then; else the group restarts (a new
+  // process cannot take a slot after the node's own: before, one was started, and exited
+  // with "LOCAL_RANK=1 is not below LOCAL_WORLD_SIZE=1", ending the job).
+  CHECK_THAT(out0, !Contains("is not below LOCAL_WORLD_SIZE"));
+  const bool inProcess = out0.find("recovering in process (generation 2)") != std::string::npos;
+  std::cout << "after the spare's death: " << (inProcess ? "in process" : "restart") << std::endl;
+  if (inProcess) {
+    CHECK_THAT(out0, Contains("rank 1 joined generation 2"));
+    CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  } else {
+    // No exec'd spare when the death was checked (the usual case), or it ended since.
+    CHECK_THAT(out0, Contains("rank 1 had moved to this node from a lost node, and "));
+    CHECK_THAT(out0 + out2, Contains("resumed from checkpoint"));
+  }
+}
+
 TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no spare of its new "
           "node waiting, the group restarts once, spending one restart, not two",
           "[recovery][nodes][spares][slow]") {
