@@ -16,6 +16,7 @@
 #include "rendezvous/node_address.h"
 #include "rendezvous/rendezvous_config.h"
 #include "rendezvous/store_server.h"
+#include "rendezvous/threaded_store_server.h"
 #include "rendezvous/tcp_store.h"
 
 namespace ddprun::launcher {
@@ -26,6 +27,11 @@ namespace rdzv = ddprun::rendezvous;
 namespace {
 constexpr rdzv::Millis kReadTimeout{60'000};      // torchrun's read_timeout
 constexpr rdzv::Millis kStaticTimeout{900'000};   // torchrun's static rendezvous timeout
+// How much less nice than the agent the hosted rendezvous store's thread asks to be: with
+// hundreds of runnable threads on the host (its workers, or 256 agents on one machine) a
+// thread at the agent's niceness got ~1/N of a core and answered no heartbeat for 3 s
+// (docs/rendezvous.md, "The store host's thread"). -10 weighs ~9x a default thread.
+constexpr int kStorePriority = 10;
 
 std::string nnodesText(const LaunchOptions& o) {
   return o.minNodes == o.maxNodes ? std::to_string(o.maxNodes)
@@ -170,12 +176,16 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
   const std::optional<std::string>& token = options_.store.authToken;
   if (host) {
     try {
-      rendezvousStore_ = std::make_unique<rdzv::StoreServer>(
-          io_, rdzv::StoreServerOptions{.host = resolveAddress(options_.store.host),
-                                        .port = options_.store.port,
-                                        .authToken = token,
-                                        .jobId = options_.runId,
-                                        .limits = storeLimits_});
+      // Its own thread: the agent's io_context stalls while the agent forks its workers'
+      // guards (and takes the page faults after each fork), and every node's heartbeat must
+      // be answered meanwhile; that thread asks for a higher CPU priority (kStorePriority).
+      rendezvousStore_ = std::make_unique<rdzv::ThreadedStoreServer>(
+          rdzv::StoreServerOptions{.host = resolveAddress(options_.store.host),
+                                   .port = options_.store.port,
+                                   .authToken = token,
+                                   .jobId = options_.runId,
+                                   .limits = storeLimits_},
+          rdzv::ThreadedStoreServerOptions{.raisePriority = kStorePriority});
     } catch (const NetworkError& e) {
       // Never fall back to joining whatever listens there: it may be another job's store. The
       // one exception: a ddprun store that answers for this very job -- another agent of it on
@@ -199,7 +209,12 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
   }
   if (host) {
     DDPRUN_LOG(INFO, "launcher") << "hosting the rendezvous store at " << endpoint
-                                 << (token ? " (with authentication)" : "");
+                                 << (token ? " (with authentication)" : "") << " on a thread "
+                                 << (rendezvousStore_->priorityRaised()
+                                         ? "of its own at nice -" + std::to_string(kStorePriority) +
+                                               " from the agent's"
+                                         : std::string("of its own (its priority could not be "
+                                                       "raised: no CAP_SYS_NICE, nor RLIMIT_NICE for it)"));
   }
   describe_ = backend_ + " rendezvous '" + options_.runId + "' at " + endpoint +
               (host ? " (store hosted here)" : "");

@@ -11,7 +11,8 @@
 //
 // Stores:
 //   - etcd-v3: the rendezvous lives in the etcd cluster the endpoints name; no agent hosts it.
-//   - c10d: the rendezvous store at the endpoint is hosted, on the agent's io_context, by the agent
+//   - c10d: the rendezvous store at the endpoint is hosted, on a thread of its own (not the
+//     agent's io_context: docs/rendezvous.md, "The store host's thread"), by the agent
 //     whose --local-addr (or, without it, this machine) is the endpoint's host, or that has
 //     rdzv-conf is_host=true; static: node 0 at --master-addr:--master-port. A host that cannot
 //     bind fails naming the endpoint: it never joins somebody else's store instead -- unless a
@@ -36,6 +37,7 @@
 
 namespace ddprun::rendezvous {
 class StoreServer;
+class ThreadedStoreServer;
 }
 
 namespace ddprun::launcher {
@@ -97,7 +99,8 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   std::string backend_;
   rendezvous::DynamicRendezvousOptions options_;
   rendezvous::ServerLimits storeLimits_;  // of both stores hosted here
-  std::unique_ptr<rendezvous::StoreServer> rendezvousStore_;  // when this node hosts it
+  // When this node hosts it: on a thread of its own, not on io_ (threaded_store_server.h).
+  std::unique_ptr<rendezvous::ThreadedStoreServer> rendezvousStore_;
   std::unique_ptr<rendezvous::StoreServer> workerStore_;      // node rank 0, agent store mode
   Listener listener_;
   std::unique_ptr<rendezvous::DynamicRendezvous> protocol_;

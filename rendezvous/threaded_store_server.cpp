@@ -1,11 +1,16 @@
 #include "rendezvous/threaded_store_server.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <future>
 #include <utility>
 
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <future>
 
 namespace ddprun::rendezvous {
 
@@ -17,12 +22,36 @@ struct ThreadedStoreServer::State {
   std::thread thread;
 };
 
-ThreadedStoreServer::ThreadedStoreServer(StoreServerOptions options)
+namespace {
+
+// Lowers the calling thread's niceness by `by` (Linux: PRIO_PROCESS with a thread id sets that
+// thread only). False when not allowed (EPERM/EACCES): the thread keeps its niceness.
+bool raiseThreadPriority(int by) {
+  if (by <= 0) return false;
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int now = ::getpriority(PRIO_PROCESS, tid);
+  if (now == -1 && errno != 0) return false;
+  const int want = std::max(now - by, -20);
+  return want < now && ::setpriority(PRIO_PROCESS, tid, want) == 0;
+}
+
+}  // namespace
+
+ThreadedStoreServer::ThreadedStoreServer(StoreServerOptions options,
+                                         ThreadedStoreServerOptions threadOptions)
     : state_(std::make_unique<State>()) {
   // Bind on the caller's thread so errors surface here as exceptions.
   state_->server = std::make_unique<StoreServer>(state_->io, std::move(options));
   port_ = state_->server->port();
-  state_->thread = std::thread([s = state_.get()] { s->io.run(); });
+  instanceId_ = state_->server->instanceId();
+  std::promise<bool> raised;
+  auto done = raised.get_future();
+  state_->thread = std::thread([s = state_.get(), by = threadOptions.raisePriority, &raised] {
+    raised.set_value(raiseThreadPriority(by));  // before the first request is served
+    s->io.run();
+  });
+  priorityRaised_ = done.get();
 }
 
 ThreadedStoreServer::~ThreadedStoreServer() {

@@ -1,22 +1,41 @@
 #pragma once
 // ThreadedStoreServer: a StoreServer on its own thread and io_context, for processes that
-// have no event loop of their own (a worker whose rank 0 hosts the store, tests, benchmarks).
+// have no event loop of their own (a worker whose rank 0 hosts the store, tests, benchmarks),
+// and for the agent that hosts a job's rendezvous store: there the store must answer every
+// node's heartbeat within the keep-alive bound whatever the agent itself is doing (forking its
+// workers' guards, the page faults that follow a fork, writing logs), so it gets a thread of
+// its own rather than the agent's io_context (docs/rendezvous.md, "The store host's thread").
 // The server is listening when the constructor returns; the destructor stops it and joins.
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "rendezvous/store_server.h"
 
 namespace ddprun::rendezvous {
 
+struct ThreadedStoreServerOptions {
+  // > 0: the server's thread asks for this much less niceness than the process has (its CPU
+  // share under load: with hundreds of runnable threads on a machine, a thread at the default
+  // gets 1/N of a core). Allowed with CAP_SYS_NICE or an RLIMIT_NICE that permits it;
+  // otherwise the thread stays at the process's niceness (priorityRaised() says which).
+  // Only this thread: processes the host forks from its other threads do not inherit it.
+  int raisePriority = 0;
+};
+
 class ThreadedStoreServer {
  public:
-  explicit ThreadedStoreServer(StoreServerOptions options);
+  explicit ThreadedStoreServer(StoreServerOptions options,
+                               ThreadedStoreServerOptions threadOptions = {});
   ~ThreadedStoreServer();
   ThreadedStoreServer(const ThreadedStoreServer&) = delete;
   ThreadedStoreServer& operator=(const ThreadedStoreServer&) = delete;
 
   uint16_t port() const { return port_; }
+  // The server's instance id (StoreServer::instanceId), fixed at its start: any thread.
+  const std::string& instanceId() const { return instanceId_; }
+  // Whether the thread got the priority asked for (false when none was asked).
+  bool priorityRaised() const { return priorityRaised_; }
   // A snapshot taken on the server's thread.
   StoreServerStats stats();
 
@@ -24,6 +43,8 @@ class ThreadedStoreServer {
   struct State;
   std::unique_ptr<State> state_;
   uint16_t port_ = 0;
+  std::string instanceId_;
+  bool priorityRaised_ = false;
 };
 
 }  // namespace ddprun::rendezvous

@@ -4,6 +4,8 @@ Each agent is a real `ddprun` process started with --local-addr=127.0.0.N, so it
 its own address, exactly as on separate machines; only the kernel is shared. Output goes to
 files under a temporary directory, which is printed (and kept) when a check fails.
 """
+import contextlib
+import ctypes
 import glob
 import json
 import os
@@ -48,6 +50,36 @@ def free_port(addr="127.0.0.1"):
     with socket.socket() as s:
         s.bind((addr, 0))
         return s.getsockname()[1]
+
+
+def thread_state(pid, tid):
+    """The one-letter state of thread `tid` of process `pid` (/proc/PID/task/TID/stat)."""
+    with open("/proc/%d/task/%d/stat" % (pid, tid)) as f:
+        return f.read().split(")")[-1].split()[0]
+
+
+class PtraceRefused(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def stopped_thread(tid):
+    """Stops ONE thread (not its process: SIGSTOP would stop them all) while the block runs:
+    ptrace PTRACE_SEIZE + PTRACE_INTERRUPT on that thread id, PTRACE_DETACH after. Raises
+    PtraceRefused when the kernel does not allow it (Yama ptrace_scope 3, a container without
+    CAP_SYS_PTRACE: the agents are this test's descendants, which scope 1 allows)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT = 17, 0x4206, 0x4207
+    if libc.ptrace(PTRACE_SEIZE, tid, None, None) != 0:
+        raise PtraceRefused("ptrace(PTRACE_SEIZE, %d): %s" % (tid, os.strerror(ctypes.get_errno())))
+    try:
+        check(libc.ptrace(PTRACE_INTERRUPT, tid, None, None) == 0,
+              "ptrace(PTRACE_INTERRUPT, %d): %s" % (tid, os.strerror(ctypes.get_errno())))
+        os.waitpid(tid, 0x40000000)  # __WALL: until the thread is in its ptrace stop
+        yield
+    finally:
+        libc.ptrace(PTRACE_DETACH, tid, None, None)
 
 
 class Node:

@@ -10,7 +10,8 @@ import sys
 import threading
 import time
 
-from harness import BIN, FAST_CONF, SKIP, Node, check, free_port, run, skip_unless_ci
+from harness import BIN, FAST_CONF, SKIP, Node, PtraceRefused, check, free_port, run, \
+    skip_unless_ci, stopped_thread, thread_state
 
 
 def pid_alive(pid):
@@ -473,6 +474,43 @@ def store_host_frozen(t):
     t.wait_for("node b's workers gone", lambda: not any(pid_alive(p) for p in workers), 10)
 
 
+def store_host_thread_stalled(t):
+    """The agent hosting the store stalls: its main thread (its io_context: forks, worker pipes,
+    timers) is stopped for 2.7 s, 3x the keep-alive bound (0.3 s x 3), while its other threads
+    run -- what forking guards under load did to it at 256 agents on 2 cores (docs/rendezvous.md,
+    "The store host's thread"). The store runs on a thread of its own, so it answers every
+    heartbeat meanwhile: neither agent says the store stopped answering, and the job finishes
+    (exit 0 on both). With the store on the agent's io_context, b declared it lost in ~1 s."""
+    gate = os.path.join(t.dir, "finish")
+    a = t.agent("a", "127.0.0.2", "2", "stalled", ["--exit-when", gate])
+    b = t.agent("b", "127.0.0.3", "2", "stalled", ["--exit-when", gate])
+    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    check("hosting the rendezvous store at " + t.endpoint() in a.stderr(),
+          "a hosts the store: %s" % a.stderr()[-400:])
+    main = a.proc.pid  # its main thread's id is the process id
+    try:
+        with stopped_thread(main):
+            tasks = [int(x) for x in os.listdir("/proc/%d/task" % main)]
+            states = {tid: thread_state(main, tid) for tid in tasks}
+            check(states[main] == "t", "a's main thread is stopped (state %s)" % states[main])
+            check(all(s != "t" for tid, s in states.items() if tid != main),
+                  "a's other threads run: %s" % states)
+            time.sleep(2.7)
+            check(b.proc.poll() is None and a.proc.poll() is None,
+                  "both agents still run after 2.7 s of a's main thread stopped: b %s, a %s; "
+                  "b: %s" % (b.proc.poll(), a.proc.poll(), b.stderr()[-600:]))
+    except PtraceRefused as e:
+        print("SKIP: cannot stop one thread of the agent: %s" % e)
+        return SKIP
+    open(gate, "w").close()
+    check(a.wait(30) == 0, "a exits 0 (got %s): %s" % (a.proc.returncode, a.stderr()[-600:]))
+    check(b.wait(30) == 0, "b exits 0 (got %s): %s" % (b.proc.returncode, b.stderr()[-600:]))
+    for n in (a, b):
+        err = n.stderr()
+        check("stopped answering" not in err and "lost the rendezvous store" not in err,
+              "%s did not lose the store: %s" % (n.name, err[-600:]))
+
+
 def paused_agent_store_gone(t):
     """Agent b is paused (SIGSTOP) for longer than the keep-alive bound while the store host is
     killed; resumed, b fails naming the endpoint, and does not blame the store for its own
@@ -794,7 +832,8 @@ def cancel_and_check_trace(t, nodes, trace, writer=None):
 SCENARIOS = {f.__name__: f for f in (
     fixed_two_nodes, join_mid_run, join_mid_run_stable, kill_agent, kill_agent_stable, worker_failure, failure_ends_job,
     not_retryable, paused_node_while_finishing, two_jobs,
-    wrong_store, store_host_lost, store_host_lost_in_exit_barrier, store_host_frozen_in_exit_barrier, store_host_frozen, store_frozen, paused_agent_store_gone, sigterm_leave,
+    wrong_store, store_host_lost, store_host_lost_in_exit_barrier, store_host_frozen_in_exit_barrier,
+    store_host_frozen, store_host_thread_stalled, store_frozen, paused_agent_store_gone, sigterm_leave,
     static_backend, torch_gloo_elastic,
     netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed,
     timeline_sigterm, timeline_sigterm_writer_only)}
