@@ -22,6 +22,31 @@ using namespace ddprun::trainers::testing;
 using namespace ddprun::trainers::testing::three_nodes;
 using Catch::Matchers::Contains;
 
+namespace {
+
+// Once node rank 0's spare 0 is ready and a checkpoint exists, node rank 1 is lost; returns
+// spare 0's pid: node rank 0's agent gives it rank 1 (the moved rank) in generation 1.
+pid_t loseNodeRank1ToSpare0(ThreeNodes& job, const TempDir& dir) {
+  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
+  REQUIRE(moved > 0);
+  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  job.loseNodeRank1();
+  return moved;
+}
+
+// Gone from /proc (reaped by its guard: its agent has its exit report), bounded.
+bool waitUntilReaped(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (::kill(pid, 0) == 0 || errno != ESRCH) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace
+
 TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to node rank 0's "
           "spare, then the moved rank SIGKILLed: node rank 0's next spare takes it in process, "
           "weights bit-identical", "[recovery][nodes][spares][slow]") {
@@ -30,13 +55,8 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
   REQUIRE(job.findRanks());
-  REQUIRE(waitForOutput(*job.at[0], "spare 0 (pid ", kJobTimeout));
-  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
-  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
-  REQUIRE(moved > 0);
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
   const pid_t r0 = job.worker[0], r2 = job.worker[2];
-  job.loseNodeRank1();
+  const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   // Node rank 0 starts its next spare (3) as spare 0 takes the moved rank; once it is ready,
   // the moved rank (spare 0's process, local rank 1 of node rank 0) is SIGKILLed.
@@ -73,11 +93,7 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, the spare given i
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
   REQUIRE(job.findRanks());
-  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
-  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
-  REQUIRE(moved > 0);
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
-  job.loseNodeRank1();
+  const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   // The spare dies the moment its agent has given it the rank: before (or while) it heals from
   // a survivor's memory, with the survivors waiting for it in generation 1.
   REQUIRE(waitForOutput(*job.at[0], "generation 1: spare 0 (pid " + std::to_string(moved) +
@@ -115,11 +131,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
   REQUIRE(job.findRanks());
-  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
-  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
-  REQUIRE(moved > 0);
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
-  job.loseNodeRank1();
+  const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   // Node rank 0's next spares (3, 6, 9) SIGKILLed as they start: three dead before they were
   // ready end the spares of its group, so none waits when the moved rank dies.
@@ -152,20 +164,6 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
   CHECK_THAT(out0 + out2, Contains("done: "));
 }
 
-// Gone from /proc (reaped by its guard: its agent has its exit report), bounded.
-namespace {
-
-bool waitUntilReaped(pid_t pid) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (::kill(pid, 0) == 0 || errno != ESRCH) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
-}  // namespace
-
 TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies between the "
           "check and the budget's answer, the group restarts with one line naming it",
           "[recovery][nodes][spares][slow]") {
@@ -173,11 +171,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=3", "--recovery=in-process", "--spares=1"});
   REQUIRE(job.findRanks());
-  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
-  const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
-  REQUIRE(moved > 0);
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
-  job.loseNodeRank1();
+  const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   // Node rank 0's next spares 3 and 6 SIGKILLed as they start (two dead before they were ready);
   // spare 9 waits, and its death will be the third in a row: no other is started after it.
