@@ -65,10 +65,19 @@ TEST_CASE("a threaded store's thread gets the higher priority it asks for, alone
   for (int tid : threadIds()) {
     if (!old.count(tid)) fresh.insert(tid);
   }
-  REQUIRE(fresh.size() == 1);  // the server's thread
-  const int serving = *fresh.begin();
+  // The server's thread, and under a sanitizer maybe its runtime's own (TSan starts a background
+  // thread when the first one is created), which keeps the creator's niceness as any other.
+  REQUIRE(!fresh.empty());
   if (hasCapSysNice()) CHECK(server.priorityRaised());
-  CHECK(niceOf(serving) == (server.priorityRaised() ? std::max(before - 5, -20) : before));
+  const int raisedTo = std::max(before - 5, -20);
+  int raised = 0;
+  for (int tid : fresh) {
+    const int nice = niceOf(tid);
+    INFO("thread " << tid << " nice " << nice << ", the creator's " << before);
+    CHECK((nice == before || (server.priorityRaised() && nice == raisedTo)));
+    raised += nice != before ? 1 : 0;
+  }
+  CHECK(raised == (server.priorityRaised() ? 1 : 0));  // the serving thread alone
   CHECK(niceOf(self) == before);
   const pid_t child = ::fork();
   if (child == 0) ::_exit(::getpriority(PRIO_PROCESS, 0) + 20);  // 0..39
