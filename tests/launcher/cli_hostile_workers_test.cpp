@@ -343,6 +343,9 @@ TEST_CASE("a console nobody reads blocks neither signals nor the agent store",
 TEST_CASE("a log directory on a full filesystem: one warning per file, a count, the job goes on",
           "[launcher][cli][output][hostile]") {
   // A 64 KiB tmpfs in a mount namespace of ddprun's own (needs CAP_SYS_ADMIN: skipped without).
+  // Each rank writes ~150 KB, more than the filesystem holds on its own: whichever rank runs first,
+  // both hit the full disk (with 3000 lines, ~57 KB each, a rank that ran ahead fitted whole and the
+  // other took all the loss, which failed this test in CI).
   TempDir dir;
   const std::string small = dir / "small";
   std::filesystem::create_directory(small);
@@ -355,7 +358,7 @@ TEST_CASE("a log directory on a full filesystem: one warning per file, a count, 
       .argv = {"/usr/bin/unshare", "-m", "sh", "-c",
                "mount -t tmpfs -o size=64k none " + small + " && exec " + ddprunPath() +
                    " --standalone --nproc-per-node=2 --log-dir=" + small +
-                   " --redirects=3 sh -c 'i=0; while [ $i -lt 3000 ]; do echo line $i of rank "
+                   " --redirects=3 sh -c 'i=0; while [ $i -lt 8000 ]; do echo line $i of rank "
                    "$RANK; i=$((i+1)); done; echo finished > " + dir.path() + "/done.$RANK'"},
       .env = baseEnv(),
       .exactEnv = true,
