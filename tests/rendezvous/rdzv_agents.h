@@ -49,6 +49,14 @@ struct Agent {
   std::unique_ptr<DynamicRendezvous> rdzv;
 };
 
+// The agents' heartbeat: a beat every 100 ms, a node evicted after 8 missed beats. Short, so
+// that tests of a lost node run fast, but not so short that a live agent is evicted when its
+// writer thread is held up: with 3 beats (300 ms), an agent of a test under the sanitizers on a
+// loaded 2-core machine was evicted while alive, which failed tests that never meant to lose it.
+constexpr Millis kBeatInterval{100};
+constexpr int kMissedBeats = 8;
+constexpr Millis kHeartbeatBound = kBeatInterval * kMissedBeats;
+
 // Options for an agent on 127.0.0.<n> against the server on `port`, with short timeouts.
 inline DynamicRendezvousOptions agentOptions(uint16_t port, const std::string& runId, int n,
                                              JobLimits lim) {
@@ -64,7 +72,7 @@ inline DynamicRendezvousOptions agentOptions(uint16_t port, const std::string& r
   o.lastCallTimeout = Millis(300);
   o.closeTimeout = Millis(2'000);
   o.exitBarrierTimeout = Millis(10'000);
-  o.heartbeat = {.interval = Millis(100), .missedBeats = 3};
+  o.heartbeat = {.interval = kBeatInterval, .missedBeats = kMissedBeats};
   return o;
 }
 
