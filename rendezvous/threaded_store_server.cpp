@@ -45,12 +45,15 @@ ThreadedStoreServer::ThreadedStoreServer(StoreServerOptions options,
   state_->server = std::make_unique<StoreServer>(state_->io, std::move(options));
   port_ = state_->server->port();
   instanceId_ = state_->server->instanceId();
+  // The promise moves into the thread: set_value may still be waking this thread when get()
+  // returns, so the shared state must not live on this stack frame.
   std::promise<bool> raised;
   auto done = raised.get_future();
-  state_->thread = std::thread([s = state_.get(), by = threadOptions.raisePriority, &raised] {
-    raised.set_value(raiseThreadPriority(by));  // before the first request is served
-    s->io.run();
-  });
+  state_->thread = std::thread(
+      [s = state_.get(), by = threadOptions.raisePriority, raised = std::move(raised)]() mutable {
+        raised.set_value(raiseThreadPriority(by));  // before the first request is served
+        s->io.run();
+      });
   priorityRaised_ = done.get();
 }
 
