@@ -15,7 +15,7 @@ import sys
 import time
 
 import harness
-from harness import FAST_CONF, check, run
+from harness import TRAINING_CONF, check, run
 
 SAMPLE_WORKER = os.path.join(harness.BIN, "sample_worker")
 SAMPLES, EPOCHS = 1200, 2
@@ -51,7 +51,7 @@ class SampleJob:
     def agent(self, name, addr):
         args = ["--nnodes=%s" % self.nnodes, "--nproc-per-node=1", "--rdzv-backend=c10d",
                 "--rdzv-endpoint=%s" % self.t.endpoint(), "--rdzv-id=%s" % self.rdzv_id,
-                "--local-addr=%s" % addr, "--rdzv-conf=%s" % FAST_CONF, "--max-restarts=10",
+                "--local-addr=%s" % addr, "--rdzv-conf=%s" % TRAINING_CONF, "--max-restarts=10",
                 SAMPLE_WORKER, "--out", self.out, "--ckpt", self.ckpt,
                 "--samples", str(SAMPLES), "--epochs", str(EPOCHS), "--step-ms", "15"]
         node = harness.Node(self.t, name, args)

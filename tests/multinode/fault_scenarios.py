@@ -17,7 +17,7 @@ import sys
 import time
 
 import harness
-from harness import FAST_CONF, check, run, skip_unless_ci
+from harness import TRAINING_CONF, check, run, skip_unless_ci
 
 MLP = os.path.join(harness.BIN, "mnist_mlp")
 DATA = "/usr/share/datasets/fashion-mnist"
@@ -100,7 +100,7 @@ class Job:
     def agent(self, label, addr, extra=()):
         args = ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                 "--rdzv-endpoint=127.0.0.2:%d" % self.port, "--rdzv-id=%s" % self.mark,
-                "--local-addr=%s" % addr, "--rdzv-conf=%s" % FAST_CONF, "--max-restarts=3",
+                "--local-addr=%s" % addr, "--rdzv-conf=%s" % TRAINING_CONF, "--max-restarts=3",
                 "--stall-warning=1"] + list(extra) + [
                 MLP, "--train-limit", "4096", "--test-limit", "0", "--epochs", "3",
                 "--batch-size", "16", "--seed", "5", "--lr", "0.05",
@@ -196,7 +196,7 @@ def agent_sigstop(t, ref, at):
     j = Job(t, "agent_sigstop").start()
     j.wait_world2()
     j.wait_checkpoint(at)
-    # a evicts b after 0.9 s and goes on alone; b resumes as soon as a has evicted it, while a
+    # a evicts b after 1.8 s (TRAINING_CONF) and goes on alone; b resumes as soon as a has evicted it, while a
     # still trains (b then learns it left the job and exits 0). A fixed stop (3 s) let a fast
     # machine finish the job, and end the store a hosts, before b resumed.
     stop(j.b.proc.pid)
