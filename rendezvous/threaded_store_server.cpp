@@ -1,5 +1,6 @@
 #include "rendezvous/threaded_store_server.h"
 
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -51,6 +52,9 @@ ThreadedStoreServer::ThreadedStoreServer(StoreServerOptions options,
   auto done = raised.get_future();
   state_->thread = std::thread(
       [s = state_.get(), by = threadOptions.raisePriority, raised = std::move(raised)]() mutable {
+        // Named, so that top -H, /proc/PID/task/TID/comm and a test that stops only this thread
+        // (ptrace) tell it from the agent's other threads.
+        ::pthread_setname_np(::pthread_self(), "ddprun-store");
         raised.set_value(raiseThreadPriority(by));  // before the first request is served
         s->io.run();
       });

@@ -6,6 +6,7 @@
 // workers' guards, the page faults that follow a fork, writing logs), so it gets a thread of
 // its own rather than the agent's io_context (docs/rendezvous.md, "The store host's thread").
 // The server is listening when the constructor returns; the destructor stops it and joins.
+// Its thread is named "ddprun-store" (/proc/PID/task/TID/comm, top -H).
 #include <memory>
 #include <string>
 #include <thread>
