@@ -83,6 +83,7 @@ void Agent::Impl::onSignal(int sig) {
 }
 
 void Agent::Impl::nextRound() {
+  if (endIfStoreLost("not joining another round")) return;
   if (group_) mergeTimeline();  // a trace up to this restart, should the job die in the next
   state_ = State::Rendezvous;
   stopReason_ = StopReason::None;
@@ -90,17 +91,7 @@ void Agent::Impl::nextRound() {
   rendezvousStartUs_ = events::nowUs();
   handler_->asyncNextRound(options_.nprocPerNode, [this](std::exception_ptr e, RoundInfo info) {
     guarded([&] {
-      if (state_ != State::Rendezvous) return;  // a signal arrived meanwhile
-      if (!e) {
-        events::span("rendezvous", "agent", rendezvousStartUs_,
-                       events::nowUs() - rendezvousStartUs_,
-                       events::Args()
-                           .add("round", info.round)
-                           .add("attempt", info.restartCount)
-                           .add("node_rank", info.nodeRank)
-                           .add("nodes", info.nodeCount)
-                           .add("world_size", info.worldSize));
-      }
+      if (state_ != State::Rendezvous) return;  // a signal (or the store's loss) meanwhile
       if (e) {
         try {
           std::rethrow_exception(e);
@@ -108,8 +99,26 @@ void Agent::Impl::nextRound() {
           DDPRUN_LOG(WARN, "launcher") << ended.what();
           endJob(ended.exitCode(), ended.summary());
           return;
+        } catch (...) {
+          // The join was cut short because this node declared the store lost: that line said
+          // why; the call's own error ("the server closed the connection") would mislead.
+          if (endIfStoreLost("no round joined")) return;
+          throw;
         }
       }
+      // A round that closed just before this node declared the store lost (the decision is
+      // queued behind this completion, or on its way): its workers must not start.
+      if (endIfStoreLost("not starting the workers of round " + std::to_string(info.round))) {
+        return;
+      }
+      events::span("rendezvous", "agent", rendezvousStartUs_,
+                   events::nowUs() - rendezvousStartUs_,
+                   events::Args()
+                       .add("round", info.round)
+                       .add("attempt", info.restartCount)
+                       .add("node_rank", info.nodeRank)
+                       .add("nodes", info.nodeCount)
+                       .add("world_size", info.worldSize));
       startWorkers(info);
     });
   });
@@ -490,7 +499,12 @@ void Agent::Impl::onHandlerDecision(const JobDecision& d) {
     onNodeLost(d);  // the round goes on (agent_nodes.cpp)
     return;
   }
-  if (state_ != State::Running) return;  // other states get their decision as a completion
+  if (state_ != State::Running) {
+    // Other states get their decision as a completion -- but for a lost store, which no
+    // completion may bring (a round that closed just before): agent_end.cpp.
+    if (d.storeLost) onStoreLostNotRunning(d);
+    return;
+  }
   switch (d.kind) {
     case JobDecision::Kind::NodeLost:
       break;

@@ -72,6 +72,39 @@ void Agent::Impl::exitBarrier() {
   });
 }
 
+bool Agent::Impl::endIfStoreLost(const std::string& what) {
+  if (!handler_->storeLost()) return false;
+  DDPRUN_LOG(ERROR, "launcher") << "the rendezvous store is lost: " << what << "; exiting 1";
+  errorRecord_ = generatedErrorRecord("the rendezvous store is lost (" + what + ")", 1);
+  endJob(1, std::string());
+  return true;
+}
+
+void Agent::Impl::onStoreLostNotRunning(const JobDecision& d) {
+  switch (state_) {
+    case State::Rendezvous:
+      // A join in progress (the protocol cut its call short) or a round's completion queued:
+      // neither starts workers; the job ends here (the completion finds the state moved on).
+      endIfStoreLost("leaving the round being joined, no workers start");
+      break;
+    case State::Stopping:
+      // A restart decided before the loss cannot join a round through a lost store: once the
+      // group has stopped, the job ends here (stoppedNotRunning; exit 0 when every local worker
+      // had succeeded). A local failure's report checks the loss itself; a signal's leave and
+      // an error's end stand, as does a job that ended.
+      if (stopReason_ == StopReason::Decision && pending_.kind == JobDecision::Kind::NextRound) {
+        pending_ = d;
+      }
+      break;
+    case State::Running:  // onHandlerDecision
+    case State::Finishing:  // the exit barrier's call is cut short: exit 0, its workers succeeded
+    case State::Leaving:
+    case State::Closing:
+    case State::Done:
+      break;
+  }
+}
+
 void Agent::Impl::stoppedNotRunning() {
   switch (stopReason_) {
     case StopReason::WorkerFailed: {
@@ -95,11 +128,23 @@ void Agent::Impl::stoppedNotRunning() {
         DDPRUN_LOG(ERROR, "launcher") << "rank " << rootCause_->globalRank << " failed with an "
                                       << "error a restart cannot fix: " << ef.message;
       }
+      // Once the store is lost no budget can be asked (its line said why): the failure is
+      // reported here and the job ends for this node with exit 1.
+      const JobDecision lost{.kind = JobDecision::Kind::Failed, .exitCode = 1,
+                             .reason = "the rendezvous store is lost", .storeLost = true};
+      if (handler_->storeLost()) {
+        afterLocalFailure(lost);
+        break;
+      }
       handler_->asyncReportFailure(
           rootCause_->exitCode(), what, retryable,
-          [this](std::exception_ptr e, JobDecision d) {
+          [this, lost](std::exception_ptr e, JobDecision d) {
             guarded([&] {
               if (state_ != State::Stopping) return;
+              if (e && handler_->storeLost()) {
+                afterLocalFailure(lost);  // the report was cut short by the loss
+                return;
+              }
               if (e) std::rethrow_exception(e);
               afterLocalFailure(d);
             });

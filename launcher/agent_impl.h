@@ -258,6 +258,13 @@ class Agent::Impl {
   // --peer-timeout: the worker stopped beating (progress_watch.h); kill it, a failure.
   void onWorkerSilent(const ProgressWatch::Worker& w, long pid, double silentSeconds);
   void onHandlerDecision(const JobDecision& d);
+  // This node declared the rendezvous store lost while its workers were not running (joining a
+  // round, stopping the group, the exit barrier): agent_end.cpp.
+  void onStoreLostNotRunning(const JobDecision& d);
+  // Once this node has declared the store lost (handler_->storeLost(); the protocol printed one
+  // line naming the store and why), it starts no workers and joins no round: one line saying
+  // `what` it does not do, and the job ends here with exit 1. False while the store is not lost.
+  bool endIfStoreLost(const std::string& what);
   void onGroupStopped();
   void stoppedNotRunning();  // onGroupStopped() of a group ddprun stopped
   void afterLocalFailure(const JobDecision& d);

@@ -307,6 +307,11 @@ rdzv::DynamicRendezvous& MultiNodeRendezvous::protocol() {
 
 void MultiNodeRendezvous::setListener(Listener listener) { listener_ = std::move(listener); }
 
+bool MultiNodeRendezvous::storeLost() const {
+  auto* p = live_.load();  // set once, on the handler's thread; lives as long as this handler
+  return p != nullptr && p->storeLost();
+}
+
 std::string MultiNodeRendezvous::summary(bool failed, int exitCode,
                                          const std::string& reason) const {
   return "job '" + options_.runId + "' " +
@@ -520,8 +525,12 @@ void MultiNodeRendezvous::asyncNodeWorkers(const RoundInfo& round,
         for (const auto& n : p.roundMembers()) counts.push_back(n.nproc);
       }
     } catch (const std::exception& e) {
-      DDPRUN_LOG(WARN, "launcher") << "each node's worker count in round " << round.round
-                                   << " could not be read: " << e.what();
+      // Not when the read was cut short by this node declaring the store lost: that line said
+      // why, and the read's own error (a closed connection) would mislead.
+      if (!storeLost()) {
+        DDPRUN_LOG(WARN, "launcher") << "each node's worker count in round " << round.round
+                                     << " could not be read: " << e.what();
+      }
       counts.clear();
     }
     if (static_cast<int>(counts.size()) != round.nodeCount) counts.clear();

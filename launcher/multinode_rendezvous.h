@@ -56,6 +56,7 @@ class MultiNodeRendezvous final : public RendezvousHandler {
   ~MultiNodeRendezvous() override;
 
   void setListener(Listener listener) override;
+  bool storeLost() const override;
   void asyncNextRound(int localWorldSize, RoundHandler done) override;
   void asyncReportFailure(int exitCode, const std::string& what, bool retryable,
                           DecisionHandler done) override;

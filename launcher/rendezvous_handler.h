@@ -108,6 +108,11 @@ class RendezvousHandler {
 
   // Called once, before the first round.
   virtual void setListener(Listener listener) = 0;
+  // Whether this node has declared the rendezvous store lost (its heartbeat: the store stopped
+  // answering, or its connections failed). The listener gets a Failed decision with storeLost
+  // for it, but maybe after a completion posted earlier: a round that closed just before the
+  // loss must not start workers, so the agent asks this before it does. Never blocks.
+  virtual bool storeLost() const { return false; }
   // Joins the next round with `localWorldSize` workers on this node. Errors: JobEnded, or
   // anything else (TimeoutError, NetworkError, ...), which ends ddprun with exit code 1.
   virtual void asyncNextRound(int localWorldSize, RoundHandler done) = 0;

@@ -61,7 +61,7 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
   log_ = std::make_unique<StateLog>(*main_.store, lim, options_.backend->slotJoin());
   checkSettings();
   // The background threads connect on their own threads, off the join's critical path.
-  liveness_ = options_.backend->startLiveness(LivenessContext{
+  auto liveness = options_.backend->startLiveness(LivenessContext{
       .runId = options_.runId,
       .self = self_.id,
       .limits = lim,
@@ -70,6 +70,12 @@ DynamicRendezvous::DynamicRendezvous(DynamicRendezvousOptions options, EventFn o
       .connect = [this] { return connect(); },
       .onError = [this](std::exception_ptr e) { onBackgroundError(e); },
       .spill = options_.backend->slotJoin()});
+  {
+    // Under mu_: onBackgroundError (a liveness thread may already fail) halts it through this.
+    std::lock_guard<std::mutex> g(mu_);
+    liveness_ = std::move(liveness);
+    if (storeLost_ && liveness_) liveness_->haltWatching();
+  }
   watcher_ = Background([this] { watcherLoop(); });
   DDPRUN_LOG(INFO, "rendezvous") << "node " << self_.id << " connected to rendezvous '"
                                  << options_.runId << "' at " << options_.backend->describe();
@@ -117,6 +123,11 @@ void DynamicRendezvous::checkSettings() {
                       ": give every node the same --nnodes, --max-restarts, --rdzv-backend and "
                       "--rdzv-conf rank_order" + hint);
   }
+}
+
+bool DynamicRendezvous::storeLost() {
+  std::lock_guard<std::mutex> g(mu_);
+  return storeLost_;
 }
 
 void DynamicRendezvous::interrupt() {
@@ -338,6 +349,10 @@ void DynamicRendezvous::onBackgroundError(std::exception_ptr eptr) {
     std::lock_guard<std::mutex> g(mu_);
     if (stopping_ || storeLost_) return;
     storeLost_ = true;
+    // A node that declared the store lost may be the one cut off (its own threads starved, its
+    // link down), and the store may still serve the others: it evicts nobody from now on. Not
+    // joined (this may be a liveness thread); under mu_, so liveness_ is not being destroyed.
+    if (liveness_) liveness_->haltWatching();
   }
   cv_.notifyAll();  // an agent taking its connection back from the watcher stops waiting
   // The agent's thread may be inside a store call that would go on retrying the dead store

@@ -119,6 +119,10 @@ class DynamicRendezvous {
   DynamicRendezvous(const DynamicRendezvous&) = delete;
   DynamicRendezvous& operator=(const DynamicRendezvous&) = delete;
 
+  // Whether the liveness signal (or the round watcher) has declared the store lost: from then on
+  // every call fails at once and this node evicts nobody. Any thread; never blocks for long.
+  bool storeLost();
+
   // Joins the next round and blocks until it closes with this node in it. Throws
   // TimeoutError after join_timeout, JobEndedError when the job has finished or failed.
   RoundInfo nextRound();

@@ -141,11 +141,16 @@ HeartbeatMonitor::HeartbeatMonitor(ConnectFn connect, std::string self, Heartbea
 
 HeartbeatMonitor::~HeartbeatMonitor() { stop(); }
 
+void HeartbeatMonitor::halt() {
+  stopping_ = true;
+  std::lock_guard<std::mutex> g(connMu_);  // run() checks stopping_ under it once connected
+  if (conn_.interrupt) conn_.interrupt();  // for good: no later call (an eviction) goes out
+}
+
 void HeartbeatMonitor::stop() {
-  if (!stopping_.exchange(true)) {
+  if (!stopped_.exchange(true)) {
+    halt();
     view_.onChange(nullptr);
-    std::lock_guard<std::mutex> g(connMu_);  // run() checks stopping_ under it once connected
-    if (conn_.interrupt) conn_.interrupt();
   }
   view_.stop();
   if (thread_.joinable()) thread_.join();
@@ -243,6 +248,7 @@ bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion, uin
 }
 
 void HeartbeatMonitor::evict(const std::string& target) {
+  if (stopping_) return;  // halted: this node judges nobody (its connection is cut too)
   const std::string reason = "node " + target + " was evicted: no heartbeat for " +
                              std::to_string(options_.timeout().count()) + " ms";
   StateLog log(store(), limits_, spill_);

@@ -24,9 +24,11 @@
 // interval x missedBeats, counted from the store's last answer: every call of a beat is bounded
 // by what is left of it (at least one interval), and the time this agent itself did not run (a
 // wait between beats that ended late: SIGSTOP, a frozen VM) is not counted, so that a pause of
-// this agent is not taken for the store's. onError then gets a NetworkError saying that the store stopped answering and
-// for how long, which is what every agent of the job reports. HeartbeatRing puts the two
-// together as the Liveness of the TCP store backend (liveness.h).
+// this agent is not taken for the store's. onError then gets a NetworkError saying that the
+// store stopped answering and for how long, which is what every agent of the job reports.
+// HeartbeatRing puts the two together as the Liveness of the TCP store
+// backend (liveness.h); once the store is declared lost, its monitor is halted (haltWatching):
+// a node that may be the one cut off evicts nobody.
 #include <atomic>
 #include <condition_variable>
 #include <exception>
@@ -104,6 +106,8 @@ class HeartbeatMonitor {
                    JobLimits limits, StateView& view, ErrorFn onError, bool spill = false);
   ~HeartbeatMonitor();
   void stop();
+  // Liveness::haltWatching: stops watching and evicting without joining (any thread).
+  void halt();
 
  private:
   void run();
@@ -127,7 +131,8 @@ class HeartbeatMonitor {
   ErrorFn onError_;
   std::mutex connMu_;  // conn_ is set once by the monitor's thread, cut short by others
   InterruptibleStore conn_;
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false};  // halt() or stop()
+  std::atomic<bool> stopped_{false};   // stop(): the view's callback removed
   uint64_t cancels_ = 0;  // calls cut short by state changes so far (guarded by connMu_)
   std::thread thread_;
 };
@@ -139,6 +144,7 @@ class HeartbeatRing final : public Liveness {
   HeartbeatRing(const LivenessContext& ctx, HeartbeatOptions options,
                 BoundedConnectFn writerConnect);
   void stopWatching() override { monitor_->stop(); }
+  void haltWatching() override { monitor_->halt(); }
   void stop(bool withdraw) override {
     monitor_->stop();
     writer_->stop(withdraw);

@@ -51,6 +51,11 @@ class Liveness {
   virtual ~Liveness() = default;
   // Stops watching the other nodes (this node is leaving: it must evict nobody meanwhile).
   virtual void stopWatching() = 0;
+  // The same without waiting for the watching thread: callable from any thread, the liveness's
+  // own included (its onError). The watcher's connection is cut for good, so no eviction is
+  // written after this returns (one the store has already received stands). For a node that
+  // has declared the store lost: it may be the one cut off, and must judge nobody else.
+  virtual void haltWatching() = 0;
   // Stops announcing this node. `withdraw`: the node leaves a job that goes on, so the others
   // must learn it at once rather than after a timeout; otherwise the job is over.
   virtual void stop(bool withdraw) = 0;

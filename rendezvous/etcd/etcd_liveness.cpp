@@ -93,6 +93,10 @@ const std::string& EtcdLiveness::targetIn(Store& store, const Versioned& v) {
 }
 
 void EtcdLiveness::evict(StateLog& log, const std::string& target) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stopWatching_) return;  // halted: this node judges nobody (its connections are cut too)
+  }
   const std::string reason = "node " + target + " was evicted: its etcd lease expired (lease_ttl=" +
                              secondsText(options_.leaseTtl) + ")";
   auto r = removeNode(log, view_.get(), target, reason);  // O(1) store work with spilled lists
@@ -184,7 +188,7 @@ void EtcdLiveness::watch() {
   }
 }
 
-void EtcdLiveness::stopWatching() {
+void EtcdLiveness::haltWatching() {
   {
     std::lock_guard<std::mutex> g(mu_);
     stopWatching_ = true;
@@ -193,6 +197,10 @@ void EtcdLiveness::stopWatching() {
     if (evictConn_.interrupt) evictConn_.interrupt();
   }
   cv_.notifyAll();  // a watcher waiting for a newer version
+}
+
+void EtcdLiveness::stopWatching() {
+  haltWatching();
   view_.onChange(nullptr);
   if (watcher_.joinable()) watcher_.join();
 }

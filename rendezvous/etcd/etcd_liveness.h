@@ -56,6 +56,7 @@ class EtcdLiveness final : public Liveness {
   EtcdLiveness(EtcdLivenessOptions options, const LivenessContext& ctx);
   ~EtcdLiveness() override;
   void stopWatching() override;
+  void haltWatching() override;
   // Stops the keeper and revokes the lease, so the others learn at once (best effort).
   void stop(bool withdraw) override;
 

@@ -1,0 +1,114 @@
+"""The rendezvous store declared lost by an agent's heartbeat while that agent is not running
+workers (issue 20; docs/rendezvous.md, "Failures"): joining, or about to start its workers. The
+contract: the agent prints one line naming the store's address and why, starts no workers after
+it, and exits 1 within the keep-alive bound and a small margin. Real agents on loopback addresses (harness.py). Usage: store_lost_scenarios.py NAME.
+"""
+import os
+import re
+import signal
+import sys
+import time
+
+from harness import FAST_CONF, PtraceRefused, check, run, stopped_thread
+
+# read_timeout 30 s: an agent that is done within a few seconds was cut short by its heartbeat's
+# keep-alive bound (0.3 s x 3), not by a store call timing out.
+CONF = FAST_CONF.replace("read_timeout=3", "read_timeout=30")
+BOUND = 0.9  # heartbeat x missed_heartbeats of FAST_CONF
+
+
+def stopped_answering(node, endpoint):
+    """`node` said once, naming `endpoint`, that the store stopped answering its heartbeat."""
+    err = node.stderr()
+    m = re.search(r"lost the rendezvous store at %s: it stopped answering: no reply to this "
+                  r"node's heartbeat for ([0-9.]+) s \(the keep-alive bound is 0.9 s" %
+                  re.escape(endpoint), err)
+    check(m, "%s says the store at %s stopped answering: %s" % (node.name, endpoint, err[-800:]))
+    check(float(m.group(1)) >= BOUND, "%s measured %s s of silence, at least the bound" %
+          (node.name, m.group(1)))
+    check(err.count("stopped answering") == 1, "%s says it once: %s" % (node.name, err[-800:]))
+
+
+def nothing_after_loss(node):
+    """After its heartbeat declared the store lost, `node` started no workers and evicted
+    nobody."""
+    err = node.stderr()
+    print("node %s, from the loss on:\n  %s" % (
+        node.name, "\n  ".join(err[err.find("[", err.find("lost the rendezvous store") - 40):]
+                              .splitlines())))
+    after = err[err.find("lost the rendezvous store"):]
+    check("started 1 worker" not in after, "%s started no workers after the loss: %s" %
+          (node.name, after[-800:]))
+    check("was evicted" not in after, "%s evicted nobody after the loss: %s" %
+          (node.name, after[-800:]))
+    # The loss is the one cause given: not the error of the store call it cut short.
+    check("closed the connection" not in after and "interrupted" not in after,
+          "%s names no other cause: %s" % (node.name, after[-800:]))
+
+
+def store_frozen_while_joining(t):
+    """Nodes a (the store host) and b wait for a third node that never comes; a is stopped
+    (SIGSTOP). b's heartbeat declares the store lost and its join, waiting on the store, is cut
+    short: b exits 1 within the bound and a margin, having started nothing."""
+    a = t.agent("a", "127.0.0.2", "3", "joinfrozen", ["--finish-at-world", "99"], conf=CONF)
+    b = t.agent("b", "127.0.0.3", "3", "joinfrozen", ["--finish-at-world", "99"], conf=CONF)
+    t.wait_for("b joining", lambda: "connected to rendezvous" in b.stderr(), 30)
+    time.sleep(1.0)  # b's join is waiting on the store, its heartbeat beating
+    a.signal(signal.SIGSTOP)
+    try:
+        frozen = time.time()
+        code = b.wait(40)
+        took = time.time() - frozen
+    finally:
+        a.signal(signal.SIGKILL)
+    print("node b exited %s, %.2f s after the store host was stopped while it joined (bound "
+          "0.9 s, read_timeout 30 s)" % (code, took))
+    err = b.stderr()
+    check(code == 1, "b exits 1 (got %s): %s" % (code, err[-800:]))
+    check(took < BOUND + 4, "b is done within the bound and a margin: %.2f s: %s" % (took, err[-800:]))
+    stopped_answering(b, t.endpoint())
+    nothing_after_loss(b)
+    check(not t.starts(), "no worker started: %s" % t.starts())
+
+
+def store_lost_before_workers_start(t):
+    """b's round closes while b's main thread (its io_context, which starts the workers) is
+    stopped (ptrace), so the round's completion waits in its queue; then the store host a is
+    stopped (SIGSTOP) and b's heartbeat, on a thread of its own, declares the store lost. When
+    b's main thread runs again, b must not start the workers of a round it joined through a
+    store it has declared lost: it exits 1 without starting any."""
+    a = t.agent("a", "127.0.0.2", "3", "lostbeforestart", ["--finish-at-world", "99"], conf=CONF)
+    b = t.agent("b", "127.0.0.3", "3", "lostbeforestart", ["--finish-at-world", "99"], conf=CONF)
+    t.wait_for("b joining", lambda: "connected to rendezvous" in b.stderr(), 30)
+    try:
+        with stopped_thread(b.proc.pid):
+            c = t.agent("c", "127.0.0.4", "3", "lostbeforestart", ["--finish-at-world", "99"],
+                        conf=CONF)
+            t.wait_for("a's and c's workers started", lambda: all(
+                "started 1 worker" in n.stderr() for n in (a, c)), 30)
+            t.wait_for("b's round closed", lambda: "round 0 closed" in b.stderr(), 10)
+            a.signal(signal.SIGSTOP)
+            t.wait_for("b's heartbeat declaring the store lost",
+                       lambda: "lost the rendezvous store" in b.stderr(), 10)
+            resumed = time.time()
+    except PtraceRefused as e:
+        print("SKIP: cannot stop one thread of the agent: %s" % e)
+        return 77
+    try:
+        code = b.wait(40)
+        took = time.time() - resumed
+    finally:
+        a.signal(signal.SIGKILL)
+    print("node b exited %s, %.2f s after its main thread ran again" % (code, took))
+    err = b.stderr()
+    check(code == 1, "b exits 1 (got %s): %s" % (code, err[-800:]))
+    check(took < 4, "b is done at once: %.2f s: %s" % (took, err[-800:]))
+    stopped_answering(b, t.endpoint())
+    nothing_after_loss(b)
+    check(c.wait(40) == 1, "c exits 1 too (got %s)" % c.proc.returncode)
+
+
+SCENARIOS = {f.__name__: f for f in (store_frozen_while_joining, store_lost_before_workers_start)}
+
+if __name__ == "__main__":
+    sys.exit(run(SCENARIOS))
