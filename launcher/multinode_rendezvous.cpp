@@ -208,6 +208,11 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     endpoint = options_.store.host + ":" + std::to_string(options_.store.port);
   }
   if (host) {
+    // The store is in this process: its silence is for the other agents to judge (their
+    // heartbeats, by the keep-alive bound). This agent's own beats are late only when the
+    // store's thread is, and declaring itself lost then would take the store host out of a
+    // job that the others may still find alive (heartbeat.h, ownStoreBound).
+    options_.heartbeat.ownStoreBound = options_.store.timeout;
     DDPRUN_LOG(INFO, "launcher") << "hosting the rendezvous store at " << endpoint
                                  << (token ? " (with authentication)" : "") << " on a thread "
                                  << (rendezvousStore_->priorityRaised()

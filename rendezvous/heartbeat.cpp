@@ -57,7 +57,8 @@ void HeartbeatWriter::run() {
     // the last answer is old through no fault of the store.
     const auto left =
         std::chrono::duration_cast<Millis>(lastAnswer_ + options_.timeout() - Clock::now());
-    const Millis bound = std::max(left, options_.interval);
+    const bool judge = options_.ownStoreBound.count() <= 0;  // not the host's own store
+    const Millis bound = judge ? std::max(left, options_.interval) : options_.ownStoreBound;
     try {
       if (!conn_.store) {
         // The second beat: the writer's own connection, which connects at this beat's first
@@ -74,7 +75,7 @@ void HeartbeatWriter::run() {
       failures = 0;
     } catch (const Error& e) {
       const auto silent = Clock::now() - lastAnswer_;
-      if (silent >= options_.timeout()) {
+      if (judge && silent >= options_.timeout()) {
         // Unanswered for the keep-alive bound: a node this silent would be evicted; the store
         // has stopped answering (a refused or reset connection fails sooner, below).
         char what[256];

@@ -25,8 +25,9 @@
 // by what is left of it (at least one interval), and the time this agent itself did not run (a
 // wait between beats that ended late: SIGSTOP, a frozen VM) is not counted, so that a pause of
 // this agent is not taken for the store's. onError then gets a NetworkError saying that the
-// store stopped answering and for how long, which is what every agent of the job reports.
-// HeartbeatRing puts the two together as the Liveness of the TCP store
+// store stopped answering and for how long, which is what every agent of the job reports -- but
+// the agent that hosts the store in process (HeartbeatOptions::ownStoreBound): it leaves that
+// judgment to the others. HeartbeatRing puts the two together as the Liveness of the TCP store
 // backend (liveness.h); once the store is declared lost, its monitor is halted (haltWatching):
 // a node that may be the one cut off evicts nobody.
 #include <atomic>
@@ -48,6 +49,13 @@ struct HeartbeatOptions {
   Millis interval{5'000};
   int missedBeats = 3;
   Millis timeout() const { return interval * missedBeats; }
+  // > 0: this agent hosts the store in process (ThreadedStoreServer), and its writer does not
+  // judge that store's silence -- the other agents' writers do, by the keep-alive bound. A
+  // host's beats are late only when its own store thread is (starved of CPU, stopped), which
+  // the others see as well; the host declaring itself lost for it cost the job its store host
+  // (docs/rendezvous.md, "The store host's own heartbeat"). Each call of a beat is bounded by
+  // this instead (read_timeout), and the store is declared lost after two beats failed in a row.
+  Millis ownStoreBound{0};
 };
 
 std::string heartbeatCounterKey(const std::string& id);

@@ -1,7 +1,9 @@
 """The rendezvous store declared lost by an agent's heartbeat while that agent is not running
 workers (issue 20; docs/rendezvous.md, "Failures"): joining, or about to start its workers. The
 contract: the agent prints one line naming the store's address and why, starts no workers after
-it, and exits 1 within the keep-alive bound and a small margin. Real agents on loopback addresses (harness.py). Usage: store_lost_scenarios.py NAME.
+it, and exits 1 within the keep-alive bound and a small margin. And the agent that hosts the
+store in process never judges its own store: a stalled store thread is for the other agents
+to report. Real agents on loopback addresses (harness.py). Usage: store_lost_scenarios.py NAME.
 """
 import os
 import re
@@ -9,7 +11,7 @@ import signal
 import sys
 import time
 
-from harness import FAST_CONF, PtraceRefused, check, run, stopped_thread
+from harness import FAST_CONF, PtraceRefused, check, run, stopped_thread, thread_state
 
 # read_timeout 30 s: an agent that is done within a few seconds was cut short by its heartbeat's
 # keep-alive bound (0.3 s x 3), not by a store call timing out.
@@ -108,7 +110,60 @@ def store_lost_before_workers_start(t):
     check(c.wait(40) == 1, "c exits 1 too (got %s)" % c.proc.returncode)
 
 
-SCENARIOS = {f.__name__: f for f in (store_frozen_while_joining, store_lost_before_workers_start)}
+def store_thread(pid):
+    """The thread id of the rendezvous store's thread in agent `pid` (named ddprun-store)."""
+    for tid in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+            if f.read().strip() == "ddprun-store":
+                return int(tid)
+    return None
+
+
+def store_thread_stalled_on_host(t):
+    """Only the store's thread of the store host a is stopped (ptrace), for 2.7 s, 3x the
+    keep-alive bound: what a starved store thread looks like to the job (256 agents on 2 cores
+    without CAP_SYS_NICE). The other agent b is the judge: its heartbeat declares the store
+    lost, and b stops its worker and exits 1. The host does not judge its own store: a's own
+    beats were as late, but a says nothing of a lost store and runs on (its round re-forms
+    without b, and it waits for a node to join) until the test stops it (SIGTERM: 143)."""
+    a = t.agent("a", "127.0.0.2", "2", "hoststalled", ["--finish-at-world", "99"], conf=CONF)
+    b = t.agent("b", "127.0.0.3", "2", "hoststalled", ["--finish-at-world", "99"], conf=CONF)
+    t.wait_for("both workers started",
+               lambda: all("started 1 worker" in n.stderr() for n in (a, b)), 30)
+    check("hosting the rendezvous store at " + t.endpoint() in a.stderr(),
+          "a hosts the store: %s" % a.stderr()[-400:])
+    tid = store_thread(a.proc.pid)
+    check(tid, "a has a thread named ddprun-store")
+    try:
+        with stopped_thread(tid):
+            check(thread_state(a.proc.pid, tid) == "t" and
+                  thread_state(a.proc.pid, a.proc.pid) != "t",
+                  "only a's store thread is stopped")
+            time.sleep(2.7)
+            check(a.proc.poll() is None, "a still runs with its store thread stopped (exit %s): "
+                  "%s" % (a.proc.returncode, a.stderr()[-800:]))
+    except PtraceRefused as e:
+        print("SKIP: cannot stop one thread of the agent: %s" % e)
+        return 77
+    resumed = time.time()
+    code = b.wait(30)
+    err = b.stderr()
+    check(code == 1, "b exits 1 (got %s): %s" % (code, err[-800:]))
+    stopped_answering(b, t.endpoint())
+    nothing_after_loss(b)
+    time.sleep(max(0.0, resumed + 3.0 - time.time()))  # a's own beats answered again meanwhile
+    aerr = a.stderr()
+    check(a.proc.poll() is None, "a runs on, 3 s after its store thread ran again (exit %s): %s"
+          % (a.proc.returncode, aerr[-800:]))
+    check("lost the rendezvous store" not in aerr and "stopped answering" not in aerr,
+          "a did not declare its own store lost: %s" % aerr[-800:])
+    a.signal(signal.SIGTERM)
+    check(a.wait(30) == 128 + signal.SIGTERM, "a leaves on SIGTERM (exit %s): %s" %
+          (a.proc.returncode, a.stderr()[-800:]))
+
+
+SCENARIOS = {f.__name__: f for f in (store_frozen_while_joining, store_lost_before_workers_start,
+                                     store_thread_stalled_on_host)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))
