@@ -235,7 +235,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   recoveryRestarts_ = round.restartCount;
   decidedFailure_.reset();
   sparesStarted_ = false;
-  sparesDiedUnready_ = 0;
+  sparesDiedUnready_.clear();
   spareTemplate_.reset();  // the last group's (its process went with that group)
   sparesOwed_ = 0;
   growPid_ = -1;

@@ -117,6 +117,10 @@ class Agent::Impl {
   void startSpare(bool idle);
   // A waiting spare's exit: restarted when the group still runs (no restart spent).
   void onSpareExited(const WorkerResult& r);
+  // Then, once its ready key was read: another spare, unless it is the third in a row that
+  // died before it was ready (`error`: why the key could not be read, for Unknown).
+  enum class SpareWas { Ready, NotReady, Unknown };
+  void replaceDeadSpare(const WorkerResult& r, SpareWas was, const std::string& error);
   // The spare template (spare_template.h; agent_spare_template.cpp): started with the group's
   // first spares; the spares started later are forked from it; its exit makes them exec'd.
   void startSpareTemplate();
@@ -350,10 +354,11 @@ class Agent::Impl {
   int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
   std::optional<JobDecision> decidedFailure_;
   // Hot spares: ids are unique in the job (their store keys are too); the group's spares have
-  // started; spares that died before they were ready, in a row (3: no more for this group).
+  // started; spares that died before they were ready, in a row, each as "spare <n> (pid P):
+  // <cause>" (3: no more for this group; a ready spare's death clears it).
   int nextSpareId_ = 0;
   bool sparesStarted_ = false;
-  int sparesDiedUnready_ = 0;
+  std::vector<std::string> sparesDiedUnready_;
   bool sparesNoted_ = false;     // the line saying spares cannot be used was printed
   bool singleRankNoted_ = false; // the line saying a single rank is not recovered in process
   int idleSpares_ = -1;          // -1: not decided; 0: spares start at normal priority; 1: idle

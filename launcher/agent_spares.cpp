@@ -342,27 +342,73 @@ void Agent::Impl::onSpareExited(const WorkerResult& r) {
        liveWorkers() + static_cast<int>(group_->waitingSpares().size()) >= wanted)) {
     return;
   }
-  // Died while waiting: the training group is not touched and no restart is spent. A spare
-  // that dies before it is ready, three times in a row, ends the spares of this group.
-  // Several nodes: not read (the store is node 0's); counted as not ready.
-  rendezvous::StoreServer* store = round_.nodeCount == 1 ? handler_->workerStore() : nullptr;
-  const bool wasReady =
-      store && store->get(rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
-                          rendezvous::recovery::spareReadyKey(r.spareId))
-                   .has_value();
-  sparesDiedUnready_ = wasReady ? 0 : sparesDiedUnready_ + 1;
   events::instant("spare exit", "agent",
                   events::Args().add("spare", r.spareId).add("pid", static_cast<int64_t>(r.pid))
                       .add("result", r.describe()));
-  if (sparesDiedUnready_ >= 3) {
-    DDPRUN_LOG(ERROR, "launcher") << "spare " << r.spareId << " (pid " << r.pid << ") died "
-                                  << "before it was ready (" << r.describe() << "), the third "
-                                  << "in a row: no more spares for this group (see its log "
-                                  << "in " << runDir_->path() << ")";
+  // Died while waiting: the training group is not touched and no restart is spent. Whether it
+  // had been ready is its ready key (its runtime sets it before it waits, and it stays set):
+  // read in the workers' store where this agent hosts it (one node, or node rank 0 of several),
+  // else over the link to node rank 0's (one round trip before the next spare starts).
+  const std::string key = rendezvous::recovery::spareReadyKey(r.spareId);
+  if (rendezvous::StoreServer* store = handler_->workerStore()) {
+    const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+    replaceDeadSpare(r, store->get(prefix + key).has_value() ? SpareWas::Ready
+                                                             : SpareWas::NotReady, "");
     return;
   }
-  DDPRUN_LOG(WARN, "launcher") << "spare " << r.spareId << " (pid " << r.pid << ") died while "
-                               << "waiting (" << r.describe() << "): starting another; the "
+  if (!acrossNodes()) {  // (spares run only with one of the two stores: sparesUsable)
+    replaceDeadSpare(r, SpareWas::NotReady, "");
+    return;
+  }
+  auto ready = std::make_shared<bool>(false);
+  const int epoch = linkEpoch_;
+  storeLink().run([key, ready](rendezvous::Store& s) { *ready = s.check({key}); },
+                  [this, r, ready, epoch](const std::string& error) {
+                    guarded([&] {
+                      if (epoch != linkEpoch_ || state_ != State::Running || !group_ ||
+                          group_->runningCount() == 0) {
+                        return;
+                      }
+                      replaceDeadSpare(r, !error.empty() ? SpareWas::Unknown
+                                          : *ready       ? SpareWas::Ready
+                                                         : SpareWas::NotReady,
+                                       error);
+                    });
+                  });
+}
+
+void Agent::Impl::replaceDeadSpare(const WorkerResult& r, SpareWas was, const std::string& error) {
+  const std::string self =
+      "spare " + std::to_string(r.spareId) + " (pid " + std::to_string(r.pid) + ")";
+  if (was == SpareWas::Ready) {
+    // Loaded and waiting when it died (killed by an operator, the OOM killer, ...): no
+    // start-up failure, so it does not count toward the three in a row.
+    sparesDiedUnready_.clear();
+    DDPRUN_LOG(WARN, "launcher") << self << " died while waiting, after it was ready ("
+                                 << r.describe() << "): starting another; the workers are not "
+                                 << "touched, no restart is spent";
+    startSpare(/*idle=*/idleSpares_ == 1);
+    return;
+  }
+  // Dead before it was ready (or not known: counted as not ready, as a spare that cannot start
+  // would be). Three in a row end the spares of this group: each start costs a node's CPU time.
+  const std::string unknown =
+      was == SpareWas::Unknown ? "; whether it was ready is not known (its ready key could not "
+                                 "be read: " + error + "), counted as not ready"
+                               : "";
+  sparesDiedUnready_.push_back(self + ": " + r.describe());
+  if (sparesDiedUnready_.size() >= 3) {
+    std::string all;
+    for (const auto& d : sparesDiedUnready_) all += (all.empty() ? "" : "; ") + d;
+    DDPRUN_LOG(ERROR, "launcher") << self << " died before it was ready (" << r.describe()
+                                  << unknown << "), the third in a row: no more spares for this "
+                                  << "group (the three: " << all << "; see their logs in "
+                                  << runDir_->path() << ")";
+    return;
+  }
+  DDPRUN_LOG(WARN, "launcher") << self << " died before it was ready (" << r.describe()
+                               << unknown << "), " << sparesDiedUnready_.size() << " in a row "
+                               << "(the third ends this group's spares): starting another; the "
                                << "workers are not touched, no restart is spent";
   startSpare(/*idle=*/idleSpares_ == 1);
 }

@@ -432,9 +432,9 @@ TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers 
     CHECK(next > 0);
     CHECK(w0Now == w0);
     CHECK(w1Now == w1);
-    CHECK_THAT(output, Contains("spare 0 (pid " + std::to_string(spare) + ") died while waiting "
-                                "(signal 9 (SIGKILL)): starting another; the workers are not "
-                                "touched, no restart is spent"));
+    CHECK_THAT(output, Contains("spare 0 (pid " + std::to_string(spare) + ") died while waiting, "
+                                "after it was ready (signal 9 (SIGKILL)): starting another; the "
+                                "workers are not touched, no restart is spent"));
   }
   INFO(output);
   CHECK_THAT(output, !Contains("recovering in process"));

@@ -174,7 +174,9 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   // Node rank 0's next spares 3 and 6 SIGKILLed as they start (two dead before they were ready);
-  // spare 9 waits, and its death will be the third in a row: no other is started after it.
+  // spare 9 is SIGSTOPped as it starts: it waits (exec'd) but is never ready, so its death will
+  // be the third in a row and no other is started after it (a ready spare's death would be
+  // replaced, and the new spare could take the rank).
   pid_t last = -1;
   for (int id : {3, 6, 9}) {
     pid_t p = -1;
@@ -186,7 +188,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
     }
     INFO("spare " << id);
     REQUIRE(p > 0);
-    if (id != 9) REQUIRE(::kill(p, SIGKILL) == 0);
+    REQUIRE(::kill(p, id != 9 ? SIGKILL : SIGSTOP) == 0);
     last = p;
   }
   // The window, held open: the rendezvous store stopped, so the budget's answer cannot come.
@@ -206,6 +208,9 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE(a == 0);
   REQUIRE(c == 0);
+  REQUIRE_THAT(out0, !Contains("spare 9 (pid " + std::to_string(last) + ") ready"));
+  CHECK_THAT(out0, Contains("spare 9 (pid " + std::to_string(last) + ") died before it was "
+                            "ready (signal 9 (SIGKILL)), the third in a row"));
   CHECK_THAT(out0, Contains("in-process recovery of rank 1 failed: rank 1 had moved to this "
                             "node from a lost node, and the spare of this node that was waiting "
                             "to take it died"));

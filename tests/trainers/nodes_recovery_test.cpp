@@ -42,7 +42,7 @@ constexpr uint64_t kSeed = 11;
 
 // The agent of node `node` (0: 127.0.0.2, 1: 127.0.0.3) of a two-node job, two ranks each.
 std::vector<std::string> agent(int node, int port, const std::string& dir,
-                               std::vector<std::string> flags) {
+                               std::vector<std::string> flags, int epochs) {
   const std::string addr = node == 0 ? "127.0.0.2" : "127.0.0.3";
   std::vector<std::string> argv = {kBin + "/ddprun", "--nnodes=2", "--nproc-per-node=2",
                                    "--rdzv-backend=static", "--master-addr=127.0.0.2",
@@ -51,7 +51,7 @@ std::vector<std::string> agent(int node, int port, const std::string& dir,
                                    "--rdzv-id=nodes-recovery"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   const auto trainer = mlpCommand(
-      {.dir = dir, .batch = kBatch, .epochs = kEpochs, .examples = kExamples, .seed = kSeed});
+      {.dir = dir, .batch = kBatch, .epochs = epochs, .examples = kExamples, .seed = kSeed});
   argv.insert(argv.end(), trainer.begin(), trainer.end());
   return argv;
 }
@@ -59,10 +59,12 @@ std::vector<std::string> agent(int node, int port, const std::string& dir,
 struct TwoNodes {
   std::unique_ptr<Job> node0, node1;
   TwoNodes(const TempDir& dir, std::vector<std::string> flags,
-           std::map<std::string, std::string> env = {}) {
+           std::map<std::string, std::string> env = {}, int epochs = kEpochs) {
     const int port = freePort("127.0.0.2");
-    node0 = std::make_unique<Job>(agent(0, port, dir.path(), flags), env, dir / "node0.log");
-    node1 = std::make_unique<Job>(agent(1, port, dir.path(), flags), env, dir / "node1.log");
+    node0 = std::make_unique<Job>(agent(0, port, dir.path(), flags, epochs), env,
+                                  dir / "node0.log");
+    node1 = std::make_unique<Job>(agent(1, port, dir.path(), flags, epochs), env,
+                                  dir / "node1.log");
   }
   // Both exit codes (bounded); the output of each in the test's log.
   std::pair<int, int> finish() {
@@ -93,6 +95,20 @@ pid_t waitForWorker(Job& job, int rank) {
   while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
     const pid_t p = workerPid(job.pid(), rank, "mnist_mlp");
     if (p > 0) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+// The pid in the line "spare <id> (pid P) ready: loaded" of `job`'s output (its spare set its
+// ready key), waited for (bounded); -1 when the agent exited first.
+pid_t waitForReadySpare(Job& job, int id) {
+  const std::regex ready("spare " + std::to_string(id) + R"( \(pid (\d+)\) ready: loaded)");
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
+    std::smatch m;
+    const std::string out = job.output();
+    if (std::regex_search(out, m, ready)) return static_cast<pid_t>(std::stol(m[1]));
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return -1;
@@ -205,6 +221,121 @@ TEST_CASE("two nodes, --spares=1: node 1's waiting spare takes the rank of node 
                                            R"(\(pid \d+\) takes rank 3)")));
   CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+}
+
+TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on each node are "
+          "started again every time (no start-up failure: spares are kept), then a spare takes "
+          "a dead worker's rank", "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  // 6 epochs (~3 x the others' run): six spares killed and replaced before the worker's death.
+  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"}, {},
+               /*epochs=*/6);
+  Job* nodes[2] = {job.node0.get(), job.node1.get()};
+  // Spare ids are n x nodes + node rank: node 0's are 0, 2, 4, 6, node 1's 1, 3, 5, 7. Node 0's
+  // agent hosts the workers' store, node 1's reads it over its link; before, both counted every
+  // spare death on several nodes as "not ready", so the third ended the node's spares.
+  for (int round = 0; round < 3; ++round) {
+    for (int n = 0; n < 2; ++n) {
+      const int id = 2 * round + n;
+      INFO("node " << n << ", spare " << id);
+      const pid_t p = waitForReadySpare(*nodes[n], id);
+      REQUIRE(p > 0);
+      REQUIRE(::kill(p, SIGKILL) == 0);
+      const std::string died = "spare " + std::to_string(id) + " (pid " + std::to_string(p) +
+                               ") died";
+      REQUIRE(waitForOutput(*nodes[n], died, kJobTimeout));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the rest of its line
+      INFO(nodes[n]->output());
+      CHECK_THAT(nodes[n]->output(),
+                 Contains(died + " while waiting, after it was ready (signal 9 (SIGKILL)): "
+                                 "starting another; the workers are not touched, no restart is "
+                                 "spent"));
+      CHECK_THAT(nodes[n]->output(), !Contains("no more spares for this group"));
+    }
+  }
+  // Both nodes still keep a spare; node 1's takes its dead worker's rank in process.
+  const pid_t spare6 = waitForReadySpare(*job.node0, 6);
+  const pid_t spare7 = waitForReadySpare(*job.node1, 7);
+  REQUIRE(spare6 > 0);
+  REQUIRE(spare7 > 0);
+  const pid_t r0 = waitForWorker(*job.node0, 0), r3 = waitForWorker(*job.node1, 3);
+  REQUIRE(r0 > 0);
+  REQUIRE(r3 > 0);
+  REQUIRE(::kill(r3, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
+  CHECK(::kill(r0, 0) == 0);
+  const auto [a, b] = job.finish();
+  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  REQUIRE(a == 0);
+  REQUIRE(b == 0);
+  CHECK_THAT(out1, Contains("recovering in process (generation 1): the other workers of every "
+                            "node keep running, spare 7 (pid " + std::to_string(spare7) +
+                            ") takes rank 3"));
+  CHECK_THAT(out0 + out1, !Contains("no more spares for this group"));
+  CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
+  CHECK_THAT(out0, Contains("done: "));
+}
+
+TEST_CASE("two nodes, --spares=1: node 1's spares killed as they start, three in a row before "
+          "they were ready, end its spares with one line naming the three deaths, then its dead "
+          "worker gets a new process", "[recovery][nodes][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"}, {},
+               /*epochs=*/4);
+  // Node 1's spares 1 (exec'd), 3 and 5 (forked from the template, or exec'd) killed the moment
+  // they appear, long before they load (a fork runs the warm-up first: tens of ms): node 1's
+  // agent reads their ready keys over its link to node 0's store. Two signals, two causes.
+  const int signals[3] = {SIGKILL, SIGTERM, SIGKILL};
+  pid_t pids[3] = {-1, -1, -1};
+  for (int i = 0; i < 3; ++i) {
+    const int id = 2 * i + 1;
+    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+    while (pids[i] <= 0 && std::chrono::steady_clock::now() < deadline && !job.node1->exited()) {
+      pids[i] = forkedSparePid(job.node1->output(), id);
+      if (pids[i] <= 0) pids[i] = sparePid(job.node1->pid(), id, "mnist_mlp");
+      if (pids[i] <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    INFO("spare " << id);
+    REQUIRE(pids[i] > 0);
+    REQUIRE(::kill(pids[i], signals[i]) == 0);
+  }
+  REQUIRE(waitForOutput(*job.node1, "the third in a row: no more spares for this group",
+                        kJobTimeout));
+  const pid_t r3 = waitForWorker(*job.node1, 3);
+  REQUIRE(r3 > 0);
+  REQUIRE(::kill(r3, SIGKILL) == 0);
+  REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
+  const auto [a, b] = job.finish();
+  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  REQUIRE(a == 0);
+  REQUIRE(b == 0);
+  const std::string p1 = std::to_string(pids[0]), p3 = std::to_string(pids[1]),
+                    p5 = std::to_string(pids[2]);
+  CHECK_THAT(out1, Contains("spare 1 (pid " + p1 + ") died before it was ready (signal 9 "
+                            "(SIGKILL)), 1 in a row (the third ends this group's spares): "
+                            "starting another"));
+  CHECK_THAT(out1, Contains("spare 3 (pid " + p3 + ") died before it was ready (signal 15 "
+                            "(SIGTERM)), 2 in a row"));
+  CHECK_THAT(out1, Contains("spare 5 (pid " + p5 + ") died before it was ready (signal 9 "
+                            "(SIGKILL)), the third in a row: no more spares for this group (the "
+                            "three: spare 1 (pid " + p1 + "): signal 9 (SIGKILL); spare 3 (pid " +
+                            p3 + "): signal 15 (SIGTERM); spare 5 (pid " + p5 + "): signal 9 "
+                            "(SIGKILL); see their logs in "));
+  CHECK_THAT(out1, !Contains("starting spare 7"));
+  // No spare left on node 1: its dead worker's rank goes to a new process, in process.
+  CHECK(std::regex_search(out1, std::regex(R"(rank 3 \(local rank 1, pid \d+\) failed: signal 9 )"
+                                           R"(\(SIGKILL\); recovering in process \(generation 1\): )"
+                                           R"(the other workers of every node keep running, a new )"
+                                           R"(rank 3 is starting)")));
+  // Node 0's spares are its own: its spare 0 waited to the end.
+  CHECK_THAT(out0, !Contains("no more spares for this group"));
+  CHECK_FALSE(std::regex_search(out0, std::regex(R"(spare \d+ \(pid \d+\) died)")));
+  CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
+  CHECK_THAT(out0, Contains("done: "));
 }
 
 TEST_CASE("two nodes, a worker of each SIGKILLed at once: two generations (numbers from the "
