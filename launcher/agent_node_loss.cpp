@@ -20,6 +20,8 @@ void Agent::Impl::reformWithoutNode(const std::string& what, const std::string& 
   handler_->asyncReportNodeLoss(what, /*inProcess=*/false,
                                 [this, epoch](std::exception_ptr e, JobDecision d) {
                                   guarded([&] {
+                                    // A lost store: its StoreLost decision ends the job.
+                                    if (e && handler_->storeLost()) return;
                                     if (e) std::rethrow_exception(e);
                                     if (epoch != linkEpoch_ || state_ != State::Running) return;
                                     onHandlerDecision(d);
@@ -144,6 +146,7 @@ void Agent::Impl::onNodeLost(const JobDecision& d) {
               [this, k, cause, epoch, replace, takers, lostRanks](std::exception_ptr e,
                                                                   JobDecision dec) {
                 guarded([&] {
+                  if (e && handler_->storeLost()) return;  // its StoreLost decision ends the job
                   if (e) std::rethrow_exception(e);
                   if (epoch != linkEpoch_ || state_ != State::Running) return;
                   if (!dec.recovered) {

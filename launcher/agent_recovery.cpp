@@ -227,6 +227,9 @@ void Agent::Impl::afterExitReports(std::exception_ptr e, JobDecision d,
   std::vector<WorkerResult> dead = std::move(pendingDeaths_);
   pendingDeaths_.clear();
   if (state_ != State::Running) return;
+  // Cut short because this node declared the store lost: its StoreLost decision (posted, maybe
+  // not yet here) stops the group; the cut call's own error would be a second, wrong cause.
+  if (e && handler_->storeLost()) return;
   if (e) std::rethrow_exception(e);
   onRecoveryDecision(std::move(dead), d);
 }
