@@ -236,6 +236,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   decidedFailure_.reset();
   sparesStarted_ = false;
   sparesDiedUnready_.clear();
+  sparesSeenReady_.clear();
   spareTemplate_.reset();  // the last group's (its process went with that group)
   sparesOwed_ = 0;
   growPid_ = -1;

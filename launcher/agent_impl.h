@@ -130,8 +130,14 @@ class Agent::Impl {
   void onSpareTemplateExited(const WorkerResult& r);
   // How startSpare() starts spare `id`: a fork of the template, or empty (spawnGuarded).
   std::function<GuardedProcess(const SpawnRequest&)> spareSpawner(int id);
-  // The pid of a waiting spare to give a dead rank to (a ready one first), or -1.
+  // The pid of a waiting spare to give a dead rank to (a ready one first, else the one started
+  // first), or -1. Ready: its key in the workers' store where this agent hosts it, else in
+  // sparesSeenReady_.
   pid_t pickSpare(int& id);
+  // Several nodes, an agent without the store: the waiting spares whose ready keys a recovery
+  // reads over the link before pickSpare (in start order), empty when the choice needs none
+  // (fewer than two to choose from, or one already seen ready).
+  std::vector<int> spareReadyKeysToRead() const;
   // Whether pickSpare would find a spare to take a rank now (one waiting and exec'd: a spare
   // being forked from the template has no pid yet).
   bool spareToPick() const;
@@ -359,6 +365,10 @@ class Agent::Impl {
   int nextSpareId_ = 0;
   bool sparesStarted_ = false;
   std::vector<std::string> sparesDiedUnready_;
+  // Several nodes, an agent that does not host the workers' store: the ids of its spares whose
+  // ready key it has read set (a set key stays set; pickSpare prefers them). Read in the same
+  // link job as a recovery's generation number (replaceAcross), never on the I/O thread.
+  std::set<int> sparesSeenReady_;
   bool sparesNoted_ = false;     // the line saying spares cannot be used was printed
   bool singleRankNoted_ = false; // the line saying a single rank is not recovered in process
   int idleSpares_ = -1;          // -1: not decided; 0: spares start at normal priority; 1: idle

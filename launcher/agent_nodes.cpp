@@ -311,11 +311,25 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
   }
   auto generation = std::make_shared<int>(0);
   const int epoch = linkEpoch_;
+  // Which waiting spare takes the rank: a ready one first (pickSpare). This agent does not see
+  // the spares' ready keys set in node rank 0's store, so with two or more to choose from and
+  // none seen ready yet, the same link job that draws the generation number reads their keys in
+  // start order up to the first set one: no turn of the link more, on loopback a request or
+  // two more in it (a set key stays set: sparesSeenReady_ keeps it for the next recovery).
+  // Not read when the spares announce readiness: they announce it only in node rank 0's store,
+  // and a watch per spare over the link would hold the link's one connection.
+  const std::vector<int> unread = spareReadyKeysToRead();
+  auto seenReady = std::make_shared<std::vector<int>>();
   storeLink().run(
-      [generation](rendezvous::Store& s) {
+      [generation, unread, seenReady](rendezvous::Store& s) {
         *generation = static_cast<int>(s.add(keys::generationCounterKey(), 1));
+        for (const int id : unread) {
+          if (!s.check({keys::spareReadyKey(id)})) continue;
+          seenReady->push_back(id);
+          break;
+        }
       },
-      [this, r, d, generation, epoch, lr](const std::string& error) {
+      [this, r, d, generation, seenReady, epoch, lr](const std::string& error) {
         guarded([&] {
           if (epoch != linkEpoch_ || state_ != State::Running) return;
           if (!error.empty()) {
@@ -323,6 +337,7 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
             failAcross(r, error);
             return;
           }
+          sparesSeenReady_.insert(seenReady->begin(), seenReady->end());
           const int g = *generation;
           ownGenerations_.insert(g);
           // A waiting spare of this node takes the rank, else a new process (it builds

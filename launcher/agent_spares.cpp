@@ -219,9 +219,11 @@ bool Agent::Impl::giveRankToSpare(const WorkerResult& r, int generation, int& sp
 }
 
 pid_t Agent::Impl::pickSpare(int& id) {
-  // Several nodes: the agents other than node 0's do not host the store; they take the
-  // longest-waiting spare, the likeliest to be ready.
-  rendezvous::StoreServer* store = round_.nodeCount == 1 ? handler_->workerStore() : nullptr;
+  // A ready spare first (it takes the rank at once; one still loading holds the whole group in
+  // the recovery until it is), else the one started first, the likeliest to be ready soon.
+  // Readiness is its ready key: read in the workers' store where this agent hosts it (one node,
+  // or node rank 0 of several), else what the link read (sparesSeenReady_, replaceAcross).
+  rendezvous::StoreServer* store = handler_->workerStore();
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   pid_t best = -1;
   bool bestReady = false;
@@ -229,7 +231,7 @@ pid_t Agent::Impl::pickSpare(int& id) {
     if (s.pid <= 0) continue;  // not exec'd yet
     const bool ready =
         store ? store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value()
-              : best <= 0;
+              : sparesSeenReady_.count(s.spareId) > 0;
     if (best > 0 && (bestReady || !ready)) continue;
     best = s.pid;
     bestReady = ready;
@@ -237,6 +239,18 @@ pid_t Agent::Impl::pickSpare(int& id) {
   }
   // A spare still loading is taken too: it is further on than a process started now.
   return best;
+}
+
+std::vector<int> Agent::Impl::spareReadyKeysToRead() const {
+  std::vector<int> ids;
+  if (!sparesStarted_ || handler_->workerStore() != nullptr) return ids;
+  for (const auto& s : group_->waitingSpares()) {
+    if (s.pid <= 0) continue;  // pickSpare does not take it
+    if (sparesSeenReady_.count(s.spareId) > 0) return {};  // a ready one to take: no read
+    ids.push_back(s.spareId);
+  }
+  if (ids.size() < 2) ids.clear();  // one or none: nothing to choose
+  return ids;
 }
 
 bool Agent::Impl::spareToPick() const {
