@@ -373,47 +373,73 @@ TEST_CASE("two nodes, a worker of each SIGKILLed at once: two generations (numbe
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
-TEST_CASE("two nodes, --spares=2: node 1's first spare stopped before it was ready, its dead "
-          "worker's rank goes to its second spare, the ready one",
+TEST_CASE("two nodes, --spares=2: each node's first spare stopped before it was ready, a dead "
+          "worker's rank goes to its node's second spare, the ready one",
           "[recovery][nodes][spares][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=2"});
-  // Node 1's spares are 1 and 3 (ids n x nodes + node rank), both exec'd with the group (the
-  // spare template is not loaded yet). Spare 1 SIGSTOPped the moment it appears, long before it
-  // loads (LibTorch: about a CPU-second), so that its ready key stays unset; spare 3 loads. Node
-  // 1's agent does not host the store: it reads their ready keys over its link. Before, it gave
-  // the rank to the spare started first, and the recovery waited for the stopped one.
-  pid_t spare1 = -1;
+  TwoNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=2"});
+  Job* nodes[2] = {job.node0.get(), job.node1.get()};
+  // Node n's spares are n and n + 2 (ids k x nodes + node rank), both exec'd with the group (the
+  // spare template is not loaded yet). Spares 0 and 1 SIGSTOPped the moment they appear, long
+  // before they load (LibTorch: about a CPU-second), so that their ready keys stay unset; spares
+  // 2 and 3 load. Node 0's agent hosts the workers' store and reads the keys there, node 1's
+  // reads them over its link. Before, both gave the rank to the spare started first, and the
+  // recovery waited for the stopped one.
+  pid_t stopped[2] = {-1, -1};
   const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while (spare1 <= 0 && std::chrono::steady_clock::now() < deadline && !job.node1->exited()) {
-    spare1 = sparePid(job.node1->pid(), 1, "mnist_mlp");
-    if (spare1 <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while ((stopped[0] <= 0 || stopped[1] <= 0) && std::chrono::steady_clock::now() < deadline &&
+         !job.node0->exited() && !job.node1->exited()) {
+    for (int n = 0; n < 2; ++n) {
+      if (stopped[n] > 0) continue;
+      stopped[n] = sparePid(nodes[n]->pid(), n, "mnist_mlp");
+      if (stopped[n] > 0) REQUIRE(::kill(stopped[n], SIGSTOP) == 0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  REQUIRE(spare1 > 0);
-  REQUIRE(::kill(spare1, SIGSTOP) == 0);
-  const pid_t spare3 = waitForReadySpare(*job.node1, 3);
-  REQUIRE(spare3 > 0);
-  const std::string ready1 = "spare 1 (pid " + std::to_string(spare1) + ") ready";
-  INFO(job.node1->output());
-  REQUIRE_THAT(job.node1->output(), !Contains(ready1));  // stopped before its ready line
-  const pid_t r3 = waitForWorker(*job.node1, 3);
-  REQUIRE(r3 > 0);
-  REQUIRE(::kill(r3, SIGKILL) == 0);
-  const bool recovering =
-      waitForOutput(*job.node1, "recovering in process (generation 1)", kJobTimeout);
-  ::kill(spare1, SIGCONT);  // it loads and waits (with the old choice: takes the rank late)
-  REQUIRE(recovering);
-  REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
+  REQUIRE(stopped[0] > 0);
+  REQUIRE(stopped[1] > 0);
+  pid_t ready[2] = {-1, -1};
+  for (int n = 0; n < 2; ++n) {
+    ready[n] = waitForReadySpare(*nodes[n], n + 2);
+    REQUIRE(ready[n] > 0);
+    INFO(nodes[n]->output());
+    // Stopped before its ready line:
+    REQUIRE_THAT(nodes[n]->output(), !Contains("spare " + std::to_string(n) + " (pid " +
+                                               std::to_string(stopped[n]) + ") ready"));
+  }
+  // Node 1's rank 3 first (generation 1), then node 0's rank 1 (generation 2).
+  const int deadRank[2] = {1, 3};
+  int generation = 0;
+  for (int n : {1, 0}) {
+    const pid_t dead = waitForWorker(*nodes[n], deadRank[n]);
+    REQUIRE(dead > 0);
+    REQUIRE(::kill(dead, SIGKILL) == 0);
+    ++generation;
+    const std::string g = std::to_string(generation);
+    const bool recovering =
+        waitForOutput(*nodes[n], "recovering in process (generation " + g + ")", kJobTimeout);
+    // It loads and waits (with the old choice: takes the rank late).
+    ::kill(stopped[n], SIGCONT);
+    REQUIRE(recovering);
+    REQUIRE(waitForOutput(*nodes[n], "rank " + std::to_string(deadRank[n]) + " joined "
+                                     "generation " + g, kJobTimeout));
+  }
   const auto [a, b] = job.finish();
   const std::string out0 = job.node0->output(), out1 = job.node1->output();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
   REQUIRE(a == 0);
   REQUIRE(b == 0);
   CHECK_THAT(out1, Contains("recovering in process (generation 1): the other workers of every "
-                            "node keep running, spare 3 (pid " + std::to_string(spare3) +
+                            "node keep running, spare 3 (pid " + std::to_string(ready[1]) +
                             ") takes rank 3"));
-  CHECK_THAT(out1, !Contains("spare 1 (pid " + std::to_string(spare1) + ") takes rank"));
+  CHECK_THAT(out0, Contains("recovering in process (generation 2): the other workers of every "
+                            "node keep running, spare 2 (pid " + std::to_string(ready[0]) +
+                            ") takes rank 1"));
+  for (int n = 0; n < 2; ++n) {
+    CHECK_THAT(out0 + out1, !Contains("spare " + std::to_string(n) + " (pid " +
+                                      std::to_string(stopped[n]) + ") takes rank"));
+  }
   CHECK_THAT(out0 + out1, !Contains("restarting the worker"));
   CHECK_THAT(out0, Contains("done: "));
 }
