@@ -316,8 +316,9 @@ void Agent::Impl::replaceAcross(const WorkerResult& r, const JobDecision& d) {
   // none seen ready yet, the same link job that draws the generation number reads their keys in
   // start order up to the first set one: no turn of the link more, on loopback a request or
   // two more in it (a set key stays set: sparesSeenReady_ keeps it for the next recovery).
-  // Not read when the spares announce readiness: they announce it only in node rank 0's store,
-  // and a watch per spare over the link would hold the link's one connection.
+  // Not watched as the spares announce readiness: they announce it only in node rank 0's store,
+  // and a watch there (storeLink().waitFor) costs a thread and a connection of its own per
+  // spare, and stays until the link goes for a spare that dies before it is ready.
   const std::vector<int> unread = spareReadyKeysToRead();
   auto seenReady = std::make_shared<std::vector<int>>();
   storeLink().run(
