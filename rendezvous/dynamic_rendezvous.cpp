@@ -237,6 +237,7 @@ void DynamicRendezvous::watcherLoop() {
     const int64_t r = watchRound_;
     const Versioned from = watchFrom_;
     const bool losses = watchLosses_;
+    const std::function<void()> disarmedForTest = watcherDisarmedForTest_;
     if (sharedWatcher_) {
       // Armed: the agent is not using its connection, and does not replace it (reconnect)
       // before disarming, which waits for watcherBusy_ to clear.
@@ -256,8 +257,16 @@ void DynamicRendezvous::watcherLoop() {
     try {
       StateLog log(*conn.store, options_.limits);
       std::optional<Versioned> v;
-      if (losses) v = watchVersions(log, r, from, armed);
-      while (!v && armed()) v = log.waitMarkerRead(overKey(r), kWatchSlice);
+      if (losses) {
+        // Disarmed (nullopt): back to the arm below, never on to the `over` marker. The agent
+        // may re-arm this same round between watchVersions' last look and this line (its
+        // recovery's write woke this thread while it was disarmed): a marker wait would then
+        // miss every later member lost in process, which writes no marker (stop 39's flake).
+        v = watchVersions(log, r, from, armed);
+        if (!v && disarmedForTest) disarmedForTest();
+      } else {
+        while (!v && armed()) v = log.waitMarkerRead(overKey(r), kWatchSlice);
+      }
       if (v) {
         ended = std::move(*v);
         view_.offer(ended);
@@ -284,7 +293,7 @@ void DynamicRendezvous::watcherLoop() {
       onBackgroundError(error);
       return;
     }
-    if (!fired) continue;  // paused and resumed meanwhile: wait again
+    if (!fired) continue;  // paused and resumed (re-armed) meanwhile: from the arm's version
     watchRound_ = -1;
     RoundEvent e;
     e.round = r;
@@ -299,6 +308,11 @@ void DynamicRendezvous::watcherLoop() {
     emit(e);
     lock.lock();
   }
+}
+
+void DynamicRendezvous::onWatcherDisarmedForTest(std::function<void()> fn) {
+  std::lock_guard<std::mutex> g(mu_);
+  watcherDisarmedForTest_ = std::move(fn);
 }
 
 std::optional<Versioned> DynamicRendezvous::watchVersions(StateLog& log, int64_t r, Versioned cur,

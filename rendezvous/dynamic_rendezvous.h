@@ -180,6 +180,11 @@ class DynamicRendezvous {
   // rank 0 writes the job's timeline). Call after nextRound(), on the agent's thread.
   std::vector<NodeInfo> roundMembers();
 
+  // For tests of the round watcher's races: `fn` runs on the watcher thread whenever a watch of
+  // the round's versions (node rank 0 with keepRoundOnNodeLoss) ended because the agent disarmed
+  // it, before the watcher looks at what it is armed for next. Set it before nextRound().
+  void onWatcherDisarmedForTest(std::function<void()> fn);
+
   const NodeInfo& self() const { return self_; }
   const DynamicRendezvousOptions& options() const { return options_; }
   int jobExitCode() const { return jobExitCode_; }
@@ -268,6 +273,7 @@ class DynamicRendezvous {
   Versioned watchFrom_;      // the state the agent knew when it armed the watcher
   bool watchLosses_ = false;  // node rank 0 with keepRoundOnNodeLoss: watchVersions
   std::set<std::string> reportedLost_;  // the watcher's: NodeLost emitted once per node
+  std::function<void()> watcherDisarmedForTest_;  // onWatcherDisarmedForTest
   bool watcherBusy_ = false;  // the watcher is in a call on the shared connection
   bool stopping_ = false;
   bool storeLost_ = false;
