@@ -344,6 +344,7 @@ void DynamicRendezvous::leave(const std::string& reason) {
   // Bounded: a store that goes away meanwhile (its host got the same signal) costs this node at
   // most kLeaveTimeout per call, not connect_timeout; its heartbeat keys are left then.
   main_.store->setTimeout(std::min(main_.store->timeout(), kLeaveTimeout));
+  std::string unwritten;  // why the departure is in no version, for the log line
   try {
     Versioned now = fresh();
     if (now.state.phase == Phase::Closed && now.state.round == waitRound_ &&
@@ -351,15 +352,25 @@ void DynamicRendezvous::leave(const std::string& reason) {
       // On the waiting list by counters (scalable/waiting_list.h): no version names it, so there
       // is nothing to remove; a round that expects it back evicts it by its missing heartbeats.
       current_ = now;
+      unwritten = " (it was waiting for a place in round " + std::to_string(now.state.round) +
+                  ", named by no version: nothing written; a round that expects it evicts it "
+                  "by its missing heartbeats)";
     } else {
-      current_ = removeNode(*log_, now, self_.id, why).now;
+      const auto r = removeNode(*log_, now, self_.id, why);
+      current_ = r.now;
+      if (!r.wrote) {
+        unwritten = r.now.state.ended()
+                        ? std::string(" (nothing written: the job had already ended)")
+                        : " (nothing written: round " + std::to_string(r.now.state.round) +
+                              " does not name it)";
+      }
     }
   } catch (...) {
     if (liveness_) liveness_->stop(false);
     throw;
   }
   if (liveness_) liveness_->stop(true);
-  DDPRUN_LOG(INFO, "rendezvous") << why;
+  DDPRUN_LOG(INFO, "rendezvous") << why << unwritten;
 }
 
 }  // namespace ddprun::rendezvous
