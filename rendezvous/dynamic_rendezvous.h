@@ -32,6 +32,7 @@
 
 #include "rendezvous/blocking.h"
 #include "rendezvous/rendezvous_backend.h"
+#include "rendezvous/silent_members.h"
 #include "rendezvous/state_log.h"
 
 namespace ddprun::rendezvous {
@@ -152,14 +153,17 @@ class DynamicRendezvous {
   // This node's workers succeeded: the exit barrier. Finished once every member is done (or was
   // lost after the first one was: a finishing job is never re-formed); Rejoin when the round
   // ended first (call nextRound()); JobFailed when it failed. TimeoutError after
-  // exit_barrier_timeout.
+  // exit_barrier_timeout. On the ddprun store with heartbeats, the members silent for the
+  // keep-alive bound are recorded lost together (evictSilentMembers), not one per bound.
   AfterSuccess finishRound();
 
   // The job has ended (finished or failed, as this node learned from the state): records that
   // this node knows (key ended/<id>) and stops the heartbeats. On the store host, then waits up to
   // close_timeout until every node the final state names has recorded it too, so that none of
   // them -- a node paused or cut off while the job ended, one waiting to join -- loses the store
-  // before it has learned how the job ended. Never throws (failures are logged).
+  // before it has learned how the job ended; a node the state lost, with heartbeats on the
+  // ddprun store, only while its beat counter moves (awaitLostNodes: a node silent for the
+  // keep-alive bound never reads the end). Never throws (failures are logged).
   void closeJob();
 
   // Leaves the job for good (SIGTERM/SIGINT on this node); the others re-form without it.
@@ -211,6 +215,17 @@ class DynamicRendezvous {
   // compact state one round trip, and only when it took a slot of that round.
   bool findSelf(const RoundState& s);
   AfterSuccess finishBySlots(int64_t round);
+  // The exit barrier's sweep (issue 20): the members of round `r` (loaded once into `members`)
+  // that are neither done nor lost and whose heartbeats have been silent for the keep-alive
+  // bound are all recorded lost in one write, instead of one per bound around the ring.
+  void evictSilentMembers(int64_t r, std::vector<std::string>& members);
+  // Whether this node judges silent members itself (SilentMembers): on the ddprun store with
+  // heartbeats (the ring's counters), and only until it has declared the store lost.
+  bool judgesSilence();
+  // The store host's close: waits until the nodes in `lost` have recorded the job's end, or are
+  // silent for the keep-alive bound, or `deadline` passes; returns those not heard from.
+  std::vector<std::string> awaitLostNodes(std::vector<std::string> lost,
+                                          Clock::time_point deadline);
   // What finishRound() returns once current_ holds the round after the exit barrier (and
   // remembers a failed job's exit code and reason).
   AfterSuccess outcomeAfterBarrier();
@@ -245,6 +260,7 @@ class DynamicRendezvous {
   std::unique_ptr<StateLog> log_;
   StateView view_;
   std::unique_ptr<Liveness> liveness_;
+  std::unique_ptr<SilentMembers> silent_;  // the agent thread's, made at its first use
   Versioned current_;  // the newest state the agent thread knows
   RoundInfo round_;
   std::atomic<int64_t> roundNo_{-1};  // round_.round, for background threads

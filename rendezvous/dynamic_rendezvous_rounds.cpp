@@ -293,18 +293,31 @@ void DynamicRendezvous::closeJob() {
       auto& store = *main_.store;
       store.set(endedKey(self_.id), "");
       if (options_.isHost) {
-        // The store must outlive every node's last read of it (pytorch#118891).
-        std::vector<std::string> keys;
+        // The store must outlive every node's last read of it (pytorch#118891). A node the
+        // final state has lost (evicted, left) is waited for only while its heartbeat shows it
+        // alive (judgesSilence): one killed, or gone after declaring the store lost, never
+        // reads the end, and must not hold the host for close_timeout (issue 20).
+        const auto deadline = Clock::now() + options_.closeTimeout;
+        std::vector<std::string> keys, lost;
         RoundState all = end.state;
         if (all.compact()) log_->hydrate(all);  // O(N), on the host only
-        for (const auto& id : all.allIds())
-          if (id != self_.id) keys.push_back(endedKey(id));
+        const bool judges = judgesSilence();
+        for (const auto& id : all.allIds()) {
+          if (id == self_.id) continue;
+          const bool wasLost = std::find(all.lost.begin(), all.lost.end(), id) != all.lost.end();
+          if (judges && wasLost) lost.push_back(id);
+          else keys.push_back(endedKey(id));
+        }
+        std::string missing;
         try {
           if (!keys.empty()) store.wait(keys, options_.closeTimeout);
         } catch (const TimeoutError&) {
-          std::string missing;
           for (const auto& k : keys)
             if (!store.check({k})) missing += " " + k.substr(6);
+        }
+        if (!lost.empty())
+          for (const auto& id : awaitLostNodes(std::move(lost), deadline)) missing += " " + id;
+        if (!missing.empty()) {
           DDPRUN_LOG(WARN, "rendezvous") << "close_timeout=" << seconds(options_.closeTimeout)
                                          << " ran out before every node learned that the job "
                                          << "ended; not heard from:" << missing;
@@ -318,6 +331,35 @@ void DynamicRendezvous::closeJob() {
   // The job is over: stop the liveness signal (heartbeat keys die with the store; an etcd
   // lease is revoked).
   if (liveness_) liveness_->stop(false);
+}
+
+std::vector<std::string> DynamicRendezvous::awaitLostNodes(std::vector<std::string> lost,
+                                                           Clock::time_point deadline) {
+  Store& store = *main_.store;
+  auto recorded = [&](const std::string& id) { return store.check({endedKey(id)}); };
+  for (;;) {
+    std::erase_if(lost, recorded);
+    if (lost.empty()) return lost;
+    const auto gone = silent_->silent(store, lost);
+    std::erase_if(lost, [&](const std::string& id) {
+      return std::find(gone.begin(), gone.end(), id) != gone.end();
+    });
+    if (lost.empty()) {
+      DDPRUN_LOG(DEBUG, "rendezvous") << gone.size() << " lost node(s) silent for the keep-alive "
+                                      << "bound: not waited for";
+      return lost;
+    }
+    const Millis left = until(deadline);
+    if (left.count() <= 0) return lost;
+    std::vector<std::string> keys;
+    for (const auto& id : lost) keys.push_back(endedKey(id));
+    try {
+      store.wait(keys, std::min(left, silent_->step()));
+      return {};
+    } catch (const TimeoutError&) {
+      // Some are still to record it: which, and are they still beating?
+    }
+  }
 }
 
 void DynamicRendezvous::leave(const std::string& reason) {

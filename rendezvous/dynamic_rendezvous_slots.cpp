@@ -295,10 +295,20 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishBySlots(int64_t r) {
   };
   tryFinish(d);
   view_.offer(current_);
+  std::vector<std::string> members;  // loaded by the first sweep
   while (current_.state.phase == Phase::Closed && current_.state.round == r) {
     const size_t lost = current_.state.lost.size();
-    auto nv = log_->waitNewer(current_, until(deadline));
-    if (!nv) {
+    // With heartbeats, a sweep every SilentMembers::step() (issue 20): the ring alone evicts
+    // one silent node per keep-alive bound, and many may be gone at once.
+    const bool sweeps = judgesSilence();
+    const Millis left = until(deadline);
+    auto nv = log_->waitNewer(current_, sweeps ? std::min(left, silent_->step()) : left);
+    if (nv) {
+      current_ = *nv;
+      view_.offer(current_);
+    } else if (sweeps && until(deadline).count() > 0) {
+      evictSilentMembers(r, members);
+    } else {
       throw TimeoutError("rendezvous '" + options_.runId + "': exit barrier of round " +
                          std::to_string(r) + ": only " +
                          std::to_string(scalable::readDoneCount(store, r)) + " of " +
@@ -306,12 +316,67 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishBySlots(int64_t r) {
                          "exit_barrier_timeout=" + seconds(options_.exitBarrierTimeout) +
                          " ran out");
     }
-    current_ = *nv;
-    view_.offer(current_);
     // A member was lost meanwhile: the others may all be done now.
     if (current_.state.lost.size() > lost) tryFinish(scalable::readDoneCount(store, r));
   }
   return outcomeAfterBarrier();
+}
+
+bool DynamicRendezvous::judgesSilence() {
+  if (options_.heartbeat.interval.count() <= 0 ||
+      !dynamic_cast<const TcpStoreBackend*>(options_.backend.get())) {
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (storeLost_) return false;  // it may be the one cut off: it judges nobody (5ee0b35)
+  }
+  if (!silent_) silent_ = std::make_unique<SilentMembers>(self_.id, options_.heartbeat);
+  return true;
+}
+
+void DynamicRendezvous::evictSilentMembers(int64_t r, std::vector<std::string>& members) {
+  Store& store = *main_.store;
+  if (members.empty()) {
+    RoundState all = current_.state;
+    if (all.compact()) log_->hydrate(all);  // O(N), once per barrier that outlasts a step
+    for (const auto& m : all.members)
+      if (m.id != self_.id) members.push_back(m.id);
+  }
+  // A done record still being written (its node between its ADD and its record) is waited for
+  // briefly, then left out: that node is beating, so it is not found silent anyway.
+  const auto done = scalable::readDone(store, r, scalable::readDoneCount(store, r), Millis(200));
+  const auto& lost = current_.state.lost;
+  std::vector<std::string> running;
+  for (const auto& id : members) {
+    if (std::find(done.begin(), done.end(), id) == done.end() &&
+        std::find(lost.begin(), lost.end(), id) == lost.end()) {
+      running.push_back(id);
+    }
+  }
+  if (running.empty()) return;
+  const std::vector<std::string> gone = silent_->silent(store, running);
+  if (gone.empty()) return;
+  const std::string bound = std::to_string(options_.heartbeat.timeout().count()) + " ms";
+  const auto res = log_->update(current_, [&](const RoundState& s) -> std::optional<RoundState> {
+    std::optional<RoundState> next;
+    for (const auto& id : gone) {
+      const std::string why = "node " + id + " was evicted: no heartbeat for " + bound +
+                              " (found silent in the exit barrier)";
+      if (auto n = transition::remove(next ? *next : s, id, why, options_.limits)) next = n;
+    }
+    return next;
+  });
+  current_ = res.now;
+  view_.offer(current_);
+  if (res.wrote) {
+    std::string ids;
+    for (size_t i = 0; i < gone.size() && i < 8; ++i) ids += " " + gone[i];
+    if (gone.size() > 8) ids += " ...";
+    DDPRUN_LOG(WARN, "rendezvous") << "exit barrier of round " << r << ": " << gone.size()
+                                   << " node(s) silent for the keep-alive bound (" << bound
+                                   << ") recorded lost at once:" << ids;
+  }
 }
 
 }  // namespace ddprun::rendezvous

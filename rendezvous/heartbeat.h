@@ -11,6 +11,9 @@
 // evicted (transition::remove, a compare-set on the state log), which opens a new round for
 // the survivors. One WAIT per node, whatever the size of the job. A node evicted by mistake
 // (a long pause) sees the new round without it and joins again.
+// One watcher finds one dead node per keep-alive bound: where many may be gone at once and
+// the state does not re-form (the exit barrier, the store host's close), the waiting agent
+// judges them all in one pass instead (silent_members.h).
 //
 // Both run on threads of their own, each with its own store connection; failures of the
 // store are handed to `onError` (never thrown on the thread). The writer makes its connection
