@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -83,8 +84,64 @@ void removeLogs(int n) {
   for (int i = 0; i < n; ++i) ::unlink(logFile(i).c_str());
 }
 
+// The agents started and not reaped, by process group (each agent leads one): whatever ends the
+// bench -- a signal (SIGTERM from a `timeout`, SIGINT, SIGHUP), an exception, a return -- kills
+// them first (AgentReaper, onEndingSignal), so that no agent outlives a bench that gave up. In
+// their own process groups they get no signal meant for the bench's, and orphaned they went on
+// (issue 20: agents of a failed 256-agent run still alive minutes later). Lock-free slots: the
+// signal handler reads them.
+constexpr size_t kMaxAgents = 4096;
+std::atomic<pid_t> gAgents[kMaxAgents];
+
+void trackAgent(pid_t p) {
+  for (auto& slot : gAgents) {
+    pid_t free = 0;
+    if (slot.compare_exchange_strong(free, p)) return;
+  }
+}
+
+void untrackAgent(pid_t p) {
+  for (auto& slot : gAgents) {
+    pid_t mine = p;
+    if (slot.compare_exchange_strong(mine, 0)) return;
+  }
+}
+
+void killTrackedAgents() {  // async-signal-safe
+  for (auto& slot : gAgents) {
+    const pid_t p = slot.load();
+    if (p > 0) ::kill(-p, SIGKILL);
+  }
+}
+
+// A spawn in progress on the main thread while the handler runs on another (the watchdog's):
+// the handler waits for it to be tracked, and no spawn starts once the bench is ending (each
+// sees the other's flag: both sequentially consistent).
+std::atomic<int> gSpawning{0};
+std::atomic<bool> gEnding{false};
+
+extern "C" void onEndingSignal(int sig) {
+  gEnding = true;
+  const timespec ms{0, 1'000'000};
+  for (int i = 0; i < 5'000 && gSpawning.load() > 0; ++i) ::nanosleep(&ms, nullptr);
+  killTrackedAgents();
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// Kills the tracked agents when the bench's run ends by an exception or a return, and installs
+// onEndingSignal meanwhile.
+struct AgentReaper {
+  AgentReaper() {
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::signal(sig, onEndingSignal);
+  }
+  ~AgentReaper() { killTrackedAgents(); }
+  AgentReaper(const AgentReaper&) = delete;
+  AgentReaper& operator=(const AgentReaper&) = delete;
+};
+
 // Starts argv in a process group of its own, stdout discarded, stderr to logFile(i),
-// BENCH_AGENT=i in its env.
+// BENCH_AGENT=i in its env; tracked until reaped.
 std::string gAgentTmpdir;  // --agent-tmpdir DIR: the agents' TMPDIR (their run directories)
 
 pid_t spawnAgent(const std::vector<std::string>& argv, int i) {
@@ -101,10 +158,25 @@ pid_t spawnAgent(const std::vector<std::string>& argv, int i) {
   a.push_back(nullptr);
   for (auto& s : env) e.push_back(s.data());
   e.push_back(nullptr);
+  // The ending signals wait until the new agent is tracked: one arriving mid-spawn would kill
+  // the tracked agents but not this one. Blocked on this thread (its handler would wait for
+  // this spawn), and on another thread the handler waits for gSpawning. The agent itself
+  // starts with the mask as it was.
+  sigset_t ending, before;
+  sigemptyset(&ending);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&ending, sig);
+  ::pthread_sigmask(SIG_BLOCK, &ending, &before);
+  ++gSpawning;
+  if (gEnding) {
+    --gSpawning;
+    ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    throw std::runtime_error("not starting agent " + std::to_string(i) + ": the bench is ending");
+  }
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
   posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setsigmask(&attr, &before);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
@@ -113,6 +185,9 @@ pid_t spawnAgent(const std::vector<std::string>& argv, int i) {
   const int rc = posix_spawn(&pid, a[0], &fa, &attr, a.data(), e.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
+  if (rc == 0) trackAgent(pid);
+  --gSpawning;
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   // Never a pid of -1 in the list: kill(-pid) would then signal process 1.
   if (rc != 0)
     throw std::runtime_error("cannot start agent " + std::to_string(i) + " (" + argv[0] +
@@ -122,7 +197,10 @@ pid_t spawnAgent(const std::vector<std::string>& argv, int i) {
 
 void killAll(const std::vector<pid_t>& pids) {
   for (pid_t p : pids) ::kill(-p, SIGKILL);
-  for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+  for (pid_t p : pids) {
+    ::waitpid(p, nullptr, 0);
+    untrackAgent(p);
+  }
 }
 
 // Every run its own id: an etcd cluster keeps a finished job's keys (a reused id is refused).
@@ -209,6 +287,7 @@ Result form(const Peer& peer, int n, Millis cap) {
       break;
     }
     if (std::find(pids.begin(), pids.end(), p) == pids.end()) continue;
+    untrackAgent(p);
     ++exited;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
   }
@@ -351,6 +430,7 @@ double median(std::vector<double> v) {
 }
 
 int benchRendezvous(int argc, char** argv) {
+  AgentReaper reaper;
   CLI::App app{"ddprun-bench rendezvous: multi-node rendezvous, ddprun vs torchrun c10d, or "
                "ddprun on etcd-v3 vs ddprun on c10d"};
   std::vector<int> sizes = {4, 16, 64};
