@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <mutex>
 
 #include <gloo/allgather.h>
 #include <gloo/barrier.h>
@@ -21,6 +20,7 @@
 #include "rendezvous/prefix_store.h"
 #include "worker_runtime/gloo_store_adapter.h"
 #include "worker_runtime/mesh_allreduce.h"
+#include "worker_runtime/queued_communicator.h"
 #include "worker_runtime/reduce.h"
 #include "worker_runtime/work_queue.h"
 
@@ -78,7 +78,7 @@ std::shared_ptr<gloo::transport::Device> makeDevice(const std::string& host) {
   }
 }
 
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public QueuedCommunicator {
  public:
   GlooCommunicator(std::shared_ptr<rendezvous::Store> store, GlooOptions options)
       : options_(std::move(options)) {
@@ -117,17 +117,6 @@ class GlooCommunicator final : public Communicator {
   torch::Device device() const override { return torch::kCPU; }
   Millis timeout() const override { return options_.timeout; }
 
-  std::shared_ptr<Work> allreduceAsync(torch::Tensor tensor, ReduceOp op) override {
-    checkAllreduce(tensor, op);
-    return queue_.submit([this, tensor, op] { allreduceNow(tensor, op); });
-  }
-
-  std::shared_ptr<Work> broadcastAsync(torch::Tensor tensor, int root) override {
-    checkBroadcast(tensor, root);
-    return queue_.submit([this, tensor, root] { broadcastNow(tensor, root); });
-  }
-
-  ThreadCounts threadCounts() const override { return queue_.counts(); }
   void abort() override {
     fail("aborted by this rank (in-process recovery)");
     if (allreduce_) allreduce_->abort();
@@ -135,9 +124,7 @@ class GlooCommunicator final : public Communicator {
 
   torch::Tensor allgather(const torch::Tensor& input) override {
     checkCollectiveTensor(input, *this, "allgather");
-    std::vector<int64_t> shape{size()};
-    shape.insert(shape.end(), input.sizes().begin(), input.sizes().end());
-    torch::Tensor out = torch::empty(shape, input.options());
+    torch::Tensor out = allgatherOutput(input, size());
     queue_.runInline([&] {
       guarded("allgather", input.nbytes(), [&] {
         if (size() == 1) {
@@ -169,35 +156,10 @@ class GlooCommunicator final : public Communicator {
   }
 
  protected:
-  // On the caller's thread, after every collective queued before (work_queue.h).
-  void allreduceBlocking(torch::Tensor tensor, ReduceOp op) override {
-    checkAllreduce(tensor, op);
-    queue_.runInline([&] { allreduceNow(tensor, op); });
-  }
+  WorkQueue& queue() override { return queue_; }
+  const WorkQueue& queue() const override { return queue_; }
 
-  void broadcastBlocking(torch::Tensor tensor, int root) override {
-    checkBroadcast(tensor, root);
-    queue_.runInline([&] { broadcastNow(tensor, root); });
-  }
-
- private:
-  void checkBroadcast(const torch::Tensor& t, int root) {
-    checkCollectiveTensor(t, *this, "broadcast");
-    if (root < 0 || root >= size()) {
-      throw ConfigError("gloo broadcast: root " + std::to_string(root) + " is not a rank (0.." +
-                        std::to_string(size() - 1) + ")");
-    }
-  }
-
-  void checkAllreduce(const torch::Tensor& t, ReduceOp op) {
-    checkCollectiveTensor(t, *this, "allreduce");
-    if (op == ReduceOp::Avg && !c10::isFloatingType(t.scalar_type())) {
-      throw ConfigError("gloo allreduce: op avg needs a floating dtype, not " +
-                        std::string(c10::toString(t.scalar_type())) + " (use sum and divide)");
-    }
-  }
-
-  void allreduceNow(const torch::Tensor& t, ReduceOp op) {
+  void allreduceNow(const torch::Tensor& t, ReduceOp op) override {
     guarded("allreduce", t.nbytes(), [&] {
       const size_t n = static_cast<size_t>(t.numel());
       // An empty tensor still goes through the mesh: its header tells a rank that reduces N
@@ -220,6 +182,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+ private:
   AllreduceAlgorithm algorithmFor(size_t bytes) const {
     const bool powerOfTwo = (size() & (size() - 1)) == 0;
     if (options_.allreduce == AllreduceAlgorithm::HalvingDoubling && !powerOfTwo) {
@@ -234,7 +197,7 @@ class GlooCommunicator final : public Communicator {
     return hd ? AllreduceAlgorithm::HalvingDoubling : AllreduceAlgorithm::Ring;
   }
 
-  void broadcastNow(const torch::Tensor& t, int root) {
+  void broadcastNow(const torch::Tensor& t, int root) override {
     guarded("broadcast", t.nbytes(), [&] {
       if (size() == 1 || t.nbytes() == 0) return;
       gloo::BroadcastOptions o(context_);
@@ -250,13 +213,7 @@ class GlooCommunicator final : public Communicator {
   // into ours, naming the collective, its size and this rank.
   template <typename Fn>
   void guarded(const char* what, size_t bytes, Fn&& fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!broken_.empty()) {
-        throw BackendError(std::string("gloo ") + what + " refused: the communicator is broken "
-                           "since an earlier error (" + broken_ + ")");
-      }
-    }
+    broken_.throwIfBroken(backend(), what);
     const std::string where = std::string("gloo ") + what + " of " + std::to_string(bytes) +
                               " bytes on rank " + std::to_string(rank()) + "/" +
                               std::to_string(size());
@@ -286,17 +243,13 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  void fail(const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.empty()) broken_ = why;
-  }
+  void fail(const std::string& why) { broken_.set(why); }
 
   GlooOptions options_;
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<MeshAllreduce> allreduce_;
   uint32_t nextTag_ = 1;  // only touched by the one thread running collectives
-  std::mutex mu_;
-  std::string broken_;
+  BrokenLatch broken_;
   WorkQueue queue_;  // last member: its thread stops before the rest is destroyed
 };
 

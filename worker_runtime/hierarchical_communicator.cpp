@@ -1,10 +1,9 @@
 #include "worker_runtime/hierarchical_communicator.h"
 
-#include <mutex>
-
 #include "base/errors.h"
 #include "rendezvous/prefix_store.h"
 #include "worker_runtime/gloo_communicator.h"
+#include "worker_runtime/queued_communicator.h"
 #include "worker_runtime/reduce.h"
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/work_queue.h"
@@ -12,7 +11,7 @@
 namespace ddprun::runtime {
 namespace {
 
-class HierarchicalCommunicator final : public Communicator {
+class HierarchicalCommunicator final : public QueuedCommunicator {
  public:
   HierarchicalCommunicator(std::shared_ptr<rendezvous::Store> store, HierarchicalOptions options)
       : options_(std::move(options)) {
@@ -52,21 +51,10 @@ class HierarchicalCommunicator final : public Communicator {
   std::string_view backend() const override { return "shm+tcp"; }
   torch::Device device() const override { return torch::kCPU; }
   Millis timeout() const override { return options_.timeout; }
-  ThreadCounts threadCounts() const override { return queue_.counts(); }
   void abort() override {
     for (const auto& c : {world_, local_, leaders_}) {
       if (c) c->abort();
     }
-  }
-
-  std::shared_ptr<Work> allreduceAsync(torch::Tensor tensor, ReduceOp op) override {
-    checkAllreduce(tensor, op);
-    return queue_.submit([this, tensor, op] { allreduceNow(tensor, op); });
-  }
-
-  std::shared_ptr<Work> broadcastAsync(torch::Tensor tensor, int root) override {
-    checkBroadcast(tensor, root);
-    return queue_.submit([this, tensor, root] { broadcastNow(tensor, root); });
   }
 
   torch::Tensor allgather(const torch::Tensor& input) override {
@@ -81,37 +69,11 @@ class HierarchicalCommunicator final : public Communicator {
   }
 
  protected:
-  void allreduceBlocking(torch::Tensor tensor, ReduceOp op) override {
-    checkAllreduce(tensor, op);
-    queue_.runInline([&] { allreduceNow(tensor, op); });
-  }
-
-  void broadcastBlocking(torch::Tensor tensor, int root) override {
-    checkBroadcast(tensor, root);
-    queue_.runInline([&] { broadcastNow(tensor, root); });
-  }
-
- private:
-  bool leader() const { return options_.localRank == 0; }
-
-  void checkAllreduce(const torch::Tensor& t, ReduceOp op) {
-    checkCollectiveTensor(t, *this, "allreduce");
-    if (op == ReduceOp::Avg && !c10::isFloatingType(t.scalar_type())) {
-      throw ConfigError("shm+tcp allreduce: op avg needs a floating dtype, not " +
-                        std::string(c10::toString(t.scalar_type())) + " (use sum and divide)");
-    }
-  }
-
-  void checkBroadcast(const torch::Tensor& t, int root) {
-    checkCollectiveTensor(t, *this, "broadcast");
-    if (root < 0 || root >= size()) {
-      throw ConfigError("shm+tcp broadcast: root " + std::to_string(root) + " is not a rank (0.." +
-                        std::to_string(size() - 1) + ")");
-    }
-  }
+  WorkQueue& queue() override { return queue_; }
+  const WorkQueue& queue() const override { return queue_; }
 
   // Node, leaders, node again (see the header). Avg: sums, divided once on the leader.
-  void allreduceNow(const torch::Tensor& t, ReduceOp op) {
+  void allreduceNow(const torch::Tensor& t, ReduceOp op) override {
     guarded("allreduce", [&] {
       const ReduceOp sumOrOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       if (local_) local_->allreduce(t, sumOrOp);
@@ -125,40 +87,31 @@ class HierarchicalCommunicator final : public Communicator {
     });
   }
 
-  void broadcastNow(const torch::Tensor& t, int root) {
+  void broadcastNow(const torch::Tensor& t, int root) override {
     guarded("broadcast", [&] { world_->broadcast(t, root); });
   }
+
+ private:
+  bool leader() const { return options_.localRank == 0; }
 
   // Refuses at once after an earlier failure. An error passes unchanged: the inner communicators
   // already name the level, the collective, its size and the rank.
   template <typename Fn>
   void guarded(const char* what, Fn&& fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!broken_.empty()) {
-        throw BackendError(std::string("shm+tcp ") + what + " refused: the communicator is "
-                           "broken since an earlier error (" + broken_ + ")");
-      }
-    }
+    broken_.throwIfBroken(backend(), what);
     try {
       fn();
     } catch (const std::exception& e) {
-      fail(e.what());
+      broken_.set(e.what());
       throw;
     }
-  }
-
-  void fail(const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.empty()) broken_ = why;
   }
 
   HierarchicalOptions options_;
   std::shared_ptr<Communicator> world_;    // every rank, over TCP
   std::shared_ptr<Communicator> local_;    // this node's ranks, through shared memory
   std::shared_ptr<Communicator> leaders_;  // the nodes' local rank 0, over TCP (on leaders)
-  std::mutex mu_;
-  std::string broken_;
+  BrokenLatch broken_;
   WorkQueue queue_;  // last member: its thread stops before the rest is destroyed
 };
 

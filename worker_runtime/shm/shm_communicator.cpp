@@ -5,7 +5,6 @@
 
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -13,6 +12,7 @@
 #include "base/timeline.h"
 #include "base/log.h"
 #include "rendezvous/prefix_store.h"
+#include "worker_runtime/queued_communicator.h"
 #include "worker_runtime/shm/collectives.h"
 #include "worker_runtime/work_queue.h"
 
@@ -40,7 +40,7 @@ int defaultSpin(int size) {
   return cpus <= 0 || size <= cpus ? 50 : 0;
 }
 
-class ShmCommunicator final : public Communicator {
+class ShmCommunicator final : public QueuedCommunicator {
  public:
   ShmCommunicator(std::shared_ptr<rendezvous::Store> store, ShmOptions options)
       : options_(std::move(options)) {
@@ -71,17 +71,6 @@ class ShmCommunicator final : public Communicator {
   torch::Device device() const override { return torch::kCPU; }
   Millis timeout() const override { return options_.timeout; }
 
-  std::shared_ptr<Work> allreduceAsync(torch::Tensor tensor, ReduceOp op) override {
-    checkAllreduce(tensor, op);
-    return queue_.submit([this, tensor, op] { allreduceNow(tensor, op); });
-  }
-
-  std::shared_ptr<Work> broadcastAsync(torch::Tensor tensor, int root) override {
-    checkBroadcast(tensor, root);
-    return queue_.submit([this, tensor, root] { broadcastNow(tensor, root); });
-  }
-
-  ThreadCounts threadCounts() const override { return queue_.counts(); }
   void abort() override { fail("aborted by this rank (in-process recovery)"); }
   AllreduceBytes allreduceBytes() const override {
     return {.staged = collectives_->stagedBytes(), .inPlace = collectives_->inPlaceBytes()};
@@ -120,9 +109,7 @@ class ShmCommunicator final : public Communicator {
 
   torch::Tensor allgather(const torch::Tensor& input) override {
     checkCollectiveTensor(input, *this, "allgather");
-    std::vector<int64_t> shape{size()};
-    shape.insert(shape.end(), input.sizes().begin(), input.sizes().end());
-    torch::Tensor out = torch::empty(shape, input.options());
+    torch::Tensor out = allgatherOutput(input, size());
     queue_.runInline([&] {
       guarded("allgather", input.nbytes(), [&](Clock::time_point deadline) {
         collectives_->allgather(input.data_ptr(), input.nbytes(), out.data_ptr(), deadline);
@@ -138,58 +125,29 @@ class ShmCommunicator final : public Communicator {
   }
 
  protected:
-  // On the caller's thread, after every collective queued before (work_queue.h).
-  void allreduceBlocking(torch::Tensor tensor, ReduceOp op) override {
-    checkAllreduce(tensor, op);
-    queue_.runInline([&] { allreduceNow(tensor, op); });
-  }
+  WorkQueue& queue() override { return queue_; }
+  const WorkQueue& queue() const override { return queue_; }
 
-  void broadcastBlocking(torch::Tensor tensor, int root) override {
-    checkBroadcast(tensor, root);
-    queue_.runInline([&] { broadcastNow(tensor, root); });
-  }
-
- private:
-  void checkAllreduce(const torch::Tensor& t, ReduceOp op) {
-    checkCollectiveTensor(t, *this, "allreduce");
-    if (op == ReduceOp::Avg && !c10::isFloatingType(t.scalar_type())) {
-      throw ConfigError("shm allreduce: op avg needs a floating dtype, not " +
-                        std::string(c10::toString(t.scalar_type())) + " (use sum and divide)");
-    }
-  }
-
-  void checkBroadcast(const torch::Tensor& t, int root) {
-    checkCollectiveTensor(t, *this, "broadcast");
-    if (root < 0 || root >= size()) {
-      throw ConfigError("shm broadcast: root " + std::to_string(root) + " is not a rank (0.." +
-                        std::to_string(size() - 1) + ")");
-    }
-  }
-
-  void allreduceNow(const torch::Tensor& t, ReduceOp op) {
+  void allreduceNow(const torch::Tensor& t, ReduceOp op) override {
     guarded("allreduce", t.nbytes(), [&](Clock::time_point deadline) {
       collectives_->allreduce(t.data_ptr(), static_cast<size_t>(t.numel()), t.scalar_type(), op,
                               deadline);
     });
   }
 
-  void broadcastNow(const torch::Tensor& t, int root) {
+  void broadcastNow(const torch::Tensor& t, int root) override {
     guarded("broadcast", t.nbytes(), [&](Clock::time_point deadline) {
       collectives_->broadcast(t.data_ptr(), t.nbytes(), root, deadline);
     });
   }
 
+ private:
+
   // Runs one collective: refuses at once when an earlier one failed; on failure marks this rank
   // aborted in the segment (peers fail at once) and names the collective, its size and the rank.
   template <typename Fn>
   void guarded(const char* what, size_t bytes, Fn&& fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!broken_.empty()) {
-        throw BackendError(std::string("shm ") + what + " refused: the communicator is broken "
-                           "since an earlier error (" + broken_ + ")");
-      }
-    }
+    broken_.throwIfBroken(backend(), what);
     // Built only on failure: a small collective must not pay for formatting.
     auto where = [&] {
       return std::string("shm ") + what + " of " + std::to_string(bytes) + " bytes on rank " +
@@ -212,8 +170,7 @@ class ShmCommunicator final : public Communicator {
 
   void fail(const std::string& why) {
     collectives_->abort();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.empty()) broken_ = why;
+    broken_.set(why);
   }
 
   ShmOptions options_;
@@ -221,8 +178,7 @@ class ShmCommunicator final : public Communicator {
   int lends_ = 0;
   std::unique_ptr<Segment> segment_;
   std::unique_ptr<Collectives> collectives_;
-  std::mutex mu_;
-  std::string broken_;
+  BrokenLatch broken_;
   WorkQueue queue_;  // last member: its thread stops before the rest is destroyed
 };
 
