@@ -12,6 +12,7 @@
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/rendezvous_backend.h"
+#include "silent_listener.h"
 
 using namespace rdzvtest;
 using ddprun::AuthError;
@@ -171,19 +172,10 @@ TEST_CASE("an endpoint that is not a ddprun store, or has another token, is refu
 // must still be reported within the keep-alive bound, not after the handshake's 10 s.
 TEST_CASE("a store silent before the heartbeat writer's own connect is reported within the "
           "keep-alive bound", "[rdzv][failures]") {
-  // A listener that never accepts: the kernel completes the TCP handshake (its backlog), and
-  // nothing answers the store's: as a store whose process is stopped.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  REQUIRE(::listen(fd, 16) == 0);
+  // A listener that never accepts: as a store whose process is stopped.
+  const SilentListener listener;
   // Per call and connect 20 s: unbounded, the writer's handshake would wait its 10 s.
-  const TcpStoreOptions silent{.host = "127.0.0.1", .port = ntohs(addr.sin_port),
-                               .timeout = Millis(20'000), .connectTimeout = Millis(20'000)};
+  const TcpStoreOptions silent = listener.storeOptions();
   std::atomic<int> connects{0};
   std::promise<std::string> failed;
   MemoryStore first;  // the agent's own connection, where the first beat goes
@@ -191,9 +183,7 @@ TEST_CASE("a store silent before the heartbeat writer's own connect is reported 
   HeartbeatWriter writer(
       [&](Millis within) {
         ++connects;
-        auto tcp = std::make_shared<TcpStore>(boundedLazyConnection(silent, within));
-        return InterruptibleStore{tcp, [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); },
-                                  [tcp](bool on) { tcp->setWaitsCancelled(on); }};
+        return interruptible(std::make_shared<TcpStore>(boundedLazyConnection(silent, within)));
       },
       first, "n1", HeartbeatOptions{.interval = Millis(100), .missedBeats = 3},
       [&](std::exception_ptr e) {
@@ -214,7 +204,6 @@ TEST_CASE("a store silent before the heartbeat writer's own connect is reported 
   // for a loaded machine, far below the unbounded handshake's 10 s.
   CHECK(reported < Millis(3'000));
   writer.stop(false);
-  ::close(fd);
 }
 
 TEST_CASE("interrupt() cancels a waiting join, the agent can still leave", "[rdzv][failures]") {

@@ -4,10 +4,6 @@
 // never answers (to a, the store stopped answering), its monitor's to the real store, where node
 // b beats and then stops. Halted from onError as DynamicRendezvous does, the monitor leaves b in
 // the round; not halted (the control), it evicts b: the check can fail.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <thread>
 
@@ -15,15 +11,14 @@
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/rendezvous_backend.h"
 #include "rendezvous/tcp_store.h"
+#include "silent_listener.h"
 
 using namespace rdzvtest;
 
 namespace {
 
 InterruptibleStore interruptible(const TcpStoreOptions& o) {
-  auto tcp = std::make_shared<TcpStore>(o);
-  return InterruptibleStore{tcp, [tcp] { tcp->interrupt(); }, [tcp] { tcp->cancelCall(); },
-                            [tcp](bool on) { tcp->setWaitsCancelled(on); }};
+  return rdzvtest::interruptible(std::make_shared<TcpStore>(o));
 }
 
 }  // namespace
@@ -56,16 +51,8 @@ TEST_CASE("a heartbeat ring halted when its writer declares the store lost evict
     }
   });
   // A listener that never accepts: the kernel completes the TCP handshake, nothing answers.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  REQUIRE(::listen(fd, 16) == 0);
-  const TcpStoreOptions silent{.host = "127.0.0.1", .port = ntohs(addr.sin_port),
-                               .timeout = Millis(20'000), .connectTimeout = Millis(20'000)};
+  const SilentListener listener;
+  const TcpStoreOptions silent = listener.storeOptions();
 
   StateView view;
   view.offer(v);
@@ -110,5 +97,4 @@ TEST_CASE("a heartbeat ring halted when its writer declares the store lost evict
     CHECK(now.version > v.version);  // b evicted (a's monitor is the only writer)
   }
   owned.reset();
-  ::close(fd);
 }
