@@ -97,6 +97,7 @@ class CountingStore final : public Store {
     count(key.size() + value.size());
     inner_->append(key, value);
   }
+  void giveUpWhenRefused() override { inner_->giveUpWhenRefused(); }
   bool hasTickets() const override { return inner_->hasTickets(); }
   int64_t takeTicket(const std::string& counter, const std::string& member) override {
     count(counter.size() + member.size());

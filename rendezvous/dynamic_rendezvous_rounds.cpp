@@ -384,8 +384,10 @@ void DynamicRendezvous::leave(const std::string& reason) {
   inRound_ = false;
   if (liveness_) liveness_->stopWatching();
   // Bounded: a store that goes away meanwhile (its host got the same signal) costs this node at
-  // most kLeaveTimeout per call, not connect_timeout; its heartbeat keys are left then.
+  // most kLeaveTimeout per call, not connect_timeout, and nothing once its port refuses
+  // connections; its heartbeat keys are left then.
   main_.store->setTimeout(std::min(main_.store->timeout(), kLeaveTimeout));
+  main_.store->giveUpWhenRefused();
   std::string unwritten;  // why the departure is in no version, for the log line
   try {
     Versioned now = fresh();

@@ -119,8 +119,10 @@ void HeartbeatWriter::stop(bool clear) {
   if (!clear) return;
   try {
     // Stopped before the second beat: the first one's keys are deleted over a connection made
-    // now (the writer had none yet).
+    // now (the writer had none yet). A courtesy of a leaving node: when the store's host has
+    // gone first (it got the same signal), a refused reconnect ends it at once.
     if (!conn_.store) conn_ = connect_(options_.timeout());
+    conn_.store->giveUpWhenRefused();
     conn_.store->deleteKey(heartbeatCounterKey(id_));
     for (int64_t k = std::max<int64_t>(1, last_ - 2); k <= last_; ++k)
       conn_.store->deleteKey(heartbeatKey(id_, k));

@@ -32,6 +32,7 @@ class PrefixStore final : public Store {
   void append(const std::string& key, const std::string& value) override;
   // Sets the inner store's per-call timeout too (it applies it).
   void setTimeout(Millis t) override;
+  void giveUpWhenRefused() override { inner_->giveUpWhenRefused(); }
   bool hasTickets() const override { return inner_->hasTickets(); }
   int64_t takeTicket(const std::string& counter, const std::string& member) override {
     return inner_->takeTicket(join(counter), member);

@@ -106,6 +106,12 @@ class Store {
   Millis timeout() const { return timeout_; }
   // Virtual: a store that wraps another (PrefixStore) passes it on.
   virtual void setTimeout(Millis t) { timeout_ = t; }
+  // For an agent that is leaving: from now on a reconnect that finds nobody listening at the
+  // store's address (connection refused) fails at once instead of retrying until its bound.
+  // Its store's host may have gone first (every node got the same signal, or the launching
+  // ddprun was killed), and retrying would only hold this agent's exit for that bound. A store
+  // that does not reconnect ignores it; one that wraps another passes it on.
+  virtual void giveUpWhenRefused() {}
 
  protected:
   explicit Store(Millis timeout) : timeout_(timeout) {}

@@ -76,6 +76,7 @@ class SupersededStore final : public Store {
     Store::setTimeout(t);
     inner_->setTimeout(t);
   }
+  void giveUpWhenRefused() override { inner_->giveUpWhenRefused(); }
 
  private:
   std::shared_ptr<Store> inner_;

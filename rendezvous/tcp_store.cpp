@@ -87,6 +87,7 @@ void TcpStore::connect() {
   int attempts = 0;
   for (;;) {
     ++attempts;
+    bool refused = false;  // an address answered that nobody listens there
     try {
       for (const auto& a : resolveTcp(options_.host, options_.port)) {
         auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
@@ -97,13 +98,15 @@ void TcpStore::connect() {
           connectedOnce_ = true;
           return;
         }
-        lastError = std::strerror(errno);
+        const int err = errno;
+        lastError = std::strerror(err);
+        refused = refused || err == ECONNREFUSED;
       }
     } catch (const NetworkError& e) {  // resolution failure: may be transient, retry
       lastError = e.what();
     }
     const auto now = Clock::now();
-    if (now >= deadline) break;
+    if (now >= deadline || (refused && giveUpWhenRefused_)) break;
     // Exponential backoff with jitter in [0.5, 1.5), so that many clients do not retry in step.
     std::uniform_real_distribution<double> jitter(0.5, 1.5);
     if (!rng) rng.emplace(std::random_device{}());

@@ -8,6 +8,7 @@
 // After a transport error or timeout the connection is dropped and the next call reconnects.
 // get() is one round trip against ddprun-store (WAIT_GET) and two (WAIT, GET) elsewhere.
 // Calls are serialized by an internal mutex, so one TcpStore may be shared by threads.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -97,6 +98,7 @@ class TcpStore final : public Store {
   // thread is waiting on (a round watcher sharing its agent's connection) without a reconnect.
   // No effect in the legacy dialect, which has no CANCEL_WAIT. Safe from any thread.
   void setWaitsCancelled(bool on);
+  void giveUpWhenRefused() override { giveUpWhenRefused_ = true; }
   // "host:port", as used in error messages.
   const std::string& address() const { return address_; }
   const TcpStoreOptions& options() const { return options_; }
@@ -125,6 +127,7 @@ class TcpStore final : public Store {
   std::mutex mu_;
   std::unique_ptr<Connection> conn_;
   bool connectedOnce_ = false;  // later reconnects are bounded by timeout(), not connectTimeout
+  std::atomic<bool> giveUpWhenRefused_{false};  // set from the leaving thread, read in connect()
   // interrupt(): the socket of the call in progress (-1 when none), guarded by interruptMu_.
   std::mutex interruptMu_;
   CondVar interruptCv_;  // wakes a reconnect backoff (rendezvous/blocking.h: a fiber parks)

@@ -480,6 +480,31 @@ TEST_CASE("connect retries until the server appears, and gives up naming the add
   CHECK(Clock::now() - t0 < 3s);
 }
 
+TEST_CASE("a leaving client's reconnect gives up at the first refused connection", "[server]") {
+  // A store whose server has gone: a plain client's reconnect retries refused connections
+  // until its timeout (the server may be restarting); after giveUpWhenRefused() it fails at
+  // once, naming the address (an agent leaving after its store's host has left: kill9 over ssh).
+  auto server = std::make_unique<ThreadedStoreServer>(StoreServerOptions{.host = "127.0.0.1", .port = 0});
+  const uint16_t port = server->port();
+  TcpStore patient = client(port, Millis(1500));
+  TcpStore leaving = client(port, Millis(1500));
+  patient.set("k", "v");
+  leaving.set("k", "w");
+  server.reset();
+
+  const std::string refused = "cannot connect to the store at 127.0.0.1:" + std::to_string(port);
+  auto failsIn = [&](TcpStore& s) {
+    // The first call may find the old connection closed; a later one reconnects.
+    CHECK_THROWS_AS(s.get("k"), NetworkError);
+    const auto t0 = Clock::now();
+    CHECK_THROWS_WITH(s.get("k"), Catch::Contains(refused) && Catch::Contains("refused"));
+    return Clock::now() - t0;
+  };
+  CHECK(failsIn(patient) >= 1400ms);
+  leaving.giveUpWhenRefused();
+  CHECK(failsIn(leaving) < 500ms);
+}
+
 TEST_CASE("a server that is not a ddprun store is recognised", "[server]") {
   // A listener that accepts and closes at once, like a foreign service would.
   ThreadedStoreServer store({.host = "127.0.0.1", .port = 0});
