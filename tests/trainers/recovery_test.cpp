@@ -107,6 +107,33 @@ int finish(Job& job) {
   return code;
 }
 
+// A job of `nproc` ranks under ddprun with `launcherFlags`, in a directory of its own (its output
+// in dir/log), and the uninterrupted run of as many ranks whose weights it must end with.
+struct RecoveryJob {
+  RecoveryJob(int nproc, std::vector<std::string> launcherFlags)
+      : reference(referenceRun(nproc)),
+        job(underDdprun(nproc, dir.path(), std::move(launcherFlags)), {}, dir / "log") {}
+
+  // Waits for the job (bounded) and requires exit code 0, showing the output otherwise; returns
+  // the output.
+  std::string succeeded() {
+    const int code = finish(job);
+    std::string out = job.output();
+    INFO(out);
+    REQUIRE(code == 0);
+    return out;
+  }
+
+  // Whether the job's final weights are the uninterrupted run's, bit for bit.
+  bool sameWeights() const {
+    return bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt"));
+  }
+
+  const TempDir& reference;
+  TempDir dir;
+  Job job;
+};
+
 // Watches a checkpoint directory for a temporary file being created (a save in progress) and
 // returns the writer's pid and the step, from its name "ckpt-<step>.ddpck.tmp-<host>-<pid>-<hex>"
 // (worker_runtime/checkpoint.h); {-1, -1} when the job ended or the deadline passed.
@@ -164,19 +191,15 @@ TEST_CASE("in-process recovery: two of three ranks SIGKILLed at once are recover
           "generation, the survivor keeps its process, weights bit-identical",
           "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(3);
-  TempDir dir;
   // One restart: both deaths are one recovery.
-  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process"}), {},
-          dir / "log");
-  const auto pids = ranksOf(job, dir, 3);
+  RecoveryJob run(3, {"--max-restarts=1", "--recovery=in-process"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 3);
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
   REQUIRE(::kill(pids[2], SIGKILL) == 0);
   const auto seen = rankPidsUntilExit(job, {0}, "mnist_mlp", kJobTimeout);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = run.succeeded();
   INFO(out);
-  REQUIRE(code == 0);
   // The survivor's process from the kills to the end: no restart of the group.
   CHECK(seen.at(0) == std::set<pid_t>{pids[0]});
   const std::string line = lineWith(out, "recovering in process (generation 1)");
@@ -188,18 +211,16 @@ TEST_CASE("in-process recovery: two of three ranks SIGKILLed at once are recover
   CHECK_THAT(out, !Contains("stopping the other workers"));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(3)));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
 
 TEST_CASE("in-process recovery: a survivor SIGKILLed while the replacement of another rank "
           "heals, the next generation takes it in process, weights bit-identical",
           "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(3);
-  TempDir dir;
-  Job job(underDdprun(3, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
-          dir / "log");
-  const auto pids = ranksOf(job, dir, 3);
+  RecoveryJob run(3, {"--max-restarts=2", "--recovery=in-process"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 3);
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
   // As soon as rank 1's replacement runs (it loads LibTorch and the data for about a second
   // before it can heal), rank 2 dies: generation 1 is still re-forming.
@@ -207,10 +228,8 @@ TEST_CASE("in-process recovery: a survivor SIGKILLed while the replacement of an
   REQUIRE(replacement > 0);
   REQUIRE(::kill(pids[2], SIGKILL) == 0);
   const auto seen = rankPidsUntilExit(job, {0, 1}, "mnist_mlp", kJobTimeout);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = run.succeeded();
   INFO(out);
-  REQUIRE(code == 0);
   // Rank 0 and rank 1's replacement keep their processes: the replacement joins generation 2.
   CHECK(seen.at(0) == std::set<pid_t>{pids[0]});
   CHECK(seen.at(1) == std::set<pid_t>{replacement});
@@ -225,27 +244,23 @@ TEST_CASE("in-process recovery: a survivor SIGKILLed while the replacement of an
   CHECK_THAT(out, !Contains("stopping the other workers"));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(3)));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
 
 TEST_CASE("in-process recovery: rank 0 SIGKILLed while rank 1's replacement loads, no survivor "
           "holds the state: the group restarts naming why, weights bit-identical",
           "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(2);
-  TempDir dir;
-  Job job(underDdprun(2, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
-          dir / "log");
-  const auto pids = ranksOf(job, dir, 2);
+  RecoveryJob run(2, {"--max-restarts=2", "--recovery=in-process"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 2);
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
   // The only survivor dies before the replacement (a second of start-up) could heal from it.
   const pid_t replacement = waitForWorker(job, 1, pids[1]);
   REQUIRE(replacement > 0);
   REQUIRE(::kill(pids[0], SIGKILL) == 0);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = run.succeeded();
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, Contains("recovering in process (generation 1)"));
   CHECK_THAT(out, Contains("in-process recovery of rank(s) 0 is not possible: no surviving "
                            "worker holds the training state (rank 1 (pid " +
@@ -255,17 +270,15 @@ TEST_CASE("in-process recovery: rank 0 SIGKILLed while rank 1's replacement load
   CHECK_THAT(out, !Contains("generation 2"));
   CHECK_THAT(out, Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains("done: 256 steps"));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
 
 TEST_CASE("in-process recovery: the replacement SIGKILLed before it healed, weights "
           "bit-identical", "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(2);
-  TempDir dir;
-  Job job(underDdprun(2, dir.path(), {"--max-restarts=2", "--recovery=in-process"}), {},
-          dir / "log");
-  const auto pids = ranksOf(job, dir, 2);
+  RecoveryJob run(2, {"--max-restarts=2", "--recovery=in-process"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 2);
   const pid_t first = pids[1];
   REQUIRE(::kill(first, SIGKILL) == 0);
   // The replacement, as soon as it runs (it takes about a second to load LibTorch and the data
@@ -274,36 +287,29 @@ TEST_CASE("in-process recovery: the replacement SIGKILLed before it healed, weig
   REQUIRE(replacement > 0);
   REQUIRE(::kill(replacement, SIGKILL) == 0);
   const auto seen = rankPidsUntilExit(job, {0}, "mnist_mlp", kJobTimeout);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = run.succeeded();
   INFO(out);
-  REQUIRE(code == 0);
   CHECK(seen.at(0) == std::set<pid_t>{pids[0]});
   CHECK_THAT(out, Contains("recovering in process (generation 1)"));
   CHECK_THAT(out, Contains("pid " + std::to_string(replacement) + ") failed"));
   CHECK_THAT(out, !Contains("joined generation 1 and healed"));
   CHECK_THAT(out, Contains("done: 256 steps"));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
 
 TEST_CASE("in-process recovery: a frozen rank (SIGSTOP) is killed after --peer-timeout and "
           "recovered in process, weights bit-identical", "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(2);
-  TempDir dir;
-  Job job(underDdprun(2, dir.path(),
-                      {"--max-restarts=1", "--recovery=in-process", "--peer-timeout=2"}),
-          {}, dir / "log");
-  const auto pids = ranksOf(job, dir, 2);
+  RecoveryJob run(2, {"--max-restarts=1", "--recovery=in-process", "--peer-timeout=2"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 2);
   const pid_t frozen = pids[1];
   const pid_t survivor = pids[0];
   REQUIRE(::kill(frozen, SIGSTOP) == 0);
   const pid_t replacement = waitForWorker(job, 1, frozen);
   const pid_t survivorNow = workerPid(job.pid(), 0, "mnist_mlp");
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = run.succeeded();
   INFO(out);
-  REQUIRE(code == 0);
   CHECK(replacement > 0);
   CHECK(survivorNow == survivor);
   CHECK_THAT(out, Contains("rank 1 (local rank 1, pid " + std::to_string(frozen) +
@@ -313,17 +319,15 @@ TEST_CASE("in-process recovery: a frozen rank (SIGSTOP) is killed after --peer-t
   CHECK_THAT(out, Contains("joined generation 1 and healed from rank 0's memory"));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains("done: 256 steps"));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
 
 TEST_CASE("in-process recovery: a death is recovered before its exit is reaped (its guard "
           "stopped), on the survivor's hint, and counted once", "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(2);
-  TempDir dir;
-  Job job(underDdprun(2, dir.path(), {"--max-restarts=1", "--recovery=in-process"}), {},
-          dir / "log");
-  const auto pids = ranksOf(job, dir, 2);
+  RecoveryJob run(2, {"--max-restarts=1", "--recovery=in-process"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 2);
   // Rank 1's guard (its parent) is stopped: its exit cannot be reaped nor reported until the
   // guard runs again. Only the survivor's hint and /proc (a zombie killed by SIGKILL) can tell
   // the agent. (Without them the agent learns it only when its progress watch kills the silent
@@ -351,7 +355,7 @@ TEST_CASE("in-process recovery: a death is recovered before its exit is reaped (
   CHECK_THAT(out, !Contains("stopping the other workers"));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(2)));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
 
 // The value of `name` in the environment `pid` was started with, or "" (/proc/<pid>/environ).
@@ -368,11 +372,9 @@ TEST_CASE("in-process recovery: forged and flooded survivor's hints (ddprun/susp
           "from a stranger on the agent's store end no worker and recover nothing",
           "[recovery][slow][attack]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(2);
-  TempDir dir;
-  Job job(underDdprun(2, dir.path(), {"--max-restarts=1", "--recovery=in-process"}), {},
-          dir / "log");
-  const auto pids = ranksOf(job, dir, 2);
+  RecoveryJob run(2, {"--max-restarts=1", "--recovery=in-process"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 2);
   // The agent's store is the workers' MASTER_ADDR:MASTER_PORT; it cannot authenticate (PyTorch
   // clients could not), so any local process can write there: the attacker does.
   const std::string host = startEnv(pids[0], "MASTER_ADDR");
@@ -408,15 +410,13 @@ TEST_CASE("in-process recovery: forged and flooded survivor's hints (ddprun/susp
   CHECK(written >= static_cast<int>(keys.size() * values.size()));
   CHECK(workerPid(job.pid(), 0, "mnist_mlp") == pids[0]);
   CHECK(workerPid(job.pid(), 1, "mnist_mlp") == pids[1]);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = run.succeeded();
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, !Contains("recovering in process"));
   CHECK_THAT(out, !Contains("failed"));
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(2)));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
 
 TEST_CASE("rank 0 SIGKILLed while it writes a checkpoint is recovered in process, and with no "
@@ -476,18 +476,14 @@ TEST_CASE("a single rank with --spares=1: one line at the start says why no spar
           "SIGKILLed, it restarts from its newest checkpoint, weights bit-identical",
           "[recovery][spares][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(1);
-  TempDir dir;
-  Job job(underDdprun(1, dir.path(), {"--max-restarts=1", "--recovery=in-process", "--spares=1"}),
-          {}, dir / "log");
-  const auto pids = ranksOf(job, dir, 1);
+  RecoveryJob run(1, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 1);
   // Step 40 is long after a spare would have started (they start once the ranks announced).
   CHECK(sparePid(job.pid(), 0, "mnist_mlp") < 0);
   REQUIRE(::kill(pids[0], SIGKILL) == 0);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = run.succeeded();
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, Contains("--spares=1: no spare starts while the job has a single rank (world "
                            "size 1): in-process recovery heals a dead rank's new process from a "
                            "surviving rank's memory, and one rank leaves no survivor"));
@@ -499,29 +495,26 @@ TEST_CASE("a single rank with --spares=1: one line at the start says why no spar
   CHECK_THAT(out, !Contains("had not announced"));
   CHECK_THAT(out, Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(1)));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
 
 TEST_CASE("under --recovery=auto, both ranks of two SIGKILLed at once: one line says why the "
           "in-process recovery is refused, the group restarts, weights bit-identical",
           "[recovery][slow]") {
   if (!haveData()) return skipWithoutData();
-  const auto& reference = referenceRun(2);
-  TempDir dir;
   // auto (the default) chose in-process: the bundled trainer runs the elastic loop.
-  Job job(underDdprun(2, dir.path(), {"--max-restarts=1"}), {}, dir / "log");
-  const auto pids = ranksOf(job, dir, 2);
+  RecoveryJob run(2, {"--max-restarts=1"});
+  Job& job = run.job;
+  const auto pids = ranksOf(job, run.dir, 2);
   REQUIRE(::kill(pids[0], SIGKILL) == 0);
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = run.succeeded();
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, Contains("--recovery=auto (in process: the workers run the runtime's elastic "
                            "loop): no worker survived to heal a replacement from; restarting "
                            "the group instead"));
   CHECK_THAT(out, !Contains("recovering in process (generation"));
   CHECK_THAT(out, Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(2)));
-  CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(run.sameWeights());
 }
