@@ -219,8 +219,9 @@ class DynamicRendezvous {
   // that are neither done nor lost and whose heartbeats have been silent for the keep-alive
   // bound are all recorded lost in one write, instead of one per bound around the ring.
   void evictSilentMembers(int64_t r, std::vector<std::string>& members);
-  // Whether this node judges silent members itself (SilentMembers): on the ddprun store with
-  // heartbeats (the ring's counters), and only until it has declared the store lost.
+  // Whether this node judges silent members itself (SilentMembers): the store's host and node
+  // rank 0 only, on the ddprun store with heartbeats (the ring's counters), and only until it
+  // has declared the store lost.
   bool judgesSilence();
   // The store host's close: waits until the nodes in `lost` have recorded the job's end, or are
   // silent for the keep-alive bound, or `deadline` passes; returns those not heard from.
