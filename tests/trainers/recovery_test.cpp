@@ -195,8 +195,7 @@ TEST_CASE("in-process recovery: two of three ranks SIGKILLed at once are recover
   RecoveryJob run(3, {"--max-restarts=1", "--recovery=in-process"});
   Job& job = run.job;
   const auto pids = ranksOf(job, run.dir, 3);
-  REQUIRE(::kill(pids[1], SIGKILL) == 0);
-  REQUIRE(::kill(pids[2], SIGKILL) == 0);
+  REQUIRE(ddprun::testing::killAtOnce({pids[1], pids[2]}, SIGKILL));
   const auto seen = rankPidsUntilExit(job, {0}, "mnist_mlp", kJobTimeout);
   const std::string out = run.succeeded();
   INFO(out);
@@ -506,8 +505,7 @@ TEST_CASE("under --recovery=auto, both ranks of two SIGKILLed at once: one line 
   RecoveryJob run(2, {"--max-restarts=1"});
   Job& job = run.job;
   const auto pids = ranksOf(job, run.dir, 2);
-  REQUIRE(::kill(pids[0], SIGKILL) == 0);
-  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  REQUIRE(ddprun::testing::killAtOnce({pids[0], pids[1]}, SIGKILL));
   const std::string out = run.succeeded();
   INFO(out);
   CHECK_THAT(out, Contains("--recovery=auto (in process: the workers run the runtime's elastic "

@@ -241,8 +241,7 @@ TEST_CASE("two of four ranks SIGKILLed at once: the other two go on at two ranks
                                       "--recovery-policy=shrink"}),
           sampleLogEnv(dir), dir / "log");
   const auto pids = ranksOf(job, dir, 4);
-  REQUIRE(::kill(pids[1], SIGKILL) == 0);
-  REQUIRE(::kill(pids[2], SIGKILL) == 0);
+  REQUIRE(ddprun::testing::killAtOnce({pids[1], pids[2]}, SIGKILL));
   const auto seen = rankPidsUntilExit(job, {0, 3}, "mnist_mlp", kJobTimeout);
   const int code = finish(job);
   const std::string out = job.output();
