@@ -219,6 +219,8 @@ class DynamicRendezvous {
   // that are neither done nor lost and whose heartbeats have been silent for the keep-alive
   // bound are all recorded lost in one write, instead of one per bound around the ring.
   void evictSilentMembers(int64_t r, std::vector<std::string>& members);
+  // Those of `members` (round r's, this node left out) neither done nor lost: O(N) reads.
+  std::vector<std::string> runningMembers(int64_t r, const std::vector<std::string>& members);
   // Whether this node judges silent members itself (SilentMembers): the store's host and node
   // rank 0 only, on the ddprun store with heartbeats (the ring's counters), and only until it
   // has declared the store lost.

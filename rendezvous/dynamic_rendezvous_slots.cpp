@@ -309,12 +309,26 @@ DynamicRendezvous::AfterSuccess DynamicRendezvous::finishBySlots(int64_t r) {
     } else if (sweeps && until(deadline).count() > 0) {
       evictSilentMembers(r, members);
     } else {
+      // A judge names who it waited for: members that never finished yet never fell silent
+      // (a worker still running; or a dead node whose counter a client of the store kept
+      // moving, docs/security.md). The others have not loaded the members (O(N)).
+      std::string names;
+      if (sweeps && !members.empty()) {
+        try {
+          const auto running = runningMembers(r, members);
+          for (size_t i = 0; i < running.size() && i < 8; ++i) names += " " + running[i];
+          if (running.size() > 8) names += " ...";
+          if (!names.empty()) names = "; not finished, their heartbeats still counting:" + names;
+        } catch (const Error&) {
+          names.clear();  // the timeout is the news; the names are a courtesy
+        }
+      }
       throw TimeoutError("rendezvous '" + options_.runId + "': exit barrier of round " +
                          std::to_string(r) + ": only " +
                          std::to_string(scalable::readDoneCount(store, r)) + " of " +
                          std::to_string(k) + " nodes had finished when " +
                          "exit_barrier_timeout=" + seconds(options_.exitBarrierTimeout) +
-                         " ran out");
+                         " ran out" + names);
     }
     // A member was lost meanwhile: the others may all be done now.
     if (current_.state.lost.size() > lost) tryFinish(scalable::readDoneCount(store, r));
@@ -342,14 +356,9 @@ bool DynamicRendezvous::judgesSilence() {
   return true;
 }
 
-void DynamicRendezvous::evictSilentMembers(int64_t r, std::vector<std::string>& members) {
+std::vector<std::string> DynamicRendezvous::runningMembers(int64_t r,
+                                                           const std::vector<std::string>& members) {
   Store& store = *main_.store;
-  if (members.empty()) {
-    RoundState all = current_.state;
-    if (all.compact()) log_->hydrate(all);  // O(N), once per barrier that outlasts a step
-    for (const auto& m : all.members)
-      if (m.id != self_.id) members.push_back(m.id);
-  }
   // A done record still being written (its node between its ADD and its record) is waited for
   // briefly, then left out: that node is beating, so it is not found silent anyway.
   const auto done = scalable::readDone(store, r, scalable::readDoneCount(store, r), Millis(200));
@@ -361,6 +370,18 @@ void DynamicRendezvous::evictSilentMembers(int64_t r, std::vector<std::string>& 
       running.push_back(id);
     }
   }
+  return running;
+}
+
+void DynamicRendezvous::evictSilentMembers(int64_t r, std::vector<std::string>& members) {
+  Store& store = *main_.store;
+  if (members.empty()) {
+    RoundState all = current_.state;
+    if (all.compact()) log_->hydrate(all);  // O(N), once per barrier that outlasts a step
+    for (const auto& m : all.members)
+      if (m.id != self_.id) members.push_back(m.id);
+  }
+  const std::vector<std::string> running = runningMembers(r, members);
   if (running.empty()) return;
   const std::vector<std::string> gone = silent_->silent(store, running);
   if (gone.empty()) return;

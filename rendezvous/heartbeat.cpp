@@ -2,15 +2,28 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "rendezvous/text_fields.h"
 
 namespace ddprun::rendezvous {
 
 std::string heartbeatCounterKey(const std::string& id) { return "hb/" + id; }
 std::string heartbeatKey(const std::string& id, int64_t beat) {
   return "hb/" + id + "/" + std::to_string(beat);
+}
+
+std::optional<int64_t> beatCount(std::string_view value) {
+  int64_t n = 0;
+  if (!text::number(value, n)) return std::nullopt;
+  return n;
+}
+
+std::string forgedCounter(const std::string& key, std::string_view value, const std::string& why) {
+  return "rendezvous key '" + key + "' holds '" + std::string(value.substr(0, 64)) +
+         (value.size() > 64 ? "...'" : "'") + ", which is corrupt or forged (" + why + ")";
 }
 
 std::string ringSuccessor(const std::vector<std::string>& ids, const std::string& self) {
@@ -34,9 +47,35 @@ HeartbeatWriter::HeartbeatWriter(BoundedConnectFn connect, Store& first, std::st
 HeartbeatWriter::~HeartbeatWriter() { stop(false); }
 
 void HeartbeatWriter::beat(Store& store) {
-  last_ = store.add(heartbeatCounterKey(id_), 1);  // a round trip: proves the store is there
+  const std::string key = heartbeatCounterKey(id_);
+  int64_t n = store.add(key, 1);  // a round trip: proves the store is there
+  if (n <= last_) {
+    // Only this node adds to its counter: a count at or below its last beat was written by
+    // another client (a forged negative count; a restarted store that lost it). Its beat keys
+    // would go where no watcher waits (one evicted it after the bound): back above the last beat.
+    const std::string next = std::to_string(last_ + 1);
+    DDPRUN_LOG(WARN, "rendezvous")
+        << forgedCounter(key, std::to_string(n),
+                         "below this node's last beat " + std::to_string(last_))
+        << ": set to " << next;
+    store.compareSet(key, std::to_string(n), next);
+    n = last_ + 1;
+  }
+  last_ = n;
   store.set(heartbeatKey(id_, last_), "");
   if (last_ > 2) store.deleteKey(heartbeatKey(id_, last_ - 2));
+}
+
+bool HeartbeatWriter::restoreIfForged(Store& store) {
+  const std::string key = heartbeatCounterKey(id_);
+  const auto v = store.readAll({key}).at(0);
+  if (!v) return false;  // missing: an ADD starts it again
+  const auto n = beatCount(*v);
+  if (n && *n < std::numeric_limits<int64_t>::max()) return false;  // an ADD takes it
+  DDPRUN_LOG(WARN, "rendezvous") << forgedCounter(key, *v, "not a beat count this node can add to")
+                                 << ": restored to " << last_;
+  store.compareSet(key, *v, std::to_string(last_));
+  return true;
 }
 
 void HeartbeatWriter::run() {
@@ -70,6 +109,12 @@ void HeartbeatWriter::run() {
         lock.unlock();
       }
       conn_.store->setTimeout(bound);
+      // A retry: was the failure a forged counter (the store closed the ADD's connection)?
+      // Restored, it answered: not its silence, and not a failure counted towards giving up.
+      if (failures > 0 && restoreIfForged(*conn_.store)) {
+        lastAnswer_ = Clock::now();
+        failures = 0;
+      }
       beat(*conn_.store);
       lastAnswer_ = Clock::now();
       failures = 0;
@@ -226,8 +271,25 @@ void HeartbeatMonitor::run() {
   }
 }
 
+int64_t HeartbeatMonitor::beatOf(const std::string& target) {
+  const std::string key = heartbeatCounterKey(target);
+  // One round trip, as the ADD of 0 it replaces; a missing counter (its node left, deleting it)
+  // costs one interval's wait, and then reads as 0 too.
+  const auto v = store().waitGet(key, options_.interval);
+  if (!v) return 0;
+  if (const auto n = beatCount(*v)) return *n;
+  if (*v != warnedForged_) {
+    warnedForged_ = *v;
+    DDPRUN_LOG(WARN, "rendezvous") << forgedCounter(key, *v, "not a decimal beat count")
+                                   << ": node " << target << " counts as not beating";
+  }
+  return 0;
+}
+
 bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion, uint64_t cancels) {
-  int64_t beat = store().add(heartbeatCounterKey(target), 0);
+  int64_t beat = beatOf(target);
+  // A read cut short by a state change (waitGet's WAIT_GET, cancelWaits) read nothing.
+  if (stopping_ || cancelCount() != cancels) return false;
   DDPRUN_LOG(DEBUG, "rendezvous") << "watching node " << target << " from beat " << beat;
   while (!stopping_ && view_.get().version == seenVersion) {
     bool arrived = true;
@@ -240,7 +302,8 @@ bool HeartbeatMonitor::watch(const std::string& target, int64_t seenVersion, uin
     if (stopping_ || (!arrived && cancelCount() != cancels)) return false;
     if (!arrived) {
       // The beat we waited for may have come and gone (we fell behind): ask the counter.
-      const int64_t now = store().add(heartbeatCounterKey(target), 0);
+      const int64_t now = beatOf(target);
+      if (stopping_ || cancelCount() != cancels) return false;
       if (now <= beat) return true;
       beat = now;
       continue;

@@ -39,7 +39,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "rendezvous/liveness.h"
@@ -64,6 +66,14 @@ struct HeartbeatOptions {
 std::string heartbeatCounterKey(const std::string& id);
 std::string heartbeatKey(const std::string& id, int64_t beat);
 
+// A beat counter's value as a count: ADD's decimal text, nothing else (pure; nullopt for any
+// other bytes). Only its owner adds to a counter, but any client of a store without a token can
+// write one (docs/security.md): what reads a counter must not trust it to parse.
+std::optional<int64_t> beatCount(std::string_view value);
+// The line that names a forged counter: "rendezvous key 'hb/<id>' holds '<value>', which is
+// corrupt or forged (<why>)", the value cut at 64 bytes (log lines escape control bytes).
+std::string forgedCounter(const std::string& key, std::string_view value, const std::string& why);
+
 // The node a member of `ids` (sorted) watches: the next one around the ring; empty when alone.
 std::string ringSuccessor(const std::vector<std::string>& ids, const std::string& self);
 
@@ -87,6 +97,11 @@ class HeartbeatWriter {
 
  private:
   void beat(Store& store);
+  // After a failed beat: the store refuses an ADD on a counter that is not a decimal integer, or
+  // that would overflow, by closing the connection, which is not the store's failure. Reads this
+  // node's counter; when it is such a value, restores it to the last beat (one warning naming the
+  // key and the value) and returns true. Throws what the store throws.
+  bool restoreIfForged(Store& store);
   void run();
 
   BoundedConnectFn connect_;
@@ -125,6 +140,11 @@ class HeartbeatMonitor {
   // Watches `target` until it dies (returns true) or the ring changes (false); `cancels` is
   // cancelCount() when the ring was read: a WAIT that ends after it moved was cancelled.
   bool watch(const std::string& target, int64_t seenVersion, uint64_t cancels);
+  // `target`'s beat count, read without ADD (an ADD on a forged counter would close this
+  // connection, taken for the store's failure): 0 when missing (it left) or forged (it has not
+  // beaten, as far as anyone can tell; its owner restores it at its next beat, with a warning
+  // that this reader repeats once per forged value).
+  int64_t beatOf(const std::string& target);
   void evict(const std::string& target);
   void onViewChange();
   uint64_t cancelCount();
@@ -145,6 +165,7 @@ class HeartbeatMonitor {
   std::atomic<bool> stopping_{false};  // halt() or stop()
   std::atomic<bool> stopped_{false};   // stop(): the view's callback removed
   uint64_t cancels_ = 0;  // calls cut short by state changes so far (guarded by connMu_)
+  std::string warnedForged_;  // the forged counter value last warned about (monitor thread)
   std::thread thread_;
 };
 

@@ -14,7 +14,11 @@
 // agent's own included: a node counts as silent only once this agent's own counter has moved
 // by missedBeats - 1 beats since that node's last beat, so that a stall of the store, or of this
 // agent's writer, is not taken for the deaths of the others. A missing counter (a node that
-// left deletes its keys) reads as one that does not move. Single-threaded: one agent thread.
+// left deletes its keys) reads as one that does not move. A counter is an ordinary key, which
+// any client of a store without a token can write (docs/security.md): a member's counter that is
+// no count is compared as it is, this agent's own must count (forged, it judges nobody until it
+// counts again; its writer restores it), each named in a warning. Single-threaded: one agent
+// thread.
 #include <map>
 #include <optional>
 #include <string>
@@ -40,11 +44,13 @@ class SilentMembers {
   struct Seen {
     std::optional<std::string> counter;  // its hb/<id> as last read
     Clock::time_point since;             // when it last changed (or was first read)
-    int64_t ownSince = 0;                // this node's own beat count then
+    // this node's own beat count then; nullopt while its own counter was forged (not a count)
+    std::optional<int64_t> ownSince;
   };
   std::string self_;
   HeartbeatOptions beats_;
   std::map<std::string, Seen> seen_;
+  std::map<std::string, std::string> warned_;  // each forged counter's value last warned about
 };
 
 }  // namespace ddprun::rendezvous

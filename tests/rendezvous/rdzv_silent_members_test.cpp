@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <thread>
 
 #include "rendezvous/heartbeat.h"
@@ -68,4 +69,40 @@ TEST_CASE("silent members: a node whose counter is gone (it left, deleting its k
   s.deleteKey(heartbeatCounterKey("a"));
   CHECK(watch(sm, s, {"a", "b"}, {"b"}, true, Millis(5'000)) ==
         std::vector<std::string>{"a"});
+}
+
+TEST_CASE("silent members: a beat count is ADD's decimal text and nothing else") {
+  CHECK(beatCount("12") == 12);
+  CHECK(beatCount("-5") == -5);
+  CHECK(beatCount("9223372036854775807") == INT64_MAX);
+  for (const char* forged : {"", "garbage", "1x", " 1", "99999999999999999999", "0x10"})
+    CHECK_FALSE(beatCount(forged).has_value());
+  CHECK(forgedCounter("hb/a", std::string(100, 'x'), "why") ==
+        "rendezvous key 'hb/a' holds '" + std::string(64, 'x') +
+            "...', which is corrupt or forged (why)");
+}
+
+TEST_CASE("silent members: while this node's own counter is forged (no count), nobody is judged, and once it counts again the silent are") {
+  MemoryStore s;
+  for (const char* id : {"self", "a", "b"}) beat(s, id);
+  SilentMembers sm("self", kBeats);
+  // A client of the store wrote bytes that are no count: this node cannot tell that it beats.
+  s.set(heartbeatCounterKey("self"), "not a count");
+  CHECK(watch(sm, s, {"a", "b"}, {}, false, 5 * kBeats.timeout()).empty());
+  // Its writer restores it (heartbeat.h) and beats on: a and b, silent all along, are found.
+  s.set(heartbeatCounterKey("self"), "7");
+  CHECK(watch(sm, s, {"a", "b"}, {}, true, Millis(5'000)).size() == 2);
+}
+
+TEST_CASE("silent members: a member's forged counter is compared as it is: changing, it is not silent") {
+  MemoryStore s;
+  for (const char* id : {"self", "a"}) beat(s, id);
+  SilentMembers sm("self", kBeats);
+  const auto end = Clock::now() + 5 * kBeats.timeout();
+  for (int i = 0; Clock::now() < end; ++i) {
+    beat(s, "self");
+    s.set(heartbeatCounterKey("a"), i % 2 ? "" : "garbage");
+    CHECK(sm.silent(s, {"a"}).empty());
+    std::this_thread::sleep_for(kBeats.interval);
+  }
 }
