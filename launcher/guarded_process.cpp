@@ -397,7 +397,17 @@ GuardedProcess spawnGuarded(const SpawnRequest& req) {
   sigset_t all, old;
   sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, &old);
+  // _Fork, not fork: glibc's fork() runs the atfork handlers and holds every malloc arena's
+  // lock across the clone, so a thread of this process that allocates meanwhile -- the hosted
+  // rendezvous store's -- waits for as long as the fork takes, which on a loaded machine is as
+  // long as this thread waits for a CPU. The guard runs only async-signal-safe code and never
+  // allocates (above): it needs none of that. Sanitizer runtimes hook fork() to keep their own
+  // locks consistent in the child, so their builds keep it.
+#if defined(DDPRUN_GUARD_FORKS_WORKER)
   const pid_t guard = ::fork();
+#else
+  const pid_t guard = ::_Fork();
+#endif
   if (guard == 0) {
     runGuard(control.read.get(), status.write.get(), out.write.get(), err.write.get(),
              req.passFd, req.subreaper, req.stdinFromDevNull, req.cgroup, req.idlePriority, req.executable.c_str(), argv.data(),

@@ -5,6 +5,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <cstdlib>
+#include <malloc.h>
 
 #include "launcher/local_rendezvous.h"
 #include "launcher/option_values.h"
@@ -25,9 +26,20 @@ namespace asio = boost::asio;
 namespace rdzv = ddprun::rendezvous;
 
 namespace {
+// main() gives the agent one malloc arena for all its threads (launcher/main.cpp: an arena per
+// thread cost 4-5% of a small agent's CPU). The agent that hosts the rendezvous store undoes
+// that for the threads it starts from here on, the store's first: each allocates from an arena
+// of its own. Sharing one, the store's thread (at nice -10) waited on the arena's lock whenever
+// a thread of normal priority had been preempted while holding it -- at 256 agents on two
+// cores for seconds, with no heartbeat answered (docs/rendezvous.md, "The store's malloc
+// arena"). glibc fixes the limit when a second thread first allocates, so this takes effect
+// only while no thread but main() has allocated: the store's thread is the agent's first.
+void allowOwnMallocArenas() { ::mallopt(M_ARENA_MAX, 64); }
+
 constexpr rdzv::Millis kReadTimeout{60'000};      // torchrun's read_timeout
 constexpr rdzv::Millis kStaticTimeout{900'000};   // torchrun's static rendezvous timeout
-// How much less nice than the agent the hosted rendezvous store's thread asks to be: with
+// How much less nice than the agent the hosted rendezvous store's thread asks to be where it
+// may not run at real-time priority (ThreadedStoreServerOptions::realtime, asked first): with
 // hundreds of runnable threads on the host (its workers, or 256 agents on one machine) a
 // thread at the agent's niceness got ~1/N of a core and answered no heartbeat for 3 s
 // (docs/rendezvous.md, "The store host's thread"). -10 weighs ~9x a default thread.
@@ -179,13 +191,16 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
       // Its own thread: the agent's io_context stalls while the agent forks its workers'
       // guards (and takes the page faults after each fork), and every node's heartbeat must
       // be answered meanwhile; that thread asks for a higher CPU priority (kStorePriority).
+      // And its own malloc arena (allowOwnMallocArenas): sharing the agent's one arena, it
+      // waited on the arena's lock whenever a thread of normal priority was preempted holding it.
+      allowOwnMallocArenas();
       rendezvousStore_ = std::make_unique<rdzv::ThreadedStoreServer>(
           rdzv::StoreServerOptions{.host = resolveAddress(options_.store.host),
                                    .port = options_.store.port,
                                    .authToken = token,
                                    .jobId = options_.runId,
                                    .limits = storeLimits_},
-          rdzv::ThreadedStoreServerOptions{.raisePriority = kStorePriority});
+          rdzv::ThreadedStoreServerOptions{.raisePriority = kStorePriority, .realtime = true});
     } catch (const NetworkError& e) {
       // Never fall back to joining whatever listens there: it may be another job's store. The
       // one exception: a ddprun store that answers for this very job -- another agent of it on
@@ -215,11 +230,15 @@ MultiNodeRendezvous::MultiNodeRendezvous(asio::io_context& io, const LaunchOptio
     options_.heartbeat.ownStoreBound = options_.store.timeout;
     DDPRUN_LOG(INFO, "launcher") << "hosting the rendezvous store at " << endpoint
                                  << (token ? " (with authentication)" : "") << " on a thread "
-                                 << (rendezvousStore_->priorityRaised()
+                                 << (rendezvousStore_->realtime()
+                                         ? std::string("of its own at real-time priority (SCHED_RR 1)")
+                                     : rendezvousStore_->priorityRaised()
                                          ? "of its own at nice -" + std::to_string(kStorePriority) +
-                                               " from the agent's"
+                                               " from the agent's (real-time priority not allowed: "
+                                               "no CAP_SYS_NICE, nor RLIMIT_RTPRIO)"
                                          : std::string("of its own (its priority could not be "
-                                                       "raised: no CAP_SYS_NICE, nor RLIMIT_NICE for it)"));
+                                                       "raised: no CAP_SYS_NICE, nor RLIMIT_NICE "
+                                                       "or RLIMIT_RTPRIO for it)"));
   }
   describe_ = backend_ + " rendezvous '" + options_.runId + "' at " + endpoint +
               (host ? " (store hosted here)" : "");

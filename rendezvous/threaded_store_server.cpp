@@ -1,6 +1,7 @@
 #include "rendezvous/threaded_store_server.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -37,6 +38,16 @@ bool raiseThreadPriority(int by) {
   return want < now && ::setpriority(PRIO_PROCESS, tid, want) == 0;
 }
 
+// The calling thread at the lowest real-time priority, its children (were it to fork) back at
+// normal scheduling. False when not allowed (EPERM): the thread keeps its policy.
+bool makeThreadRealtime() {
+  sched_param lowest{};
+  lowest.sched_priority = ::sched_get_priority_min(SCHED_RR);
+  return ::pthread_setschedparam(::pthread_self(), SCHED_RR | SCHED_RESET_ON_FORK, &lowest) == 0;
+}
+
+enum Raised : int { kNotRaised = 0, kNiceRaised = 1, kRealtime = 2 };
+
 }  // namespace
 
 ThreadedStoreServer::ThreadedStoreServer(StoreServerOptions options,
@@ -48,17 +59,23 @@ ThreadedStoreServer::ThreadedStoreServer(StoreServerOptions options,
   instanceId_ = state_->server->instanceId();
   // The promise moves into the thread: set_value may still be waking this thread when get()
   // returns, so the shared state must not live on this stack frame.
-  std::promise<bool> raised;
+  std::promise<int> raised;
   auto done = raised.get_future();
-  state_->thread = std::thread(
-      [s = state_.get(), by = threadOptions.raisePriority, raised = std::move(raised)]() mutable {
-        // Named, so that top -H, /proc/PID/task/TID/comm and a test that stops only this thread
-        // (ptrace) tell it from the agent's other threads.
-        ::pthread_setname_np(::pthread_self(), "ddprun-store");
-        raised.set_value(raiseThreadPriority(by));  // before the first request is served
-        s->io.run();
-      });
-  priorityRaised_ = done.get();
+  state_->thread = std::thread([s = state_.get(), by = threadOptions.raisePriority,
+                                realtime = threadOptions.realtime,
+                                raised = std::move(raised)]() mutable {
+    // Named, so that top -H, /proc/PID/task/TID/comm and a test that stops only this thread
+    // (ptrace) tell it from the agent's other threads.
+    ::pthread_setname_np(::pthread_self(), "ddprun-store");
+    // Before the first request is served.
+    raised.set_value(realtime && makeThreadRealtime() ? kRealtime
+                     : raiseThreadPriority(by)        ? kNiceRaised
+                                                      : kNotRaised);
+    s->io.run();
+  });
+  const int got = done.get();
+  priorityRaised_ = got != kNotRaised;
+  realtime_ = got == kRealtime;
 }
 
 ThreadedStoreServer::~ThreadedStoreServer() {

@@ -2,10 +2,12 @@
 // store asks for a lower niceness; only that thread gets it -- the thread that made the server,
 // and every process forked from it (an agent's workers' guards), keep theirs -- and the server
 // still serves. Whether it may is the kernel's call (CAP_SYS_NICE or RLIMIT_NICE): with the
-// capability the raise must happen, without it the thread must stay where it was.
+// capability the raise must happen, without it the thread must stay where it was. Asked for
+// real time, the serving thread alone runs SCHED_RR (with the capability it must).
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -92,4 +94,34 @@ TEST_CASE("a threaded store's thread gets the higher priority it asks for, alone
 
   ThreadedStoreServer plain({.host = "127.0.0.1", .port = 0});
   CHECK(!plain.priorityRaised());
+}
+
+TEST_CASE("a threaded store's thread asked for real time runs SCHED_RR alone: its creator and the "
+          "processes the creator forks keep normal scheduling, and it serves") {
+  const std::set<int> old = threadIds();
+  ThreadedStoreServer server({.host = "127.0.0.1", .port = 0},
+                             {.raisePriority = 5, .realtime = true});
+  if (hasCapSysNice()) CHECK(server.realtime());
+  if (server.realtime()) CHECK(server.priorityRaised());
+  int realtimeThreads = 0;
+  for (int tid : threadIds()) {
+    const int policy = ::sched_getscheduler(tid) & ~SCHED_RESET_ON_FORK;
+    INFO("thread " << tid << " policy " << policy << (old.count(tid) ? " (before)" : " (new)"));
+    if (old.count(tid)) CHECK(policy == SCHED_OTHER);
+    CHECK((policy == SCHED_OTHER || policy == SCHED_RR));
+    realtimeThreads += policy == SCHED_RR ? 1 : 0;
+  }
+  CHECK(realtimeThreads == (server.realtime() ? 1 : 0));  // the serving thread alone
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(::sched_getscheduler(0) == SCHED_OTHER ? 0 : 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WEXITSTATUS(status) == 0);
+
+  TcpStore client({.host = "127.0.0.1", .port = server.port(), .timeout = Millis(5000)});
+  client.set("k", "v");
+  CHECK(client.get("k") == "v");
+
+  ThreadedStoreServer plain({.host = "127.0.0.1", .port = 0});
+  CHECK(!plain.realtime());
 }
