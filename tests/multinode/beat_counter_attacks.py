@@ -155,6 +155,21 @@ def forged_beat_counters(t):
                   % (n.name, line, err[-2500:]))
 
 
+def kill_b_in_barrier(t, name, conf):
+    """Starts job `name` (a hosting the store), writes a key the attacks must leave intact, reads
+    the closed round, and SIGKILLs b while a waits in the exit barrier. Returns the agents, the
+    gate that lets c's worker finish, the node ids, the attacker, the state read before and the
+    time of the kill."""
+    agents, gate, ids = job(t, name, conf)
+    attacker = Attacker(t.port, host="127.0.0.2")
+    attacker.set("unrelated", "intact")
+    _, before = closed_round(attacker, name)
+    b = agents[1]
+    os.killpg(b.proc.pid, signal.SIGKILL)
+    b.proc.wait()
+    return agents, gate, ids, attacker, before, time.time()
+
+
 def dead_member_kept_beating_in_barrier(t):
     """Without a token: b is SIGKILLed while a waits in the exit barrier, and the attacker ADDs 1
     to b's counter every 0.2 s from then on. Nobody can tell b from a live node whose worker
@@ -164,15 +179,8 @@ def dead_member_kept_beating_in_barrier(t):
     a line naming b as the member that had not finished and whose heartbeat still counted; c
     (whose worker finishes 1 s after the kill) is done by then too, its store gone with a."""
     conf = CONF.replace("exit_barrier_timeout=30", "exit_barrier_timeout=15")
-    agents, gate, ids = job(t, "dkb", conf)
-    a, b, c = agents
-    attacker = Attacker(t.port, host="127.0.0.2")
-    attacker.set("unrelated", "intact")
-    _, before = closed_round(attacker, "dkb")
+    (a, b, c), gate, ids, attacker, before, killed = kill_b_in_barrier(t, "dkb", conf)
     stop = threading.Event()
-    os.killpg(b.proc.pid, signal.SIGKILL)
-    b.proc.wait()
-    killed = time.time()
     th = keep_adding(t.port, hb("dkb", ids[b.name]), stop)
     try:
         time.sleep(1)
@@ -204,15 +212,8 @@ def dead_member_kept_beating_at_close(t):
     lost b to learn the end only while b's counter moves, which now is forever: close_timeout
     (10 s here) bounds it, and a exits 0 naming b as not heard from."""
     conf = CONF.replace("close_timeout=5", "close_timeout=10")
-    agents, gate, ids = job(t, "dkc", conf)
-    a, b, c = agents
-    attacker = Attacker(t.port, host="127.0.0.2")
-    attacker.set("unrelated", "intact")
-    _, before = closed_round(attacker, "dkc")
+    (a, b, c), gate, ids, attacker, before, killed = kill_b_in_barrier(t, "dkc", conf)
     stop = threading.Event()
-    os.killpg(b.proc.pid, signal.SIGKILL)
-    b.proc.wait()
-    killed = time.time()
     lost = "lost %s" % ids[b.name]
     t.wait_for("b recorded lost", lambda: lost in attacker.get(
         "ddprun/rdzv/dkc/state/%s" % attacker.get("ddprun/rdzv/dkc/latest")), 30)
