@@ -162,8 +162,56 @@ def store_thread_stalled_on_host(t):
           (a.proc.returncode, a.stderr()[-800:]))
 
 
+HEAP_MAX = 64 << 20  # glibc's reservation for a thread's malloc arena on 64-bit (HEAP_MAX_SIZE)
+
+
+def thread_arenas(pid):
+    """The malloc arenas of `pid` other than glibc's main one, from /proc/<pid>/maps: glibc
+    reserves each such arena's heap as 64 MiB aligned to 64 MiB and makes its start readable and
+    writable, so each is an anonymous rw-p mapping that starts at a multiple of 64 MiB and ends
+    within it. The main arena grows by brk ([heap]); a thread's stack starts one guard page
+    above its mmap, so neither is counted."""
+    found = []
+    with open("/proc/%d/maps" % pid) as f:
+        for line in f:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            anonymous = len(fields) < 6
+            if anonymous and fields[1] == "rw-p" and start % HEAP_MAX == 0 and \
+                    end - start <= HEAP_MAX:
+                found.append(fields[0])
+    return found
+
+
+def store_host_own_arena(t):
+    """The store host's threads allocate from malloc arenas of their own; every other agent
+    keeps one arena for all of its threads (docs/rendezvous.md, "The store's malloc arena and
+    real-time priority"). Sharing the one arena, the store's thread waited on its lock while a
+    thread of normal priority that held it was preempted, up to 2.5 s at 256 agents: the other
+    agents declared the store lost. Seen from outside in /proc/<pid>/maps: the host has at least
+    one thread arena (a 64 MiB-aligned heap) once its store served the round, b has none."""
+    gate = os.path.join(t.dir, "finish")
+    a = t.agent("a", "127.0.0.2", "2", "arenas", ["--exit-when", gate], conf=CONF)
+    b = t.agent("b", "127.0.0.3", "2", "arenas", ["--exit-when", gate], conf=CONF)
+    t.wait_for("both workers started",
+               lambda: all("started 1 worker" in n.stderr() for n in (a, b)), 30)
+    check("hosting the rendezvous store at " + t.endpoint() in a.stderr(),
+          "a hosts the store: %s" % a.stderr()[-400:])
+    check(store_thread(a.proc.pid), "a has a thread named ddprun-store")
+    check(len(os.listdir("/proc/%d/task" % b.proc.pid)) > 1,
+          "b runs more than one thread (its heartbeat's), which could have had arenas")
+    host, other = thread_arenas(a.proc.pid), thread_arenas(b.proc.pid)
+    print("thread arenas: a (host) %s, b %s" % (host, other))
+    check(len(host) >= 1, "the host's threads have arenas of their own: %s" % host)
+    check(other == [], "b's threads share the main arena (none of their own): %s" % other)
+    open(gate, "w").close()
+    for n in (a, b):
+        check(n.wait(30) == 0, "%s exits 0 (got %s): %s" % (n.name, n.proc.returncode,
+                                                          n.stderr()[-600:]))
+
+
 SCENARIOS = {f.__name__: f for f in (store_frozen_while_joining, store_lost_before_workers_start,
-                                     store_thread_stalled_on_host)}
+                                     store_thread_stalled_on_host, store_host_own_arena)}
 
 if __name__ == "__main__":
     sys.exit(run(SCENARIOS))
