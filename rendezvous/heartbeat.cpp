@@ -98,6 +98,7 @@ void HeartbeatWriter::run() {
         std::chrono::duration_cast<Millis>(lastAnswer_ + options_.timeout() - Clock::now());
     const bool judge = options_.ownStoreBound.count() <= 0;  // not the host's own store
     const Millis bound = judge ? std::max(left, options_.interval) : options_.ownStoreBound;
+    const auto beatStart = Clock::now();
     try {
       if (!conn_.store) {
         // The second beat: the writer's own connection, which connects at this beat's first
@@ -122,20 +123,23 @@ void HeartbeatWriter::run() {
       const auto silent = Clock::now() - lastAnswer_;
       if (judge && silent >= options_.timeout()) {
         // Unanswered for the keep-alive bound: a node this silent would be evicted; the store
-        // has stopped answering (a refused or reset connection fails sooner, below).
-        char what[256];
+        // has stopped answering (a refused or reset connection fails sooner, below). The line
+        // names the call that got no reply and how long this beat waited for it: an ADD cut at
+        // its timeout tells a silent store from a connect or handshake that never completed.
+        char what[320];
         std::snprintf(what, sizeof what,
                       "it stopped answering: no reply to this node's heartbeat for %.1f s (the "
-                      "keep-alive bound is %.1f s: heartbeat %.3g s x missed_heartbeats %d)",
+                      "keep-alive bound is %.1f s: heartbeat %.3g s x missed_heartbeats %d); "
+                      "the beat's call that failed, after %.1f s: ",
                       std::chrono::duration<double>(silent).count(),
                       std::chrono::duration<double>(options_.timeout()).count(),
                       std::chrono::duration<double>(options_.interval).count(),
-                      options_.missedBeats);
-        DDPRUN_LOG(DEBUG, "rendezvous") << "heartbeat: " << e.what();
+                      options_.missedBeats,
+                      std::chrono::duration<double>(Clock::now() - beatStart).count());
         lock.lock();
         const bool report = !stopping_;
         lock.unlock();
-        if (report) onError_(std::make_exception_ptr(NetworkError(what)));
+        if (report) onError_(std::make_exception_ptr(NetworkError(what + std::string(e.what()))));
         return;
       }
       // One retry (the next call reconnects, bounded as above), then give up.

@@ -28,6 +28,7 @@ TcpStoreOptions boundedLazyConnection(TcpStoreOptions options, Millis within) {
   options.timeout = within;
   options.connectTimeout = within;
   options.connectInConstructor = false;
+  options.answeredBefore = true;  // the agent joined through this store before its heartbeat
   return options;
 }
 

@@ -39,7 +39,8 @@ class RendezvousBackend {
 };
 
 // `options` for the heartbeat writer's connection (BoundedConnectFn): connected at its first
-// call, its connect, handshake and calls bounded by `within`.
+// call, its connect, handshake and calls bounded by `within`; a store that accepts it and does
+// not answer stopped answering (TcpStoreOptions::answeredBefore).
 TcpStoreOptions boundedLazyConnection(TcpStoreOptions options, Millis within);
 
 // A ddprun store over TCP; heartbeats when heartbeat.interval > 0.

@@ -164,9 +164,10 @@ void TcpStore::handshake() {
     if (authRequired) authenticate(c, challenge);
   } catch (const IoFailure& f) {
     conn_.reset();
-    if (f.timeout && connectedOnce_) {
-      // It answered this client before: the kernel still accepts connections for it (its
-      // listen backlog), but nothing replies. Stopped (SIGSTOP), hung, or its machine is.
+    if (f.timeout && (connectedOnce_ || options_.answeredBefore)) {
+      // It answered this client (or this process) before: the kernel still accepts connections
+      // for it (its listen backlog), but nothing replies. Stopped (SIGSTOP), hung, or its
+      // machine is.
       throw TimeoutError("the store at " + address_ + " stopped answering: it accepted a new "
                          "connection but did not reply to the handshake within " +
                          std::to_string(std::min(timeout(), kHandshakeTimeout).count()) +

@@ -45,6 +45,11 @@ struct TcpStoreOptions {
   // on a background thread whose owner must be able to stop it at once (a store that is gone
   // would otherwise hold the constructor, and the owner's join, for connectTimeout).
   bool connectInConstructor = true;
+  // true: the store has answered this process before, on another connection (the heartbeat
+  // writer's, made once the agent has joined through it). A first connect that it accepts and
+  // does not answer then says the store stopped answering, as a reconnect does, instead of
+  // doubting that a ddprun store listens there.
+  bool answeredBefore = false;
 };
 
 class TcpStore final : public Store {

@@ -9,6 +9,7 @@ import ctypes
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,6 +36,22 @@ TRAINING_CONF = FAST_CONF.replace("missed_heartbeats=3", "missed_heartbeats=6")
 
 class Failure(Exception):
     pass
+
+
+def named_the_call(node, endpoint, silence):
+    """The line `node`'s heartbeat wrote when it declared the store at `endpoint` lost, after
+    `silence` s without a reply, names the call that failed and how long the beat waited for it
+    ("...; the beat's call that failed, after S s: store at ENDPOINT: ADD 'KEY': ..."): S within
+    the silence, and the call's error naming the store."""
+    m = re.search(r"lost the rendezvous store at %s: it stopped answering: no reply to this "
+                  r"node's heartbeat for [0-9.]+ s \(the keep-alive bound is [^)]*\); the beat's "
+                  r"call that failed, after ([0-9.]+) s: (.+)$" % re.escape(endpoint),
+                  node.stderr(), re.M)
+    check(m, "%s names the heartbeat's call that failed: %s" % (node.name, node.stderr()[-800:]))
+    print("%s: the beat's call that failed, after %s s: %s" % (node.name, m.group(1), m.group(2)))
+    check(float(m.group(1)) <= silence + 0.05 and endpoint in m.group(2),
+          "%s: a wait within the %.1f s of silence, a call naming the store: %s"
+          % (node.name, silence, m.group(0)))
 
 
 def skip_unless_ci(why):

@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
-from harness import BIN, FAST_CONF, SKIP, Node, PtraceRefused, check, free_port, run, \
-    skip_unless_ci, stopped_thread, thread_state
+from harness import BIN, FAST_CONF, SKIP, Node, PtraceRefused, check, free_port, \
+    named_the_call, run, skip_unless_ci, stopped_thread, thread_state
 
 
 def pid_alive(pid):
@@ -456,7 +456,8 @@ def stopped_answering(t, node, endpoint):
     check(float(m.group(1)) >= 0.9, "%s measured %s s of silence, at least the bound" %
           (node.name, m.group(1)))
     check("is it a ddprun-store" not in err, "%s does not doubt what the store is" % node.name)
-    check(err.count("stopped answering") == 1, "%s says it once" % node.name)
+    named_the_call(node, endpoint, float(m.group(1)))
+    check(err.count("it stopped answering: no reply to this node's heartbeat") == 1, "%s says it once" % node.name)
 
 
 def store_host_frozen(t):

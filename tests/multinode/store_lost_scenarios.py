@@ -11,7 +11,8 @@ import signal
 import sys
 import time
 
-from harness import FAST_CONF, PtraceRefused, check, run, stopped_thread, thread_state
+from harness import FAST_CONF, PtraceRefused, check, named_the_call, run, stopped_thread, \
+    thread_state
 
 # read_timeout 30 s: an agent that is done within a few seconds was cut short by its heartbeat's
 # keep-alive bound (0.3 s x 3), not by a store call timing out.
@@ -28,7 +29,8 @@ def stopped_answering(node, endpoint):
     check(m, "%s says the store at %s stopped answering: %s" % (node.name, endpoint, err[-800:]))
     check(float(m.group(1)) >= BOUND, "%s measured %s s of silence, at least the bound" %
           (node.name, m.group(1)))
-    check(err.count("stopped answering") == 1, "%s says it once: %s" % (node.name, err[-800:]))
+    named_the_call(node, endpoint, float(m.group(1)))
+    check(err.count("it stopped answering: no reply to this node's heartbeat") == 1, "%s says it once: %s" % (node.name, err[-800:]))
 
 
 def nothing_after_loss(node):

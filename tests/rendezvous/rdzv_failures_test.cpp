@@ -199,7 +199,11 @@ TEST_CASE("a store silent before the heartbeat writer's own connect is reported 
   REQUIRE(f.wait_for(Millis(15'000)) == std::future_status::ready);
   const auto reported = std::chrono::duration_cast<Millis>(Clock::now() - t0);
   CHECK(connects == 1);
-  CHECK_THAT(f.get(), Catch::Contains("stopped answering"));
+  const std::string what = f.get();
+  CHECK_THAT(what, Catch::Contains("stopped answering"));
+  // It names the call that got no reply (here the writer's connect to the silent listener).
+  CHECK_THAT(what, Catch::Contains("; the beat's call that failed, after "));
+  CHECK_THAT(what, Catch::Contains("127.0.0.1:" + std::to_string(listener.port())));
   // The keep-alive bound is 300 ms from the first beat (a retry may add an interval); slack
   // for a loaded machine, far below the unbounded handshake's 10 s.
   CHECK(reported < Millis(3'000));
