@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <arpa/inet.h>
 
+#include <array>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -66,13 +67,16 @@ struct TwoNodes {
     node1 = std::make_unique<Job>(agent(1, port, dir.path(), flags, epochs), env,
                                   dir / "node1.log");
   }
-  // Both exit codes (bounded); the output of each in the test's log.
-  std::pair<int, int> finish() {
+  // Both agents' ends (bounded), each required to exit 0 (both outputs in the failure's
+  // message); returns node 0's output and node 1's.
+  std::pair<std::string, std::string> finish() {
     const int a = node0->wait(kJobTimeout);
     const int b = node1->wait(kJobTimeout);
-    INFO("node 0:\n" << node0->output());
-    INFO("node 1:\n" << node1->output());
-    return {a, b};
+    const std::string out0 = node0->output(), out1 = node1->output();
+    INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+    REQUIRE(a == 0);
+    REQUIRE(b == 0);
+    return {out0, out1};
   }
 };
 
@@ -82,11 +86,9 @@ const TempDir& referenceRun() {
   if (dir) return *dir;
   dir = std::make_unique<TempDir>();
   TwoNodes job(*dir, {});
-  const auto [a, b] = job.finish();
-  INFO(job.node0->output() << "\n" << job.node1->output());
-  REQUIRE(a == 0);
-  REQUIRE(b == 0);
-  REQUIRE_THAT(job.node0->output(), Contains("done: "));
+  const auto [out0, out1] = job.finish();
+  INFO(out0 << "\n" << out1);
+  REQUIRE_THAT(out0, Contains("done: "));
   return *dir;
 }
 
@@ -98,6 +100,19 @@ pid_t waitForWorker(Job& job, int rank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return -1;
+}
+
+// Once node 0 has checkpointed step 20: the pids of ranks 0 and 1 (node 0) and 2 and 3 (node 1),
+// each required found.
+std::array<pid_t, 4> workersAfterCheckpoint(TwoNodes& job, const TempDir& dir) {
+  REQUIRE(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout));
+  std::array<pid_t, 4> r;
+  for (int k = 0; k < 4; ++k) r[k] = waitForWorker(k < 2 ? *job.node0 : *job.node1, k);
+  for (int k = 0; k < 4; ++k) {
+    INFO("rank " << k);
+    REQUIRE(r[k] > 0);
+  }
+  return r;
 }
 
 // The pid in the line "spare <id> (pid P) ready: loaded" of `job`'s output (its spare set its
@@ -123,21 +138,12 @@ TEST_CASE("two nodes, replace: a worker of node 1 SIGKILLed is replaced by its a
   const auto& reference = referenceRun();
   TempDir dir;
   TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process"});
-  REQUIRE(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout));
-  const pid_t r0 = waitForWorker(*job.node0, 0), r1 = waitForWorker(*job.node0, 1);
-  const pid_t r2 = waitForWorker(*job.node1, 2), r3 = waitForWorker(*job.node1, 3);
-  REQUIRE(r0 > 0);
-  REQUIRE(r1 > 0);
-  REQUIRE(r2 > 0);
-  REQUIRE(r3 > 0);
+  const auto [r0, r1, r2, r3] = workersAfterCheckpoint(job, dir);
   REQUIRE(::kill(r2, SIGKILL) == 0);
   REQUIRE(waitForOutput(*job.node1, "rank 2 joined generation 1", kJobTimeout));
   for (pid_t p : {r0, r1, r3}) CHECK(::kill(p, 0) == 0);
-  const auto [a, b] = job.finish();
-  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
-  REQUIRE(a == 0);
-  REQUIRE(b == 0);
   CHECK_THAT(out1, Contains("rank 2 (local rank 0, pid " + std::to_string(r2) + ") failed: "
                             "signal 9 (SIGKILL); recovering in process (generation 1): the other "
                             "workers of every node keep running, a new rank 2 is starting "
@@ -159,22 +165,13 @@ TEST_CASE("two nodes, shrink: a worker of node 1 SIGKILLed, the group goes on at
   TempDir dir;
   TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink"},
                {{"DDPRUN_SAMPLE_LOG", dir / "samples"}});
-  REQUIRE(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout));
-  const pid_t r0 = waitForWorker(*job.node0, 0), r1 = waitForWorker(*job.node0, 1);
-  const pid_t r2 = waitForWorker(*job.node1, 2), r3 = waitForWorker(*job.node1, 3);
-  REQUIRE(r0 > 0);
-  REQUIRE(r1 > 0);
-  REQUIRE(r2 > 0);
-  REQUIRE(r3 > 0);
+  const auto [r0, r1, r2, r3] = workersAfterCheckpoint(job, dir);
   REQUIRE(::kill(r2, SIGKILL) == 0);
   REQUIRE(waitForOutput(*job.node1, "as rank 2 of 3 (was rank 3 of 4; the group shrank)",
                         kJobTimeout));
   for (pid_t p : {r0, r1, r3}) CHECK(::kill(p, 0) == 0);
-  const auto [a, b] = job.finish();
-  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
-  REQUIRE(a == 0);
-  REQUIRE(b == 0);
   CHECK_THAT(out1, Contains("rank 2 (local rank 0, pid " + std::to_string(r2) + ") failed: "
                             "signal 9 (SIGKILL); recovering in process (generation 1): the group "
                             "shrinks from 4 to 3 rank(s), the others of every node keep running "
@@ -210,11 +207,8 @@ TEST_CASE("two nodes, --spares=1: node 1's waiting spare takes the rank of node 
   REQUIRE(::kill(r3, SIGKILL) == 0);
   REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
   for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
-  const auto [a, b] = job.finish();
-  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
-  REQUIRE(a == 0);
-  REQUIRE(b == 0);
   CHECK(std::regex_search(out1, std::regex(R"(rank 3 \(local rank 1, pid \d+\) failed: signal 9 )"
                                            R"(\(SIGKILL\); recovering in process \(generation 1\): )"
                                            R"(the other workers of every node keep running, spare 1 )"
@@ -265,11 +259,8 @@ TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on
   REQUIRE(::kill(r3, SIGKILL) == 0);
   REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
   CHECK(::kill(r0, 0) == 0);
-  const auto [a, b] = job.finish();
-  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
-  REQUIRE(a == 0);
-  REQUIRE(b == 0);
   CHECK_THAT(out1, Contains("recovering in process (generation 1): the other workers of every "
                             "node keep running, spare 7 (pid " + std::to_string(spare7) +
                             ") takes rank 3"));
@@ -308,11 +299,8 @@ TEST_CASE("two nodes, --spares=1: node 1's spares killed as they start, three in
   REQUIRE(r3 > 0);
   REQUIRE(::kill(r3, SIGKILL) == 0);
   REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
-  const auto [a, b] = job.finish();
-  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
-  REQUIRE(a == 0);
-  REQUIRE(b == 0);
   const std::string p1 = std::to_string(pids[0]), p3 = std::to_string(pids[1]),
                     p5 = std::to_string(pids[2]);
   CHECK_THAT(out1, Contains("spare 1 (pid " + p1 + ") died before it was ready (signal 9 "
@@ -345,20 +333,11 @@ TEST_CASE("two nodes, a worker of each SIGKILLed at once: two generations (numbe
   const auto& reference = referenceRun();
   TempDir dir;
   TwoNodes job(dir, {"--max-restarts=2", "--recovery=in-process"});
-  REQUIRE(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout));
-  const pid_t r0 = waitForWorker(*job.node0, 0), r1 = waitForWorker(*job.node0, 1);
-  const pid_t r2 = waitForWorker(*job.node1, 2), r3 = waitForWorker(*job.node1, 3);
-  REQUIRE(r0 > 0);
-  REQUIRE(r1 > 0);
-  REQUIRE(r2 > 0);
-  REQUIRE(r3 > 0);
+  const auto [r0, r1, r2, r3] = workersAfterCheckpoint(job, dir);
   REQUIRE(::kill(r1, SIGKILL) == 0);
   REQUIRE(::kill(r2, SIGKILL) == 0);
-  const auto [a, b] = job.finish();
-  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
-  REQUIRE(a == 0);
-  REQUIRE(b == 0);
   // The survivors kept their processes: they ran to the end (the job's exit waited for them).
   CHECK(std::regex_search(out0, std::regex(R"(rank 0 recovered in process in \d+ ms)")));
   CHECK(std::regex_search(out1, std::regex(R"(rank 3 recovered in process in \d+ ms)")));
@@ -425,11 +404,8 @@ TEST_CASE("two nodes, --spares=2: each node's first spare stopped before it was 
     REQUIRE(waitForOutput(*nodes[n], "rank " + std::to_string(deadRank[n]) + " joined "
                                      "generation " + g, kJobTimeout));
   }
-  const auto [a, b] = job.finish();
-  const std::string out0 = job.node0->output(), out1 = job.node1->output();
+  const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
-  REQUIRE(a == 0);
-  REQUIRE(b == 0);
   CHECK_THAT(out1, Contains("recovering in process (generation 1): the other workers of every "
                             "node keep running, spare 3 (pid " + std::to_string(ready[1]) +
                             ") takes rank 3"));
