@@ -65,10 +65,8 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to
   REQUIRE(::kill(moved, SIGKILL) == 0);
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 2", kJobTimeout));
   for (pid_t p : {r0, r2, next}) CHECK(::kill(p, 0) == 0);
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   CHECK_THAT(out0, Contains("generation 1: spare 0 (pid " + std::to_string(moved) +
                             ") of this node takes rank 1 (local rank 1) of a lost node"));
   CHECK(std::regex_search(out0, std::regex(
@@ -99,10 +97,8 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, the spare given i
   REQUIRE(waitForOutput(*job.at[0], "generation 1: spare 0 (pid " + std::to_string(moved) +
                                         ") of this node takes rank 1", kJobTimeout));
   REQUIRE(::kill(moved, SIGKILL) == 0);
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   CHECK_THAT(out0, Contains("rank 1 (local rank 1, pid " + std::to_string(moved) + ") failed: "
                             "signal 9 (SIGKILL)"));
   CHECK_THAT(out0, !Contains("joined generation 1 and healed"));
@@ -150,12 +146,11 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
   REQUIRE(waitForOutput(*job.at[0], "the third in a row: no more spares for this group",
                         kJobTimeout));
   REQUIRE(::kill(moved, SIGKILL) == 0);
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  // Both survivors exit 0 (waitForEnd requires it). Before the check came ahead of the budget,
+  // the recovery spent restart 2 of 2 and then restarted the group, a failure reported afresh
+  // with no restart left: the job failed.
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  // Before the check came ahead of the budget, the recovery spent restart 2 of 2 and then
-  // restarted the group, a failure reported afresh with no restart left: the job failed.
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   CHECK_THAT(out0, Contains("--recovery=in-process: rank 1 had moved to this node from a lost "
                             "node, and no spare of this node is waiting to take it"));
   CHECK_THAT(out0, !Contains("recovering in process (generation 2)"));
@@ -204,10 +199,8 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   REQUIRE(::kill(job.store->pid(), SIGCONT) == 0);
   REQUIRE(reaped);
   REQUIRE(spareReaped);
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   REQUIRE_THAT(out0, !Contains("spare 9 (pid " + std::to_string(last) + ") ready"));
   CHECK_THAT(out0, Contains("spare 9 (pid " + std::to_string(last) + ") died before it was "
                             "ready (signal 9 (SIGKILL)), the third in a row"));

@@ -52,15 +52,11 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank taken by
   job.loseNodeRank1();
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   for (pid_t p : {r0, r2, spare}) CHECK(::kill(p, 0) == 0);
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   // One writer, one record, one restart spent; the spare's agent (here the writer's own) gives
   // it the rank in the slot after its node's own.
-  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node )" + escaped(lostAddr) +
-                                           R"(-\S+ was evicted: no heartbeat for 900 ms \(lost in )"
-                                           R"(process\); recovering in process \(generation 1\): )"
+  CHECK(std::regex_search(out0, std::regex(lostInProcessRe(lostAddr) +
                                            R"(its rank\(s\) are taken by spares of other nodes )"
                                            R"(\(rank 1 by spare 0 of node rank 0\), the workers of )"
                                            R"(every other node keep running \(restart 1 of 1 )"
@@ -115,10 +111,8 @@ TEST_CASE("three nodes, replace, --spares=1, one rank per node: the spare templa
   job.loseNodeRank1();
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
   for (pid_t p : {r0, r2, forked}) CHECK(::kill(p, 0) == 0);
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   CHECK_THAT(out0, !Contains("threads when it calls init()"));
   CHECK_THAT(out0, !Contains("the spare template (pid " + std::to_string(templ) + ") exited"));
   // The fork sized its pools as a rank's process: LibTorch by its own rule, OpenBLAS from the
@@ -160,10 +154,8 @@ TEST_CASE("three nodes, replace, --spares=1, no spare ready: node rank 1 lost, t
   REQUIRE(waitForOutput(*job.at[0], "need as many ready spares", kJobTimeout));
   // Our own stopped spares: let them take the group's stop.
   for (pid_t p : {s0, s2}) ::kill(p, SIGCONT);
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   CHECK(std::regex_search(out0, std::regex(R"(node rank 1 \(\S+\) was lost; it is not recovered )"
                                            R"(in process: --recovery-policy=replace: its 1 )"
                                            R"(rank\(s\) need as many ready spares on the other )"
@@ -191,16 +183,11 @@ TEST_CASE("three nodes, shrink: node rank 1's agent and worker SIGKILLed, node r
   REQUIRE(waitForOutput(*job.at[2], "as rank 1 of 2 (was rank 2 of 3; the group shrank)",
                         kJobTimeout));
   for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   // One writer, node rank 0's agent: one restart spent, node rank 1's rank removed.
-  CHECK(std::regex_search(out0, std::regex(R"(node rank 1 was lost: node )" + escaped(lostAddr) +
-                                           R"(-\S+ was )"
-                                           R"(evicted: no heartbeat for 900 ms \(lost in process\); )"
-                                           R"(recovering in process \(generation 1\): its )"
-                                           R"(rank\(s\) 1 are removed, the group shrinks from 3 )"
+  CHECK(std::regex_search(out0, std::regex(lostInProcessRe(lostAddr) +
+                                           R"(its rank\(s\) 1 are removed, the group shrinks from 3 )"
                                            R"(to 2 rank\(s\), the workers of every other node )"
                                            R"(keep running \(restart 1 of 1 spent\))")));
   CHECK_THAT(out2, Contains("generation 1 of the worker group (another node recovered in "
@@ -229,10 +216,8 @@ TEST_CASE("three nodes, shrink:3: node rank 1 lost below the job's minimum, the 
   REQUIRE(job.findRanks());
   REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
   job.loseNodeRank1();
-  const auto [a, c, out0, out2] = job.waitForEnd();
+  const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
-  REQUIRE(a == 0);
-  REQUIRE(c == 0);
   CHECK(std::regex_search(out0, std::regex(R"(node rank 1 \(\S+\) was lost; it is not recovered )"
                                            R"(in process: --recovery-policy=shrink: without its 1 )"
                                            R"(rank\(s\) the group would have 2, below the job's )"
