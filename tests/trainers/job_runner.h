@@ -222,6 +222,19 @@ inline bool waitForOutput(Job& job, const std::string& text, std::chrono::second
   return true;
 }
 
+// Hot spare `id` of `agent` the moment it appears, forked from the spare template (its line in
+// the agent's output) or exec'd (by /proc), polled every millisecond so that a test can signal
+// it long before it loads; -1 when the agent exited first or `timeout` passed.
+inline pid_t waitForStartingSpare(Job& agent, int id, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline && !agent.exited()) {
+    if (const pid_t p = forkedSparePid(agent.output(), id); p > 0) return p;
+    if (const pid_t p = sparePid(agent.pid(), id, "mnist_mlp"); p > 0) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return -1;
+}
+
 // The pids of ranks 0..n-1 of `program` under `launcher`, as the environment of their start
 // says (RANK; -1 for a rank not found).
 inline std::vector<pid_t> workerPids(pid_t launcher, int n, const std::string& program) {

@@ -132,13 +132,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
   // Node rank 0's next spares (3, 6, 9) SIGKILLed as they start: three dead before they were
   // ready end the spares of its group, so none waits when the moved rank dies.
   for (int id : {3, 6, 9}) {
-    pid_t p = -1;
-    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-    while (p <= 0 && std::chrono::steady_clock::now() < deadline && !job.at[0]->exited()) {
-      p = forkedSparePid(job.at[0]->output(), id);
-      if (p <= 0) p = sparePid(job.at[0]->pid(), id, "mnist_mlp");
-      if (p <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    const pid_t p = waitForStartingSpare(*job.at[0], id, kJobTimeout);
     INFO("spare " << id);
     REQUIRE(p > 0);
     REQUIRE(::kill(p, SIGKILL) == 0);
@@ -174,13 +168,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   // replaced, and the new spare could take the rank).
   pid_t last = -1;
   for (int id : {3, 6, 9}) {
-    pid_t p = -1;
-    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-    while (p <= 0 && std::chrono::steady_clock::now() < deadline && !job.at[0]->exited()) {
-      p = forkedSparePid(job.at[0]->output(), id);
-      if (p <= 0) p = sparePid(job.at[0]->pid(), id, "mnist_mlp");
-      if (p <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    const pid_t p = waitForStartingSpare(*job.at[0], id, kJobTimeout);
     INFO("spare " << id);
     REQUIRE(p > 0);
     REQUIRE(::kill(p, id != 9 ? SIGKILL : SIGSTOP) == 0);

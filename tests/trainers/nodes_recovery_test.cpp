@@ -283,12 +283,7 @@ TEST_CASE("two nodes, --spares=1: node 1's spares killed as they start, three in
   pid_t pids[3] = {-1, -1, -1};
   for (int i = 0; i < 3; ++i) {
     const int id = 2 * i + 1;
-    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-    while (pids[i] <= 0 && std::chrono::steady_clock::now() < deadline && !job.node1->exited()) {
-      pids[i] = forkedSparePid(job.node1->output(), id);
-      if (pids[i] <= 0) pids[i] = sparePid(job.node1->pid(), id, "mnist_mlp");
-      if (pids[i] <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    pids[i] = waitForStartingSpare(*job.node1, id, kJobTimeout);
     INFO("spare " << id);
     REQUIRE(pids[i] > 0);
     REQUIRE(::kill(pids[i], signals[i]) == 0);
