@@ -11,6 +11,34 @@
 using namespace ddprun;
 using namespace ddprun::rendezvous;
 
+namespace {
+
+// Nodes n0 .. n<count - 1> (addresses 10.0.0.1, .2, ...; the 251st is .1 again) join one after
+// another through `log`; the last version written (closed when `count` fills the round).
+Versioned joinNodes(StateLog& log, const JobLimits& lim, int count) {
+  Versioned v = log.latest();
+  for (int i = 0; i < count; ++i) {
+    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i % 250 + 1)};
+    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
+  }
+  return v;
+}
+
+// `s` with its lists loaded by `reader`.
+RoundState hydrated(StateLog& reader, RoundState s) {
+  reader.hydrate(s);
+  return s;
+}
+
+// `s` written as version `version` of the store (as anyone with access to it could), read back by
+// `reader` (unloaded: hydrate() is what checks the lists it names).
+RoundState writeAndRead(MemoryStore& store, StateLog& reader, int64_t version, const RoundState& s) {
+  store.set(stateKey(version), encodeState(s));
+  return reader.read(version).state;
+}
+
+}  // namespace
+
 TEST_CASE("16 threads join through one log: every join lands exactly once", "[rdzv][log]") {
   auto store = std::make_shared<MemoryStore>();
   const JobLimits lim{.minNodes = 16, .maxNodes = 16};
@@ -228,9 +256,7 @@ TEST_CASE("spilled lists: a version names the member list, readers get their own
     CHECK(traffic->roundTrips == 4);
   }
   // Loading the lists gives the state back.
-  RoundState h = c.state;
-  reader.hydrate(h);
-  CHECK(h == v.state);
+  CHECK(hydrated(reader, c.state) == v.state);
   // The job is full: a ninth node waits, on a spilled waiting list (the members keep their list).
   const NodeInfo ninth{.id = "n8", .addr = "10.0.0.9"};
   Versioned w = log.update(c, [&](const RoundState& s) {
@@ -293,11 +319,7 @@ TEST_CASE("spilled lists: a restart expects the member list back without writing
   auto store = std::make_shared<MemoryStore>();
   const JobLimits lim{.minNodes = 4, .maxNodes = 4, .maxRestarts = 2};
   StateLog log(*store, lim, /*spill=*/true);
-  Versioned v = log.latest();
-  for (int i = 0; i < 4; ++i) {
-    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
-    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
-  }
+  Versioned v = joinNodes(log, lim, 4);
   REQUIRE(v.state.phase == Phase::Closed);
   const std::vector<NodeInfo> members = v.state.members;
   StateLog reader(*store, lim);
@@ -315,8 +337,7 @@ TEST_CASE("spilled lists: a restart expects the member list back without writing
   CHECK(slotTarget(joining.state, lim) == 4);
   CHECK(store->get(stateKey(f.version)).find("expected-list") != std::string::npos);
   // Loaded, it is the state the transition made: each member expected with its node rank.
-  RoundState h = joining.state;
-  reader.hydrate(h);
+  const RoundState h = hydrated(reader, joining.state);
   CHECK(h == f.state);
   REQUIRE(h.expected.size() == 4);
   for (int i = 0; i < 4; ++i) {
@@ -343,11 +364,7 @@ TEST_CASE("spilled lists: an in-process recovery and a failure report of a round
     auto store = std::make_shared<MemoryStore>();
     const JobLimits lim{.minNodes = n, .maxNodes = n, .maxRestarts = 3};
     StateLog log(*store, lim, /*spill=*/true);
-    Versioned v = log.latest();
-    for (int i = 0; i < n; ++i) {
-      NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i % 250 + 1)};
-      v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
-    }
+    Versioned v = joinNodes(log, lim, n);
     REQUIRE(v.state.phase == Phase::Closed);
     const RoundState full = v.state;  // loaded: the closer's
     const int64_t round = full.round;
@@ -409,11 +426,7 @@ TEST_CASE("spilled lists: an eviction from a closed round writes no list (the me
   auto store = std::make_shared<MemoryStore>();
   const JobLimits lim{.minNodes = 2, .maxNodes = 4, .maxRestarts = 2};
   StateLog log(*store, lim, /*spill=*/true);
-  Versioned v = log.latest();
-  for (int i = 0; i < 4; ++i) {
-    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
-    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
-  }
+  Versioned v = joinNodes(log, lim, 4);
   REQUIRE(v.state.phase == Phase::Closed);
   const std::vector<NodeInfo> members = v.state.members;
   const std::optional<RoundState> expect = transition::remove(v.state, "n1", "gone", lim);
@@ -433,9 +446,7 @@ TEST_CASE("spilled lists: an eviction from a closed round writes no list (the me
   CHECK(joining.state.expectedCount() == 3);
   CHECK(slotTarget(joining.state, lim) == 3);
   CHECK(store->get(stateKey(e.version)).find("expected-list") != std::string::npos);
-  RoundState h = joining.state;
-  reader.hydrate(h);
-  CHECK(h == *expect);
+  CHECK(hydrated(reader, joining.state) == *expect);
   // The ring and positions skip the evicted node.
   CHECK_FALSE(position(*store, joining.state, RoundState::List::Expected, "n1"));
   CHECK(ringTarget(*store, joining.state, "n0") == "n2");
@@ -445,8 +456,7 @@ TEST_CASE("spilled lists: an eviction from a closed round writes no list (the me
   CHECK(decodeState(encodeState(joining.state), "k") == joining.state);
   RoundState forged = joining.state;
   forged.expectedList.without = "zz";
-  store->set(stateKey(e.version + 1), encodeState(forged));
-  RoundState g = reader.read(e.version + 1).state;
+  RoundState g = writeAndRead(*store, reader, e.version + 1, forged);
   CHECK_THROWS_WITH(reader.hydrate(g), Catch::Contains("leaves out"));
 }
 
@@ -459,11 +469,7 @@ TEST_CASE("spilled lists: a full round's waiting list by counters writes no vers
   auto store = std::make_shared<MemoryStore>();
   const JobLimits lim{.minNodes = 2, .maxNodes = 4, .maxRestarts = 2};
   StateLog log(*store, lim, /*spill=*/true);
-  Versioned v = log.latest();
-  for (int i = 0; i < 4; ++i) {
-    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
-    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
-  }
+  Versioned v = joinNodes(log, lim, 4);
   REQUIRE(v.state.phase == Phase::Closed);
   const int64_t r = v.state.round;
   const NodeInfo n8{.id = "n8", .addr = "10.0.0.8", .nproc = 2}, n9{.id = "n9", .addr = "10.0.0.9"};
@@ -493,9 +499,7 @@ TEST_CASE("spilled lists: a full round's waiting list by counters writes no vers
   CHECK(joining.state.expectedCount() == 6);
   CHECK(slotTarget(joining.state, lim) == 4);
   CHECK(store->get(stateKey(e.version)).find("waiting 3") != std::string::npos);
-  RoundState h = joining.state;
-  reader.hydrate(h);
-  CHECK(h == *expect);
+  CHECK(hydrated(reader, joining.state) == *expect);
   // Positions and the ring: the waiting nodes after the members, in their order.
   CHECK(position(*store, joining.state, RoundState::List::Expected, "n9")->index == 5);
   CHECK_FALSE(position(*store, joining.state, RoundState::List::Expected, "n1"));
@@ -512,8 +516,7 @@ TEST_CASE("spilled lists: a full round's waiting list by counters writes no vers
   RoundState forged = joining.state;
   forged.expectedList.waiting = 9;
   forged.expectedList.count += 6;
-  store->set(stateKey(e.version + 1), encodeState(forged));
-  RoundState g = reader.read(e.version + 1).state;
+  RoundState g = writeAndRead(*store, reader, e.version + 1, forged);
   CHECK_THROWS_WITH(reader.hydrate(g), Catch::Contains("waiting entries never written"));
 }
 
@@ -554,11 +557,7 @@ TEST_CASE("spilled lists: an arrival into a running round with room writes no li
   auto store = std::make_shared<MemoryStore>();
   const JobLimits lim{.minNodes = 3, .maxNodes = 4, .maxRestarts = 2};
   StateLog log(*store, lim, /*spill=*/true);
-  Versioned v = log.latest();
-  for (int i = 0; i < 3; ++i) {
-    NodeInfo me{.id = "n" + std::to_string(i), .addr = "10.0.0." + std::to_string(i + 1)};
-    v = log.update(v, [&](const RoundState& s) { return transition::join(s, me, lim); }).now;
-  }
+  Versioned v = joinNodes(log, lim, 3);
   v = log.update(v, [&](const RoundState& s) { return transition::closeAtDeadline(s, s.round, lim); }).now;
   REQUIRE(v.state.phase == Phase::Closed);
   const NodeInfo late{.id = "n9", .addr = "10.0.0.9"};
@@ -573,9 +572,7 @@ TEST_CASE("spilled lists: an arrival into a running round with room writes no li
   CHECK(joining.state.expectedList.with == "n9");
   CHECK(joining.state.expectedCount() == 4);
   CHECK(slotTarget(joining.state, lim) == 4);
-  RoundState h = joining.state;
-  reader.hydrate(h);
-  CHECK(h == *expect);
+  CHECK(hydrated(reader, joining.state) == *expect);
   CHECK(ringTarget(*store, joining.state, "n2") == "n9");
   CHECK(ringTarget(*store, joining.state, "n9") == "n0");
   CHECK(ringTarget(*store, joining.state, "n0") == "n1");
