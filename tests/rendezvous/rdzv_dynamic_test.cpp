@@ -19,6 +19,25 @@ bool eventually(Pred pred) {
   }
   return false;
 }
+
+// `o` with node ranks in arrival order (`arrival`, the default) or rank_order=stable.
+DynamicRendezvousOptions withRankOrder(DynamicRendezvousOptions o, bool arrival) {
+  o.arrivalRanks = arrival;
+  return o;
+}
+
+// The event each of `agents` hears next, each required within 5 s and checked to say that its
+// round was superseded.
+std::vector<RoundEvent> superseded(std::initializer_list<Agent*> agents) {
+  std::vector<RoundEvent> events;
+  for (Agent* x : agents) {
+    auto e = x->events.next(Millis(5'000));
+    REQUIRE(e);
+    CHECK(e->kind == RoundEvent::Kind::Superseded);
+    events.push_back(*e);
+  }
+  return events;
+}
 }  // namespace
 
 // Node ranks in arrival order (the default, as torchrun): dense, unique, node rank 0 names the
@@ -79,9 +98,7 @@ TEST_CASE("MIN:MAX: the last call closes with MIN, an arrival starts a new round
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 3};
   auto opts = [&](int n) {
-    auto o = agentOptions(server.port(), "elastic", n, lim);
-    o.arrivalRanks = arrival;
-    return o;
+    return withRankOrder(agentOptions(server.port(), "elastic", n, lim), arrival);
   };
   auto a = makeAgent(opts(7));
   auto b = makeAgent(opts(3));
@@ -99,12 +116,9 @@ TEST_CASE("MIN:MAX: the last call closes with MIN, an arrival starts a new round
   // A third node arrives while the job runs: both running agents hear of it at once.
   auto c = makeAgent(opts(1));
   auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
-  for (Agent* x : {a.get(), b.get()}) {
-    auto e = x->events.next(Millis(5'000));
-    REQUIRE(e);
-    CHECK(e->kind == RoundEvent::Kind::Superseded);
-    CHECK(e->round == 0);
-    CHECK(e->message.find("arrived") != std::string::npos);
+  for (const RoundEvent& e : superseded({a.get(), b.get()})) {
+    CHECK(e.round == 0);
+    CHECK(e.message.find("arrived") != std::string::npos);
   }
   const auto t1 = Clock::now();
   auto r1 = allNextRound({a.get(), b.get()});
@@ -131,20 +145,15 @@ TEST_CASE("a clean leave re-forms the others without it", "[rdzv][dynamic]") {
   ThreadedStoreServer server({.host = "127.0.0.1", .port = 0});
   const JobLimits lim{.minNodes = 1, .maxNodes = 3};
   auto opts = [&](int n) {
-    auto o = agentOptions(server.port(), "leave", n, lim);
-    o.arrivalRanks = arrival;
-    return o;
+    return withRankOrder(agentOptions(server.port(), "leave", n, lim), arrival);
   };
   auto a = makeAgent(opts(2));
   auto b = makeAgent(opts(3));
   auto c = makeAgent(opts(4));
   allNextRound({a.get(), b.get(), c.get()});  // MAX reached: closes at once
   a->rdzv->leave("SIGTERM");
-  for (Agent* x : {b.get(), c.get()}) {
-    auto e = x->events.next(Millis(5'000));
-    REQUIRE(e);
-    CHECK(e->kind == RoundEvent::Kind::Superseded);
-    CHECK(e->message.find("left: SIGTERM") != std::string::npos);
+  for (const RoundEvent& e : superseded({b.get(), c.get()})) {
+    CHECK(e.message.find("left: SIGTERM") != std::string::npos);
   }
   auto r = allNextRound({b.get(), c.get()});
   CHECK(r[0].nodeCount == 2);
@@ -176,11 +185,7 @@ TEST_CASE("a round watcher on its agent's connection: one event per round, the c
   CHECK(a->rdzv->roundMembers().size() == 2);
   auto c = makeAgent(opts(4));
   auto fc = std::async(std::launch::async, [&] { return c->rdzv->nextRound(); });
-  for (Agent* x : {a.get(), b.get()}) {
-    auto e = x->events.next(Millis(5'000));
-    REQUIRE(e);
-    CHECK(e->kind == RoundEvent::Kind::Superseded);
-  }
+  superseded({a.get(), b.get()});
   std::this_thread::sleep_for(Millis(200));
   CHECK(a->events.size() == 0);  // once per round, the pause notwithstanding
   auto r = allNextRound({a.get(), b.get()});
@@ -190,11 +195,8 @@ TEST_CASE("a round watcher on its agent's connection: one event per round, the c
   // lost store.
   a->rdzv->interrupt();
   a->rdzv->leave("SIGTERM");
-  for (Agent* x : {b.get(), c.get()}) {
-    auto e = x->events.next(Millis(5'000));
-    REQUIRE(e);
-    CHECK(e->kind == RoundEvent::Kind::Superseded);
-    CHECK(e->message.find("left: SIGTERM") != std::string::npos);
+  for (const RoundEvent& e : superseded({b.get(), c.get()})) {
+    CHECK(e.message.find("left: SIGTERM") != std::string::npos);
   }
   CHECK(a->events.size() == 0);
 }
