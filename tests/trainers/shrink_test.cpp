@@ -63,6 +63,15 @@ int finish(Job& job) {
   return code;
 }
 
+// The job's end (bounded), required to exit 0 (its output in the failure's message); its output.
+std::string finishOk(Job& job) {
+  const int code = finish(job);
+  const std::string out = job.output();
+  INFO(out);
+  REQUIRE(code == 0);
+  return out;
+}
+
 void checkExactlyOnce(const std::string& log, int64_t epoch, int finalWorld) {
   checkEpochExactlyOnce(log, epoch, finalWorld, {.examples = kExamples, .batch = kBatch,
                                                  .seed = kSeed});
@@ -80,16 +89,21 @@ std::vector<int> worldSequence(const std::string& log, int epochs) {
   return seq;
 }
 
-// The pids of ranks 0..n-1 (each found), once the job has checkpointed step 20: every rank
-// holds the training state by then.
-std::vector<pid_t> ranksOf(Job& job, const TempDir& dir, int n) {
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
+// The pids of ranks 0..n-1 now, each required found.
+std::vector<pid_t> ranksNow(Job& job, int n) {
   const auto pids = workerPids(job.pid(), n, "mnist_mlp");
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     REQUIRE(pids[r] > 0);
   }
   return pids;
+}
+
+// The pids of ranks 0..n-1 (each found), once the job has checkpointed step 20: every rank
+// holds the training state by then.
+std::vector<pid_t> ranksOf(Job& job, const TempDir& dir, int n) {
+  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
+  return ranksNow(job, n);
 }
 
 // Long enough at two ranks (24 epochs of ~0.5 s here) for the replacement, which starts under
@@ -116,10 +130,8 @@ TEST_CASE("a rank of three SIGKILLed: the other two go on at two ranks in their 
   REQUIRE(waitForOutput(job, "the group grew", kJobTimeout));
   CHECK(::kill(zero, 0) == 0);
   CHECK(::kill(two, 0) == 0);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = finishOk(job);
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, Contains("rank 1 (local rank 1, pid " + std::to_string(one) + ") failed: "
                            "signal 9 (SIGKILL); recovering in process (generation 1): the group "
                            "shrinks from 3 to 2 rank(s), the others keep running (restart 1 of 1 "
@@ -187,10 +199,8 @@ TEST_CASE("grow back: the replacement SIGKILLed before it healed, the job goes o
   REQUIRE(published);
   REQUIRE(named);
   const std::string newcomer = m[1];
-  const int code = finish(job);
-  out = job.output();
+  out = finishOk(job);
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, Contains("grow back: the replacement, rank 1 (local rank 1, pid " + newcomer +
                            "), died before it healed: signal 9 (SIGKILL); the group goes on "
                            "without it and grows back no more"));
@@ -215,10 +225,8 @@ TEST_CASE("rank 0 SIGKILLed, the survivor that becomes rank 0 reports and saves,
           sampleLogEnv(dir), dir / "log");
   const pid_t zero = ranksOf(job, dir, 3)[0];
   REQUIRE(::kill(zero, SIGKILL) == 0);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = finishOk(job);
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, Contains("rank 0 (local rank 0, pid " + std::to_string(zero) + ") failed: "
                            "signal 9 (SIGKILL); recovering in process (generation 1): the group "
                            "shrinks from 3 to 2 rank(s)"));
@@ -243,10 +251,8 @@ TEST_CASE("two of four ranks SIGKILLed at once: the other two go on at two ranks
   const auto pids = ranksOf(job, dir, 4);
   REQUIRE(ddprun::testing::killAtOnce({pids[1], pids[2]}, SIGKILL));
   const auto seen = rankPidsUntilExit(job, {0, 3}, "mnist_mlp", kJobTimeout);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = finishOk(job);
   INFO(out);
-  REQUIRE(code == 0);
   CHECK(seen.at(0) == std::set<pid_t>{pids[0]});
   CHECK(seen.at(3) == std::set<pid_t>{pids[3]});
   const std::string line = lineWith(out, "recovering in process (generation 1)");
@@ -303,10 +309,8 @@ TEST_CASE("a death that would go below the job's minimum (shrink:2) restarts the
           {}, dir / "log");
   const pid_t one = ranksOf(job, dir, 2)[1];
   REQUIRE(::kill(one, SIGKILL) == 0);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = finishOk(job);
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, Contains("--recovery-policy=shrink: without rank 1 the group would have 1 "
                            "rank(s), below the job's minimum of 2; restarting the group instead"));
   CHECK_THAT(out, Contains("resumed from checkpoint"));
@@ -326,20 +330,14 @@ TEST_CASE("shrink with a warm spare (--spares=1): a rank of three SIGKILLed, the
   // The spare starts with the job (at normal priority) and loads before the death.
   REQUIRE(waitForOutput(job, "spare 0 (pid", kJobTimeout));
   REQUIRE(waitForOutput(job, ") ready: loaded, waiting for a rank", kJobTimeout));
-  const pid_t zero = workerPid(job.pid(), 0, "mnist_mlp");
-  const pid_t one = workerPid(job.pid(), 1, "mnist_mlp");
-  const pid_t two = workerPid(job.pid(), 2, "mnist_mlp");
-  REQUIRE(zero > 0);
-  REQUIRE(one > 0);
-  REQUIRE(two > 0);
+  const auto pids = ranksNow(job, 3);
+  const pid_t zero = pids[0], one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
   REQUIRE(waitForOutput(job, "the group grew", kJobTimeout));
   CHECK(::kill(zero, 0) == 0);
   CHECK(::kill(two, 0) == 0);
-  const int code = finish(job);
-  const std::string out = job.output();
+  const std::string out = finishOk(job);
   INFO(out);
-  REQUIRE(code == 0);
   CHECK_THAT(out, Contains("the group shrinks from 3 to 2 rank(s)"));
   // The warm spare, not a replacement started after the death, takes the free rank.
   CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid "));
