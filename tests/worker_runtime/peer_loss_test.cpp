@@ -75,6 +75,48 @@ double caughtAfter(const std::string& out) {
   return std::stod(out.substr(at + 7));
 }
 
+// Once every rank of `ranks` exited (the deadline only catches a hang): the last one was
+// SIGKILLed (mode "die": it kills itself mid-allreduce), each other one exited 3 having caught
+// the loss, not timed out; the survivors' outputs, by rank.
+std::vector<std::string> survivorsOfKill(std::vector<std::unique_ptr<Process>>& ranks) {
+  const int P = static_cast<int>(ranks.size());
+  std::vector<int> all(P);
+  for (int r = 0; r < P; ++r) all[r] = r;
+  REQUIRE(reap(ranks, all, std::chrono::seconds(120)));
+  const int victim = *ranks[P - 1]->poll();
+  CHECK(WIFSIGNALED(victim));
+  CHECK(WTERMSIG(victim) == SIGKILL);
+  std::vector<std::string> outs;
+  for (int r = 0; r < P - 1; ++r) {
+    outs.push_back(ranks[r]->output());
+    INFO("rank " << r << " said: " << outs[r]);
+    CHECK(ranks[r]->wait() == 3);
+    CHECK(caughtAfter(outs[r]) >= 0);
+    CHECK_THAT(outs[r], !Catch::Contains("timed out"));
+  }
+  return outs;
+}
+
+// Once ranks 0 and 1 of three exited (the deadline only catches a hang; mode "freeze": rank 2
+// stops itself mid-allreduce, its Process kills it at the end): each exited 3, not before the
+// 4 s timeout could run out, at least one by the timeout, and rank 2 is stopped, not dead; the
+// survivors' outputs, by rank.
+std::vector<std::string> survivorsOfFreeze(std::vector<std::unique_ptr<Process>>& ranks) {
+  REQUIRE(reap(ranks, {0, 1}, std::chrono::seconds(120)));
+  std::vector<std::string> outs;
+  for (int r = 0; r < 2; ++r) {
+    outs.push_back(ranks[r]->output());
+    INFO("rank " << r << " said: " << outs[r]);
+    CHECK(ranks[r]->wait() == 3);
+    // A rank may see its neighbour's failure first, a bit sooner: the frozen peer's connections
+    // stayed open, only the timeout ended the wait.
+    CHECK(caughtAfter(outs[r]) > 0.5);
+  }
+  CHECK_THAT(outs[0] + outs[1], Catch::Contains("timed out"));
+  CHECK(ddprun::testing::processRunning(ranks[2]->pid()));  // stopped, not dead
+  return outs;
+}
+
 }  // namespace
 
 TEST_CASE("a peer SIGKILLed mid-allreduce: the others throw at once", "[peerloss]") {
@@ -84,20 +126,11 @@ TEST_CASE("a peer SIGKILLed mid-allreduce: the others throw at once", "[peerloss
     // A collective timeout of an hour: a survivor that returns at all learnt of the loss from
     // the closed connection, not from the timeout. The reap deadline only catches hangs.
     auto ranks = spawnRanks(P, "die", store.port(), "3600", dir);
-    std::vector<int> all(P);
-    for (int r = 0; r < P; ++r) all[r] = r;
-    REQUIRE(reap(ranks, all, std::chrono::seconds(120)));
     INFO("P=" << P);
-    const int victim = *ranks[P - 1]->poll();
-    CHECK(WIFSIGNALED(victim));
-    CHECK(WTERMSIG(victim) == SIGKILL);
+    const auto outs = survivorsOfKill(ranks);
     for (int r = 0; r < P - 1; ++r) {
-      const std::string out = ranks[r]->output();
-      INFO("rank " << r << " said: " << out);
-      CHECK(ranks[r]->wait() == 3);
-      CHECK(caughtAfter(out) >= 0);
-      CHECK_THAT(out, Catch::Contains("allreduce") && Catch::Contains("rank"));
-      CHECK_THAT(out, !Catch::Contains("timed out"));
+      INFO("rank " << r << " said: " << outs[r]);
+      CHECK_THAT(outs[r], Catch::Contains("allreduce") && Catch::Contains("rank"));
     }
   }
 }
@@ -107,20 +140,12 @@ TEST_CASE("a peer frozen mid-allreduce: the others time out, never hang", "[peer
   const int P = 3;
   ddprun::rendezvous::ThreadedStoreServer store({.host = "127.0.0.1", .port = 0});
   auto ranks = spawnRanks(P, "freeze", store.port(), "4", dir);
-  // The frozen rank never exits (its Process kills it at the end); the others must, and the
-  // deadline only catches a hang.
-  REQUIRE(reap(ranks, {0, 1}, std::chrono::seconds(120)));
+  // The frozen rank never exits (its Process kills it at the end); the others must.
+  const auto outs = survivorsOfFreeze(ranks);
   for (int r = 0; r < P - 1; ++r) {
-    const std::string out = ranks[r]->output();
-    INFO("rank " << r << " said: " << out);
-    CHECK(ranks[r]->wait() == 3);
-    // Not before the 4 s timeout could run out (a rank may see its neighbour's failure first,
-    // a bit sooner): the frozen peer's connections stayed open, only the timeout ended the wait.
-    CHECK(caughtAfter(out) > 0.5);
-    CHECK_THAT(out, Catch::Contains("timed out") || Catch::Contains("was closed"));
+    INFO("rank " << r << " said: " << outs[r]);
+    CHECK_THAT(outs[r], Catch::Contains("timed out") || Catch::Contains("was closed"));
   }
-  CHECK_THAT(ranks[0]->output() + ranks[1]->output(), Catch::Contains("timed out"));
-  CHECK(ddprun::testing::processRunning(ranks[2]->pid()));  // stopped, not dead
 }
 
 // The same over shared memory (worker_runtime/shm): no connection closes, so the survivors learn
@@ -133,21 +158,12 @@ TEST_CASE("shm: a peer SIGKILLed mid-allreduce: the others throw at once and not
     const std::string prefix = uniquePrefix() + "-kill" + std::to_string(P);
     ddprun::rendezvous::ThreadedStoreServer store({.host = "127.0.0.1", .port = 0});
     auto ranks = spawnRanks(P, "die", store.port(), "3600", dir, "shm", prefix);
-    std::vector<int> all(P);
-    for (int r = 0; r < P; ++r) all[r] = r;
-    REQUIRE(reap(ranks, all, std::chrono::seconds(120)));
     INFO("P=" << P);
-    const int victim = *ranks[P - 1]->poll();
-    CHECK(WIFSIGNALED(victim));
-    CHECK(WTERMSIG(victim) == SIGKILL);
+    const auto outs = survivorsOfKill(ranks);
     for (int r = 0; r < P - 1; ++r) {
-      const std::string out = ranks[r]->output();
-      INFO("rank " << r << " said: " << out);
-      CHECK(ranks[r]->wait() == 3);
-      CHECK(caughtAfter(out) >= 0);
-      CHECK_THAT(out, Catch::Contains("shm allreduce") &&
-                          (Catch::Contains("died") || Catch::Contains("aborted")));
-      CHECK_THAT(out, !Catch::Contains("timed out"));
+      INFO("rank " << r << " said: " << outs[r]);
+      CHECK_THAT(outs[r], Catch::Contains("shm allreduce") &&
+                              (Catch::Contains("died") || Catch::Contains("aborted")));
     }
     CHECK(leftovers(prefix) == 0);
   }
@@ -160,15 +176,10 @@ TEST_CASE("shm: a peer frozen mid-allreduce: the others time out and nothing is 
   const std::string prefix = uniquePrefix() + "-stop";
   ddprun::rendezvous::ThreadedStoreServer store({.host = "127.0.0.1", .port = 0});
   auto ranks = spawnRanks(P, "freeze", store.port(), "4", dir, "shm", prefix);
-  REQUIRE(reap(ranks, {0, 1}, std::chrono::seconds(120)));
+  const auto outs = survivorsOfFreeze(ranks);
   for (int r = 0; r < P - 1; ++r) {
-    const std::string out = ranks[r]->output();
-    INFO("rank " << r << " said: " << out);
-    CHECK(ranks[r]->wait() == 3);
-    CHECK(caughtAfter(out) > 0.5);  // only the 4 s deadline could end the wait
-    CHECK_THAT(out, Catch::Contains("timed out") || Catch::Contains("aborted"));
+    INFO("rank " << r << " said: " << outs[r]);
+    CHECK_THAT(outs[r], Catch::Contains("timed out") || Catch::Contains("aborted"));
   }
-  CHECK_THAT(ranks[0]->output() + ranks[1]->output(), Catch::Contains("timed out"));
-  CHECK(ddprun::testing::processRunning(ranks[2]->pid()));  // stopped, not dead
   CHECK(leftovers(prefix) == 0);
 }
