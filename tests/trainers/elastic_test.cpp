@@ -7,6 +7,8 @@
 // (both trainers). Bad data and bad settings end the job with one clear message.
 #include "tests/support/catch_torch.h"
 
+#include <sched.h>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -320,21 +322,6 @@ pid_t waitForSpare(Job& job, int id) {
   return -1;
 }
 
-// The scheduling policy of `pid` (field 41 of /proc/<pid>/stat; SCHED_IDLE is 5), or -1.
-int policyOf(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  std::getline(in, stat);
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream rest(stat.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 41; ++i) {
-    if (!(rest >> field)) return -1;
-  }
-  return std::stoi(field);
-}
-
 bool alive(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
@@ -367,7 +354,7 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
     REQUIRE(::kill(victimPid, SIGKILL) == 0);
     // A new spare starts in the background, under SCHED_IDLE, while the old one is rank 1.
     nextSpare = waitForSpare(job, 1);
-    if (nextSpare > 0) nextPolicy = policyOf(nextSpare);
+    if (nextSpare > 0) nextPolicy = ::sched_getscheduler(nextSpare);  // -1 once it is gone
     const bool spareAliveAsRank1 = alive(spare);
     // No process was started for rank 1: the spare (started without RANK) is rank 1 now.
     const pid_t startedAsRank1 = workerPid(job.pid(), 1, "mnist_mlp");
