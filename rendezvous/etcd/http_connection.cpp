@@ -314,6 +314,34 @@ struct HttpConnection::Impl {
     req.prepare_payload();
     return req;
   }
+
+  // Writes `req`, then, once it is written, the read `read(stream, handler)` starts (the whole
+  // reply, or a stream's header), both within `deadline`; a failure names `what`.
+  template <typename Read>
+  void writeThenRead(http::request<http::string_body>& req, const std::string& what,
+                     Clock::time_point deadline, Read read) {
+    bool done = false;
+    error_code result;
+    expect(POLLOUT);
+    withStream([&](auto& s) {
+      http::async_write(s, req, [&](error_code ec, size_t) {
+        notify();
+        if (ec) {
+          result = ec;
+          done = true;
+          return;
+        }
+        expect(POLLIN);
+        read(s, [&](error_code ec2, size_t) {
+          notify();
+          result = ec2;
+          done = true;
+        });
+      });
+    });
+    if (!run(done, deadline)) fail(what, true, deadline);
+    if (result) fail(what + ": " + result.message(), true, deadline);
+  }
 };
 
 HttpConnection::HttpConnection(MemberAddress member, std::shared_ptr<ssl::context> tls)
@@ -346,27 +374,9 @@ HttpConnection::Reply HttpConnection::post(const std::string& target, const std:
   auto req = c.request(target, body);
   http::response_parser<http::string_body> parser;
   parser.body_limit(kMaxReply);
-  bool done = false;
-  error_code result;
-  c.expect(POLLOUT);
-  c.withStream([&](auto& s) {
-    http::async_write(s, req, [&](error_code ec, size_t) {
-      c.notify();
-      if (ec) {
-        result = ec;
-        done = true;
-        return;
-      }
-      c.expect(POLLIN);
-      http::async_read(s, c.buffer, parser, [&](error_code ec2, size_t) {
-        c.notify();
-        result = ec2;
-        done = true;
-      });
-    });
+  c.writeThenRead(req, "POST " + target, deadline, [&](auto& s, auto handler) {
+    http::async_read(s, c.buffer, parser, std::move(handler));
   });
-  if (!c.run(done, deadline)) c.fail("POST " + target, true, deadline);
-  if (result) c.fail("POST " + target + ": " + result.message(), true, deadline);
   Reply r{static_cast<int>(parser.get().result_int()), std::move(parser.get().body())};
   if (!parser.get().keep_alive()) c.close();
   return r;
@@ -380,27 +390,9 @@ int HttpConnection::openStream(const std::string& target, const std::string& bod
   auto req = c.request(target, body);
   c.stream = std::make_unique<http::response_parser<http::string_body>>();
   c.stream->body_limit(boost::none);  // a watch runs for the job's lifetime; lines are bounded
-  bool done = false;
-  error_code result;
-  c.expect(POLLOUT);
-  c.withStream([&](auto& s) {
-    http::async_write(s, req, [&](error_code ec, size_t) {
-      c.notify();
-      if (ec) {
-        result = ec;
-        done = true;
-        return;
-      }
-      c.expect(POLLIN);
-      http::async_read_header(s, c.buffer, *c.stream, [&](error_code ec2, size_t) {
-        c.notify();
-        result = ec2;
-        done = true;
-      });
-    });
+  c.writeThenRead(req, "stream " + target, deadline, [&](auto& s, auto handler) {
+    http::async_read_header(s, c.buffer, *c.stream, std::move(handler));
   });
-  if (!c.run(done, deadline)) c.fail("stream " + target, true, deadline);
-  if (result) c.fail("stream " + target + ": " + result.message(), true, deadline);
   return static_cast<int>(c.stream->get().result_int());
 }
 
