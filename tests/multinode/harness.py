@@ -54,6 +54,25 @@ def named_the_call(node, endpoint, silence):
           % (node.name, silence, m.group(0)))
 
 
+def stopped_answering(node, endpoint):
+    """`node` failed naming `endpoint` as a store that stopped answering its heartbeat: the
+    silence it measured is at least the keep-alive bound of FAST_CONF (0.3 s x 3), it does not
+    doubt what the store is ("is it a ddprun-store?"), the line names the beat's call that failed
+    (named_the_call), and it says so once."""
+    err = node.stderr()
+    m = re.search(r"lost the rendezvous store at %s: it stopped answering: no reply to this "
+                  r"node's heartbeat for ([0-9.]+) s \(the keep-alive bound is 0.9 s" %
+                  re.escape(endpoint), err)
+    check(m, "%s says the store at %s stopped answering: %s" % (node.name, endpoint, err[-800:]))
+    check(float(m.group(1)) >= 0.9, "%s measured %s s of silence, at least the bound" %
+          (node.name, m.group(1)))
+    check("is it a ddprun-store" not in err,
+          "%s does not doubt what the store is: %s" % (node.name, err[-800:]))
+    named_the_call(node, endpoint, float(m.group(1)))
+    check(err.count("it stopped answering: no reply to this node's heartbeat") == 1,
+          "%s says it once: %s" % (node.name, err[-800:]))
+
+
 def skip_unless_ci(why):
     """SKIP for something scripts/setup installs (python3-torch); under CI=true (.ci/run) its
     absence means a broken set-up, so the scenario fails instead."""

@@ -6,31 +6,17 @@ store in process never judges its own store: a stalled store thread is for the o
 to report. Real agents on loopback addresses (harness.py). Usage: store_lost_scenarios.py NAME.
 """
 import os
-import re
 import signal
 import sys
 import time
 
-from harness import FAST_CONF, PtraceRefused, check, named_the_call, run, stopped_thread, \
+from harness import FAST_CONF, PtraceRefused, check, run, stopped_answering, stopped_thread, \
     thread_state
 
 # read_timeout 30 s: an agent that is done within a few seconds was cut short by its heartbeat's
 # keep-alive bound (0.3 s x 3), not by a store call timing out.
 CONF = FAST_CONF.replace("read_timeout=3", "read_timeout=30")
 BOUND = 0.9  # heartbeat x missed_heartbeats of FAST_CONF
-
-
-def stopped_answering(node, endpoint):
-    """`node` said once, naming `endpoint`, that the store stopped answering its heartbeat."""
-    err = node.stderr()
-    m = re.search(r"lost the rendezvous store at %s: it stopped answering: no reply to this "
-                  r"node's heartbeat for ([0-9.]+) s \(the keep-alive bound is 0.9 s" %
-                  re.escape(endpoint), err)
-    check(m, "%s says the store at %s stopped answering: %s" % (node.name, endpoint, err[-800:]))
-    check(float(m.group(1)) >= BOUND, "%s measured %s s of silence, at least the bound" %
-          (node.name, m.group(1)))
-    named_the_call(node, endpoint, float(m.group(1)))
-    check(err.count("it stopped answering: no reply to this node's heartbeat") == 1, "%s says it once: %s" % (node.name, err[-800:]))
 
 
 def nothing_after_loss(node):
