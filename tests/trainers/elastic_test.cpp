@@ -311,17 +311,6 @@ const TempDir& spareReferenceRun() {
   return dir;
 }
 
-// Waits for hot spare `id` to exist (exec'd, or forked from the spare template); its pid, or -1.
-pid_t waitForSpare(Job& job, int id) {
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while (std::chrono::steady_clock::now() < deadline && !job.exited()) {
-    if (const pid_t p = sparePid(job.pid(), id, "mnist_mlp"); p > 0) return p;
-    if (const pid_t p = forkedSparePid(job.output(), id); p > 0) return p;  // from the template
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return -1;
-}
-
 bool alive(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
@@ -353,7 +342,7 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
     REQUIRE_FALSE(job.exited());
     REQUIRE(::kill(victimPid, SIGKILL) == 0);
     // A new spare starts in the background, under SCHED_IDLE, while the old one is rank 1.
-    nextSpare = waitForSpare(job, 1);
+    nextSpare = waitForStartingSpare(job, 1, kJobTimeout);
     if (nextSpare > 0) nextPolicy = ::sched_getscheduler(nextSpare);  // -1 once it is gone
     const bool spareAliveAsRank1 = alive(spare);
     // No process was started for rank 1: the spare (started without RANK) is rank 1 now.
@@ -409,7 +398,7 @@ TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers 
     REQUIRE(w1 > 0);
     REQUIRE_FALSE(job.exited());
     REQUIRE(::kill(spare, SIGKILL) == 0);
-    const pid_t next = waitForSpare(job, 1);
+    const pid_t next = waitForStartingSpare(job, 1, kJobTimeout);
     const pid_t w0Now = workerPid(job.pid(), 0, "mnist_mlp");
     const pid_t w1Now = workerPid(job.pid(), 1, "mnist_mlp");
     const int code = job.wait(kJobTimeout);
