@@ -234,6 +234,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   recoveredEarly_.clear();
   recoveryRestarts_ = round.restartCount;
   decidedFailure_.reset();
+  recoverySpentRestart_ = false;
   sparesStarted_ = false;
   sparesDiedUnready_.clear();
   sparesSeenReady_.clear();

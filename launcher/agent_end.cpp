@@ -136,19 +136,22 @@ void Agent::Impl::stoppedNotRunning() {
         afterLocalFailure(lost);
         break;
       }
-      handler_->asyncReportFailure(
-          rootCause_->exitCode(), what, retryable,
-          [this, lost](std::exception_ptr e, JobDecision d) {
-            guarded([&] {
-              if (state_ != State::Stopping) return;
-              if (e && handler_->storeLost()) {
-                afterLocalFailure(lost);  // the report was cut short by the loss
-                return;
-              }
-              if (e) std::rethrow_exception(e);
-              afterLocalFailure(d);
-            });
-          });
+      auto decided = [this, lost](std::exception_ptr e, JobDecision d) {
+        guarded([&] {
+          if (state_ != State::Stopping) return;
+          if (e && handler_->storeLost()) {
+            afterLocalFailure(lost);  // the report was cut short by the loss
+            return;
+          }
+          if (e) std::rethrow_exception(e);
+          afterLocalFailure(d);
+        });
+      };
+      if (recoverySpentRestart_) {
+        handler_->asyncReportFailedRecovery(rootCause_->exitCode(), what, std::move(decided));
+      } else {
+        handler_->asyncReportFailure(rootCause_->exitCode(), what, retryable, std::move(decided));
+      }
       break;
     }
     case StopReason::Decision:

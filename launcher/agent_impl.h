@@ -359,6 +359,10 @@ class Agent::Impl {
   std::vector<pid_t> recoveredEarly_;
   int recoveryRestarts_ = 0;  // the job's restarts spent after this round's last recovery
   std::optional<JobDecision> decidedFailure_;
+  // Several nodes: this round's in-process recovery spent a restart and then failed (failAcross,
+  // or no survivor could heal), so the report that ends the round spends none
+  // (asyncReportFailedRecovery): one failure, one restart.
+  bool recoverySpentRestart_ = false;
   // Hot spares: ids are unique in the job (their store keys are too); the group's spares have
   // started; spares that died before they were ready, in a row, each as "spare <n> (pid P):
   // <cause>" (3: no more for this group; a ready spare's death clears it).

@@ -268,10 +268,11 @@ void Agent::Impl::checkAcrossNodes(const WorkerResult& r) {
 void Agent::Impl::failAcross(const WorkerResult& r, const std::string& error) {
   pendingDeaths_.clear();
   // The generation could not be published: the group restarts, a failure reported afresh (the
-  // round must end for every node; the restart the recovery spent stays spent).
+  // round must end for every node), spending no restart more than the recovery did.
   DDPRUN_LOG(ERROR, "launcher") << "in-process recovery of rank " << r.globalRank << " failed: "
                                 << error << "; restarting the group";
   rootCause_ = r;
+  recoverySpentRestart_ = true;
   stopGroup(StopReason::WorkerFailed, SIGTERM);
 }
 

@@ -300,8 +300,13 @@ void Agent::Impl::onRecoveryDecision(std::vector<WorkerResult> dead, const JobDe
   const WorkerResult& r = dead.front();
   rootCause_ = r;
   // Several nodes: a budget spent for a recovery left the round open; the restart must end it
-  // for every node, so the failure is reported again (asyncReportFailure).
-  if (!(d.recovered && round_.nodeCount > 1)) decidedFailure_ = d;
+  // for every node, so the failure is reported again, spending nothing more
+  // (asyncReportFailedRecovery).
+  if (d.recovered && round_.nodeCount > 1) {
+    recoverySpentRestart_ = true;
+  } else {
+    decidedFailure_ = d;
+  }
   DDPRUN_LOG(ERROR, "launcher") << "rank " << r.globalRank << " (local rank " << r.localRank
                                 << ", pid " << r.pid << ") failed: " << r.describe()
                                 << "; stopping the other workers";

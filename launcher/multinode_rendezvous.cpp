@@ -478,6 +478,20 @@ void MultiNodeRendezvous::asyncReportFailure(int exitCode, const std::string& wh
       std::move(done));
 }
 
+void MultiNodeRendezvous::asyncReportFailedRecovery(int exitCode, const std::string& what,
+                                                    DecisionHandler done) {
+  (void)exitCode;  // the recovery's report named the exit; the job does not end here
+  submitDecision(
+      [this, what](rdzv::DynamicRendezvous& p) {
+        if (p.reportFailedRecovery(what) == rdzv::DynamicRendezvous::AfterFailure::Restart) {
+          return JobDecision{.kind = JobDecision::Kind::NextRound, .reason = what,
+                             .restartCount = p.state().restarts};
+        }
+        return jobFailed();
+      },
+      std::move(done));
+}
+
 void MultiNodeRendezvous::asyncReportRecovery(int exitCode, const std::string& what,
                                               bool retryable, DecisionHandler done) {
   submitDecision(

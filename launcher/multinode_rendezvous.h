@@ -62,6 +62,8 @@ class MultiNodeRendezvous final : public RendezvousHandler {
                           DecisionHandler done) override;
   void asyncReportRecovery(int exitCode, const std::string& what, bool retryable,
                            DecisionHandler done) override;
+  void asyncReportFailedRecovery(int exitCode, const std::string& what,
+                                 DecisionHandler done) override;
   // Node rank 0 in agent-store mode: the store it hosts for every node's workers.
   rendezvous::StoreServer* workerStore() override { return workerStore_.get(); }
   void asyncReportNodeLoss(const std::string& what, bool inProcess, DecisionHandler done) override;

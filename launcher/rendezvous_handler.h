@@ -133,6 +133,15 @@ class RendezvousHandler {
                          done(e, d);
                        });
   }
+  // This node's in-process recovery of the running round (asyncReportRecovery or
+  // asyncReportNodeLoss answered `recovered`) failed after all, so its group restarts: the round
+  // ends for every node (NextRound) without spending a second restart -- one failure costs the
+  // budget one. Failed when the job had failed meanwhile. One node: its agent keeps the
+  // recovery's decision instead (a restart of its own rounds), so this is not called.
+  virtual void asyncReportFailedRecovery(int exitCode, const std::string& what,
+                                         DecisionHandler done) {
+    asyncReportFailure(exitCode, what, /*retryable=*/true, std::move(done));
+  }
   // Node rank 0 after a NodeLost event: `inProcess` spends one restart and keeps the round
   // (NextRound with `recovered` set: the agent publishes a generation without the node's
   // ranks), else the round is re-formed without the node, no restart spent (NextRound). Failed

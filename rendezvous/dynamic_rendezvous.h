@@ -135,6 +135,12 @@ class DynamicRendezvous {
   // at once when `retryable` is false (the error cannot go away by retrying).
   AfterFailure reportFailure(int exitCode, const std::string& what, bool retryable = true);
 
+  // This node's in-process recovery of the current round (reportRecovery or reportNodeLoss:
+  // Recover) failed after all: the round ends and the group restarts without spending a second
+  // restart (the recovery spent it). Restart -- call nextRound() --, also when the round had
+  // already ended; JobFailed when the job had failed meanwhile (elsewhere).
+  AfterFailure reportFailedRecovery(const std::string& what);
+
   enum class AfterRecovery { Recover, Restart, JobFailed };
   // A worker of this node died and the agent would recover in process (docs/recovery.md): spends
   // one restart of the job's budget while the round goes on (Recover: the other nodes are not
@@ -200,6 +206,9 @@ class DynamicRendezvous {
   // After reportRecovery's or reportNodeLoss's write: JobFailed when the job failed, Recover
   // when `stays` and the write kept this closed round, else Restart (this agent leaves the round).
   AfterRecovery afterRecoveryWrite(const StateLog::Result& r, bool stays);
+  // After reportFailure's or reportFailedRecovery's write (this agent has left the round):
+  // JobFailed when the job failed, else Restart.
+  AfterFailure afterFailureWrite(const StateLog::Result& r);
   InterruptibleStore connect() const;
   void checkSettings();
   RoundInfo roundInfo(const RoundState& s) const;

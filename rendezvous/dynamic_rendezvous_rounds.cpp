@@ -171,7 +171,20 @@ DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailure(int exitCode,
   reconnectIfInterrupted();
   inRound_ = false;
   const std::string reason = "workers of node " + self_.id + " failed: " + what;
-  auto r = failNode(*log_, current_, round_.round, self_.id, exitCode, reason, !retryable);
+  return afterFailureWrite(
+      failNode(*log_, current_, round_.round, self_.id, exitCode, reason, !retryable));
+}
+
+DynamicRendezvous::AfterFailure DynamicRendezvous::reportFailedRecovery(const std::string& what) {
+  DDPRUN_CHECK(inRound_, "reportFailedRecovery() outside a round");
+  watch(-1);
+  reconnectIfInterrupted();
+  inRound_ = false;
+  const std::string reason = "workers of node " + self_.id + " failed: " + what;
+  return afterFailureWrite(failRecoveredNode(*log_, current_, round_.round, self_.id, reason));
+}
+
+DynamicRendezvous::AfterFailure DynamicRendezvous::afterFailureWrite(const StateLog::Result& r) {
   current_ = r.now;
   view_.offer(current_);
   if (r.now.state.phase == Phase::Failed) {

@@ -361,6 +361,20 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
   return next;
 }
 
+std::optional<RoundState> failRecoveredWorkers(const RoundState& s, int64_t round,
+                                               const std::string& id, const std::string& reason,
+                                               const JobLimits& lim) {
+  if (s.phase != Phase::Closed || s.round != round || !s.member(id)) return std::nullopt;
+  return openNext(s, "", failedRecoveryReason(reason, s.restarts, lim));  // restarts kept
+}
+
+std::string failedRecoveryReason(const std::string& reason, int restarts,
+                                 const JobLimits& lim) {
+  return reason + " (after its in-process recovery, which spent restart " +
+         std::to_string(restarts) + " of " + std::to_string(lim.maxRestarts) +
+         ": no second restart spent)";
+}
+
 std::optional<RoundState> recoverWorkers(const RoundState& s, int64_t round, const std::string& id,
                                          int exitCode, const std::string& reason,
                                          const JobLimits& lim, bool final) {

@@ -250,6 +250,17 @@ std::optional<RoundState> failWorkers(const RoundState& s, int64_t round, const 
                                       int exitCode, const std::string& reason,
                                       const JobLimits& lim, bool final = false);
 
+// The in-process recovery node `id`'s agent made in round `round` (recoverWorkers spent its
+// restart) failed after all -- the spare that was to take the rank died, the generation could
+// not be published -- so the group restarts: open round r+1 without spending a second restart
+// (one failure costs the budget one restart, as on one node). No-op when round `round` is over.
+std::optional<RoundState> failRecoveredWorkers(const RoundState& s, int64_t round,
+                                               const std::string& id, const std::string& reason,
+                                               const JobLimits& lim);
+// The reason failRecoveredWorkers writes (the job's `restarts` so far, none spent by it).
+std::string failedRecoveryReason(const std::string& reason, int restarts,
+                                 const JobLimits& lim);
+
 // A worker of node `id` died in round `round` and its agent recovers in process (docs/recovery.md:
 // the others keep running): spend one restart of the job-wide budget and keep the round (no
 // round r+1, so no other node restarts), or end the job as Failed when none is left, or at once

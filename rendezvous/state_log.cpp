@@ -524,6 +524,22 @@ bool compactMember(StateLog& log, const RoundState& st, int64_t round, const std
          position(log.store(), st, RoundState::List::Members, id).has_value();
 }
 
+// Round r+1 of the compact closed round `st`, awaiting its member list and its waiting nodes
+// (scalable/waiting_list.h: two reads, no list loaded), `restarts` spent: a failure's restart.
+RoundState compactNextRound(StateLog& log, const RoundState& st, int restarts,
+                            std::string reason) {
+  RoundState next;
+  next.round = st.round + 1;
+  next.phase = Phase::Joining;
+  next.restarts = restarts;
+  next.reason = std::move(reason);
+  next.expectedList = st.membersList;
+  next.expectedList.ofMembers = true;
+  next.expectedList.waiting = scalable::readWaitingCount(log.store(), st.round);
+  next.expectedList.count += next.expectedList.waiting;
+  return next;
+}
+
 // The O(1) delta of a failure that ends the job (final, or no restart left), as
 // transition::failWorkers writes it, on a compact closed round `st` of which `id` is a member:
 // the lists stay where they are.
@@ -619,22 +635,30 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
         }
         // As transition::failWorkers, on the compact state: the lists stay where they are.
         if (auto failed = failedJob(st, exitCode, reason, lim, final)) return failed;
-        RoundState next;
-        next.round = st.round + 1;
-        next.phase = Phase::Joining;
-        next.restarts = st.restarts + 1;
-        next.reason = reason + " (restart " + std::to_string(st.restarts + 1) + " of " +
-                      std::to_string(lim.maxRestarts) + ")";
-        next.expectedList = st.membersList;
-        next.expectedList.ofMembers = true;
-        // And the round's waiting nodes (scalable/waiting_list.h): two reads, no list loaded.
-        next.expectedList.waiting = scalable::readWaitingCount(log.store(), st.round);
-        next.expectedList.count += next.expectedList.waiting;
-        return next;
+        return compactNextRound(log, st, st.restarts + 1,
+                                reason + " (restart " + std::to_string(st.restarts + 1) + " of " +
+                                    std::to_string(lim.maxRestarts) + ")");
       },
       [&](const RoundState& s) {
         return transition::failWorkers(s, round, id, exitCode, reason, lim, final);
       },
+      [&](const RoundState& st) { return roundOver(st, round); });
+}
+
+StateLog::Result failRecoveredNode(StateLog& log, const Versioned& known, int64_t round,
+                                   const std::string& id, const std::string& reason) {
+  const JobLimits& lim = log.limits();
+  return compactElseGeneral(
+      log, known,
+      [&](const RoundState& st) -> std::optional<RoundState> {
+        if (st.waitingList.ref != 0 || !st.lost.empty() ||
+            !compactMember(log, st, round, id)) {
+          return std::nullopt;  // as failNode's
+        }
+        return compactNextRound(log, st, st.restarts,
+                                transition::failedRecoveryReason(reason, st.restarts, lim));
+      },
+      [&](const RoundState& s) { return transition::failRecoveredWorkers(s, round, id, reason, lim); },
       [&](const RoundState& st) { return roundOver(st, round); });
 }
 

@@ -136,6 +136,10 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
                           const std::string& id, int exitCode, const std::string& reason,
                           bool final);
 
+// transition::failRecoveredWorkers appended to the log, as failNode (no restart spent).
+StateLog::Result failRecoveredNode(StateLog& log, const Versioned& known, int64_t round,
+                                   const std::string& id, const std::string& reason);
+
 // transition::recoverWorkers appended to the log; with spilled lists and a closed round, as an
 // O(1) delta (one more restart, the round and its lists kept), after one read of the member's
 // own entry: the writer loads no list. A report about a round that is over writes nothing and

@@ -166,6 +166,39 @@ TEST_CASE("an in-process recovery spends the budget in the same round, then fail
   CHECK(once->restarts == 0);
 }
 
+TEST_CASE("an in-process recovery that failed after spending the last restart restarts the "
+          "group without spending a second one", "[rdzv][state]") {
+  JobLimits lim{.minNodes = 2, .maxNodes = 2, .maxRestarts = 1};
+  RoundState s = joinAll({}, {node("j1"), node("j2")}, lim);
+  auto recovered = transition::recoverWorkers(s, 0, node("j2").id, 9, "rank 3 died", lim);
+  REQUIRE(recovered);
+  REQUIRE(recovered->restarts == 1);  // the budget is spent
+  // Its spare died before it took the rank: the group restarts, the failure paid for once.
+  auto restart =
+      transition::failRecoveredWorkers(*recovered, 0, node("j2").id, "rank 3 died", lim);
+  REQUIRE(restart);
+  CHECK(restart->round == 1);
+  CHECK(restart->phase == Phase::Joining);
+  CHECK(restart->restarts == 1);
+  CHECK(restart->expected.size() == 2);
+  CHECK(restart->reason ==
+        "rank 3 died (after its in-process recovery, which spent restart 1 of 1: no second "
+        "restart spent)");
+  // failWorkers there would have ended the job: the difference this transition makes.
+  auto spentTwice = transition::failWorkers(*recovered, 0, node("j2").id, 9, "rank 3 died", lim);
+  REQUIRE(spentTwice);
+  CHECK(spentTwice->phase == Phase::Failed);
+  // A round already over, or a node that is no member: nothing written.
+  CHECK_FALSE(transition::failRecoveredWorkers(*restart, 0, node("j1").id, "late", lim));
+  CHECK_FALSE(transition::failRecoveredWorkers(*recovered, 0, "nobody", "x", lim));
+  // The next round is a round like any other: its failure spends (and here, ends the job).
+  RoundState again = joinAll(*restart, {node("j1"), node("j2")}, lim);
+  REQUIRE(again.phase == Phase::Closed);
+  auto failed = transition::failWorkers(again, 1, node("j1").id, 1, "exit 1", lim);
+  REQUIRE(failed);
+  CHECK(failed->phase == Phase::Failed);
+}
+
 TEST_CASE("once a node is finishing, arrivals wait instead of restarting", "[rdzv][state]") {
   JobLimits lim{.minNodes = 1, .maxNodes = 3};
   RoundState s = joinAll({}, {node("f1"), node("f2")}, lim);

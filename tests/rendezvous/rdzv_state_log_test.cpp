@@ -612,3 +612,48 @@ TEST_CASE("a joiners' list holds the id keys of joiners too late for its count: 
   CHECK_THROWS_WITH(position(store, s, RoundState::List::Members, "late"),
                     Catch::Contains("l/7/id/late") && Catch::Contains("forged"));
 }
+
+TEST_CASE("a failed in-process recovery restarts the round without spending again: the same "
+          "state as the transition, loading no list on a spilled log, nothing on a round that "
+          "is over", "[rdzv][log]") {
+  for (const bool spill : {false, true}) {
+    INFO("spilled lists: " << spill);
+    auto store = std::make_shared<MemoryStore>();
+    const int n = 8;
+    const JobLimits lim{.minNodes = n, .maxNodes = n, .maxRestarts = 1};
+    StateLog log(*store, lim, spill);
+    Versioned v = joinNodes(log, lim, n);
+    REQUIRE(v.state.phase == Phase::Closed);
+    StateLog reader(*store, lim);
+    RoundState full = reader.read(v.version).state;
+    reader.hydrate(full);
+    const int64_t round = full.round;
+    const std::string id = full.members.back().id;
+    const auto r = recoverNode(log, v, round, id, 9, "rank died", false);
+    REQUIRE(r.wrote);
+    REQUIRE(r.now.state.restarts == 1);  // the last restart
+
+    auto traffic = std::make_shared<StoreTraffic>();
+    CountingStore counted(store, traffic);
+    StateLog a(counted, lim, spill);
+    const Versioned known = spill ? a.read(r.now.version) : r.now;
+    const auto f = failRecoveredNode(a, known, round, id, "the spare died");
+    REQUIRE(f.wrote);
+    CHECK(f.now.state.round == round + 1);
+    CHECK(f.now.state.phase == Phase::Joining);
+    CHECK(f.now.state.restarts == 1);
+    if (spill) CHECK(traffic->snapshot().bytes < 4096);  // no list loaded
+    RoundState h = reader.read(f.now.version).state;
+    reader.hydrate(h);
+    RoundState recovered = reader.read(r.now.version).state;
+    reader.hydrate(recovered);
+    const auto expect =
+        transition::failRecoveredWorkers(recovered, round, id, "the spare died", lim);
+    REQUIRE(expect);
+    CHECK(h == *expect);
+    // Reported again, or by another node, on the round that is over: nothing written.
+    const auto again = failRecoveredNode(a, r.now, round, full.members[0].id, "late");
+    CHECK_FALSE(again.wrote);
+    CHECK(again.now.version == f.now.version);
+  }
+}

@@ -154,11 +154,13 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
 }
 
 TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies between the "
-          "check and the budget's answer, the group restarts with one line naming it",
-          "[recovery][nodes][spares][slow]") {
+          "check and the budget's answer, the group restarts with one line naming it, "
+          "spending no second restart", "[recovery][nodes][spares][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  ThreeNodes job(dir, {"--max-restarts=3", "--recovery=in-process", "--spares=1"});
+  // --max-restarts=2: the node's loss spends one, the moved rank's recovery the second, and the
+  // restart that recovery turns into spends none (before, it spent a third: the job failed).
+  ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
   REQUIRE(job.findRanks());
   const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
@@ -197,6 +199,8 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
                             "to take it died"));
   CHECK_THAT(out0, !Contains("--recovery=in-process: rank 1 had moved"));  // not the check's
   CHECK_THAT(out0, !Contains("recovering in process (generation 2)"));
+  CHECK_THAT(out0, Contains("restart 2 of 2 spent by this node"));
+  CHECK_THAT(out0 + out2, !Contains("no restart is left"));
   CHECK_THAT(out0 + out2, Contains("resumed from checkpoint"));
   CHECK_THAT(out0 + out2, Contains("done: "));
 }
