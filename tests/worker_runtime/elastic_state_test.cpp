@@ -135,6 +135,44 @@ TEST_CASE("elastic state: broadcast heals a fresh rank from a trained one", "[ru
   }
 }
 
+TEST_CASE("elastic state: after a heal every rank's last commit is the root's state, a fresh "
+          "rank's too", "[runtime][elastic]") {
+  auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
+  const int n = 3;
+  std::vector<std::vector<torch::Tensor>> atHeal(n), restored(n);
+  std::vector<int64_t> steps(n);
+  std::vector<bool> committedAfter(n);
+  runRanks(n, [&](int r) {
+    auto comm = shm::makeShmCommunicator(store, {.rank = r, .size = n,
+                                                 .timeout = std::chrono::seconds(20),
+                                                 .namePrefix = "ddprun-test-elastic"});
+    Trainee t;
+    // Rank 1 (the root) and rank 2 committed at other steps; rank 0 is a fresh replacement.
+    if (r > 0) {
+      for (int s = 1; s <= (r == 1 ? 4 : 2); ++s) {
+        t.train(s + 10 * r);
+        t.state.commit();
+      }
+      t.train(99);  // past the commit: what the heal must not keep
+    }
+    if (r == 1) t.state.restore();  // as heal(): the root goes back to its commit first
+    t.state.broadcast(*comm, /*root=*/1);
+    atHeal[r] = t.snapshot();
+    committedAfter[r] = t.state.committed();
+    t.train(7);  // a step after the heal, then rolled back
+    t.state.restore();
+    restored[r] = t.snapshot();
+    steps[r] = t.step;
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(same(atHeal[r], atHeal[1]));
+    CHECK(same(restored[r], atHeal[1]));  // the commit every rank goes back to is the root's
+    CHECK(steps[r] == 4);
+    CHECK(committedAfter[r]);
+  }
+}
+
 TEST_CASE("elastic state: ranks with different state fail naming it", "[runtime][elastic]") {
   auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
   std::vector<std::string> errors(2);

@@ -1,7 +1,7 @@
 #include "worker_runtime/elastic/elastic_state.h"
 
+#include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "base/errors.h"
 #include "base/timeline.h"
@@ -118,24 +118,51 @@ size_t ElasticState::bytes() const {
   return n;
 }
 
+bool ElasticState::fitSaved(const std::vector<torch::Tensor>& live) {
+  bool same = live.size() == saved_.size();
+  for (size_t i = 0; same && i < live.size(); ++i) {
+    same = saved_[i].sizes() == live[i].sizes() && saved_[i].dtype() == live[i].dtype() &&
+           saved_[i].device() == live[i].device();
+  }
+  if (same) return false;
+  // One flat buffer per (dtype, device), in the order of first appearance, each tensor's
+  // snapshot a view of it.
+  saved_.clear();
+  flats_.clear();
+  std::vector<size_t> flatOf;
+  std::vector<int64_t> offset;
+  std::vector<int64_t> total;
+  for (const auto& t : live) {
+    size_t f = 0;
+    while (f < flats_.size() &&
+           (flats_[f].scalar_type() != t.scalar_type() || flats_[f].device() != t.device())) {
+      ++f;
+    }
+    if (f == flats_.size()) {
+      flats_.push_back(torch::empty({0}, t.options()));  // a placeholder for its type and device
+      total.push_back(0);
+    }
+    flatOf.push_back(f);
+    offset.push_back(total[f]);
+    total[f] += t.numel();
+  }
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    flats_[f] = torch::empty({total[f]}, flats_[f].options());
+  }
+  for (size_t i = 0; i < live.size(); ++i) {
+    saved_.push_back(flats_[flatOf[i]].narrow(0, offset[i], live[i].numel()).view(live[i].sizes()));
+  }
+  return true;
+}
+
 void ElasticState::commit() {
   if (!enabled_) return;
   {
     ddprun::timeline::Scope span("commit", "elastic");
     torch::NoGradGuard noGrad;
     const auto live = liveTensors();
-    bool same = live.size() == saved_.size();
-    for (size_t i = 0; same && i < live.size(); ++i) {
-      same = saved_[i].sizes() == live[i].sizes() && saved_[i].dtype() == live[i].dtype() &&
-             saved_[i].device() == live[i].device();
-    }
-    if (!same) {
-      // First commit, or the optimizer created its state: buffers allocated once more.
-      saved_.clear();
-      for (const auto& t : live) {
-        saved_.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
-      }
-    }
+    // First commit, or the optimizer created its state: buffers allocated once more.
+    fitSaved(live);
     for (size_t i = 0; i < live.size(); ++i) saved_[i].copy_(live[i]);
     savedMask_ = optimizerStateMask();
     savedCounters_ = counterValues();
@@ -233,40 +260,38 @@ void ElasticState::broadcast(Communicator& comm, int root) {
     }
   }
   agree(problem);
-  // 2. The values, one broadcast per dtype: packed into one buffer, or in place when a dtype has
-  //    a single tensor that may be broadcast as it is.
-  std::map<torch::ScalarType, std::vector<torch::Tensor>> byType;
-  for (const auto& t : liveTensors()) {
-    if (t.numel() > 0) byType[t.scalar_type()].push_back(t);
+  // 2. The values, one broadcast per flat buffer of the commit's (one per dtype and device):
+  //    the root copies its live state in, the others receive into theirs and copy out. These
+  //    buffers are warm -- every commit writes them -- where a buffer allocated for the heal
+  //    would be touched for the first time inside it (each new page costs microseconds on some
+  //    machines, on every rank, on the recovery's critical path); a replacement, which never
+  //    committed, allocates them here. The root's state is then every rank's last commit.
+  const auto live = liveTensors();
+  fitSaved(live);
+  if (isRoot) {
+    for (size_t i = 0; i < live.size(); ++i) saved_[i].copy_(live[i]);
   }
-  for (auto& [type, tensors] : byType) {
-    if (tensors.size() == 1 && tensors[0].is_contiguous() && tensors[0].device() == device) {
-      comm.broadcast(tensors[0], root);
-      continue;
-    }
-    int64_t total = 0;
-    for (const auto& t : tensors) total += t.numel();
-    torch::Tensor flat;
-    if (isRoot) {
-      std::vector<torch::Tensor> parts;
-      for (const auto& t : tensors) parts.push_back(t.reshape({-1}).to(device));
-      flat = torch::cat(parts);
-    } else {
-      flat = torch::empty({total}, torch::TensorOptions().dtype(type).device(device));
-    }
-    comm.broadcast(flat, root);
-    if (isRoot) continue;
-    int64_t at = 0;
-    for (auto& t : tensors) {
-      t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
-      at += t.numel();
-    }
+  for (auto& flat : flats_) {
+    if (flat.numel() == 0) continue;
+    torch::Tensor wire = flat.device() == device ? flat : flat.to(device);
+    comm.broadcast(wire, root);
+    if (!wire.is_same(flat)) flat.copy_(wire);
+  }
+  if (!isRoot) {
+    for (size_t i = 0; i < live.size(); ++i) live[i].copy_(saved_[i]);
   }
   if (!counters_.empty()) {
     auto c = torch::tensor(counterValues(), i64).to(device);
     comm.broadcast(c, root);
     auto cpu = c.to(torch::kCPU);
     setCounters(std::vector<int64_t>(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()));
+  }
+  // What restore() goes back to is now the root's state on every rank (a commit, when commits
+  // are enabled: a healed replacement holds the state as the survivors do).
+  if (enabled_) {
+    savedMask_ = optimizerStateMask();
+    savedCounters_ = counterValues();
+    commits_ = std::max<int64_t>(commits_, 1);
   }
 }
 

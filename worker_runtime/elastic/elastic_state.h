@@ -59,9 +59,12 @@ class ElasticState {
   // Bytes a commit copies (tensors and counters).
   size_t bytes() const;
 
-  // Every rank's live state becomes rank `root`'s. Collective on `comm`: every rank calls it
-  // with the same registrations. A rank whose tensors differ from root's in number or size
-  // throws ConfigError naming the first difference (the programs differ).
+  // Every rank's live state becomes rank `root`'s, and once commits are enabled so does every
+  // rank's last commit (a replacement that healed holds the state, as the survivors do). It
+  // travels through the commit's own buffers (warm: every commit writes them). Collective on
+  // `comm`: every rank calls it with the same registrations. A rank whose tensors differ from
+  // root's in number or size throws ConfigError naming the first difference (the programs
+  // differ).
   void broadcast(Communicator& comm, int root);
 
  private:
@@ -87,7 +90,11 @@ class ElasticState {
   std::vector<Counter> counters_;
   bool enabled_ = false;
   int64_t commits_ = 0;
-  std::vector<torch::Tensor> saved_;  // the last commit's tensors
+  // Makes saved_ fit `live` (views of flats_, one flat buffer per dtype and device), allocating
+  // anew only when the tensors changed (true then).
+  bool fitSaved(const std::vector<torch::Tensor>& live);
+  std::vector<torch::Tensor> saved_;  // the last commit's tensors: views of flats_
+  std::vector<torch::Tensor> flats_;
   std::vector<int64_t> savedMask_;
   std::vector<int64_t> savedCounters_;
   std::function<void()> boundary_;
