@@ -524,6 +524,13 @@ bool compactMember(StateLog& log, const RoundState& st, int64_t round, const std
          position(log.store(), st, RoundState::List::Members, id).has_value();
 }
 
+// Whether a failure of member `id` may restart the compact closed round `st` as one delta
+// (compactNextRound): round r+1 awaits the member list, which leaves members lost in process and
+// a waiting list in the version out, so only without them.
+bool compactRestartable(StateLog& log, const RoundState& st, int64_t round, const std::string& id) {
+  return st.waitingList.ref == 0 && st.lost.empty() && compactMember(log, st, round, id);
+}
+
 // Round r+1 of the compact closed round `st`, awaiting its member list and its waiting nodes
 // (scalable/waiting_list.h: two reads, no list loaded), `restarts` spent: a failure's restart.
 RoundState compactNextRound(StateLog& log, const RoundState& st, int restarts,
@@ -627,10 +634,7 @@ StateLog::Result failNode(StateLog& log, const Versioned& known, int64_t round,
   return compactElseGeneral(
       log, known,
       [&](const RoundState& st) -> std::optional<RoundState> {
-        // Round r+1 awaits the member list (openNext), which leaves members lost in process
-        // and a waiting list in the version out: only without them.
-        if (st.waitingList.ref != 0 || !st.lost.empty() ||
-            !compactMember(log, st, round, id)) {
+        if (!compactRestartable(log, st, round, id)) {
           return std::nullopt;  // the general path decides (and may find nothing to do)
         }
         // As transition::failWorkers, on the compact state: the lists stay where they are.
@@ -651,14 +655,13 @@ StateLog::Result failRecoveredNode(StateLog& log, const Versioned& known, int64_
   return compactElseGeneral(
       log, known,
       [&](const RoundState& st) -> std::optional<RoundState> {
-        if (st.waitingList.ref != 0 || !st.lost.empty() ||
-            !compactMember(log, st, round, id)) {
-          return std::nullopt;  // as failNode's
-        }
+        if (!compactRestartable(log, st, round, id)) return std::nullopt;  // as failNode's
         return compactNextRound(log, st, st.restarts,
                                 transition::failedRecoveryReason(reason, st.restarts, lim));
       },
-      [&](const RoundState& s) { return transition::failRecoveredWorkers(s, round, id, reason, lim); },
+      [&](const RoundState& s) {
+        return transition::failRecoveredWorkers(s, round, id, reason, lim);
+      },
       [&](const RoundState& st) { return roundOver(st, round); });
 }
 
