@@ -118,13 +118,13 @@ size_t ElasticState::bytes() const {
   return n;
 }
 
-bool ElasticState::fitSaved(const std::vector<torch::Tensor>& live) {
+void ElasticState::fitSaved(const std::vector<torch::Tensor>& live) {
   bool same = live.size() == saved_.size();
   for (size_t i = 0; same && i < live.size(); ++i) {
     same = saved_[i].sizes() == live[i].sizes() && saved_[i].dtype() == live[i].dtype() &&
            saved_[i].device() == live[i].device();
   }
-  if (same) return false;
+  if (same) return;
   // One flat buffer per (dtype, device), in the order of first appearance, each tensor's
   // snapshot a view of it.
   saved_.clear();
@@ -152,7 +152,6 @@ bool ElasticState::fitSaved(const std::vector<torch::Tensor>& live) {
   for (size_t i = 0; i < live.size(); ++i) {
     saved_.push_back(flats_[flatOf[i]].narrow(0, offset[i], live[i].numel()).view(live[i].sizes()));
   }
-  return true;
 }
 
 void ElasticState::commit() {

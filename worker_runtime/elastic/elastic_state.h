@@ -91,8 +91,8 @@ class ElasticState {
   bool enabled_ = false;
   int64_t commits_ = 0;
   // Makes saved_ fit `live` (views of flats_, one flat buffer per dtype and device), allocating
-  // anew only when the tensors changed (true then).
-  bool fitSaved(const std::vector<torch::Tensor>& live);
+  // anew only when the tensors changed.
+  void fitSaved(const std::vector<torch::Tensor>& live);
   std::vector<torch::Tensor> saved_;  // the last commit's tensors: views of flats_
   std::vector<torch::Tensor> flats_;
   std::vector<int64_t> savedMask_;
