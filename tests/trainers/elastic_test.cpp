@@ -86,7 +86,7 @@ void killWorker(Job& job, int rank, const std::string& program = "mnist_mlp") {
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  REQUIRE(pid > 0);
+  REQUIRE(showingOutput(pid > 0, job));
   REQUIRE(::kill(pid, SIGKILL) == 0);
 }
 
@@ -128,7 +128,7 @@ TEST_CASE("a worker SIGKILLed mid-run is restarted and the weights are bit-ident
     // Restart semantics (in-process recovery has tests of its own below).
     Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1", "--recovery=restart"}),
             {}, dir / "log");
-    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
+    REQUIRE(showingOutput(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout), job));
     killedAfter = newestCheckpoint(dir / "ckpt");
     killWorker(job, 1);
     const int code = job.wait(kJobTimeout);
@@ -155,7 +155,7 @@ TEST_CASE("a job that fails without restarts left resumes when started again and
   TempDir dir;
   {
     Job job(underDdprun(2, trainerArgs(dir.path(), 16)), {}, dir / "log1");
-    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 90, kJobTimeout));
+    REQUIRE(showingOutput(waitForCheckpoint(job, dir / "ckpt", 90, kJobTimeout), job));
     killWorker(job, 1);
     const int code = job.wait(kJobTimeout);
     INFO(job.output());
@@ -233,7 +233,7 @@ void inProcessKill(int victim) {
   {
     Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=1", "--recovery=in-process"}),
             {}, dir / "log");
-    REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
+    REQUIRE(showingOutput(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout), job));
     const pid_t survivorPid = workerPid(job.pid(), survivor, "mnist_mlp");
     const pid_t victimPid = workerPid(job.pid(), victim, "mnist_mlp");
     REQUIRE(survivorPid > 0);
@@ -280,7 +280,7 @@ TEST_CASE("in-process recovery: a death with no restart left ends the job with i
   TempDir dir;
   Job job(underDdprun(2, trainerArgs(dir.path(), 16), {"--max-restarts=0", "--recovery=in-process"}),
           {}, dir / "log");
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 10, kJobTimeout));
+  REQUIRE(showingOutput(waitForCheckpoint(job, dir / "ckpt", 10, kJobTimeout), job));
   killWorker(job, 1);
   const int code = job.wait(kJobTimeout);
   INFO(job.output());
@@ -332,7 +332,8 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
                         {"--max-restarts=1", "--recovery=in-process", "--spares=1"}),
             {}, dir / "log");
     // The spare starts once both workers announced in-process recovery; killed once it waits.
-    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout));
+    REQUIRE(
+        showingOutput(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout), job));
     spare = sparePid(job.pid(), 0, "mnist_mlp");
     const pid_t survivorPid = workerPid(job.pid(), 0, "mnist_mlp");
     const pid_t victimPid = workerPid(job.pid(), 1, "mnist_mlp");
@@ -389,7 +390,8 @@ TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers 
     Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
                         {"--max-restarts=0", "--recovery=in-process", "--spares=1"}),
             {}, dir / "log");
-    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout));
+    REQUIRE(
+        showingOutput(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout), job));
     const pid_t spare = sparePid(job.pid(), 0, "mnist_mlp");
     const pid_t w0 = workerPid(job.pid(), 0, "mnist_mlp");
     const pid_t w1 = workerPid(job.pid(), 1, "mnist_mlp");
@@ -433,7 +435,8 @@ TEST_CASE("hot spare: the spare SIGKILLed as it takes the rank, the next generat
     Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
                         {"--max-restarts=2", "--recovery=in-process", "--spares=1"}),
             {{"DDPRUN_TIMEOUT", "20"}}, dir / "log");
-    REQUIRE(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout));
+    REQUIRE(
+        showingOutput(waitForOutput(job, "ready: loaded, waiting for a rank", kJobTimeout), job));
     const pid_t spare = sparePid(job.pid(), 0, "mnist_mlp");
     const pid_t survivorPid = workerPid(job.pid(), 0, "mnist_mlp");
     const pid_t victimPid = workerPid(job.pid(), 1, "mnist_mlp");
@@ -442,7 +445,8 @@ TEST_CASE("hot spare: the spare SIGKILLed as it takes the rank, the next generat
     REQUIRE(victimPid > 0);
     REQUIRE(::kill(victimPid, SIGKILL) == 0);
     // The spare is killed the moment the agent has given it the rank (before or while it heals).
-    REQUIRE(waitForOutput(job, ") takes rank 1 (restart 1 of 2 spent)", kJobTimeout));
+    REQUIRE(showingOutput(waitForOutput(job, ") takes rank 1 (restart 1 of 2 spent)", kJobTimeout),
+                          job));
     REQUIRE(::kill(spare, SIGKILL) == 0);
     const pid_t survivorNow = workerPid(job.pid(), 0, "mnist_mlp");
     const int code = job.wait(kJobTimeout);
@@ -548,7 +552,7 @@ TEST_CASE("mnist_cnn trains under ddprun and its loss falls", "[elastic][slow]")
 int64_t runUntilCheckpoint(const std::vector<std::string>& argv, const std::string& ckpt,
                            int64_t step, const std::string& log) {
   Job job(argv, {}, log);
-  REQUIRE(waitForCheckpoint(job, ckpt, step, kJobTimeout));
+  REQUIRE(showingOutput(waitForCheckpoint(job, ckpt, step, kJobTimeout), job));
   job.signal(SIGTERM);
   const int code = job.wait(kJobTimeout);
   INFO(job.output());

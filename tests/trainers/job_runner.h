@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <regex>
 #include <set>
@@ -25,8 +26,10 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "tests/support/catch_torch.h"
 #include "tests/support/process.h"
 
 namespace ddprun::trainers::testing {
@@ -220,6 +223,23 @@ inline bool waitForOutput(Job& job, const std::string& text, std::chrono::second
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return true;
+}
+
+// `ok`, passed on. When it is false, what each of `jobs` printed so far, under its name, goes
+// into the message of the assertion being evaluated (Catch2's UNSCOPED_INFO), so that a failed
+// wait says what the jobs did, long before the INFO of their whole output at their end:
+//   REQUIRE(showingOutput(waitForOutput(job, "ready", kJobTimeout), job));
+// (The jobs' output is read after `ok` was computed: the wait is over by then.)
+inline bool showingOutput(bool ok, std::initializer_list<std::pair<std::string, const Job*>> jobs) {
+  if (!ok) {
+    for (const auto& [name, job] : jobs) {
+      if (job) UNSCOPED_INFO(name << " printed so far:\n" << job->output());
+    }
+  }
+  return ok;
+}
+inline bool showingOutput(bool ok, const Job& job) {
+  return showingOutput(ok, {{"the job", &job}});
 }
 
 // Hot spare `id` of `agent` the moment it appears, forked from the spare template (its line in

@@ -27,10 +27,11 @@ namespace {
 // Once node rank 0's spare 0 is ready and a checkpoint exists, node rank 1 is lost; returns
 // spare 0's pid: node rank 0's agent gives it rank 1 (the moved rank) in generation 1.
 pid_t loseNodeRank1ToSpare0(ThreeNodes& job, const TempDir& dir) {
-  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  REQUIRE(job.showingOutput(
+      waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout)));
   const pid_t moved = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
   REQUIRE(moved > 0);
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  REQUIRE(job.showingOutput(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout)));
   job.loseNodeRank1();
   return moved;
 }
@@ -54,16 +55,16 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank moved to
   const auto& reference = referenceRun();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
-  REQUIRE(job.findRanks());
+  REQUIRE(job.showingOutput(job.findRanks()));
   const pid_t r0 = job.worker[0], r2 = job.worker[2];
   const pid_t moved = loseNodeRank1ToSpare0(job, dir);
-  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout)));
   // Node rank 0 starts its next spare (3) as spare 0 takes the moved rank; once it is ready,
   // the moved rank (spare 0's process, local rank 1 of node rank 0) is SIGKILLed.
   const pid_t next = waitForNumber(*job.at[0], R"(spare 3 \(pid (\d+)\) ready: loaded)");
-  REQUIRE(next > 0);
+  REQUIRE(job.showingOutput(next > 0));
   REQUIRE(::kill(moved, SIGKILL) == 0);
-  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 2", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "rank 1 joined generation 2", kJobTimeout)));
   for (pid_t p : {r0, r2, next}) CHECK(::kill(p, 0) == 0);
   const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
@@ -90,12 +91,14 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, the spare given i
   const auto& reference = referenceRun();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
-  REQUIRE(job.findRanks());
+  REQUIRE(job.showingOutput(job.findRanks()));
   const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   // The spare dies the moment its agent has given it the rank: before (or while) it heals from
   // a survivor's memory, with the survivors waiting for it in generation 1.
-  REQUIRE(waitForOutput(*job.at[0], "generation 1: spare 0 (pid " + std::to_string(moved) +
-                                        ") of this node takes rank 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(
+      *job.at[0],
+      "generation 1: spare 0 (pid " + std::to_string(moved) + ") of this node takes rank 1",
+      kJobTimeout)));
   REQUIRE(::kill(moved, SIGKILL) == 0);
   const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
@@ -126,19 +129,19 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
   if (!haveData()) return skipWithoutData();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
-  REQUIRE(job.findRanks());
+  REQUIRE(job.showingOutput(job.findRanks()));
   const pid_t moved = loseNodeRank1ToSpare0(job, dir);
-  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout)));
   // Node rank 0's next spares (3, 6, 9) SIGKILLed as they start: three dead before they were
   // ready end the spares of its group, so none waits when the moved rank dies.
   for (int id : {3, 6, 9}) {
     const pid_t p = waitForStartingSpare(*job.at[0], id, kJobTimeout);
     INFO("spare " << id);
-    REQUIRE(p > 0);
+    REQUIRE(job.showingOutput(p > 0));
     REQUIRE(::kill(p, SIGKILL) == 0);
   }
-  REQUIRE(waitForOutput(*job.at[0], "the third in a row: no more spares for this group",
-                        kJobTimeout));
+  REQUIRE(job.showingOutput(
+      waitForOutput(*job.at[0], "the third in a row: no more spares for this group", kJobTimeout)));
   REQUIRE(::kill(moved, SIGKILL) == 0);
   // Both survivors exit 0 (waitForEnd requires it). Before the check came ahead of the budget,
   // the recovery spent restart 2 of 2 and then restarted the group, a failure reported afresh
@@ -161,9 +164,9 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   // --max-restarts=2: the node's loss spends one, the moved rank's recovery the second, and the
   // restart that recovery turns into spends none (before, it spent a third: the job failed).
   ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
-  REQUIRE(job.findRanks());
+  REQUIRE(job.showingOutput(job.findRanks()));
   const pid_t moved = loseNodeRank1ToSpare0(job, dir);
-  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout)));
   // Node rank 0's next spares 3 and 6 SIGKILLed as they start (two dead before they were ready);
   // spare 9 is SIGSTOPped as it starts: it waits (exec'd) but is never ready, so its death will
   // be the third in a row and no other is started after it (a ready spare's death would be
@@ -172,7 +175,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   for (int id : {3, 6, 9}) {
     const pid_t p = waitForStartingSpare(*job.at[0], id, kJobTimeout);
     INFO("spare " << id);
-    REQUIRE(p > 0);
+    REQUIRE(job.showingOutput(p > 0));
     REQUIRE(::kill(p, id != 9 ? SIGKILL : SIGSTOP) == 0);
     last = p;
   }
@@ -187,8 +190,8 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   const bool spareReaped = waitUntilReaped(last);
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   REQUIRE(::kill(job.store->pid(), SIGCONT) == 0);
-  REQUIRE(reaped);
-  REQUIRE(spareReaped);
+  REQUIRE(job.showingOutput(reaped));
+  REQUIRE(job.showingOutput(spareReaped));
   const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
   REQUIRE_THAT(out0, !Contains("spare 9 (pid " + std::to_string(last) + ") ready"));

@@ -39,18 +39,19 @@ TEST_CASE("three nodes, replace, --spares=1: node rank 1 lost, its rank taken by
   const auto& reference = referenceRun();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
-  REQUIRE(job.findRanks());
+  REQUIRE(job.showingOutput(job.findRanks()));
   // Spare ids are n x nodes + node rank: node rank 0's first is spare 0. Node rank 0's agent
   // takes the ready spares node by node from node rank 0: its own spare 0.
-  REQUIRE(waitForOutput(*job.at[0], "spare 0 (pid ", kJobTimeout));
-  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "spare 0 (pid ", kJobTimeout)));
+  REQUIRE(job.showingOutput(
+      waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout)));
+  REQUIRE(job.showingOutput(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout)));
   const pid_t spare = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
   REQUIRE(spare > 0);
   const pid_t r0 = job.worker[0], r2 = job.worker[2];
   const std::string lostAddr = job.addr(1);
   job.loseNodeRank1();
-  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout)));
   for (pid_t p : {r0, r2, spare}) CHECK(::kill(p, 0) == 0);
   const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
@@ -79,7 +80,7 @@ TEST_CASE("three nodes, replace, --spares=1, one rank per node: the spare templa
   const auto& reference = referenceRun();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
-  REQUIRE(job.findRanks());
+  REQUIRE(job.showingOutput(job.findRanks()));
   // At --nproc-per-node=1 ddprun sets no OMP_NUM_THREADS for the ranks (torchrun's rule), so
   // OpenBLAS started its pool as LibTorch loaded and the template, which must have one thread
   // at init(), exited ("the program has 2 threads when it calls init()") on a 2-CPU machine.
@@ -97,19 +98,20 @@ TEST_CASE("three nodes, replace, --spares=1, one rank per node: the spare templa
   }
   // Spare 0 is exec'd (the template was still loading); killed while it waits, it is replaced
   // by spare 3 (ids: n x 3 nodes + node rank), a fork of the template.
-  REQUIRE(waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout));
+  REQUIRE(job.showingOutput(
+      waitForOutput(*job.at[0], "ready: loaded, waiting for a rank", kJobTimeout)));
   const pid_t spare0 = sparePid(job.at[0]->pid(), 0, "mnist_mlp");
   REQUIRE(spare0 > 0);
   REQUIRE(::kill(spare0, SIGKILL) == 0);
   const pid_t forked = waitForNumber(*job.at[0], R"(spare 3 \(pid (\d+)\) forked from the spare )"
                                                  R"(template \(pid )" + std::to_string(templ));
-  REQUIRE(forked > 0);
-  REQUIRE(waitForOutput(*job.at[0], "spare 3 (pid " + std::to_string(forked) + ") ready: loaded",
-                        kJobTimeout));
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  REQUIRE(job.showingOutput(forked > 0));
+  REQUIRE(job.showingOutput(waitForOutput(
+      *job.at[0], "spare 3 (pid " + std::to_string(forked) + ") ready: loaded", kJobTimeout)));
+  REQUIRE(job.showingOutput(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout)));
   const pid_t r0 = job.worker[0], r2 = job.worker[2];
   job.loseNodeRank1();
-  REQUIRE(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout)));
   for (pid_t p : {r0, r2, forked}) CHECK(::kill(p, 0) == 0);
   const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
@@ -141,17 +143,17 @@ TEST_CASE("three nodes, replace, --spares=1, no spare ready: node rank 1 lost, t
   if (!haveData()) return skipWithoutData();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
-  REQUIRE(job.findRanks());
+  REQUIRE(job.showingOutput(job.findRanks()));
   // The survivors' spares are stopped as soon as they are exec'd, long before they could load
   // LibTorch and say they are ready: none is ready when node rank 1 is lost.
   const pid_t s0 = waitForSpare(*job.at[0], 0), s2 = waitForSpare(*job.at[2], 2);
-  REQUIRE(s0 > 0);
-  REQUIRE(s2 > 0);
+  REQUIRE(job.showingOutput(s0 > 0));
+  REQUIRE(job.showingOutput(s2 > 0));
   REQUIRE(::kill(s0, SIGSTOP) == 0);
   REQUIRE(::kill(s2, SIGSTOP) == 0);
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  REQUIRE(job.showingOutput(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout)));
   job.loseNodeRank1();
-  REQUIRE(waitForOutput(*job.at[0], "need as many ready spares", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "need as many ready spares", kJobTimeout)));
   // Our own stopped spares: let them take the group's stop.
   for (pid_t p : {s0, s2}) ::kill(p, SIGCONT);
   const auto [out0, out2] = job.waitForEnd();
@@ -175,13 +177,13 @@ TEST_CASE("three nodes, shrink: node rank 1's agent and worker SIGKILLed, node r
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink"},
                  {{"DDPRUN_SAMPLE_LOG", dir / "samples"}});
-  REQUIRE(job.findRanks());
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  REQUIRE(job.showingOutput(job.findRanks()));
+  REQUIRE(job.showingOutput(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout)));
   const pid_t r0 = job.worker[0], r2 = job.worker[2];
   const std::string lostAddr = job.addr(1);
   job.loseNodeRank1();
-  REQUIRE(waitForOutput(*job.at[2], "as rank 1 of 2 (was rank 2 of 3; the group shrank)",
-                        kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(
+      *job.at[2], "as rank 1 of 2 (was rank 2 of 3; the group shrank)", kJobTimeout)));
   for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
   const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);
@@ -213,8 +215,8 @@ TEST_CASE("three nodes, shrink:3: node rank 1 lost below the job's minimum, the 
   if (!haveData()) return skipWithoutData();
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--recovery-policy=shrink:3"});
-  REQUIRE(job.findRanks());
-  REQUIRE(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout));
+  REQUIRE(job.showingOutput(job.findRanks()));
+  REQUIRE(job.showingOutput(waitForCheckpoint(*job.at[0], dir / "ckpt", 20, kJobTimeout)));
   job.loseNodeRank1();
   const auto [out0, out2] = job.waitForEnd();
   INFO("node rank 0:\n" << out0 << "\nnode rank 2:\n" << out2);

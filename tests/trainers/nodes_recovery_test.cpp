@@ -67,6 +67,11 @@ struct TwoNodes {
     node1 = std::make_unique<Job>(agent(1, port, dir.path(), flags, epochs), env,
                                   dir / "node1.log");
   }
+  // `ok`, passed on; when it is false, both agents' output so far goes into the message of the
+  // assertion being evaluated (job_runner.h's showingOutput).
+  bool showingOutput(bool ok) const {
+    return testing::showingOutput(ok, {{"node 0", node0.get()}, {"node 1", node1.get()}});
+  }
   // Both agents' ends (bounded), each required to exit 0 (both outputs in the failure's
   // message); returns node 0's output and node 1's.
   std::pair<std::string, std::string> finish() {
@@ -105,12 +110,12 @@ pid_t waitForWorker(Job& job, int rank) {
 // Once node 0 has checkpointed step 20: the pids of ranks 0 and 1 (node 0) and 2 and 3 (node 1),
 // each required found.
 std::array<pid_t, 4> workersAfterCheckpoint(TwoNodes& job, const TempDir& dir) {
-  REQUIRE(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout));
+  REQUIRE(job.showingOutput(waitForCheckpoint(*job.node0, dir / "ckpt", 20, kJobTimeout)));
   std::array<pid_t, 4> r;
   for (int k = 0; k < 4; ++k) r[k] = waitForWorker(k < 2 ? *job.node0 : *job.node1, k);
   for (int k = 0; k < 4; ++k) {
     INFO("rank " << k);
-    REQUIRE(r[k] > 0);
+    REQUIRE(job.showingOutput(r[k] > 0));
   }
   return r;
 }
@@ -140,7 +145,7 @@ TEST_CASE("two nodes, replace: a worker of node 1 SIGKILLed is replaced by its a
   TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process"});
   const auto [r0, r1, r2, r3] = workersAfterCheckpoint(job, dir);
   REQUIRE(::kill(r2, SIGKILL) == 0);
-  REQUIRE(waitForOutput(*job.node1, "rank 2 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.node1, "rank 2 joined generation 1", kJobTimeout)));
   for (pid_t p : {r0, r1, r3}) CHECK(::kill(p, 0) == 0);
   const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
@@ -167,8 +172,8 @@ TEST_CASE("two nodes, shrink: a worker of node 1 SIGKILLed, the group goes on at
                {{"DDPRUN_SAMPLE_LOG", dir / "samples"}});
   const auto [r0, r1, r2, r3] = workersAfterCheckpoint(job, dir);
   REQUIRE(::kill(r2, SIGKILL) == 0);
-  REQUIRE(waitForOutput(*job.node1, "as rank 2 of 3 (was rank 3 of 4; the group shrank)",
-                        kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(
+      *job.node1, "as rank 2 of 3 (was rank 3 of 4; the group shrank)", kJobTimeout)));
   for (pid_t p : {r0, r1, r3}) CHECK(::kill(p, 0) == 0);
   const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
@@ -197,15 +202,16 @@ TEST_CASE("two nodes, --spares=1: node 1's waiting spare takes the rank of node 
   TempDir dir;
   TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
   // Spare ids are unique in the job: n x nodes + node rank, so node 1's first is spare 1.
-  REQUIRE(waitForOutput(*job.node1, "spare 1 (pid ", kJobTimeout));
-  REQUIRE(waitForOutput(*job.node1, "ready: loaded, waiting for a rank", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.node1, "spare 1 (pid ", kJobTimeout)));
+  REQUIRE(job.showingOutput(
+      waitForOutput(*job.node1, "ready: loaded, waiting for a rank", kJobTimeout)));
   const pid_t r0 = waitForWorker(*job.node0, 0), r2 = waitForWorker(*job.node1, 2);
   const pid_t r3 = waitForWorker(*job.node1, 3);
-  REQUIRE(r0 > 0);
-  REQUIRE(r2 > 0);
-  REQUIRE(r3 > 0);
+  REQUIRE(job.showingOutput(r0 > 0));
+  REQUIRE(job.showingOutput(r2 > 0));
+  REQUIRE(job.showingOutput(r3 > 0));
   REQUIRE(::kill(r3, SIGKILL) == 0);
-  REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout)));
   for (pid_t p : {r0, r2}) CHECK(::kill(p, 0) == 0);
   const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
@@ -234,11 +240,11 @@ TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on
       const int id = 2 * round + n;
       INFO("node " << n << ", spare " << id);
       const pid_t p = waitForReadySpare(*nodes[n], id);
-      REQUIRE(p > 0);
+      REQUIRE(job.showingOutput(p > 0));
       REQUIRE(::kill(p, SIGKILL) == 0);
       const std::string died = "spare " + std::to_string(id) + " (pid " + std::to_string(p) +
                                ") died";
-      REQUIRE(waitForOutput(*nodes[n], died, kJobTimeout));
+      REQUIRE(job.showingOutput(waitForOutput(*nodes[n], died, kJobTimeout)));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the rest of its line
       INFO(nodes[n]->output());
       CHECK_THAT(nodes[n]->output(),
@@ -251,13 +257,13 @@ TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on
   // Both nodes still keep a spare; node 1's takes its dead worker's rank in process.
   const pid_t spare6 = waitForReadySpare(*job.node0, 6);
   const pid_t spare7 = waitForReadySpare(*job.node1, 7);
-  REQUIRE(spare6 > 0);
-  REQUIRE(spare7 > 0);
+  REQUIRE(job.showingOutput(spare6 > 0));
+  REQUIRE(job.showingOutput(spare7 > 0));
   const pid_t r0 = waitForWorker(*job.node0, 0), r3 = waitForWorker(*job.node1, 3);
-  REQUIRE(r0 > 0);
-  REQUIRE(r3 > 0);
+  REQUIRE(job.showingOutput(r0 > 0));
+  REQUIRE(job.showingOutput(r3 > 0));
   REQUIRE(::kill(r3, SIGKILL) == 0);
-  REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout)));
   CHECK(::kill(r0, 0) == 0);
   const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
@@ -285,15 +291,15 @@ TEST_CASE("two nodes, --spares=1: node 1's spares killed as they start, three in
     const int id = 2 * i + 1;
     pids[i] = waitForStartingSpare(*job.node1, id, kJobTimeout);
     INFO("spare " << id);
-    REQUIRE(pids[i] > 0);
+    REQUIRE(job.showingOutput(pids[i] > 0));
     REQUIRE(::kill(pids[i], signals[i]) == 0);
   }
-  REQUIRE(waitForOutput(*job.node1, "the third in a row: no more spares for this group",
-                        kJobTimeout));
+  REQUIRE(job.showingOutput(
+      waitForOutput(*job.node1, "the third in a row: no more spares for this group", kJobTimeout)));
   const pid_t r3 = waitForWorker(*job.node1, 3);
-  REQUIRE(r3 > 0);
+  REQUIRE(job.showingOutput(r3 > 0));
   REQUIRE(::kill(r3, SIGKILL) == 0);
-  REQUIRE(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout));
+  REQUIRE(job.showingOutput(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout)));
   const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
   const std::string p1 = std::to_string(pids[0]), p3 = std::to_string(pids[1]),
@@ -371,12 +377,12 @@ TEST_CASE("two nodes, --spares=2: each node's first spare stopped before it was 
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  REQUIRE(stopped[0] > 0);
-  REQUIRE(stopped[1] > 0);
+  REQUIRE(job.showingOutput(stopped[0] > 0));
+  REQUIRE(job.showingOutput(stopped[1] > 0));
   pid_t ready[2] = {-1, -1};
   for (int n = 0; n < 2; ++n) {
     ready[n] = waitForReadySpare(*nodes[n], n + 2);
-    REQUIRE(ready[n] > 0);
+    REQUIRE(job.showingOutput(ready[n] > 0));
     INFO(nodes[n]->output());
     // Stopped before its ready line:
     REQUIRE_THAT(nodes[n]->output(), !Contains("spare " + std::to_string(n) + " (pid " +
@@ -387,7 +393,7 @@ TEST_CASE("two nodes, --spares=2: each node's first spare stopped before it was 
   int generation = 0;
   for (int n : {1, 0}) {
     const pid_t dead = waitForWorker(*nodes[n], deadRank[n]);
-    REQUIRE(dead > 0);
+    REQUIRE(job.showingOutput(dead > 0));
     REQUIRE(::kill(dead, SIGKILL) == 0);
     ++generation;
     const std::string g = std::to_string(generation);
@@ -395,9 +401,10 @@ TEST_CASE("two nodes, --spares=2: each node's first spare stopped before it was 
         waitForOutput(*nodes[n], "recovering in process (generation " + g + ")", kJobTimeout);
     // It loads and waits (with the old choice: takes the rank late).
     ::kill(stopped[n], SIGCONT);
-    REQUIRE(recovering);
-    REQUIRE(waitForOutput(*nodes[n], "rank " + std::to_string(deadRank[n]) + " joined "
-                                     "generation " + g, kJobTimeout));
+    REQUIRE(job.showingOutput(recovering));
+    REQUIRE(job.showingOutput(waitForOutput(
+        *nodes[n], "rank " + std::to_string(deadRank[n]) + " joined generation " + g,
+        kJobTimeout)));
   }
   const auto [out0, out1] = job.finish();
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);

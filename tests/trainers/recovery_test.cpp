@@ -92,7 +92,7 @@ pid_t waitForWorker(Job& job, int rank, pid_t notThis = -1) {
 // The pids of ranks 0..n-1 (each found), once the job has checkpointed step 40: every rank
 // holds the training state by then.
 std::vector<pid_t> ranksOf(Job& job, const TempDir& dir, int n) {
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout));
+  REQUIRE(showingOutput(waitForCheckpoint(job, dir / "ckpt", 40, kJobTimeout), job));
   const auto pids = workerPids(job.pid(), n, "mnist_mlp");
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
@@ -224,7 +224,7 @@ TEST_CASE("in-process recovery: a survivor SIGKILLed while the replacement of an
   // As soon as rank 1's replacement runs (it loads LibTorch and the data for about a second
   // before it can heal), rank 2 dies: generation 1 is still re-forming.
   const pid_t replacement = waitForWorker(job, 1, pids[1]);
-  REQUIRE(replacement > 0);
+  REQUIRE(showingOutput(replacement > 0, job));
   REQUIRE(::kill(pids[2], SIGKILL) == 0);
   const auto seen = rankPidsUntilExit(job, {0, 1}, "mnist_mlp", kJobTimeout);
   const std::string out = run.succeeded();
@@ -256,7 +256,7 @@ TEST_CASE("in-process recovery: rank 0 SIGKILLed while rank 1's replacement load
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
   // The only survivor dies before the replacement (a second of start-up) could heal from it.
   const pid_t replacement = waitForWorker(job, 1, pids[1]);
-  REQUIRE(replacement > 0);
+  REQUIRE(showingOutput(replacement > 0, job));
   REQUIRE(::kill(pids[0], SIGKILL) == 0);
   const std::string out = run.succeeded();
   INFO(out);
@@ -283,7 +283,7 @@ TEST_CASE("in-process recovery: the replacement SIGKILLed before it healed, weig
   // The replacement, as soon as it runs (it takes about a second to load LibTorch and the data
   // and heal): the survivor is waiting for it in generation 1.
   const pid_t replacement = waitForWorker(job, 1, first);
-  REQUIRE(replacement > 0);
+  REQUIRE(showingOutput(replacement > 0, job));
   REQUIRE(::kill(replacement, SIGKILL) == 0);
   const auto seen = rankPidsUntilExit(job, {0}, "mnist_mlp", kJobTimeout);
   const std::string out = run.succeeded();
@@ -433,11 +433,11 @@ TEST_CASE("rank 0 SIGKILLed while it writes a checkpoint is recovered in process
     Job job(underDdprun(2, dir.path(), {"--max-restarts=1", "--recovery=in-process"}), {},
             dir / "log1");
     const auto [writer, step] = waitForSave(job, ckpt, 40);
-    REQUIRE(writer > 0);
+    REQUIRE(showingOutput(writer > 0, job));
     REQUIRE(writer == workerPid(job.pid(), 0, "mnist_mlp"));  // rank 0 saves
     REQUIRE(::kill(writer, SIGKILL) == 0);
     const auto [writer2, step2] = waitForSave(job, ckpt, std::max<int64_t>(step + 10, 120));
-    REQUIRE(writer2 > 0);
+    REQUIRE(showingOutput(writer2 > 0, job));
     REQUIRE(writer2 != writer);
     REQUIRE(::kill(writer2, SIGKILL) == 0);
     secondKill = step2;

@@ -102,7 +102,7 @@ std::vector<pid_t> ranksNow(Job& job, int n) {
 // The pids of ranks 0..n-1 (each found), once the job has checkpointed step 20: every rank
 // holds the training state by then.
 std::vector<pid_t> ranksOf(Job& job, const TempDir& dir, int n) {
-  REQUIRE(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout));
+  REQUIRE(showingOutput(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout), job));
   return ranksNow(job, n);
 }
 
@@ -124,10 +124,10 @@ TEST_CASE("a rank of three SIGKILLed: the other two go on at two ranks in their 
   const pid_t zero = pids[0], one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
   // The survivors keep their processes: still running once the group went on without rank 1.
-  REQUIRE(waitForOutput(job, "the group shrank", kJobTimeout));
+  REQUIRE(showingOutput(waitForOutput(job, "the group shrank", kJobTimeout), job));
   CHECK(::kill(zero, 0) == 0);
   CHECK(::kill(two, 0) == 0);
-  REQUIRE(waitForOutput(job, "the group grew", kJobTimeout));
+  REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
   CHECK(::kill(zero, 0) == 0);
   CHECK(::kill(two, 0) == 0);
   const std::string out = finishOk(job);
@@ -182,8 +182,10 @@ TEST_CASE("grow back: the replacement SIGKILLed before it healed, the job goes o
   const pid_t zero = pids[0], one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
   // Both survivors in generation 1 (each prints its line once it told the agent so).
-  REQUIRE(waitForOutput(job, "as rank 0 of 2 (was rank 0 of 3; the group shrank)", kJobTimeout));
-  REQUIRE(waitForOutput(job, "as rank 1 of 2 (was rank 2 of 3; the group shrank)", kJobTimeout));
+  REQUIRE(showingOutput(
+      waitForOutput(job, "as rank 0 of 2 (was rank 0 of 3; the group shrank)", kJobTimeout), job));
+  REQUIRE(showingOutput(
+      waitForOutput(job, "as rank 1 of 2 (was rank 2 of 3; the group shrank)", kJobTimeout), job));
   // The survivors stop where they are (mid-step): the replacement gets the rank, but cannot
   // reach a commit with them, so it is killed before it healed, whatever the machine's speed.
   REQUIRE(::kill(zero, SIGSTOP) == 0);
@@ -196,8 +198,8 @@ TEST_CASE("grow back: the replacement SIGKILLed before it healed, the job goes o
   if (named) ::kill(std::stoi(m[1]), SIGKILL);
   ::kill(zero, SIGCONT);
   ::kill(two, SIGCONT);
-  REQUIRE(published);
-  REQUIRE(named);
+  REQUIRE(showingOutput(published, job));
+  REQUIRE(showingOutput(named, job));
   const std::string newcomer = m[1];
   out = finishOk(job);
   INFO(out);
@@ -284,7 +286,7 @@ TEST_CASE("the budget spent by a shrink, the next death ends the job with its ro
   const auto pids = ranksOf(job, dir, 3);
   const pid_t one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
-  REQUIRE(waitForOutput(job, "the group shrank", kJobTimeout));
+  REQUIRE(showingOutput(waitForOutput(job, "the group shrank", kJobTimeout), job));
   // Rank 2 of the start is rank 1 of generation 1.
   REQUIRE(::kill(two, SIGKILL) == 0);
   const int code = finish(job);
@@ -328,12 +330,13 @@ TEST_CASE("shrink with a warm spare (--spares=1): a rank of three SIGKILLed, the
                                       "--recovery-policy=shrink", "--spares=1"}, kEpochs),
           sampleLogEnv(dir), dir / "log");
   // The spare starts with the job (at normal priority) and loads before the death.
-  REQUIRE(waitForOutput(job, "spare 0 (pid", kJobTimeout));
-  REQUIRE(waitForOutput(job, ") ready: loaded, waiting for a rank", kJobTimeout));
+  REQUIRE(showingOutput(waitForOutput(job, "spare 0 (pid", kJobTimeout), job));
+  REQUIRE(
+      showingOutput(waitForOutput(job, ") ready: loaded, waiting for a rank", kJobTimeout), job));
   const auto pids = ranksNow(job, 3);
   const pid_t zero = pids[0], one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
-  REQUIRE(waitForOutput(job, "the group grew", kJobTimeout));
+  REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
   CHECK(::kill(zero, 0) == 0);
   CHECK(::kill(two, 0) == 0);
   const std::string out = finishOk(job);

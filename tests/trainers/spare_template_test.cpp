@@ -107,9 +107,9 @@ TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and hea
     Job j(job(dir.path(), {"--max-restarts=2", "--recovery=in-process", "--spares=1"}), {},
           dir / "log");
     templ = waitForPid(j, "spare template (pid ", ") ready: loaded, forks");
-    REQUIRE(templ > 0);
-    REQUIRE(waitForOutput(j, "spare 0 (pid ", kJobTimeout));
-    REQUIRE(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout));
+    REQUIRE(showingOutput(templ > 0, j));
+    REQUIRE(showingOutput(waitForOutput(j, "spare 0 (pid ", kJobTimeout), j));
+    REQUIRE(showingOutput(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout), j));
     const pid_t spare0 = sparePid(j.pid(), 0, "mnist_mlp");  // exec'd: found by its environment
     const pid_t victim = workerPid(j.pid(), 1, "mnist_mlp");
     REQUIRE(spare0 > 0);
@@ -119,14 +119,17 @@ TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and hea
     // template's, so it is found by its line).
     forked = waitForPid(j, "spare 1 (pid ", ") forked from the spare template (pid " +
                                                 std::to_string(templ) + ")");
-    REQUIRE(forked > 0);
-    REQUIRE(waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") ready: loaded",
-                          kJobTimeout));
-    REQUIRE(waitForOutput(j, "rank 1 joined generation 1 and healed", kJobTimeout));
+    REQUIRE(showingOutput(forked > 0, j));
+    REQUIRE(showingOutput(
+        waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") ready: loaded", kJobTimeout),
+        j));
+    REQUIRE(
+        showingOutput(waitForOutput(j, "rank 1 joined generation 1 and healed", kJobTimeout), j));
     // The forked spare takes rank 1 again: kill spare 0, now rank 1.
     REQUIRE(::kill(spare0, SIGKILL) == 0);
-    REQUIRE(waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") takes rank 1",
-                          kJobTimeout));
+    REQUIRE(showingOutput(
+        waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") takes rank 1", kJobTimeout),
+        j));
     for (pid_t p : descendants(j.pid())) seen.insert(p);  // guards, workers, template, spares
     const int code = j.wait(kJobTimeout);
     output = j.output();
@@ -158,11 +161,13 @@ TEST_CASE("spare template: SIGKILLed, the next spare is exec'd as before and the
     Job j(job(dir.path(), {"--max-restarts=1", "--recovery=in-process", "--spares=1"}), {},
           dir / "log");
     const pid_t templ = waitForPid(j, "spare template (pid ", ") ready: loaded, forks");
-    REQUIRE(templ > 0);
-    REQUIRE(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout));
+    REQUIRE(showingOutput(templ > 0, j));
+    REQUIRE(showingOutput(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout), j));
     REQUIRE(::kill(templ, SIGKILL) == 0);
-    REQUIRE(waitForOutput(j, "the spare template (pid " + std::to_string(templ) + ") exited",
-                          kJobTimeout));
+    REQUIRE(showingOutput(
+        waitForOutput(j, "the spare template (pid " + std::to_string(templ) + ") exited",
+                      kJobTimeout),
+        j));
     const pid_t victim = workerPid(j.pid(), 1, "mnist_mlp");
     REQUIRE(victim > 0);
     REQUIRE(::kill(victim, SIGKILL) == 0);
@@ -195,15 +200,16 @@ TEST_CASE("spare template: ddprun SIGKILLed with a forked spare waiting, no proc
   TempDir dir;
   Job j(job(dir.path(), {"--recovery=in-process", "--spares=1"}), {}, dir / "log");
   const pid_t templ = waitForPid(j, "spare template (pid ", ") ready: loaded, forks");
-  REQUIRE(templ > 0);
-  REQUIRE(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout));
+  REQUIRE(showingOutput(templ > 0, j));
+  REQUIRE(showingOutput(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout), j));
   const pid_t spare0 = sparePid(j.pid(), 0, "mnist_mlp");
   REQUIRE(spare0 > 0);
   REQUIRE(::kill(spare0, SIGKILL) == 0);  // a waiting spare's death: the next one is a fork
   const pid_t forked = waitForPid(j, "spare 1 (pid ", ") forked from the spare template");
-  REQUIRE(forked > 0);
-  REQUIRE(waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") ready: loaded",
-                        kJobTimeout));
+  REQUIRE(showingOutput(forked > 0, j));
+  REQUIRE(showingOutput(
+      waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") ready: loaded", kJobTimeout),
+      j));
   std::set<pid_t> seen;
   for (pid_t p : descendants(j.pid())) seen.insert(p);
   INFO(j.output());

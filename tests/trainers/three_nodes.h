@@ -72,7 +72,8 @@ struct ThreeNodes {
         std::vector<std::string>{kBin + "/ddprun-store", "--host", "127.0.0.1", "--port",
                                  std::to_string(port)},
         std::map<std::string, std::string>{}, dir / "store.log");
-    REQUIRE(waitForOutput(*store, "ddprun-store listening on", std::chrono::seconds(30)));
+    REQUIRE(testing::showingOutput(
+        waitForOutput(*store, "ddprun-store listening on", std::chrono::seconds(30)), *store));
     for (int n = 0; n < 3; ++n) {
       node[n] = std::make_unique<Job>(agent(n, port, dir.path(), flags), env,
                                       dir / ("node" + std::to_string(n) + ".log"));
@@ -103,6 +104,19 @@ struct ThreeNodes {
     for (int n = 0; n < 3; ++n)
       if (node[n].get() == at[k]) return "127.0.0." + std::to_string(2 + n);
     return "?";
+  }
+  // `ok`, passed on; when it is false, the three agents' output so far (each named by its
+  // address, and its node rank once findRanks() found it) goes into the message of the assertion
+  // being evaluated (job_runner.h's showingOutput).
+  bool showingOutput(bool ok) const {
+    std::string name[3];
+    for (int n = 0; n < 3; ++n) {
+      name[n] = "the agent on 127.0.0." + std::to_string(2 + n);
+      for (int k = 0; k < 3; ++k)
+        if (at[k] == node[n].get()) name[n] += " (node rank " + std::to_string(k) + ")";
+    }
+    return testing::showingOutput(
+        ok, {{name[0], node[0].get()}, {name[1], node[1].get()}, {name[2], node[2].get()}});
   }
   // Node rank 1 is lost: its agent first (no report of the worker's death can leave it), then
   // its worker (only processes of this test's own ddprun). Says who held which node rank.
