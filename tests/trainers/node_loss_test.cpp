@@ -144,9 +144,11 @@ TEST_CASE("three nodes, replace, --spares=1, no spare ready: node rank 1 lost, t
   TempDir dir;
   ThreeNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"});
   REQUIRE(job.showingOutput(job.findRanks()));
-  // The survivors' spares are stopped as soon as they are exec'd, long before they could load
-  // LibTorch and say they are ready: none is ready when node rank 1 is lost.
-  const pid_t s0 = waitForSpare(*job.at[0], 0), s2 = waitForSpare(*job.at[2], 2);
+  // The survivors' spares are stopped as soon as they appear (exec'd, as the first spares are
+  // while the template loads, or forked from it), long before they could load LibTorch and say
+  // they are ready: none is ready when node rank 1 is lost.
+  const pid_t s0 = waitForStartingSpare(*job.at[0], 0, kJobTimeout);
+  const pid_t s2 = waitForStartingSpare(*job.at[2], 2, kJobTimeout);
   REQUIRE(job.showingOutput(s0 > 0));
   REQUIRE(job.showingOutput(s2 > 0));
   REQUIRE(::kill(s0, SIGSTOP) == 0);

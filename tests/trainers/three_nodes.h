@@ -158,17 +158,6 @@ inline const TempDir& referenceRun() {
   return *dir;
 }
 
-// The pid of hot spare `id` under `agent`, as soon as it is exec'd (bounded), or -1.
-inline pid_t waitForSpare(Job& agent, int id) {
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while (std::chrono::steady_clock::now() < deadline && !agent.exited()) {
-    const pid_t p = sparePid(agent.pid(), id, "mnist_mlp");
-    if (p > 0) return p;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return -1;
-}
-
 inline std::string escaped(std::string addr) {
   for (size_t i = addr.find('.'); i != std::string::npos; i = addr.find('.', i + 2))
     addr.insert(i, "\\");
