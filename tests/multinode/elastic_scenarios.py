@@ -15,22 +15,10 @@ import sys
 import time
 
 import harness
-from harness import TRAINING_CONF, check, run
+from harness import TRAINING_CONF, check, pid_alive, run
 
 SAMPLE_WORKER = os.path.join(harness.BIN, "sample_worker")
 SAMPLES, EPOCHS = 1200, 2
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open("/proc/%d/stat" % pid) as f:  # a zombie is dead for our purpose
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def seeded(name):

@@ -12,8 +12,8 @@ import time
 
 import harness
 from etcd_cluster import EtcdCluster, installed
-from harness import SKIP, check, run, skip_unless_ci
-from scenarios import cancel_and_check_trace, check_round, pid_alive, ranks_in
+from harness import SKIP, check, pid_alive, run, skip_unless_ci
+from scenarios import cancel_and_check_trace, check_round, ranks_in
 
 # lease_ttl 5 s: a lost agent is evicted 5 s after its last keepalive, and the lease still
 # outlasts an election (1-3 s with etcd's defaults).

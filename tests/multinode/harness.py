@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 BIN = os.environ.get("DDPRUN_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin"))
@@ -85,6 +86,57 @@ def skip_unless_ci(why):
 def check(cond, what):
     if not cond:
         raise Failure(what)
+
+
+def pid_alive(pid):
+    """Whether process `pid` exists and is not a zombie (a zombie is dead for our purpose)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def foreign_listener(reply, backlog, accepts=None):
+    """A listener on 127.0.0.1 that is no ddprun store: it answers each connection with the
+    bytes `reply` and closes it, for `accepts` connections (None: until the socket is closed), on
+    a daemon thread. Returns the listening socket."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(backlog)
+
+    def serve():
+        served = 0
+        while accepts is None or served < accepts:
+            served += 1
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.sendall(reply)
+            c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def exit_times(nodes, timeout):
+    """Waits for every node of `nodes` at once (a thread each, each wait bounded by `timeout`);
+    returns the time each exited, by name."""
+    exited = {}
+
+    def reap(n):
+        n.wait(timeout)
+        exited[n.name] = time.time()
+    waiters = [threading.Thread(target=reap, args=(n,)) for n in nodes]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    return exited
 
 
 def free_port(addr="127.0.0.1"):

@@ -3,23 +3,13 @@ loopback address (127.0.0.2, 127.0.0.3, ...). Usage: scenarios.py NAME (exit 0 /
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 
-from harness import BIN, FAST_CONF, SKIP, Node, PtraceRefused, check, free_port, run, \
-    skip_unless_ci, stopped_answering, stopped_thread, thread_state
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open("/proc/%d/stat" % pid) as f:  # a zombie is dead for our purpose
-        return f.read().split(")")[-1].split()[0] != "Z"
+from harness import BIN, FAST_CONF, SKIP, Node, PtraceRefused, check, exit_times, \
+    foreign_listener, free_port, pid_alive, run, skip_unless_ci, stopped_answering, \
+    stopped_thread, thread_state
 
 
 def group_ranks(t, node):
@@ -57,16 +47,7 @@ def fixed_two_nodes(t):
     barrier (pytorch#118891), so both exit 0 and the host exits last."""
     a = t.agent("a", "127.0.0.2", "2", "fixed", ["--run", "0.2"], nproc=2)
     b = t.agent("b", "127.0.0.3", "2", "fixed", ["--run", "1.5"], nproc=2)
-    exited = {}
-
-    def reap(n):
-        n.wait(60)
-        exited[n.name] = time.time()
-    waiters = [threading.Thread(target=reap, args=(n,)) for n in (a, b)]
-    for w in waiters:
-        w.start()
-    for w in waiters:
-        w.join()
+    exited = exit_times((a, b), 60)
     check(a.proc.returncode == 0, "node a exit code %s" % a.proc.returncode)
     check(b.proc.returncode == 0, "node b exit code %s" % b.proc.returncode)
     # The store host stayed up until the slower node was through the exit barrier: had it
@@ -197,16 +178,7 @@ def failure_ends_job(t):
     args = ["--always-fail", "1", "7", "--run", "30"]
     a = t.agent("a", "127.0.0.2", "2", "fatal", args, extra=["--max-restarts=1"])
     b = t.agent("b", "127.0.0.3", "2", "fatal", args, extra=["--max-restarts=1"])
-    exited = {}
-
-    def reap(n):
-        n.wait(60)
-        exited[n.name] = time.time()
-    waiters = [threading.Thread(target=reap, args=(n,)) for n in (a, b)]
-    for w in waiters:
-        w.start()
-    for w in waiters:
-        w.join()
+    exited = exit_times((a, b), 60)
     check(b.proc.returncode == 7, "node b exit code %s, expected 7" % b.proc.returncode)
     check(a.proc.returncode == 7, "node a exit code %s, expected 7" % a.proc.returncode)
     check(len(t.starts(node="a")) == 2 and len(t.starts(node="b")) == 2,
@@ -282,14 +254,21 @@ def paused_node_while_finishing(t):
     check("exiting 0" in b.stderr(), "b says why it exits 0: %s" % b.stderr()[-400:])
 
 
-def two_jobs(t):
-    """Two jobs on one ddprun-store endpoint with different --rdzv-id stay apart."""
+def standalone_store(args=(), stderr=None):
+    """A ddprun-store on 127.0.0.1 at a free port with `args`, once it says it listens: the
+    process (the caller stops it) and its endpoint."""
     port = free_port("127.0.0.1")
     store = subprocess.Popen([os.path.join(BIN, "ddprun-store"), "--host", "127.0.0.1",
-                              "--port", str(port)], stdout=subprocess.PIPE)
+                              "--port", str(port)] + list(args), stdout=subprocess.PIPE,
+                             stderr=stderr)
+    store.stdout.readline()  # "ddprun-store listening on ..."
+    return store, "127.0.0.1:%d" % port
+
+
+def two_jobs(t):
+    """Two jobs on one ddprun-store endpoint with different --rdzv-id stay apart."""
+    store, ep = standalone_store()
     try:
-        store.stdout.readline()  # "ddprun-store listening on ..."
-        ep = "127.0.0.1:%d" % port
         nodes = [t.agent(name, addr, "2", job, ["--run", "0.2"], endpoint=ep)
                  for name, addr, job in (("x1", "127.0.0.2", "jobx"), ("y1", "127.0.0.4", "joby"),
                                          ("x2", "127.0.0.3", "jobx"), ("y2", "127.0.0.5", "joby"))]
@@ -310,20 +289,8 @@ def two_jobs(t):
 def wrong_store(t):
     """An endpoint that is not a ddprun store, and a second job wanting to host on a port
     already taken, both fail with a message naming the endpoint: nobody merges."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
+    srv = foreign_listener(b"HTTP/1.0 400 Bad Request\r\n\r\n", 8, accepts=4)
     foreign = "127.0.0.1:%d" % srv.getsockname()[1]
-
-    def serve():
-        for _ in range(4):
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
-            c.close()
-    threading.Thread(target=serve, daemon=True).start()
     n = t.agent("foreign", "127.0.0.3", "2", "lost", [], endpoint=foreign)
     check(n.wait(30) != 0, "joining a foreign server fails")
     check(foreign in n.stderr() and "ddprun" in n.stderr(), "message names the endpoint: %s"
@@ -336,13 +303,8 @@ def wrong_store(t):
         with open(path, "w") as f:
             f.write(token + "\n")
         os.chmod(path, 0o600)  # a token file others may read is refused
-    port = free_port("127.0.0.1")
-    store = subprocess.Popen([os.path.join(BIN, "ddprun-store"), "--host", "127.0.0.1",
-                              "--port", str(port), "--auth-token-file", right],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    store, ep = standalone_store(["--auth-token-file", right], stderr=subprocess.DEVNULL)
     try:
-        store.stdout.readline()
-        ep = "127.0.0.1:%d" % port
         n = t.agent("token", "127.0.0.4", "2", "tok", [], endpoint=ep,
                     env={"DDPRUN_STORE_TOKEN_FILE": wrong})
         check(n.wait(30) != 0, "a wrong token fails")
@@ -372,6 +334,18 @@ def store_host_and_other(t, job):
     return a, b, [r["pid"] for r in t.starts(node="b")]
 
 
+def store_host_and_gated(t, job, gate_name):
+    """Starts agent a (which hosts the store, at the endpoint; its worker runs 60 s) and agent b
+    (its worker succeeds once the file <dir>/<gate_name> exists), both with read_timeout 30 s,
+    and waits for their round of 2; returns a, b and the gate's path."""
+    conf = FAST_CONF.replace("read_timeout=3", "read_timeout=30")
+    gate = os.path.join(t.dir, gate_name)
+    a = t.agent("a", "127.0.0.2", "2", job, ["--run", "60"], conf=conf)
+    b = t.agent("b", "127.0.0.3", "2", job, ["--exit-when", gate], conf=conf)
+    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    return a, b, gate
+
+
 def store_host_lost(t):
     """Losing the store host: every other agent fails within its timeout, naming the endpoint,
     and stops its workers."""
@@ -391,11 +365,7 @@ def store_host_lost_in_exit_barrier(t):
     in its exit barrier (the watcher's connection already gone): b exits 0 -- its workers
     succeeded -- within a few keep-alive bounds, naming the endpoint, not after read_timeout
     (30 s here) spent reconnecting to a store its heartbeat already declared lost."""
-    conf = FAST_CONF.replace("read_timeout=3", "read_timeout=30")
-    gate = os.path.join(t.dir, "gate-barrier")
-    a = t.agent("a", "127.0.0.2", "2", "barrierlost", ["--run", "60"], conf=conf)
-    b = t.agent("b", "127.0.0.3", "2", "barrierlost", ["--exit-when", gate], conf=conf)
-    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    a, b, gate = store_host_and_gated(t, "barrierlost", "gate-barrier")
     b.signal(signal.SIGSTOP)
     try:
         open(gate, "w").close()  # b's worker succeeds while its agent is paused
@@ -422,11 +392,7 @@ def store_host_frozen_in_exit_barrier(t):
     declares the store lost (keep-alive bound 0.9 s), the ADD is cut short and b exits 0 -- its
     workers succeeded -- naming the endpoint, instead of waiting out read_timeout (30 s here)
     for the reply."""
-    conf = FAST_CONF.replace("read_timeout=3", "read_timeout=30")
-    gate = os.path.join(t.dir, "gate-frozen-barrier")
-    a = t.agent("a", "127.0.0.2", "2", "barrierfrozen", ["--run", "60"], conf=conf)
-    b = t.agent("b", "127.0.0.3", "2", "barrierfrozen", ["--exit-when", gate], conf=conf)
-    t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
+    a, b, gate = store_host_and_gated(t, "barrierfrozen", "gate-frozen-barrier")
     a.signal(signal.SIGSTOP)
     try:
         frozen = time.time()
@@ -524,12 +490,8 @@ def paused_agent_store_gone(t):
 def store_frozen(t):
     """A standalone ddprun-store is stopped (SIGSTOP): every agent of the job reports it, by its
     address, as a store that stopped answering."""
-    port = free_port("127.0.0.1")
-    store = subprocess.Popen([os.path.join(BIN, "ddprun-store"), "--host", "127.0.0.1",
-                              "--port", str(port)], stdout=subprocess.PIPE)
+    store, ep = standalone_store()
     try:
-        store.stdout.readline()  # "ddprun-store listening on ..."
-        ep = "127.0.0.1:%d" % port
         nodes = [t.agent(name, addr, "2", "frozenstore", ["--finish-at-world", "99"], endpoint=ep)
                  for name, addr in (("a", "127.0.0.2"), ("b", "127.0.0.3"))]
         t.wait_for("a round of 2", lambda: len(t.starts()) == 2, 30)
@@ -684,6 +646,21 @@ def read_trace(path):
     return data, names
 
 
+def both_agents_trace(trace):
+    """The merged timeline of the agents on 127.0.0.2 and 127.0.0.3, checked to hold both
+    agents' tracks and to name no node missing: its track names by trace pid, and its events
+    (metadata left out) by track name."""
+    data, names = read_trace(trace)
+    check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
+          "both agents' tracks: %s" % sorted(names.values()))
+    check(data["otherData"]["nodes_missing"] == [], "no node missing: %s" % data["otherData"])
+    by = {}
+    for e in data["traceEvents"]:
+        if e.get("ph") != "M":
+            by.setdefault(names[e["pid"]], []).append(e)
+    return names, by
+
+
 def timeline_node_killed(t):
     """--timeline on three nodes (1:3) and node c's agent SIGKILLed mid-run: a and b re-form
     and finish; node rank 0's agent writes one trace holding both survivors' agents (the other
@@ -733,14 +710,7 @@ def timeline_job_failed(t):
                 extra=["--max-restarts=0", "--timeline=" + trace])
     for n in (a, b):
         check(n.wait(60) == 7, "node %s exit code %s, expected 7" % (n.name, n.proc.returncode))
-    data, names = read_trace(trace)
-    check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
-          "both agents' tracks: %s" % sorted(names.values()))
-    check(data["otherData"]["nodes_missing"] == [], "no node missing: %s" % data["otherData"])
-    by = {}
-    for e in data["traceEvents"]:
-        if e.get("ph") != "M":
-            by.setdefault(names[e["pid"]], []).append(e)
+    names, by = both_agents_trace(trace)
     failing = [r["node"] for r in t.starts() if r["GROUP_RANK"] == "1"]
     check(len(failing) == 1, "one node rank 1: %s" % failing)
     addr = {"a": "127.0.0.2", "b": "127.0.0.3"}[failing[0]]
@@ -801,14 +771,7 @@ def cancel_and_check_trace(t, nodes, trace, writer=None):
     for n in nodes:
         check(n.wait(60) == 128 + signal.SIGTERM, "node %s exit code %s, expected 143" %
               (n.name, n.proc.returncode))
-    data, names = read_trace(trace)
-    check(sorted(names.values()) == ["agent 127.0.0.2", "agent 127.0.0.3"],
-          "both agents' tracks: %s" % sorted(names.values()))
-    check(data["otherData"]["nodes_missing"] == [], "no node missing: %s" % data["otherData"])
-    by = {}
-    for e in data["traceEvents"]:
-        if e.get("ph") != "M":
-            by.setdefault(names[e["pid"]], []).append(e)
+    names, by = both_agents_trace(trace)
     for n in names.values():
         stopped = [e for e in by[n] if e["name"] == "worker exit"]
         check(len(stopped) == 1 and stopped[0]["args"]["stopped_by_ddprun"] == 1,

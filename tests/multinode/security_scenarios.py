@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from harness import BIN, FAST_CONF, check, free_port, run
+from harness import BIN, FAST_CONF, check, foreign_listener, free_port, run
 
 STORE = os.path.join(BIN, "ddprun-store")
 MAGIC = 0x3C85F7CE
@@ -464,20 +464,8 @@ def two_agents_one_host(t):
           sorted(int(r["RANK"]) for r in starts) == [0, 1, 2, 3], "one world of 4: %s" % starts)
 
     # A port held by a foreign listener: today's clear error, nothing joined.
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
+    srv = foreign_listener(b"SSH-2.0-OpenSSH_9.2\r\n", 4)
     foreign = srv.getsockname()[1]
-
-    def serve():
-        while True:
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            c.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-            c.close()
-    threading.Thread(target=serve, daemon=True).start()
     args[3] = "--rdzv-endpoint=localhost:%d" % foreign
     n = Node(t, "c", args + [WORKER, "--out", os.path.join(t.out, "c")])
     check(n.wait(60) != 0, "an agent facing a foreign listener fails")

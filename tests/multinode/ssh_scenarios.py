@@ -5,22 +5,10 @@ import os
 import signal
 import time
 
-from harness import BIN, SKIP, WORKER, Node, check, free_port, run, skip_unless_ci
+from harness import BIN, SKIP, WORKER, Node, check, free_port, pid_alive, run, skip_unless_ci
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../..")
 DATA = "/usr/share/datasets/fashion-mnist"
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open("/proc/%d/stat" % pid) as f:  # a zombie is dead for our purpose
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def pids_with(text):
