@@ -1,8 +1,8 @@
-"""Attacks on the beat counters hb/<id> during a real job's exit barrier (issue 20; docs/security.md,
-docs/rendezvous.md "The exit barrier"), against the real binaries: real `ddprun` agents on
-127.0.0.2-4, node a hosting the rendezvous store (so it is the barrier's judge: the store's host
-and node rank 0 read every running member's counter each step and record those silent for the
-keep-alive bound lost), and this script as a hostile client of that store's wire protocol
+"""Attacks on the beat counters hb/<id> during a real job's exit barrier (issue 20;
+docs/security.md, docs/rendezvous.md "The exit barrier"), against the real binaries: real `ddprun`
+agents on 127.0.0.2-4, node a hosting the rendezvous store (so it is the barrier's judge: the
+store's host and node rank 0 read every running member's counter each step and record those silent
+for the keep-alive bound lost), and this script as a hostile client of that store's wire protocol
 (waiting_attacks.Attacker). Usage: beat_counter_attacks.py NAME (exit 0/1/77).
 
 a's worker succeeds at once, so a waits in the exit barrier while b's and c's workers run until

@@ -113,7 +113,8 @@ def etcd_leader_killed(t):
         check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
     check(len(t.starts()) == 3, "one worker start per node: nobody restarted (%d starts)"
           % len(t.starts()))
-    print("leader m%d killed; the job ended %.1f s later, untouched" % (leader, time.time() - killed))
+    print("leader m%d killed; the job ended %.1f s later, untouched"
+          % (leader, time.time() - killed))
     check(etcd.leader() not in (-1, leader), "the other two elected a new leader")
 
 
@@ -337,7 +338,8 @@ SCENARIOS = {f.__name__: f for f in (
 
 def main():
     if not installed():
-        return skip_unless_ci("etcd is not installed (Debian etcd-server; scripts/setup installs it)")
+        return skip_unless_ci("etcd is not installed (Debian etcd-server; scripts/setup "
+                              "installs it)")
     return run(SCENARIOS)
 
 

@@ -196,9 +196,9 @@ def agent_sigstop(t, ref, at):
     j = Job(t, "agent_sigstop").start()
     j.wait_world2()
     j.wait_checkpoint(at)
-    # a evicts b after 1.8 s (TRAINING_CONF) and goes on alone; b resumes as soon as a has evicted it, while a
-    # still trains (b then learns it left the job and exits 0). A fixed stop (3 s) let a fast
-    # machine finish the job, and end the store a hosts, before b resumed.
+    # a evicts b after 1.8 s (TRAINING_CONF) and goes on alone; b resumes as soon as a has
+    # evicted it, while a still trains (b then learns it left the job and exits 0). A fixed stop
+    # (3 s) let a fast machine finish the job, and end the store a hosts, before b resumed.
     stop(j.b.proc.pid)
     try:
         t.wait_for("agent_sigstop: a evicts the stopped b",

@@ -217,7 +217,8 @@ def not_retryable(t):
     check("does not fit" in sa[0] and "not retryable" in sa[0], "the message: %s" % sa[0])
     # Node ranks follow arrival (the default): rank 1 runs on either node.
     root = a if "rank 1 (local rank 0, pid" in a.stderr() else b
-    check("retryable  : no" in root.stderr(), "the report of %s (rank 1's node) says why" % root.name)
+    check("retryable  : no" in root.stderr(),
+          "the report of %s (rank 1's node) says why" % root.name)
 
 
 def paused_node_while_finishing(t):
@@ -381,8 +382,10 @@ def store_host_lost_in_exit_barrier(t):
     print("node b exited %s, %.2f s after the store host was killed (keep-alive bound 0.9 s, "
           "read_timeout 30 s)" % (code, took))
     err = b.stderr()
-    check(code == 0, "node b exits 0, its workers having succeeded (got %s): %s" % (code, err[-600:]))
-    check(took < 10, "node b is done within 10 s, not read_timeout: %.2f s: %s" % (took, err[-800:]))
+    check(code == 0, "node b exits 0, its workers having succeeded (got %s): %s"
+          % (code, err[-600:]))
+    check(took < 10, "node b is done within 10 s, not read_timeout: %.2f s: %s"
+          % (took, err[-800:]))
     check(t.endpoint() in err, "its message names the endpoint %s: %s" % (t.endpoint(), err[-600:]))
 
 
@@ -404,9 +407,10 @@ def store_host_frozen_in_exit_barrier(t):
     print("node b exited %s, %.2f s after the store host was stopped (keep-alive bound 0.9 s, "
           "read_timeout 30 s)" % (code, took))
     err = b.stderr()
-    check(code == 0, "node b exits 0, its workers having succeeded (got %s): %s" % (code, err[-600:]))
-    check(took < 5, "node b is done within 5 s, not after a handshake timeout (10 s) or read_timeout: "
-          "%.2f s: %s" % (took, err[-800:]))
+    check(code == 0, "node b exits 0, its workers having succeeded (got %s): %s"
+          % (code, err[-600:]))
+    check(took < 5, "node b is done within 5 s, not after a handshake timeout (10 s) or "
+          "read_timeout: %.2f s: %s" % (took, err[-800:]))
     stopped_answering(b, t.endpoint())
 
 
@@ -514,7 +518,8 @@ def sigterm_leave(t):
     open(gate, "w").close()
     signalled = time.time()
     nodes[2].signal(signal.SIGTERM)
-    check(nodes[2].wait(30) == 128 + signal.SIGTERM, "c exits 143 (got %s)" % nodes[2].proc.returncode)
+    check(nodes[2].wait(30) == 128 + signal.SIGTERM,
+          "c exits 143 (got %s)" % nodes[2].proc.returncode)
     for n in nodes[:2]:
         check(n.wait(60) == 0, "node %s exit code %s" % (n.name, n.proc.returncode))
     check(sorted(r["node"] for r in t.starts(world=2, after=signalled)) == ["a", "b"],
@@ -600,7 +605,8 @@ def netns_two_nodes(t):
                     prefix=["ip", "netns", "exec", ns[1]])
         check(a.wait(60) == 0, "node a exit code %s" % a.proc.returncode)
         check(b.wait(60) == 0, "node b exit code %s" % b.proc.returncode)
-        check("hosting the rendezvous store" in a.stderr(), "node a hosts (its address is the endpoint)")
+        check("hosting the rendezvous store" in a.stderr(),
+              "node a hosts (its address is the endpoint)")
         check_round(t.starts(), {"a": addrs[0], "b": addrs[1]})
     finally:
         t.cleanup()
@@ -781,11 +787,11 @@ def cancel_and_check_trace(t, nodes, trace, writer=None):
 
 
 SCENARIOS = {f.__name__: f for f in (
-    fixed_two_nodes, join_mid_run, join_mid_run_stable, kill_agent, kill_agent_stable, worker_failure, failure_ends_job,
-    not_retryable, paused_node_while_finishing, two_jobs,
-    wrong_store, store_host_lost, store_host_lost_in_exit_barrier, store_host_frozen_in_exit_barrier,
-    store_host_frozen, store_host_thread_stalled, store_frozen, paused_agent_store_gone, sigterm_leave,
-    static_backend, torch_gloo_elastic,
+    fixed_two_nodes, join_mid_run, join_mid_run_stable, kill_agent, kill_agent_stable,
+    worker_failure, failure_ends_job, not_retryable, paused_node_while_finishing, two_jobs,
+    wrong_store, store_host_lost, store_host_lost_in_exit_barrier,
+    store_host_frozen_in_exit_barrier, store_host_frozen, store_host_thread_stalled, store_frozen,
+    paused_agent_store_gone, sigterm_leave, static_backend, torch_gloo_elastic,
     netns_two_nodes, shm_hierarchical, timeline_node_killed, timeline_job_failed,
     timeline_sigterm, timeline_sigterm_writer_only)}
 

@@ -449,7 +449,8 @@ def two_agents_one_host(t):
     ddprun store answering for this job's id, and joins it as a client: one world of 4."""
     port = free_port("127.0.0.1")
     args = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-            "--rdzv-endpoint=localhost:%d" % port, "--rdzv-id=multiagent", "--rdzv-conf=" + FAST_CONF]
+            "--rdzv-endpoint=localhost:%d" % port, "--rdzv-id=multiagent",
+            "--rdzv-conf=" + FAST_CONF]
     from harness import Node, WORKER
     a = Node(t, "a", args + [WORKER, "--out", os.path.join(t.out, "a"), "--run", "1"])
     t.wait_for("the first agent's store", lambda: "hosting the rendezvous store" in a.stderr()
@@ -491,12 +492,12 @@ def two_jobs_one_endpoint(t):
 
 def forged_timeline_bundles(t):
     """A static job of 6 nodes under --timeline: a (node rank 0, the trace's writer) and b ship
-    their events, c..f run without --timeline, so their bundle keys are the attacker's. While
-    the workers run, this script (a plain client of the rendezvous store a hosts) writes hostile
-    bundles under ddprun/timeline/<run id>/<round>/node/K (docs/timeline.md), and (job 1) an
-    early forgery for b's own key. Job 1 (exit 0): a 40 MiB value of 14 million empty events (parsed, ~1 GB), 5 million
-    open brackets, a bundle claiming a's agent and ranks 0, 1, 99 (and one event on its own rank
-    4), a bundle with an overflowing clock offset, negative and 2^64 counts, a 1e300 count and
+    their events, c..f run without --timeline, so their bundle keys are the attacker's. While the
+    workers run, this script (a plain client of the rendezvous store a hosts) writes hostile bundles
+    under ddprun/timeline/<run id>/<round>/node/K (docs/timeline.md), and (job 1) an early forgery
+    for b's own key. Job 1 (exit 0): a 40 MiB value of 14 million empty events (parsed, ~1 GB), 5
+    million open brackets, a bundle claiming a's agent and ranks 0, 1, 99 (and one event on its own
+    rank 4), a bundle with an overflowing clock offset, negative and 2^64 counts, a 1e300 count and
     events with a string, float, 2^63-1 ts and a negative dur. Job 2 (b's worker exits 3, no
     restart): four bundles of the wrong shape. Node rank 0's ddprun must exit with the job's real
     code, write a valid trace that holds the real agents' events and none forged, name and count
@@ -605,7 +606,8 @@ def forged_timeline_bundles(t):
     }, ["--run", "3"])
     other = data["otherData"]
     refused = "\n".join(other["refused"])
-    check(other["bad_bundles"] == 2, "the oversize and the nested bundles refused whole: %s" % other)
+    check(other["bad_bundles"] == 2,
+          "the oversize and the nested bundles refused whole: %s" % other)
     check("node rank 2: %d bytes, over the 16 MiB" % len(empties) in refused, "oversize named")
     check("node rank 3: nested deeper than 8 levels" in refused, "nesting named")
     check(other["refused_tracks"] == 3 and all(
@@ -617,10 +619,12 @@ def forged_timeline_bundles(t):
     check("node rank 5: its clock offset" in refused and "rank 5" in other["unaligned_tracks"],
           "the out-of-range clock refused: node 5 left unaligned")
     check([e["name"] for e in by.get("rank 5", [])] == ["node 5 survivor"] and
-          by["rank 5"][0]["ts"] == now, "only node 5's valid event, unshifted: %s" % by.get("rank 5"))
+          by["rank 5"][0]["ts"] == now,
+          "only node 5's valid event, unshifted: %s" % by.get("rank 5"))
     check(other["skipped_lines"] < 100 and other["parts_cut"] == 0 and
           all(n["dropped_events"] == 0 for n in other["other_nodes"]),
-          "out-of-range counts read as 0: %s" % {k: other[k] for k in ("skipped_lines", "parts_cut")})
+          "out-of-range counts read as 0: %s"
+          % {k: other[k] for k in ("skipped_lines", "parts_cut")})
     forged_agents = [n for n in by if n.startswith("agent 127.0.0.2 (")]
     check(all(e["name"] == "forged agent event" for n in forged_agents for e in by[n]),
           "an agent name claimed twice stays apart from the real one: %s" % forged_agents)

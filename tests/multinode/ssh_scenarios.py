@@ -59,7 +59,8 @@ def train(t, hosts):
     run_dir = os.path.join(t.dir, "run")
     metrics = os.path.join(run_dir, "metrics.jsonl")
     n, _ = launch(t, hosts, "train", [
-        "--", os.path.join(BIN, "mnist_mlp"), "--config", os.path.join(SOURCE, "configs/mnist_mlp.json"),
+        "--", os.path.join(BIN, "mnist_mlp"),
+        "--config", os.path.join(SOURCE, "configs/mnist_mlp.json"),
         "--train-limit", "4096", "--test-limit", "1000", "--epochs", "1",
         "--checkpoint-dir", os.path.join(run_dir, "checkpoints"), "--metrics", metrics])
     rc = n.wait(120)
@@ -93,8 +94,9 @@ def worker_failure(t, hosts):
     lines = n.stdout().splitlines()
     for rank in range(4):
         node = rank // 2
-        check("[node %d rank %d]: worker rank %d of 4 started (node rank %d)" % (node, rank, rank, node)
-              in lines, "rank %d's line comes back as [node %d rank %d]" % (rank, node, rank))
+        check("[node %d rank %d]: worker rank %d of 4 started (node rank %d)"
+              % (node, rank, rank, node) in lines,
+              "rank %d's line comes back as [node %d rank %d]" % (rank, node, rank))
 
 
 def _started_job(t, hosts, name, extra=()):
@@ -200,7 +202,8 @@ def environment(t, hosts):
     check(rc == 0, "exit code %s" % rc)
     check(seen, "the remote agents were seen running")
     check(not any(secret in c for c in seen), "no exported value on a remote command line")
-    check(any("ServerAliveInterval=5" in c for c in seen), "--ssh-option reaches ssh's command line")
+    check(any("ServerAliveInterval=5" in c for c in seen),
+          "--ssh-option reaches ssh's command line")
     lines = sorted(l for l in n.stdout().splitlines() if "env: " in l)
     want = ["[node %d rank %d]: env: /tmp/nccl-%d %s mine given unset %d/2" %
             (r, r, os.getpid(), secret, r) for r in (0, 1)]

@@ -55,7 +55,8 @@ def store_frozen_while_joining(t):
           "0.9 s, read_timeout 30 s)" % (code, took))
     err = b.stderr()
     check(code == 1, "b exits 1 (got %s): %s" % (code, err[-800:]))
-    check(took < BOUND + 4, "b is done within the bound and a margin: %.2f s: %s" % (took, err[-800:]))
+    check(took < BOUND + 4, "b is done within the bound and a margin: %.2f s: %s"
+          % (took, err[-800:]))
     stopped_answering(b, t.endpoint())
     nothing_after_loss(b)
     check(not t.starts(), "no worker started: %s" % t.starts())

@@ -140,7 +140,8 @@ def forged_waiting_counters(t):
             refused(n, count, "1", "fewer than written")
     check(not [s for s in t.starts(world=2) if s["node"] in ("wlwa", "wlwb") and
                s["TORCHELASTIC_RESTART_COUNT"] != "0"],
-          "no worker of a restarted round of 2 (nothing trusted the forged counts): %s" % t.starts())
+          "no worker of a restarted round of 2 (nothing trusted the forged counts): %s"
+          % t.starts())
     intact(store, before, "wlw")
 
     # (3) A flood of phantom waiting nodes, well-formed and counted in step.

@@ -107,10 +107,11 @@ def main():
         time.sleep(0.01)
 
     if local == 0 and a.fatal and group == a.fatal[0]:
-        record = {"message": {"message": "IncompatibleCheckpoint: checkpoint ckpt-7 does not fit",
-                              "extraInfo": {"timestamp": str(int(time.time())),
-                                            "exceptionType": "ddprun::runtime::IncompatibleCheckpoint",
-                                            "retryable": False}}}
+        record = {"message": {
+            "message": "IncompatibleCheckpoint: checkpoint ckpt-7 does not fit",
+            "extraInfo": {"timestamp": str(int(time.time())),
+                          "exceptionType": "ddprun::runtime::IncompatibleCheckpoint",
+                          "retryable": False}}}
         path = os.environ["TORCHELASTIC_ERROR_FILE"]
         with open(path + ".tmp", "w") as f:
             json.dump(record, f)
