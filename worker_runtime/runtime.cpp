@@ -263,8 +263,9 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
 
 // A grow record (rendezvous/grow_record.h) applied to a rank of generation g-1 (`env`): its rank in
 // generation g and g's world size. A record that cannot be read, or that does not follow g-1,
-// is a BackendError naming it: the elastic run then fails as after any bad recovery.
-void applyGrow(WorkerEnv& env, const std::string& text, int g) {
+// is a BackendError naming it: the elastic run then fails as after any bad recovery. Returns the
+// record's cause.
+std::string applyGrow(WorkerEnv& env, const std::string& text, int g) {
   std::string why;
   const auto grow = rendezvous::recovery::parseGrowRecord(text, why);
   if (!grow || grow->generation != g || grow->worldSize != env.worldSize + 1) {
@@ -281,6 +282,7 @@ void applyGrow(WorkerEnv& env, const std::string& text, int g) {
   env.worldSize = grow->worldSize;
   env.localWorldSize = grow->worldSize;  // in-process recovery runs on one node
   log::setIdentity("rank " + std::to_string(env.rank));
+  return grow->cause;
 }
 
 // The program's warm-up of a hot spare (InitOptions::spareWarmup has the contract), on a
@@ -507,6 +509,7 @@ int Runtime::awaitNextGeneration(Millis bound) {
 }
 
 std::string Runtime::generationCause(int g) {
+  if (const auto it = causes_.find(g); it != causes_.end()) return it->second;
   try {
     const std::string text = store_->get(rendezvous::recovery::generationKey(g));
     if (rendezvous::recovery::isGrowRecord(text)) {
@@ -527,7 +530,7 @@ void Runtime::applyShrinks(int g) {
   for (int next = std::max(generation_, shrunkUpTo_) + 1; next <= g; ++next) {
     const auto text = store_->get(keys::generationKey(next));
     if (rendezvous::recovery::isGrowRecord(text)) {
-      applyGrow(env_, text, next);
+      causes_[next] = applyGrow(env_, text, next);
       shrunkUpTo_ = next;
       continue;
     }
@@ -537,6 +540,7 @@ void Runtime::applyShrinks(int g) {
                          std::to_string(next) + " is not one this runtime reads: '" +
                          text.substr(0, 120) + "'");
     }
+    causes_[next] = record->cause;
     if (record->removed.empty()) {
       // replace: ranks and world size stay; a lost node's rank moved to another node's spare
       // ends the node placement for good (WorkerEnv::ranksOffNode).

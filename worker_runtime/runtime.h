@@ -23,6 +23,7 @@
 // DDPRUN_TIMEOUT (seconds), else 30 minutes.
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -94,7 +95,8 @@ class Runtime {
   // newest one published by then (two deaths in a row: the second). Throws TimeoutError saying
   // that none came (the launcher is restarting the group, or it is not ddprun).
   int awaitNextGeneration(Millis bound);
-  // One line of why generation `g` exists (the agent's record), or empty.
+  // One line of why generation `g` exists (the agent's record), or empty. From the record as
+  // reform() read it when it did (no store round trip on a recovery's path), else from the store.
   std::string generationCause(int g);
   // Leaves the current communicator (abort(): peers waiting on this rank wake at once) and
   // builds generation `g`'s, under keys of its own, with the ranks that are in it then. Under
@@ -151,6 +153,8 @@ class Runtime {
   // (reform()), each once.
   void applyShrinks(int g);
   int shrunkUpTo_ = 0;  // the newest generation whose record applyShrinks() has read
+  // The cause of each generation whose record applyShrinks() read (generationCause()).
+  std::map<int, std::string> causes_;
   // Several nodes: the node (GROUP_RANK of the start) this process runs on, which a shrink
   // record's per-node counts are indexed by (-1: not read yet).
   int homeNode_ = -1;
