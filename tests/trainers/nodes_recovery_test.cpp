@@ -228,9 +228,11 @@ TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on
           "a dead worker's rank", "[recovery][nodes][spares][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  // 6 epochs (~3 x the others' run): six spares killed and replaced before the worker's death.
+  // 12 epochs (~6 x the others' run): six spares killed and replaced before the worker's death.
+  // With 6, a quiet machine finished the training (4.3 s) before node 1's fourth spare was
+  // ready, and the wait for it found the job over.
   TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"}, {},
-               /*epochs=*/6);
+               /*epochs=*/12);
   Job* nodes[2] = {job.node0.get(), job.node1.get()};
   // Spare ids are n x nodes + node rank: node 0's are 0, 2, 4, 6, node 1's 1, 3, 5, 7. Node 0's
   // agent hosts the workers' store, node 1's reads it over its link; before, both counted every
