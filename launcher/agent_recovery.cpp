@@ -185,6 +185,8 @@ void Agent::Impl::recoverInProcess(const WorkerResult& r) {
   const ErrorFile ef = readErrorFile(r.errorFile);
   const bool retryable = ef.retryable.value_or(true);
   // The budget first (--max-restarts counts each recovery): NextRound means one was left.
+  DDPRUN_LOG(DEBUG, "launcher") << what << ": asking the rendezvous for a restart of the budget "
+                                << "to recover in process";
   handler_->asyncReportRecovery(
       r.exitCode(), retryable ? what : what + ": " + ef.message, retryable,
       [this](std::exception_ptr e, JobDecision d) {

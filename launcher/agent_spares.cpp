@@ -3,6 +3,8 @@
 // publishes the generations they join is agent_recovery.cpp.
 #include "launcher/agent_impl.h"
 
+#include "base/process.h"
+
 namespace ddprun::launcher {
 
 // ---- Grow back ----
@@ -228,7 +230,9 @@ pid_t Agent::Impl::pickSpare(int& id) {
   pid_t best = -1;
   bool bestReady = false;
   for (const auto& s : group_->waitingSpares()) {
-    if (s.pid <= 0) continue;  // not exec'd yet
+    // Not exec'd yet, or dying: a spare whose guard has reaped it (or that a SIGKILL is pending
+    // for) while its exit report is still on its way would take the rank and fail the recovery.
+    if (s.pid <= 0 || processExiting(s.pid)) continue;
     const bool ready =
         store ? store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value()
               : sparesSeenReady_.count(s.spareId) > 0;
@@ -256,7 +260,7 @@ std::vector<int> Agent::Impl::spareReadyKeysToRead() const {
 bool Agent::Impl::spareToPick() const {
   if (!sparesStarted_) return false;
   for (const auto& s : group_->waitingSpares())
-    if (s.pid > 0) return true;
+    if (s.pid > 0 && !processExiting(s.pid)) return true;  // as pickSpare takes them
   return false;
 }
 

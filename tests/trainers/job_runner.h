@@ -216,7 +216,8 @@ inline bool waitForCheckpoint(Job& job, const std::string& dir, int64_t step,
 }
 
 // Waits until the job's output holds `text`; false when the job ended first or `timeout` passed.
-inline bool waitForOutput(Job& job, const std::string& text, std::chrono::seconds timeout) {
+inline bool waitForOutput(Job& job, const std::string& text,
+                          std::chrono::steady_clock::duration timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (job.output().find(text) == std::string::npos) {
     if (std::chrono::steady_clock::now() > deadline || job.exited()) return false;
