@@ -44,15 +44,29 @@ class EtcdCluster {
     if (!::mkdtemp(tmpl.data()))
       throw ddprun::Error("cannot make a directory in " + parent + " for etcd's data");
     dir_ = tmpl;
-    for (int i = 0; i < members; ++i) {
-      members_.push_back({ddprun::rendezvous::pickFreePort(), ddprun::rendezvous::pickFreePort(), -1});
+    // A free port picked here can be taken by another test before the member binds it (ctest
+    // runs several at once): that member exits, and the cluster starts again on new ports.
+    for (int attempt = 1;; ++attempt) {
+      members_.clear();
+      initial_.clear();
+      for (int i = 0; i < members; ++i) {
+        members_.push_back(
+            {ddprun::rendezvous::pickFreePort(), ddprun::rendezvous::pickFreePort(), -1});
+      }
+      for (int i = 0; i < members; ++i) {
+        initial_ += (i ? "," : "") + name(i) + "=http://127.0.0.1:" +
+                    std::to_string(members_[i].peerPort);
+      }
+      for (int i = 0; i < members; ++i) start(i, "new");
+      try {
+        waitForLeader(Millis(30'000));
+        return;
+      } catch (const MemberExited&) {
+        if (attempt == 3) throw;
+        for (int i = 0; i < members; ++i) kill(i);
+        for (int i = 0; i < members; ++i) std::filesystem::remove_all(dir_ + "/" + name(i));
+      }
     }
-    for (int i = 0; i < members; ++i) {
-      initial_ += (i ? "," : "") + name(i) + "=http://127.0.0.1:" +
-                  std::to_string(members_[i].peerPort);
-    }
-    for (int i = 0; i < members; ++i) start(i, "new");
-    waitForLeader(Millis(30'000));
   }
   ~EtcdCluster() {
     for (size_t i = 0; i < members_.size(); ++i) kill(static_cast<int>(i));
@@ -114,11 +128,33 @@ class EtcdCluster {
     return total;
   }
 
-  void waitForLeader(Millis timeout) const {
+  // A member that exited (it could not bind its ports, ...): what its log ends with.
+  struct MemberExited : ddprun::Error {
+    using ddprun::Error::Error;
+  };
+
+  // Throws MemberExited as soon as a member has exited, TimeoutError (with each member's log
+  // tail) when no leader is known within `timeout`.
+  void waitForLeader(Millis timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (leader() < 0) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw ddprun::TimeoutError("etcd test cluster in " + dir_ + " elected no leader");
+      for (size_t i = 0; i < members_.size(); ++i) {
+        auto& m = members_[i];
+        int status = 0;
+        if (m.pid <= 0 || ::waitpid(m.pid, &status, WNOHANG) != m.pid) continue;
+        m.pid = -1;
+        throw MemberExited("etcd test member " + name(static_cast<int>(i)) + " exited (status " +
+                           std::to_string(status) + "): " + logTail(static_cast<int>(i)));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string tails;
+        for (size_t i = 0; i < members_.size(); ++i) {
+          tails += "\n" + name(static_cast<int>(i)) + ": " + logTail(static_cast<int>(i));
+        }
+        throw ddprun::TimeoutError("etcd test cluster in " + dir_ + " elected no leader within " +
+                                   std::to_string(timeout.count()) + " ms; the members' logs end:" +
+                                   tails);
+      }
       std::this_thread::sleep_for(Millis(50));
     }
   }
@@ -129,6 +165,13 @@ class EtcdCluster {
     pid_t pid;
   };
   static std::string name(int i) { return "m" + std::to_string(i); }
+
+  // The last 600 bytes of member i's log.
+  std::string logTail(int i) const {
+    std::ifstream in(dir_ + "/" + name(i) + ".log");
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return log.size() > 600 ? log.substr(log.size() - 600) : log;
+  }
 
   void start(int i, const std::string& state) {
     auto& m = members_[i];
