@@ -508,20 +508,9 @@ int Runtime::awaitNextGeneration(Millis bound) {
   return g;
 }
 
-std::string Runtime::generationCause(int g) {
-  if (const auto it = causes_.find(g); it != causes_.end()) return it->second;
-  try {
-    const std::string text = store_->get(rendezvous::recovery::generationKey(g));
-    if (rendezvous::recovery::isGrowRecord(text)) {
-      std::string why;
-      const auto grow = rendezvous::recovery::parseGrowRecord(text, why);
-      return grow ? grow->cause : std::string();
-    }
-    const auto record = rendezvous::recovery::parseGenerationRecord(text);
-    return record ? record->cause : std::string();
-  } catch (const Error&) {
-    return {};
-  }
+std::string Runtime::generationCause(int g) const {
+  const auto it = causes_.find(g);
+  return it != causes_.end() ? it->second : std::string();
 }
 
 void Runtime::applyShrinks(int g) {

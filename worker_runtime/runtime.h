@@ -95,9 +95,10 @@ class Runtime {
   // newest one published by then (two deaths in a row: the second). Throws TimeoutError saying
   // that none came (the launcher is restarting the group, or it is not ddprun).
   int awaitNextGeneration(Millis bound);
-  // One line of why generation `g` exists (the agent's record), or empty. From the record as
-  // reform() read it when it did (no store round trip on a recovery's path), else from the store.
-  std::string generationCause(int g);
+  // One line of why generation `g` exists (the agent's record), or empty: from the record as
+  // reform() read it (no store round trip on a recovery's path). Every reform(g) reads the
+  // records up to g first, so a generation this process re-formed into is always known.
+  std::string generationCause(int g) const;
   // Leaves the current communicator (abort(): peers waiting on this rank wake at once) and
   // builds generation `g`'s, under keys of its own, with the ranks that are in it then. Under
   // --recovery-policy=shrink a generation may have fewer ranks, or one more (grow back,
