@@ -87,7 +87,7 @@ class GlooCommunicator final : public QueuedCommunicator {
     const int64_t n = store->add("gloo/count/" + std::to_string(options_.rank), 1);
     const std::string prefix = "gloo/" + std::to_string(n);
     auto scoped = std::make_shared<rendezvous::PrefixStore>(prefix, std::move(store));
-    GlooStoreAdapter adapter(*scoped);
+    GlooStoreAdapter adapter(*scoped, options_.rank, options_.size);  // its wait(): why
     const std::string host = chooseHost(options_);
     auto device = makeDevice(host);
     auto context = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.size);

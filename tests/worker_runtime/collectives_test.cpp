@@ -2,8 +2,14 @@
 // ranks as threads on one MemoryStore (real Gloo TCP connections over loopback).
 #include "tests/support/catch_torch.h"
 
+#include <chrono>
+#include <thread>
+
 #include "base/errors.h"
 #include "rendezvous/memory_store.h"
+#include "rendezvous/prefix_store.h"
+#include "rendezvous/recovery_keys.h"
+#include "rendezvous/superseded_store.h"
 #include "tests/worker_runtime/caller_thread.h"
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/gloo_communicator.h"
@@ -286,4 +292,54 @@ TEST_CASE("GLOO_SOCKET_IFNAME picks the interface, an unknown one is refused by 
   std::vector<torch::Tensor> t{torch::ones({5}), torch::ones({5})};
   runRanks(2, [&](int r) { comms[r]->allreduce(t[r]); });
   CHECK(torch::equal(t[0], torch::full({5}, 2.0f)));
+}
+
+TEST_CASE("a superseded generation's gloo set-up: a rank that comes after a peer gave it up "
+          "gives up too, instead of connecting a pair to the departed peer",
+          "[collectives][gloo][recovery]") {
+  namespace keys = ddprun::rendezvous::recovery;
+  using Clock = std::chrono::steady_clock;
+  // Generation 1 of ranks 0, 1, 2: rank 2 is dead from the start (it never writes a key); rank
+  // 0 writes its addresses, then gives the generation up when generation 2 is published; rank 1
+  // (a replacement that loaded slowly) comes after that. It finds rank 0's addresses; before,
+  // it connected its pair with rank 0 first and, when its side of the pair was the listening
+  // one, waited Gloo's timeout for a peer that was gone. Several rounds: which side listens
+  // depends on the ports.
+  for (int round = 0; round < 4; ++round) {
+    auto attempt = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+    auto generation = [&] {
+      return std::make_shared<ddprun::rendezvous::SupersededStore>(
+          std::make_shared<ddprun::rendezvous::PrefixStore>(keys::generationScope(1), attempt),
+          attempt, 1);
+    };
+    const GlooOptions options0{.rank = 0, .size = 3, .timeout = std::chrono::seconds(5),
+                               .hostname = "127.0.0.1"};
+    std::string error0;
+    std::thread rank0([&] {
+      try {
+        makeGlooCommunicator(generation(), options0);
+      } catch (const ddprun::BackendError& e) {
+        error0 = e.what();
+      }
+    });
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (!attempt->check({keys::generationScope(1) + "/gloo/1/0"}) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    attempt->set(keys::generationKey(2), "superseded");
+    rank0.join();
+    CHECK_THAT(error0, Catch::Contains("generation 2 was published"));
+    const auto start = Clock::now();
+    std::string error1;
+    try {
+      makeGlooCommunicator(generation(), {.rank = 1, .size = 3,
+                                          .timeout = std::chrono::seconds(5),
+                                          .hostname = "127.0.0.1"});
+    } catch (const ddprun::Error& e) {
+      error1 = e.what();
+    }
+    INFO("round " << round << ": " << error1);
+    CHECK_THAT(error1, Catch::Contains("generation 2 was published"));
+    CHECK(Clock::now() - start < std::chrono::seconds(2));
+  }
 }
