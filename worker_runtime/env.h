@@ -36,6 +36,12 @@ struct WorkerEnv {
   // node placement (contiguous ranks per node, LOCAL_WORLD_SIZE each) no longer holds, so the
   // communicator is the flat TCP mesh, which reads ranks only (runtime.cpp makeCommunicator).
   bool ranksOffNode = false;
+  // Not from the environment: whether the ranks of every node share a host, once this process
+  // has learnt it (shm::nodesOnOneHost, asked through the store in the first generation that
+  // needed it). Processes do not move, and the agent starts a replacement on its node's host,
+  // so later generations reuse the answer instead of asking every rank again
+  // (shm::nodesOnOneHostOnce).
+  std::optional<bool> onOneHost;
 };
 
 // Returns the value of an environment variable, or nullopt when unset.

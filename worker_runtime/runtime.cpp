@@ -170,7 +170,8 @@ bool inProcessRecoveryWanted(const WorkerEnv& env, const InitOptions& options) {
 
 // The communicator of `generation` over `store` (the attempt's store; generation g > 0: its keys
 // under gen/<g>/, recovery_keys.h), as the environment and options choose it (runtime.h).
-std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
+// Records in `env` what it learns of the placement (WorkerEnv::onOneHost).
+std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
                                                std::shared_ptr<rendezvous::Store> attemptStore,
                                                const InitOptions& options, int generation) {
   const Millis timeout = timeoutFrom(options);
@@ -217,11 +218,13 @@ std::shared_ptr<Communicator> makeCommunicator(const WorkerEnv& env,
                      : shm::chooseTransport(
                  transportFrom(options), env.worldSize, env.localWorldSize, env.groupWorldSize,
                  [&] {
-                   return shm::nodesOnOneHost(*store, {.rank = env.rank,
-                                                       .size = env.worldSize,
-                                                       .node = env.groupRank,
-                                                       .localRank = env.localRank,
-                                                       .localSize = env.localWorldSize});
+                   return shm::nodesOnOneHostOnce(*store, *attemptStore,
+                                                  {.rank = env.rank,
+                                                   .size = env.worldSize,
+                                                   .node = env.groupRank,
+                                                   .localRank = env.localRank,
+                                                   .localSize = env.localWorldSize},
+                                                  generation > 0, env.onOneHost);
                  });
              t.transport == shm::Transport::Shm) {
     if (env.rank == 0 && generation == 0) DDPRUN_LOG(INFO, "runtime") << "transport shm (" << t.reason << ")";

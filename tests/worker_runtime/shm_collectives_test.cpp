@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "base/errors.h"
@@ -391,6 +392,45 @@ TEST_CASE("node check through the store: ranks of each node on one host with loc
   CHECK(ask({{1, 1}, {0, 0}, {1, 0}, {0, 1}}));  // any rank order
   CHECK_FALSE(ask({{0, 0}, {0, 0}, {1, 0}, {1, 1}}));  // local rank 0 twice, 1 missing
   CHECK_FALSE(ask({{0, 0}, {0, 1}, {2, 0}, {2, 1}}));  // nodes 0 and 2
+}
+
+TEST_CASE("node check once per attempt: a later generation's survivors reuse their answer and "
+          "its replacement reads it, so nobody asks through the generation's store",
+          "[shm][recovery]") {
+  auto member = [](int r, int P) {
+    return shm::NodeMember{.rank = r, .size = P, .node = 0, .localRank = r, .localSize = P};
+  };
+  // Generation 0: the attempt's store is the generation's; every rank asks and keeps the answer.
+  auto attempt = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+  std::vector<std::optional<bool>> known(3);
+  runRanks(3, [&](int r) {
+    CHECK(shm::nodesOnOneHostOnce(*attempt, *attempt, member(r, 3), false, known[r]));
+  });
+  for (const auto& k : known) CHECK(k == std::optional<bool>(true));
+  CHECK(attempt->get("shm/host/answer") == "1");
+  // Generation 1: ranks 0 and 2 survived, rank 1 is a new process. Had anyone asked, it would
+  // wait for the others' keys in this store and time out.
+  auto gen1 = std::make_shared<MemoryStore>(std::chrono::milliseconds(300));
+  known[1].reset();
+  runRanks(3, [&](int r) {
+    CHECK(shm::nodesOnOneHostOnce(*gen1, *attempt, member(r, 3), true, known[r]));
+  });
+  CHECK(gen1->numKeys() == 0);
+  CHECK(known[1] == std::optional<bool>(true));
+  // The answer is what was written, not asked again: a "no" stays a "no" for a newcomer.
+  attempt->set("shm/host/answer", "0");
+  std::optional<bool> fresh;
+  CHECK_FALSE(shm::nodesOnOneHostOnce(*gen1, *attempt, member(1, 3), true, fresh));
+  CHECK(fresh == std::optional<bool>(false));
+  // A later generation in which nobody knows yet (no answer in the attempt's store): all ask.
+  auto attempt2 = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+  auto gen2 = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+  std::vector<std::optional<bool>> none(2);
+  runRanks(2, [&](int r) {
+    CHECK(shm::nodesOnOneHostOnce(*gen2, *attempt2, member(r, 2), true, none[r]));
+  });
+  CHECK(gen2->check({"shm/host/0", "shm/host/1"}));
+  CHECK(attempt2->get("shm/host/answer") == "1");
 }
 
 TEST_CASE("shm segment: a rank that never maps it times out the creator and nothing is left",

@@ -232,4 +232,18 @@ bool nodesOnOneHost(rendezvous::Store& store, const NodeMember& me) {
   return true;
 }
 
+bool nodesOnOneHostOnce(rendezvous::Store& store, rendezvous::Store& attemptStore,
+                        const NodeMember& me, bool laterGeneration, std::optional<bool>& known) {
+  static const std::string kAnswer = "shm/host/answer";
+  if (known) return *known;
+  if (laterGeneration && attemptStore.check({kAnswer})) {
+    known = attemptStore.get(kAnswer) == "1";
+    return *known;
+  }
+  const bool answer = nodesOnOneHost(store, me);
+  attemptStore.set(kAnswer, answer ? "1" : "0");
+  known = answer;
+  return answer;
+}
+
 }  // namespace ddprun::runtime::shm

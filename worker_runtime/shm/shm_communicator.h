@@ -15,6 +15,7 @@
 // allreduces of tensors that lie at the same place in it on every rank are reduced in place
 // (collectives.h), which is where DDP keeps its buckets.
 #include <memory>
+#include <optional>
 
 #include "rendezvous/store.h"
 #include "worker_runtime/communicator.h"
@@ -61,5 +62,17 @@ struct NodeMember {
 // ranks 0..localSize-1 once each, and the nodes are 0..N-1, as each rank told the store under
 // "shm/host/". Every rank must call it; all get the same answer.
 bool nodesOnOneHost(rendezvous::Store& store, const NodeMember& me);
+
+// nodesOnOneHost(), asked through the store once per attempt of the group rather than in every
+// generation of in-process recovery. Processes do not move and the agent starts a replacement on
+// its node's host, so the answer holds for the attempt. `known` is what this process learnt
+// before (WorkerEnv::onOneHost): when set, it is the answer, with no round trip. Else, in a
+// generation after the first (`laterGeneration`), the answer a rank wrote under
+// "shm/host/answer" of `attemptStore`, when there is one (a replacement joining the survivors).
+// Else every rank asks through `store` (the generation's keys), writes the answer there and keeps
+// it in `known`. Every rank of a generation takes the same path: a rank holds an answer only
+// once the key exists, so whenever one skips the question the others find the key.
+bool nodesOnOneHostOnce(rendezvous::Store& store, rendezvous::Store& attemptStore,
+                        const NodeMember& me, bool laterGeneration, std::optional<bool>& known);
 
 }  // namespace ddprun::runtime::shm
