@@ -9,7 +9,6 @@
 #include <sched.h>
 
 #include <cerrno>
-#include <fstream>
 #include <iostream>
 #include <regex>
 
@@ -41,6 +40,11 @@ pid_t loseNodeRank1ToSpare0(ThreeNodes& job, const TempDir& dir) {
   return moved;
 }
 
+// How node rank 0's agent names spare `id` (process `pid`) in its lines.
+std::string spareName(int id, pid_t pid) {
+  return "spare " + std::to_string(id) + " (pid " + std::to_string(pid) + ")";
+}
+
 // Node rank 0's spares, from spare `id` on (a node's spare ids step by the node count, 3), each
 // SIGKILLed as it starts until `row` in a row died before they were ready, as node rank 0's
 // agent says of each. A spare forked from the spare template can be ready some 25 ms after it
@@ -53,8 +57,7 @@ int killUnreadySpares(ThreeNodes& job, int id, int row) {
     INFO("spare " << id);
     REQUIRE(job.showingOutput(p > 0));
     REQUIRE(::kill(p, SIGKILL) == 0);
-    const std::string died =
-        "spare " + std::to_string(id) + " (pid " + std::to_string(p) + ") died ";
+    const std::string died = spareName(id, p) + " died ";
     REQUIRE(job.showingOutput(waitForOutput(*job.at[0], died, kJobTimeout)));
     inRow = job.at[0]->output().find(died + "before it was ready") != std::string::npos ? inRow + 1
                                                                                           : 0;
@@ -74,14 +77,6 @@ bool spareReadyKeySet(pid_t rank0, int id) {
                   .connectTimeout = Millis(10'000), .tokenFromEnvironment = false});
   const int attempt = std::stoi(startEnv(rank0, "TORCHELASTIC_RESTART_COUNT"));
   return store.check({recovery::attemptPrefix(attempt) + "/" + recovery::spareReadyKey(id)});
-}
-
-// Whether process `pid` is stopped (state T in /proc/<pid>/stat).
-bool stopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
 }
 
 }  // namespace
@@ -216,10 +211,10 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
     INFO("spare " << lastId);
     REQUIRE(job.showingOutput(p > 0));
     REQUIRE(::kill(p, SIGSTOP) == 0);
-    for (int i = 0; i < 1000 && !stopped(p); ++i) {
+    for (int i = 0; i < 1000 && ddprun::testing::processState(p) != 'T'; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    REQUIRE(stopped(p));
+    REQUIRE(ddprun::testing::processState(p) == 'T');
     // A SET it sent just before it stopped reaches the store before this reads it.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (!spareReadyKeySet(job.worker[0], lastId)) {
@@ -231,13 +226,11 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
       break;
     }
     REQUIRE(::kill(p, SIGKILL) == 0);
-    REQUIRE(job.showingOutput(waitForOutput(
-        *job.at[0], "spare " + std::to_string(lastId) + " (pid " + std::to_string(p) + ") died ",
-        kJobTimeout)));
+    REQUIRE(job.showingOutput(
+        waitForOutput(*job.at[0], spareName(lastId, p) + " died ", kJobTimeout)));
     lastId += 3;
   }
-  const std::string lastSpare =
-      "spare " + std::to_string(lastId) + " (pid " + std::to_string(last) + ")";
+  const std::string lastSpare = spareName(lastId, last);
   // The window, held open: the rendezvous store stopped, so the budget's answer cannot come.
   // The moved rank dies (the check finds the stopped spare waiting and asks for the budget),
   // then that spare dies and its agent takes in its exit report; the store goes on within the

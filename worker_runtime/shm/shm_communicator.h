@@ -69,9 +69,10 @@ bool nodesOnOneHost(rendezvous::Store& store, const NodeMember& me);
 // before (WorkerEnv::onOneHost): when set, it is the answer, with no round trip. Else, in a
 // generation after the first (`laterGeneration`), the answer a rank wrote under
 // "shm/host/answer" of `attemptStore`, when there is one (a replacement joining the survivors).
-// Else every rank asks through `store` (the generation's keys), writes the answer there and keeps
-// it in `known`. Every rank of a generation takes the same path: a rank holds an answer only
-// once the key exists, so whenever one skips the question the others find the key.
+// Else every rank asks through `store` (the generation's keys), writes the answer under that key
+// of `attemptStore` and keeps it in `known`. Every rank of a generation takes the same path: a
+// rank holds an answer only once the key exists, so whenever one skips the question the others
+// find the key.
 bool nodesOnOneHostOnce(rendezvous::Store& store, rendezvous::Store& attemptStore,
                         const NodeMember& me, bool laterGeneration, std::optional<bool>& known);
 
