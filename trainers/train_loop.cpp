@@ -196,8 +196,10 @@ class TrainingRun {
     planRun();
     ddp_.reset();  // its hooks go before the new one's come
     // In a generation after the first, runElastic healed every rank from one root just before
-    // (parameters and buffers included): DDP's own broadcast of rank 0's would repeat it.
-    ddp_.emplace(model_, rt_.comm(), runtime::DdpOptions{.initSync = rt_.generation() == 0});
+    // (parameters and buffers included), having compared the state's digest, which covers
+    // model_: DDP's own broadcast of rank 0's and its model check would repeat both.
+    const bool healed = rt_.generation() > 0;
+    ddp_.emplace(model_, rt_.comm(), runtime::DdpOptions{.initSync = !healed, .checkModel = !healed});
   }
 
   void commit() {
@@ -216,7 +218,10 @@ class TrainingRun {
                 << std::endl;
     }
     startStep_ = step_;
-    comm().barrier();  // time from a common start, as bench/ddp_mnist.py does
+    // Time from a common start, as bench/ddp_mnist.py does. Not after an in-process recovery:
+    // the heal's broadcasts have just lined the ranks up, and one more collective would only
+    // lengthen the recovery.
+    if (rt_.generation() == 0) comm().barrier();
     stats_ = StepStats();
     for (int64_t epoch = resumeAt_.epoch; epoch < config_.epochs; ++epoch) {
       ddprun::timeline::Scope epochSpan("epoch", "trainer");

@@ -8,22 +8,10 @@
 #include "base/errors.h"
 #include "base/timeline.h"
 #include "worker_runtime/ddp_reducer.h"
+#include "worker_runtime/model_description.h"
 
 namespace ddprun::runtime {
 namespace {
-
-// One line per parameter and buffer: "param|name|dtype|shape".
-std::vector<std::string> describe(const torch::nn::Module& m) {
-  std::vector<std::string> lines;
-  auto line = [](const char* kind, const std::string& name, const torch::Tensor& t) {
-    std::ostringstream os;
-    os << kind << "|" << name << "|" << c10::toString(t.scalar_type()) << "|" << t.sizes();
-    return os.str();
-  };
-  for (const auto& p : m.named_parameters()) lines.push_back(line("parameter", p.key(), p.value()));
-  for (const auto& b : m.named_buffers()) lines.push_back(line("buffer", b.key(), b.value()));
-  return lines;
-}
 
 std::string join(const std::vector<std::string>& lines) {
   std::string s;
@@ -36,12 +24,6 @@ std::vector<std::string> split(const std::string& s) {
   std::istringstream in(s);
   for (std::string l; std::getline(in, l);) lines.push_back(l);
   return lines;
-}
-
-int64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return static_cast<int64_t>(h >> 1);
 }
 
 // "parameter fc1.weight (Float [512, 784])" from a description line.
@@ -57,8 +39,8 @@ std::string pretty(const std::string& line) {
 // hashes; when they differ, rank 0's list is broadcast and each differing rank names the first
 // difference. All ranks throw, so none is left waiting in a collective.
 void checkSameModel(const torch::nn::Module& module, Communicator& comm) {
-  const std::string mine = join(describe(module));
-  torch::Tensor sig = torch::tensor({fnv1a(mine), static_cast<int64_t>(mine.size())}, torch::kInt64);
+  const std::string mine = join(describeModel(module));
+  torch::Tensor sig = torch::tensor({textDigest(mine), static_cast<int64_t>(mine.size())}, torch::kInt64);
   const torch::Tensor all = comm.allgather(sig.to(comm.device())).to(torch::kCPU);
   std::vector<int> differing;
   for (int r = 1; r < comm.size(); ++r) {
@@ -154,7 +136,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   // On the timeline: a recovery builds DDP again on the new generation's communicator.
   ddprun::timeline::Scope span("ddp setup", "runtime");
-  checkSameModel(*module_, *comm_);
+  if (options.checkModel) checkSameModel(*module_, *comm_);
   std::vector<torch::Tensor> params = module_->parameters();
   std::vector<torch::Tensor> buffers = module_->buffers();
   std::vector<torch::Tensor> everything = params;

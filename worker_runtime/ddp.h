@@ -58,8 +58,14 @@ struct DdpOptions {
   bool shareBuckets = true;
   // Broadcast rank 0's parameters and buffers at construction (PyTorch's init_sync). false only
   // when every rank is known to hold the same values already: after an in-process recovery's
-  // heal (ElasticState::broadcast), which just made them the root's. The model check stays.
+  // heal (ElasticState::heal), which just made them the root's.
   bool initSync = true;
+  // Check that every rank holds the same parameters and buffers (names, dtypes, shapes; one
+  // allgather). false only when that was just checked: after an in-process recovery's heal,
+  // whose state digest covers the same names, dtypes and shapes of the modules registered with
+  // the ElasticState, when DDP wraps one of those modules. Every collective of a recovery waits
+  // for its slowest rank, so one less matters there.
+  bool checkModel = true;
 };
 
 // A bucket as built at construction (for logs and tests). `params` index into

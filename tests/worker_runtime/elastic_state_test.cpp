@@ -20,14 +20,14 @@ using ddprun::runtime::test::runRanks;
 namespace {
 
 struct Trainee {
-  explicit Trainee(int64_t width = 8) {
+  explicit Trainee(int64_t width = 8, const char* stepName = "step") {
     torch::manual_seed(3);
     model = std::make_shared<torch::nn::LinearImpl>(4, width);
     optimizer = std::make_unique<torch::optim::SGD>(
         model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     state.addModule(model);
     state.addOptimizer(*optimizer);
-    state.addCounter("step", &step);
+    state.addCounter(stepName, &step);
     state.addCounter("loss", &loss);
     state.enable();
   }
@@ -188,6 +188,130 @@ TEST_CASE("elastic state: ranks with different state fail naming it", "[runtime]
   });
   CHECK_THAT(errors[0], Catch::Contains("another rank's state differs from rank 0's"));
   CHECK_THAT(errors[1], Catch::Contains("tensor 0: 32 elements there, 36 here"));
+}
+
+namespace {
+
+// Forwards to a real communicator and counts the collectives this rank calls: a heal's cost is
+// its number of collectives (each waits for the slowest rank).
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view backend() const override { return inner_->backend(); }
+  torch::Device device() const override { return inner_->device(); }
+  Millis timeout() const override { return inner_->timeout(); }
+  std::shared_ptr<Work> allreduceAsync(torch::Tensor t, ReduceOp op) override {
+    ++collectives;
+    return inner_->allreduceAsync(std::move(t), op);
+  }
+  std::shared_ptr<Work> broadcastAsync(torch::Tensor t, int root) override {
+    ++collectives;
+    return inner_->broadcastAsync(std::move(t), root);
+  }
+  torch::Tensor allgather(const torch::Tensor& input) override {
+    ++collectives;
+    return inner_->allgather(input);
+  }
+  void barrier() override {
+    ++collectives;
+    inner_->barrier();
+  }
+  int collectives = 0;
+
+ private:
+  std::shared_ptr<Communicator> inner_;
+};
+
+std::shared_ptr<Communicator> shmRank(const std::shared_ptr<ddprun::rendezvous::MemoryStore>& store,
+                                      int r, int n) {
+  return shm::makeShmCommunicator(store, {.rank = r, .size = n,
+                                          .timeout = std::chrono::seconds(20),
+                                          .namePrefix = "ddprun-test-elastic"});
+}
+
+}  // namespace
+
+TEST_CASE("elastic state: heal rolls the lowest holder back and makes its commit every rank's, "
+          "a fresh rank's too, in three collectives", "[runtime][elastic]") {
+  auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
+  const int n = 4;
+  std::vector<std::vector<torch::Tensor>> atHeal(n), restored(n);
+  std::vector<std::vector<torch::Tensor>> rootCommit(1);
+  std::vector<int64_t> steps(n);
+  std::vector<double> losses(n);
+  std::vector<int> roots(n, -2), collectives(n);
+  runRanks(n, [&](int r) {
+    CountingCommunicator comm(shmRank(store, r, n));
+    Trainee t;
+    // Rank 0 is a fresh replacement (no commit, no momentum); rank 1, the lowest holder, is the
+    // root; ranks 2 and 3 committed elsewhere. Every holder trained past its commit.
+    if (r > 0) {
+      for (int s = 1; s <= (r == 1 ? 4 : r); ++s) {
+        t.train(s + 10 * r);
+        t.state.commit();
+        if (r == 1) rootCommit[0] = t.snapshot();
+      }
+      t.train(99);
+    }
+    const auto root = t.state.heal(comm);
+    roots[r] = root ? *root : -1;
+    collectives[r] = comm.collectives;
+    atHeal[r] = t.snapshot();
+    steps[r] = t.step;
+    losses[r] = t.loss;
+    t.train(7);  // a step after the heal, then rolled back
+    t.state.restore();
+    restored[r] = t.snapshot();
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(roots[r] == 1);
+    CHECK(collectives[r] == 3);  // the allgather, the mask and counters, one flat buffer (Float)
+    CHECK(atHeal[r].size() == 4);  // weight, bias and their momentum
+    CHECK(same(atHeal[r], rootCommit[0]));  // the root's commit, not its step 99
+    CHECK(same(restored[r], rootCommit[0]));
+    CHECK(steps[r] == 4);
+    CHECK(losses[r] == losses[1]);
+  }
+}
+
+TEST_CASE("elastic state: heal with no holder changes nothing, and other state fails on every "
+          "rank before anything moved", "[runtime][elastic]") {
+  auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
+  std::vector<bool> none(2);
+  runRanks(2, [&](int r) {
+    Trainee t;
+    const auto before = t.snapshot();
+    none[r] = !t.state.heal(*shmRank(store, r, 2)).has_value();
+    CHECK(same(t.snapshot(), before));
+  });
+  CHECK(none == std::vector<bool>{true, true});
+
+  // Rank 1 names its step counter otherwise: the same tensors and counts, another program.
+  auto store2 = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
+  std::vector<std::string> errors(2);
+  std::vector<bool> unchanged(2);
+  runRanks(2, [&](int r) {
+    Trainee t(8, r == 1 ? "steps" : "step");
+    t.train(1);
+    t.state.commit();
+    t.train(2);
+    const auto before = t.snapshot();
+    try {
+      t.state.heal(*shmRank(store2, r, 2));
+    } catch (const ddprun::ConfigError& e) {
+      errors[r] = e.what();
+    }
+    unchanged[r] = same(t.snapshot(), before) && t.step == 2;
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[r], Catch::Contains("rank(s) 1 registered other state than rank 0, which "
+                                          "holds the commit"));
+    CHECK(unchanged[r]);
+  }
 }
 
 TEST_CASE("recovery keys: the generation record round-trips and refuses bad text",

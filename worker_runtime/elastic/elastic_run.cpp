@@ -26,29 +26,16 @@ std::string whatOf(const std::exception_ptr& e) {
   }
 }
 
-// The ranks agree on who holds the state (allgather of one flag each); the lowest that does is
-// the root every rank's state is broadcast from. Survivors roll back to their commit first.
-// Throws BackendError when nobody holds one.
+// Every rank's state becomes that of the lowest rank holding a commit, rolled back to it
+// (ElasticState::heal). Throws BackendError when nobody holds one.
 int heal(Runtime& rt, ElasticState& state) {
-  Communicator& comm = *rt.comm();
-  const bool holds = state.committed();
-  auto flag = torch::tensor(std::vector<int64_t>{holds ? 1 : 0}, torch::kInt64).to(comm.device());
-  const auto all = comm.allgather(flag).to(torch::kCPU).reshape({-1});
-  int root = -1;
-  for (int r = 0; r < all.size(0); ++r) {
-    if (all[r].item<int64_t>() != 0) {
-      root = r;
-      break;
-    }
-  }
-  if (root < 0) {
+  const auto root = state.heal(*rt.comm());
+  if (!root) {
     throw BackendError("in-process recovery: no rank of generation " +
                        std::to_string(rt.generation()) + " holds the training state (every "
                        "survivor died too): the group must restart");
   }
-  if (holds) state.restore();
-  state.broadcast(comm, root);
-  return root;
+  return *root;
 }
 
 // Thrown by the commit boundary (ElasticState::setBoundary) when the launcher has published the
@@ -126,7 +113,8 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
                                   << static_cast<int64_t>(msSince(start)) << " ms";
     }
     loop.reset();
-    state.commit();
+    // A heal made the root's state every rank's commit already (adoptAsCommit).
+    if (!replacement) state.commit();
     rt.announceState();
   });
   for (;;) {
@@ -161,9 +149,8 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
     const int worldBefore = rt.worldSize();
     failure = collectiveFailure([&] {
       rt.reform(g);
-      heal(rt, state);
+      heal(rt, state);  // every rank's commit is now the root's: no commit() after the reset
       loop.reset();
-      state.commit();
       rt.announceState();
     });
     if (failure) continue;  // a death during the recovery: the next generation
@@ -186,7 +173,7 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
       DDPRUN_LOG(INFO, "runtime") << "rank " << rt.rank() << " re-formed in "
                                   << static_cast<int64_t>(msSince(start)) << " ms: generation "
                                   << g << (cause.empty() ? std::string() : " (" + cause + ")")
-                                  << ", at commit " << state.commits() - 1
+                                  << ", at commit " << state.commits()
                                   << (regroup ? "" : " (this rank rolled back the step it was in)")
                                   << "; this process keeps running" << place;
       continue;
@@ -195,7 +182,7 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
     DDPRUN_LOG(WARN, "runtime") << "rank " << rt.rank() << " recovered in process in "
                                 << static_cast<int64_t>(msSince(start)) << " ms: generation " << g
                                 << (cause.empty() ? std::string() : " (" + cause + ")")
-                                << ", back to commit " << state.commits() - 1
+                                << ", back to commit " << state.commits()
                                 << "; this process keeps running" << place;
   }
 }

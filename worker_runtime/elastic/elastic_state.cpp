@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include "base/errors.h"
 #include "base/timeline.h"
+#include "worker_runtime/model_description.h"
 
 namespace ddprun::runtime {
 namespace {
@@ -259,39 +261,123 @@ void ElasticState::broadcast(Communicator& comm, int root) {
     }
   }
   agree(problem);
-  // 2. The values, one broadcast per flat buffer of the commit's (one per dtype and device):
-  //    the root copies its live state in, the others receive into theirs and copy out. These
-  //    buffers are warm -- every commit writes them -- where a buffer allocated for the heal
-  //    would be touched for the first time inside it (each new page costs microseconds on some
-  //    machines, on every rank, on the recovery's critical path); a replacement, which never
-  //    committed, allocates them here. The root's state is then every rank's last commit.
-  const auto live = liveTensors();
-  fitSaved(live);
+  // 2. The values; the root copies its live state into its commit's buffers first.
   if (isRoot) {
+    const auto live = liveTensors();
+    fitSaved(live);
     for (size_t i = 0; i < live.size(); ++i) saved_[i].copy_(live[i]);
   }
-  for (auto& flat : flats_) {
-    if (flat.numel() == 0) continue;
-    torch::Tensor wire = flat.device() == device ? flat : flat.to(device);
-    comm.broadcast(wire, root);
-    if (!wire.is_same(flat)) flat.copy_(wire);
-  }
-  if (!isRoot) {
-    for (size_t i = 0; i < live.size(); ++i) live[i].copy_(saved_[i]);
-  }
+  broadcastValues(comm, root);
   if (!counters_.empty()) {
     auto c = torch::tensor(counterValues(), i64).to(device);
     comm.broadcast(c, root);
     auto cpu = c.to(torch::kCPU);
     setCounters(std::vector<int64_t>(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()));
   }
-  // What restore() goes back to is now the root's state on every rank (a commit, when commits
-  // are enabled: a healed replacement holds the state as the survivors do).
-  if (enabled_) {
-    savedMask_ = optimizerStateMask();
-    savedCounters_ = counterValues();
-    commits_ = std::max<int64_t>(commits_, 1);
+  adoptAsCommit();
+}
+
+std::optional<int> ElasticState::heal(Communicator& comm) {
+  torch::NoGradGuard noGrad;
+  const auto device = comm.device();
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64);
+  // 1. Who holds a commit, and whether every rank registered what the others did.
+  const auto mine = torch::tensor(std::vector<int64_t>{committed() ? 1 : 0, structureDigest()}, i64);
+  const auto all = comm.allgather(mine.to(device)).to(torch::kCPU).reshape({comm.size(), 2});
+  const auto* a = all.data_ptr<int64_t>();
+  int root = -1;
+  for (int r = 0; r < comm.size() && root < 0; ++r) {
+    if (a[2 * r] != 0) root = r;
   }
+  if (root < 0) return std::nullopt;
+  std::string differing;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (a[2 * r + 1] != a[2 * root + 1]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!differing.empty()) {
+    throw ConfigError("elastic state: rank(s) " + differing + " registered other state than rank " +
+                      std::to_string(root) + ", which holds the commit (the modules' parameter or "
+                      "buffer names, dtypes or shapes, the optimizers' parameters or the "
+                      "counters differ: the ranks must run the same program)");
+  }
+  // 2. The root's optimizer state mask and counters, as of its commit. Their lengths are the
+  //    same on every rank (the digests are equal). A survivor that is not the root skips its
+  //    own rollback: every value it holds is overwritten from the root's.
+  const bool isRoot = comm.rank() == root;
+  if (isRoot) restore();
+  const size_t m = optimizerStateMask().size();
+  std::vector<int64_t> head(m + counters_.size(), 0);
+  if (isRoot) {
+    head = optimizerStateMask();
+    const auto c = counterValues();
+    head.insert(head.end(), c.begin(), c.end());
+  }
+  if (!head.empty()) {
+    auto wire = torch::tensor(head, i64).to(device);
+    comm.broadcast(wire, root);
+    wire = wire.to(torch::kCPU);
+    head.assign(wire.data_ptr<int64_t>(), wire.data_ptr<int64_t>() + wire.numel());
+  }
+  if (!isRoot) {
+    matchOptimizerState(std::vector<int64_t>(head.begin(), head.begin() + static_cast<ptrdiff_t>(m)));
+    setCounters(std::vector<int64_t>(head.begin() + static_cast<ptrdiff_t>(m), head.end()));
+  }
+  // 3. The values: the root's commit buffers hold its commit already (it just restored it).
+  broadcastValues(comm, root);
+  adoptAsCommit();
+  return root;
+}
+
+int64_t ElasticState::structureDigest() const {
+  std::string text;
+  for (const auto& m : modules_) {
+    for (const auto& line : describeModel(*m)) text += line + "\n";
+  }
+  auto deviceType = [](const torch::Tensor& t) {  // not its index: each rank has its own GPU
+    return std::string(c10::DeviceTypeName(t.device().type()));
+  };
+  for (const auto& m : modules_) {
+    for (const auto& t : m->parameters()) text += deviceType(t) + "\n";
+    for (const auto& t : m->buffers()) text += deviceType(t) + "\n";
+  }
+  for (const auto& o : optimizers_) {
+    text += "optimizer " + std::to_string(o.params.size()) + "\n";
+    for (const auto& p : o.params) {
+      std::ostringstream os;
+      os << c10::toString(p.scalar_type()) << "|" << p.sizes() << "|" << deviceType(p) << "\n";
+      text += os.str();
+    }
+  }
+  for (const auto& c : counters_) text += (c.i ? "int64 " : "double ") + c.name + "\n";
+  return textDigest(text);
+}
+
+void ElasticState::broadcastValues(Communicator& comm, int root) {
+  // One broadcast per flat buffer of the commit's (one per dtype and device): the others receive
+  // into theirs and copy out. These buffers are warm -- every commit writes them -- where a
+  // buffer allocated for the heal would be touched for the first time inside it (each new page
+  // costs microseconds on some machines, on every rank, on the recovery's critical path); a
+  // replacement, which never committed, allocates them here.
+  const auto device = comm.device();
+  const auto live = liveTensors();
+  fitSaved(live);
+  for (auto& flat : flats_) {
+    if (flat.numel() == 0) continue;
+    torch::Tensor wire = flat.device() == device ? flat : flat.to(device);
+    comm.broadcast(wire, root);
+    if (!wire.is_same(flat)) flat.copy_(wire);
+  }
+  if (comm.rank() != root) {
+    for (size_t i = 0; i < live.size(); ++i) live[i].copy_(saved_[i]);
+  }
+}
+
+void ElasticState::adoptAsCommit() {
+  // A commit, when commits are enabled: a healed replacement holds the state as the survivors do.
+  if (!enabled_) return;
+  savedMask_ = optimizerStateMask();
+  savedCounters_ = counterValues();
+  commits_ = std::max<int64_t>(commits_, 1);
 }
 
 }  // namespace ddprun::runtime

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,17 @@ class ElasticState {
   // differ).
   void broadcast(Communicator& comm, int root);
 
+  // A recovery's heal (runElastic): the ranks agree on who holds a commit -- the lowest rank
+  // that does is the root -- the root rolls back to its commit, and every rank's live state and
+  // last commit become the root's. Three collectives where broadcast() takes five plus the
+  // root's agreement: one allgather of each rank's flag and state digest (the registered
+  // tensors' names, dtypes and shapes, the optimizers' parameters, the counters' names), one
+  // broadcast of the root's optimizer state mask and counters, then the values (one per flat
+  // buffer). Collective on `comm`. nullopt when no rank holds a commit (nothing was changed);
+  // ConfigError on every rank, naming the ranks, when a digest differs from the root's (the
+  // ranks run different programs), before any state moved.
+  std::optional<int> heal(Communicator& comm);
+
  private:
   struct Optimizer {
     torch::optim::Optimizer* optimizer;
@@ -82,6 +94,14 @@ class ElasticState {
   // Creates (zeros) or drops per-parameter state so that it matches `mask`.
   void matchOptimizerState(const std::vector<int64_t>& mask);
   std::vector<torch::Tensor> liveTensors() const;
+  // The digest heal() compares: what every rank must register alike (not the mask, which a
+  // fresh replacement lacks, nor any value).
+  int64_t structureDigest() const;
+  // The values step of broadcast() and heal(): the flat buffers from root (whose saved_ must
+  // hold what it sends), out into every other rank's live tensors.
+  void broadcastValues(Communicator& comm, int root);
+  // After a broadcast or a heal: what restore() goes back to is the root's state.
+  void adoptAsCommit();
   std::vector<int64_t> counterValues() const;
   void setCounters(const std::vector<int64_t>& values);
 
