@@ -37,6 +37,7 @@
 // --timeline-split: the ddprun modes run with --timeline, and each killed run's lost time is also
 // split by step number into start-up and end, the failure's window and the rest of the training
 // (recovery_timeline.h): the window's noise is a few ms where the whole run's is tenths of a s.
+// Shrink modes are split by samples: their window runs to 20 steps after the group grew back.
 // A run counts only when it exited 0, trained to its final step (the metrics summary says so)
 // and every kill landed; otherwise the repeat is reported as failed, never as a time.
 // bench/results/recovery.csv: one row per repeat and mode, then p50/p95 rows.
@@ -471,8 +472,10 @@ template <typename SplitsOf>
 void printSplits(const Options& o, SplitsOf splitsOf) {
   std::printf("\nwhere the time lost per failure goes (--timeline-split; ms, p50 / p95 over the "
               "repeats; window: %lld steps before the recovery to %lld after, against the same "
-              "steps undisturbed)\n",
+              "steps undisturbed; shrink: to %lld after the group grew back, against the same "
+              "samples)\n",
               static_cast<long long>(ddprun::bench::kWindowBefore),
+              static_cast<long long>(ddprun::bench::kWindowAfter),
               static_cast<long long>(ddprun::bench::kWindowAfter));
   std::printf("| %-24s | ranks | start-up + end | failure's window | rest of training | total |\n",
               "mode");
@@ -544,8 +547,8 @@ int benchRecovery(int argc, char** argv) {
   app.add_flag("--timeline-split", o.timelineSplit,
                "ddprun modes run with --timeline, and the time lost per failure is split into "
                "start-up and end, the failure's window (5 steps before the recovery to 20 after, "
-               "against the same steps undisturbed) and the rest of the training (replace modes; "
-               "shrink changes what a step is)");
+               "against the same steps undisturbed; shrink modes: to 20 steps after the group "
+               "grew back, against the same samples undisturbed) and the rest of the training");
   try {
     app.parse(argc, argv);
     o.nprocs = parseInts(nprocs);
@@ -621,9 +624,11 @@ int benchRecovery(int argc, char** argv) {
         s.restarts = killed.groupRestarts;
         s.stallMs = killed.survivorStallMs;
         s.spareReady = killed.spareReady;
-        if (clean.timeline && killed.timeline && !isShrink(mode)) {
-          s.split = ddprun::bench::splitLostTime(*clean.timeline, *killed.timeline);
-        } else if (o.timelineSplit && mode != "torchrun" && !isShrink(mode)) {
+        if (clean.timeline && killed.timeline) {
+          s.split = ddprun::bench::splitLostTime(
+              *clean.timeline, *killed.timeline,
+              isShrink(mode) ? ddprun::bench::SplitBy::samples : ddprun::bench::SplitBy::steps);
+        } else if (o.timelineSplit && mode != "torchrun") {
           std::printf("  (no split for this repeat: %s)\n",
                       (clean.timeline ? killed.timelineWhy : clean.timelineWhy).c_str());
         }

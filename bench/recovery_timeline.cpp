@@ -1,6 +1,7 @@
 // recovery_timeline.h: the split of a recovery's lost time from two job timelines.
 #include "bench/recovery_timeline.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -37,11 +38,20 @@ std::optional<RunTimeline> readRunTimeline(const std::string& path, std::string*
       if (name == "rendezvous" && (!started || ts < t.jobStart)) t.jobStart = ts, started = true;
       if (name == "job end") t.jobEnd = std::max(t.jobEnd, ts), ended = true;
       if (name == "recovery") t.recoveries.push_back(ts);
-    } else if (track == "rank 0" && name == "step" && e.contains("args") &&
-               e["args"].contains("step")) {
+    } else if (track.rfind("rank ", 0) == 0 && name == "step" && e.contains("args") &&
+               e["args"].contains("step") && e["args"]["step"].is_number_integer()) {
       const double end = ts + e.value("dur", 0.0) / 1e6;
-      double& last = t.stepEnd[e["args"]["step"].get<int64_t>()];
-      last = std::max(last, end);  // a step redone after a recovery: its later run counts
+      const int64_t step = e["args"]["step"].get<int64_t>();
+      // A step redone after a recovery: its later run counts.
+      double& job = t.jobStepEnd[step];
+      if (end > job) {
+        job = end;
+        const auto& w = e["args"].value("world_size", nlohmann::json());
+        t.stepWorld[step] = w.is_number_integer() ? w.get<int>() : 0;
+      }
+      if (track != "rank 0") continue;
+      double& last = t.stepEnd[step];
+      last = std::max(last, end);
       if (!stepped || ts < t.firstStepStart) t.firstStepStart = ts, stepped = true;
     }
   }
@@ -59,19 +69,60 @@ double TimeSplit::rest() const {
   return r;
 }
 
-TimeSplit splitLostTime(const RunTimeline& u, const RunTimeline& k) {
+namespace {
+
+// The time of fractional step x in `ends` (linear between two step ends), or nullopt outside.
+std::optional<double> endAt(const std::map<int64_t, double>& ends, double x) {
+  const auto lo = ends.find(static_cast<int64_t>(std::floor(x)));
+  const auto hi = ends.find(static_cast<int64_t>(std::ceil(x)));
+  if (lo == ends.end() || hi == ends.end()) return std::nullopt;
+  return lo->second + (hi->second - lo->second) * (x - std::floor(x));
+}
+
+// The shrink window of the recovery whose first completed step is `first` (SplitBy::samples).
+std::optional<double> samplesWindow(const RunTimeline& u, const RunTimeline& k, int64_t first) {
+  const auto world = [](const RunTimeline& t, int64_t step) {
+    const auto it = t.stepWorld.find(step);
+    return it == t.stepWorld.end() ? 0 : it->second;
+  };
+  const int64_t a = first - kWindowBefore;
+  const int whole = world(u, a);  // the undisturbed run's world size throughout
+  if (whole <= 0 || world(k, a) != whole) return std::nullopt;
+  int64_t grown = first;  // the first step of the whole group again
+  while (k.jobStepEnd.count(grown) && world(k, grown) != whole) ++grown;
+  const int64_t b = grown + kWindowAfter;
+  double batches = 0;  // rank batches trained in (a, b] of the killed run
+  for (int64_t step = a + 1; step <= b; ++step) {
+    if (world(k, step) <= 0) return std::nullopt;
+    batches += world(k, step);
+  }
+  const auto ka = k.jobStepEnd.find(a), kb = k.jobStepEnd.find(b);
+  const auto ua = endAt(u.jobStepEnd, static_cast<double>(a));
+  const auto ub = endAt(u.jobStepEnd, static_cast<double>(a) + batches / whole);
+  if (ka == k.jobStepEnd.end() || kb == k.jobStepEnd.end() || !ua || !ub) return std::nullopt;
+  return (kb->second - ka->second) - (*ub - *ua);
+}
+
+}  // namespace
+
+TimeSplit splitLostTime(const RunTimeline& u, const RunTimeline& k, SplitBy by) {
   TimeSplit s;
-  const double lastU = u.stepEnd.rbegin()->second, lastK = k.stepEnd.rbegin()->second;
+  const bool samples = by == SplitBy::samples;
+  const auto& uEnds = samples ? u.jobStepEnd : u.stepEnd;
+  const auto& kEnds = samples ? k.jobStepEnd : k.stepEnd;
+  const double lastU = uEnds.rbegin()->second, lastK = kEnds.rbegin()->second;
   s.startup = (k.firstStepStart - k.jobStart) - (u.firstStepStart - u.jobStart);
   s.end = (k.jobEnd - lastK) - (u.jobEnd - lastU);
   s.training = (lastK - k.firstStepStart) - (lastU - u.firstStepStart);
   for (double at : k.recoveries) {
-    std::optional<int64_t> first;  // the first step rank 0 completed after the recovery
-    for (const auto& [step, end] : k.stepEnd) {
+    std::optional<int64_t> first;  // the first step completed after the recovery
+    for (const auto& [step, end] : kEnds) {
       if (end > at && (!first || step < *first)) first = step;
     }
     std::optional<double> lost;
-    if (first) {
+    if (first && samples) {
+      lost = samplesWindow(u, k, *first);
+    } else if (first) {
       const int64_t a = *first - kWindowBefore, b = *first + kWindowAfter;
       const auto ka = k.stepEnd.find(a), kb = k.stepEnd.find(b);
       const auto ua = u.stepEnd.find(a), ub = u.stepEnd.find(b);

@@ -14,8 +14,12 @@
 //     undisturbed run, 25 steps of noise (a few ms) instead of the whole run's;
 //   - the rest of the training: what is left (after a death the next spare loads beside the
 //     ranks: its share shows here).
-// Only for replace modes: after a shrink the step numbers mean other batches (a window of
-// step numbers would compare unlike steps), so shrink modes are not split.
+// After a shrink the step numbers mean other batches (fewer ranks share each), so shrink modes
+// are split by *samples* instead (SplitBy::samples): the window runs from step k-5 to 20 steps
+// after the group is whole again (grown back), and is compared with the time the undisturbed run
+// took for the same number of samples from step k-5 (its step ends interpolated), every step's
+// samples being its ranks' batches (the "world_size" of its timeline span). Step ends are then
+// the job's (the last rank to end the step), since rank 0 may be the one that died.
 #include <map>
 #include <optional>
 #include <string>
@@ -28,6 +32,8 @@ struct RunTimeline {
   double jobStart = 0;                // seconds: the agent's first event (its rendezvous)
   double jobEnd = 0;                  // the agent's "job end"
   std::map<int64_t, double> stepEnd;  // rank 0's track: step number -> end of its last run
+  std::map<int64_t, double> jobStepEnd;  // every rank's track: step number -> the latest end
+  std::map<int64_t, int> stepWorld;      // step number -> ranks in its latest run (0: unknown)
   double firstStepStart = 0;          // rank 0's first step
   std::vector<double> recoveries;     // the agent's "recovery" events, in order
 };
@@ -50,7 +56,12 @@ struct TimeSplit {
 inline constexpr int64_t kWindowBefore = 5;
 inline constexpr int64_t kWindowAfter = 20;
 
+// By step number against rank 0's steps (replace modes), or by samples against the job's steps
+// (shrink modes, above).
+enum class SplitBy { steps, samples };
+
 // Pure.
-TimeSplit splitLostTime(const RunTimeline& undisturbed, const RunTimeline& killed);
+TimeSplit splitLostTime(const RunTimeline& undisturbed, const RunTimeline& killed,
+                        SplitBy by = SplitBy::steps);
 
 }  // namespace ddprun::bench

@@ -236,7 +236,8 @@ class TrainingRun {
         const double lr = learningRate(schedule_, seen, globalBatch_) * lrScale_;
         {
           ddprun::timeline::Scope stepSpan("step", "trainer");
-          stepSpan.args().add("step", step_ + 1);
+          // world_size: how many ranks share the step's global batch (after a shrink, fewer).
+          stepSpan.args().add("step", step_ + 1).add("world_size", rt_.worldSize());
           const auto indices = *sampler_.next(batch);
           sampleLog_.write(rt_.generation(), epoch, step_ + 1, rt_.rank(), rt_.worldSize(),
                            indices);

@@ -4,7 +4,7 @@ naming both ddprun and its peer (or a ratio), and every measured number finite a
 
 Speed is not checked here (that is what the benchmarks are for); only that they run and
 report. Usage: bench_smoke_test.py BENCHMARK   (store, launch, rendezvous, rendezvous-simulate,
-rendezvous-simulate-etcd, allreduce, train, recovery, recovery-split)
+rendezvous-simulate-etcd, allreduce, train, recovery, recovery-split, recovery-split-shrink)
 """
 import csv
 import math
@@ -35,6 +35,12 @@ ARGS = {
     "recovery-split": ["--nproc", "2", "--modes", "in-process", "--repeats", "1", "--kills", "1",
                        "--steps", "100", "--checkpoint-interval", "10", "--train-limit", "4096",
                        "--timeline-split"],
+    # the same for a shrink that a loaded spare grows back, split by samples (the window ends 20
+    # steps after the group is whole again; the kill waits for the spare, so a longer run)
+    "recovery-split-shrink": ["--nproc", "2", "--modes", "shrink-spare", "--repeats", "1",
+                              "--kills", "1", "--kill-when-spare-ready", "--steps", "400",
+                              "--checkpoint-interval", "10", "--train-limit", "4096",
+                              "--timeline-split"],
 }
 # Words that name ddprun's side and the peer's in each benchmark's CSV.
 PEERS = {
@@ -47,6 +53,7 @@ PEERS = {
     "train": ("ddprun", "pytorch"),
     "recovery": ("ddprun-restart", "torchrun"),
     "recovery-split": ("ddprun-in-process", "ddprun-in-process"),
+    "recovery-split-shrink": ("ddprun-shrink-spare", "ddprun-shrink-spare"),
 }
 
 
@@ -104,11 +111,12 @@ def main():
             formed, whole = float(by["form"][2]), float(by["form+run"][2])
             assert 0 < formed <= whole, \
                 f"{out}: form {formed} s is not within form+run {whole} s:\n{text}"
-        if name == "recovery-split":  # the split table has the in-process row, all four parts
+        if name.startswith("recovery-split"):  # the split table has the mode's row, all parts
+            label = "| ddprun " + ARGS[name][ARGS[name].index("--modes") + 1]
             row = [l for l in proc.stdout.splitlines()
-                   if l.startswith("| ddprun in-process") and l.count("/") == 4]
+                   if l.startswith(label + " ") and l.count("/") == 4]
             assert "where the time lost per failure goes" in proc.stdout and len(row) == 1, \
-                f"no split of the in-process recovery's lost time:\n{proc.stdout}"
+                f"no split of the {label[2:]} recovery's lost time:\n{proc.stdout}"
         print(f"ok: ddprun-bench {name}: {len(rows) - 1} rows, {len(values)} numbers")
 
 

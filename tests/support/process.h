@@ -71,6 +71,17 @@ inline char processState(pid_t pid) {
   return close != std::string::npos && close + 2 < content.size() ? content[close + 2] : 0;
 }
 
+// The value of `name` in the environment `pid` was started with ("" when absent; "?" when
+// unreadable): /proc/<pid>/environ.
+inline std::string startEnv(pid_t pid, const std::string& name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+  if (!in) return "?";
+  for (std::string e; std::getline(in, e, '\0');) {
+    if (e.rfind(name + "=", 0) == 0) return e.substr(name.size() + 1);
+  }
+  return "";
+}
+
 // Sends `sig` to every pid of `pids` as one event for whoever watches them (an agent deciding
 // whether a death is one or several): the calls run at real-time priority when this process may
 // (CAP_SYS_NICE or RLIMIT_RTPRIO), so no process of normal priority runs between them. Two plain

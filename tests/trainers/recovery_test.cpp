@@ -34,6 +34,7 @@
 #include "job_runner.h"
 #include "trained_weights.h"
 #include "test_files.h"
+#include "tests/support/process.h"
 #include "tests/support/skip.h"
 #include "trainers/mnist_data.h"
 #include "trainers/models.h"
@@ -41,6 +42,7 @@
 using namespace ddprun::trainers;
 using namespace ddprun::trainers::testing;
 using Catch::Matchers::Contains;
+using ddprun::testing::startEnv;
 namespace fs = std::filesystem;
 
 namespace {
@@ -355,16 +357,6 @@ TEST_CASE("in-process recovery: a death is recovered before its exit is reaped (
   CHECK_THAT(out, !Contains("resumed from checkpoint"));
   CHECK_THAT(out, Contains(doneLine(2)));
   CHECK(run.sameWeights());
-}
-
-// The value of `name` in the environment `pid` was started with, or "" (/proc/<pid>/environ).
-static std::string startEnv(pid_t pid, const std::string& name) {
-  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
-  std::string e;
-  while (std::getline(env, e, '\0')) {
-    if (e.rfind(name + "=", 0) == 0) return e.substr(name.size() + 1);
-  }
-  return "";
 }
 
 TEST_CASE("in-process recovery: forged and flooded survivor's hints (ddprun/suspect/<rank>) "

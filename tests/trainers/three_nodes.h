@@ -24,8 +24,11 @@
 #include "job_runner.h"
 #include "test_files.h"
 #include "trained_weights.h"
+#include "tests/support/process.h"
 
 namespace ddprun::trainers::testing::three_nodes {
+
+using ddprun::testing::startEnv;  // tests/support/process.h
 
 using Catch::Matchers::Contains;
 
@@ -184,17 +187,6 @@ inline pid_t waitForNumber(Job& agent, const std::string& re) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return -1;
-}
-
-// The value of `name` in the environment `pid` was started with ("" when absent; "?" when
-// unreadable).
-inline std::string startEnv(pid_t pid, const std::string& name) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
-  if (!in) return "?";
-  for (std::string e; std::getline(in, e, '\0');) {
-    if (e.rfind(name + "=", 0) == 0) return e.substr(name.size() + 1);
-  }
-  return "";
 }
 
 // The survivors (node ranks 0 and 2) never restarted: the same processes recovered in process
