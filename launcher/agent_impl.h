@@ -141,6 +141,11 @@ class Agent::Impl {
   // Whether pickSpare would find a spare to take a rank now (one waiting and exec'd: a spare
   // being forked from the template has no pid yet).
   bool spareToPick() const;
+  // The waiting spares that are loaded (ready key set) and not exiting.
+  int loadedSpares() const;
+  // --recovery-policy=shrink on one node: whether loaded spares take the dead ranks at once
+  // instead (agent_recovery.cpp; logs why when they do).
+  bool sparesTakeShrink(const std::vector<WorkerResult>& dead) const;
   void onWorkerStarted(const WorkerResult& r);
   // Moves the waiting spares out of SCHED_IDLE (before they are stopped).
   void unidleSpares();

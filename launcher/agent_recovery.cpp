@@ -170,6 +170,25 @@ std::string Agent::Impl::inProcessInEffect(const std::vector<WorkerResult>& dead
   return "";
 }
 
+// A shrink with a loaded spare waiting for each dead rank would be followed at once by those
+// spares growing the group back at the survivors' next commit (tryGrow): two re-forms where a
+// replace takes one, and the epoch split over fewer ranks for nothing, where a replace keeps the
+// weights bit-identical. So in a whole group (no rank missing from an earlier shrink, none
+// joining) the spares take the ranks at once; a spare still loading leaves it to the shrink.
+bool Agent::Impl::sparesTakeShrink(const std::vector<WorkerResult>& dead) const {
+  int slots = 0;  // the ranks the group had before these deaths
+  for (const auto& w : group_->results()) {
+    if (!w.spare && (!w.ended || contains(dead, w.pid))) ++slots;
+  }
+  if (growPid_ > 0 || slots != options_.nprocPerNode) return false;
+  if (loadedSpares() < static_cast<int>(dead.size())) return false;
+  DDPRUN_LOG(WARN, "launcher") << "--recovery-policy=shrink: a loaded spare is waiting for rank"
+                               << (dead.size() > 1 ? "s " : " ") << rankList(dead)
+                               << ", so it takes the rank at once (the group does not shrink "
+                               << "and grow back)";
+  return true;
+}
+
 int Agent::Impl::liveWorkers(pid_t except) const {
   int n = 0;
   for (const auto& w : group_->results()) {
@@ -288,7 +307,8 @@ void Agent::Impl::onRecoveryDecision(std::vector<WorkerResult> dead, const JobDe
   }
   if (!acrossNodes() && d.kind == JobDecision::Kind::NextRound && d.recovered &&
       canRecoverInProcess(dead)) {
-    if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink) {
+    if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
+        !sparesTakeShrink(dead)) {
       shrinkGroup(dead, d);
     } else {
       replaceWorkers(dead, d);

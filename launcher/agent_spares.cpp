@@ -264,6 +264,21 @@ bool Agent::Impl::spareToPick() const {
   return false;
 }
 
+int Agent::Impl::loadedSpares() const {
+  if (!sparesStarted_) return 0;
+  rendezvous::StoreServer* store = handler_->workerStore();
+  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
+  int n = 0;
+  for (const auto& s : group_->waitingSpares()) {
+    if (s.pid <= 0 || processExiting(s.pid)) continue;  // as pickSpare
+    const bool ready =
+        store ? store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value()
+              : sparesSeenReady_.count(s.spareId) > 0;
+    if (ready) ++n;
+  }
+  return n;
+}
+
 bool Agent::Impl::sparesUsable(std::string& why) const {
   if (options_.recovery == LaunchOptions::Recovery::Restart) {
     why = "they take a dead worker's rank only in an in-process recovery, and this job runs "

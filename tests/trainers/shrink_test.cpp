@@ -320,9 +320,9 @@ TEST_CASE("a death that would go below the job's minimum (shrink:2) restarts the
   CHECK(fs::exists(dir / "final.pt"));
 }
 
-TEST_CASE("shrink with a warm spare (--spares=1): a rank of three SIGKILLed, the group goes on at "
-          "two and the loaded spare grows it back to three at once, every sample exactly once",
-          "[recovery][shrink][grow][spare][slow]") {
+TEST_CASE("shrink with a loaded spare (--spares=1): a rank of three SIGKILLed, the spare takes "
+          "its rank at once instead of a shrink and a grow back, every sample exactly once",
+          "[recovery][shrink][spare][slow]") {
   if (!haveData()) return skipWithoutData();
   constexpr int kEpochs = 8;
   TempDir dir;
@@ -336,20 +336,22 @@ TEST_CASE("shrink with a warm spare (--spares=1): a rank of three SIGKILLed, the
   const auto pids = ranksNow(job, 3);
   const pid_t zero = pids[0], one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
-  REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
+  REQUIRE(showingOutput(waitForOutput(job, "recovered in process", kJobTimeout), job));
   CHECK(::kill(zero, 0) == 0);
   CHECK(::kill(two, 0) == 0);
   const std::string out = finishOk(job);
   INFO(out);
-  CHECK_THAT(out, Contains("the group shrinks from 3 to 2 rank(s)"));
-  // The warm spare, not a replacement started after the death, takes the free rank.
-  CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid "));
-  CHECK_THAT(out, !Contains("grow back: a replacement starts in the background"));
-  CHECK_THAT(out, Contains("rank 1 joined generation 2 and healed from rank 0's memory"));
+  CHECK_THAT(out, Contains("--recovery-policy=shrink: a loaded spare is waiting for rank 1, so it "
+                           "takes the rank at once (the group does not shrink and grow back)"));
+  CHECK_THAT(out, Contains(") takes rank 1"));
+  CHECK_THAT(out, Contains("rank 1 joined generation 1 and healed from rank 0's memory"));
+  CHECK_THAT(out, !Contains("the group shrinks"));
+  CHECK_THAT(out, !Contains("grow back ("));
+  CHECK_THAT(out, !Contains("the group grew"));
   // The spare used, the next one starts in the background.
   CHECK_THAT(out, Contains("starting spare 1"));
   CHECK_THAT(out, !Contains("restarting the worker group"));
   const std::string log = dir / "samples";
-  CHECK(worldSequence(log, kEpochs) == std::vector<int>{3, 2, 3});
+  CHECK(worldSequence(log, kEpochs) == std::vector<int>{3});
   for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }
