@@ -77,8 +77,9 @@ constexpr Flag kFlags[] = {
      "rest of the epoch split over them; down to 1 rank, or shrink:MIN_RANKS)"},
     {"spares", "", false, "0",
      "hot spares per node: workers started and loaded, waiting for a rank, that take a dead "
-     "worker's rank in an in-process recovery, or under shrink grow the group back at its "
-     "next commit (0-64; one node, not with --recovery=restart)"},
+     "worker's rank in an in-process recovery (under shrink too, when loaded: the group then "
+     "does not shrink), or under shrink grow the group back at its next commit (0-64; not "
+     "with --recovery=restart)"},
     {"signals-to-handle", "", false, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "signals forwarded to the workers"},
     {"pass-local-rank", "", true, "0",
