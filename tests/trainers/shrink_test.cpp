@@ -21,6 +21,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "fashion_mnist.h"
 #include "job_runner.h"
@@ -318,6 +319,45 @@ TEST_CASE("a death that would go below the job's minimum (shrink:2) restarts the
   CHECK_THAT(out, Contains("resumed from checkpoint"));
   CHECK_THAT(out, !Contains("the group shrank"));
   CHECK(fs::exists(dir / "final.pt"));
+}
+
+TEST_CASE("shrink with a spare still loading (--spares=1): a rank of three SIGKILLed, the group "
+          "goes on at two and the spare, once loaded, grows it back to three, every sample exactly "
+          "once", "[recovery][shrink][grow][spare][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink", "--spares=1"}, kGrowEpochs),
+          sampleLogEnv(dir), dir / "log");
+  // Spare 0 is held before it has loaded: stopped as soon as its process exists (LibTorch's
+  // start-up alone takes a few hundred ms), so that the death finds no loaded spare.
+  pid_t spare = -1;
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while ((spare = sparePid(job.pid(), 0, "mnist_mlp")) <= 0 && !job.exited() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  REQUIRE(spare > 0);
+  REQUIRE(::kill(spare, SIGSTOP) == 0);
+  const auto pids = ranksOf(job, dir, 3);
+  REQUIRE_THAT(job.output(), !Contains(") ready: loaded, waiting for a rank"));
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  REQUIRE(showingOutput(
+      waitForOutput(job, "the group shrinks from 3 to 2 rank(s)", kJobTimeout), job));
+  REQUIRE(::kill(spare, SIGCONT) == 0);
+  REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
+  const std::string out = finishOk(job);
+  INFO(out);
+  CHECK_THAT(out, !Contains("so it takes the rank at once"));
+  // The warm spare, not a replacement started after the death, takes the free rank.
+  CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid " + std::to_string(spare)));
+  CHECK_THAT(out, !Contains("grow back: a replacement starts in the background"));
+  // The spare used, the next one starts in the background.
+  CHECK_THAT(out, Contains("starting spare 1"));
+  CHECK_THAT(out, !Contains("restarting the worker group"));
+  const std::string log = dir / "samples";
+  CHECK(worldSequence(log, kGrowEpochs) == std::vector<int>{3, 2, 3});
+  for (int e = 0; e < kGrowEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }
 
 TEST_CASE("shrink with a loaded spare (--spares=1): a rank of three SIGKILLed, the spare takes "
