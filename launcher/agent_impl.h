@@ -141,6 +141,8 @@ class Agent::Impl {
   // Whether pickSpare would find a spare to take a rank now (one waiting and exec'd: a spare
   // being forked from the template has no pid yet).
   bool spareToPick() const;
+  // Whether waiting spare `spareId` has set its ready key (it has loaded).
+  bool spareReady(int spareId) const;
   // The waiting spares that are loaded (ready key set) and not exiting.
   int loadedSpares() const;
   // --recovery-policy=shrink on one node: whether loaded spares take the dead ranks at once

@@ -225,17 +225,13 @@ pid_t Agent::Impl::pickSpare(int& id) {
   // the recovery until it is), else the one started first, the likeliest to be ready soon.
   // Readiness is its ready key: read in the workers' store where this agent hosts it (one node,
   // or node rank 0 of several), else what the link read (sparesSeenReady_, replaceAcross).
-  rendezvous::StoreServer* store = handler_->workerStore();
-  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   pid_t best = -1;
   bool bestReady = false;
   for (const auto& s : group_->waitingSpares()) {
     // Not exec'd yet, or dying: a spare whose guard has reaped it (or that a SIGKILL is pending
     // for) while its exit report is still on its way would take the rank and fail the recovery.
     if (s.pid <= 0 || processExiting(s.pid)) continue;
-    const bool ready =
-        store ? store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value()
-              : sparesSeenReady_.count(s.spareId) > 0;
+    const bool ready = spareReady(s.spareId);
     if (best > 0 && (bestReady || !ready)) continue;
     best = s.pid;
     bestReady = ready;
@@ -264,17 +260,23 @@ bool Agent::Impl::spareToPick() const {
   return false;
 }
 
+bool Agent::Impl::spareReady(int spareId) const {
+  // Its ready key: read in the workers' store where this agent hosts it (one node, or node rank
+  // 0 of several), else what the link read (sparesSeenReady_, replaceAcross).
+  if (rendezvous::StoreServer* store = handler_->workerStore()) {
+    return store
+        ->get(rendezvous::recovery::attemptPrefix(round_.restartCount) + "/" +
+              rendezvous::recovery::spareReadyKey(spareId))
+        .has_value();
+  }
+  return sparesSeenReady_.count(spareId) > 0;
+}
+
 int Agent::Impl::loadedSpares() const {
   if (!sparesStarted_) return 0;
-  rendezvous::StoreServer* store = handler_->workerStore();
-  const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   int n = 0;
   for (const auto& s : group_->waitingSpares()) {
-    if (s.pid <= 0 || processExiting(s.pid)) continue;  // as pickSpare
-    const bool ready =
-        store ? store->get(prefix + rendezvous::recovery::spareReadyKey(s.spareId)).has_value()
-              : sparesSeenReady_.count(s.spareId) > 0;
-    if (ready) ++n;
+    if (s.pid > 0 && !processExiting(s.pid) && spareReady(s.spareId)) ++n;  // as pickSpare
   }
   return n;
 }

@@ -262,12 +262,12 @@ void ElasticState::broadcast(Communicator& comm, int root) {
   }
   agree(problem);
   // 2. The values; the root copies its live state into its commit's buffers first.
+  const auto live = liveTensors();
+  fitSaved(live);
   if (isRoot) {
-    const auto live = liveTensors();
-    fitSaved(live);
     for (size_t i = 0; i < live.size(); ++i) saved_[i].copy_(live[i]);
   }
-  broadcastValues(comm, root);
+  broadcastValues(comm, root, live);
   if (!counters_.empty()) {
     auto c = torch::tensor(counterValues(), i64).to(device);
     comm.broadcast(c, root);
@@ -305,12 +305,13 @@ std::optional<int> ElasticState::heal(Communicator& comm) {
   //    own rollback: every value it holds is overwritten from the root's.
   const bool isRoot = comm.rank() == root;
   if (isRoot) restore();
-  const size_t m = optimizerStateMask().size();
-  std::vector<int64_t> head(m + counters_.size(), 0);
+  std::vector<int64_t> head = optimizerStateMask();
+  const size_t m = head.size();
   if (isRoot) {
-    head = optimizerStateMask();
     const auto c = counterValues();
     head.insert(head.end(), c.begin(), c.end());
+  } else {
+    head.assign(m + counters_.size(), 0);
   }
   if (!head.empty()) {
     auto wire = torch::tensor(head, i64).to(device);
@@ -323,7 +324,9 @@ std::optional<int> ElasticState::heal(Communicator& comm) {
     setCounters(std::vector<int64_t>(head.begin() + static_cast<ptrdiff_t>(m), head.end()));
   }
   // 3. The values: the root's commit buffers hold its commit already (it just restored it).
-  broadcastValues(comm, root);
+  const auto live = liveTensors();
+  fitSaved(live);
+  broadcastValues(comm, root, live);
   adoptAsCommit();
   return root;
 }
@@ -352,15 +355,14 @@ int64_t ElasticState::structureDigest() const {
   return textDigest(text);
 }
 
-void ElasticState::broadcastValues(Communicator& comm, int root) {
+void ElasticState::broadcastValues(Communicator& comm, int root,
+                                   const std::vector<torch::Tensor>& live) {
   // One broadcast per flat buffer of the commit's (one per dtype and device): the others receive
   // into theirs and copy out. These buffers are warm -- every commit writes them -- where a
   // buffer allocated for the heal would be touched for the first time inside it (each new page
   // costs microseconds on some machines, on every rank, on the recovery's critical path); a
   // replacement, which never committed, allocates them here.
   const auto device = comm.device();
-  const auto live = liveTensors();
-  fitSaved(live);
   for (auto& flat : flats_) {
     if (flat.numel() == 0) continue;
     torch::Tensor wire = flat.device() == device ? flat : flat.to(device);

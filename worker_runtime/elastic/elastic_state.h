@@ -98,8 +98,9 @@ class ElasticState {
   // fresh replacement lacks, nor any value).
   int64_t structureDigest() const;
   // The values step of broadcast() and heal(): the flat buffers from root (whose saved_ must
-  // hold what it sends), out into every other rank's live tensors.
-  void broadcastValues(Communicator& comm, int root);
+  // hold what it sends), out into every other rank's `live` tensors (liveTensors(), with
+  // saved_ fitted to them).
+  void broadcastValues(Communicator& comm, int root, const std::vector<torch::Tensor>& live);
   // After a broadcast or a heal: what restore() goes back to is the root's state.
   void adoptAsCommit();
   std::vector<int64_t> counterValues() const;
