@@ -30,6 +30,9 @@
 //   shrink-spare  shrink with --spares=1: after the shrink a loaded spare grows the group back
 //               at the survivors' next commit (with --kill-when-spare-ready: every death finds
 //               one loaded). Not in the default --modes.
+//               Plain shrink starts the spare template in the background (docs/recovery.md#
+//               spare-template), and its replacement is a fork of it; with --kill-when-spare-
+//               ready the kills wait until the template has loaded.
 //   torchrun    torchrun (bench/torchrun_wrapper.py, Debian's torch 1.13) --max_restarts=k
 //               restarting bench/ddp_mnist.py, which checkpoints at the same interval and
 //               resumes from its newest checkpoint; --monitor_interval=0.1 by default (1.13's
@@ -379,6 +382,12 @@ class Bench {
             countOf(readFile(log), ") ready: loaded, waiting for a rank") <= r.killsDone) {
           due = false;
         }
+        // shrink without spares: not before the spare template (which forks the replacement
+        // that grows the group back) has loaded.
+        if (due && mode == "shrink" && o_.killWhenSpareReady &&
+            countOf(readFile(log), ") ready: loaded, forks the spares") == 0) {
+          due = false;
+        }
         if (due) {
           // A spare that took the rank has no RANK=<rank> of its own: the agent's line names it.
           pid_t victim = hasSpare(mode) ? spareHolding(readFile(log), plan.ranks[j], program) : -1;
@@ -539,8 +548,8 @@ int benchRecovery(int argc, char** argv) {
   app.add_option("--csv", o.csv, "results file");
   app.add_option("--work-dir", o.workDir, "logs, checkpoints and metrics of the runs");
   app.add_flag("--kill-when-spare-ready", o.killWhenSpareReady,
-               "spare mode: arm each kill only once a spare has loaded (deaths rarer than a "
-               "spare's start-up, as in a long job); by default the kills come at the same steps "
+               "spare modes: arm each kill only once a spare has loaded (shrink: the spare "
+               "template; deaths rarer than a spare's start-up, as in a long job); by default the kills come at the same steps "
                "in every mode, and the summary says at how many deaths the spare was loaded. The "
                "spare started after a death runs at SCHED_IDLE: with no idle core it may not load "
                "before the job ends, so use it with --kills 1 or long jobs");

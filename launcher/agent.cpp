@@ -236,6 +236,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   decidedFailure_.reset();
   recoverySpentRestart_ = false;
   sparesStarted_ = false;
+  growTemplateStarted_ = false;
   sparesDiedUnready_.clear();
   sparesSeenReady_.clear();
   spareTemplate_.reset();  // the last group's (its process went with that group)
@@ -244,6 +245,8 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   growRank_ = -1;
   growGeneration_ = 0;
   growBackOff_ = false;
+  templateWaitSince_.reset();
+  templateWaitOver_ = false;
   ownGenerations_.clear();
   openStoreLink();  // several nodes: in-process recovery through node 0's workers' store
   // In-process recovery on one node: a survivor's hint (recovery_keys.h suspectKey) lets the

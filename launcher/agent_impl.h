@@ -122,8 +122,10 @@ class Agent::Impl {
   enum class SpareWas { Ready, NotReady, Unknown };
   void replaceDeadSpare(const WorkerResult& r, SpareWas was, const std::string& error);
   // The spare template (spare_template.h; agent_spare_template.cpp): started with the group's
-  // first spares; the spares started later are forked from it; its exit makes them exec'd.
-  void startSpareTemplate();
+  // first spares, or alone under shrink without spares (for the replacements that grow the
+  // group back); the spares started later are forked from it; its exit makes them exec'd.
+  // `idle`: under SCHED_IDLE (alone, in the background of a training that runs).
+  void startSpareTemplate(bool idle);
   // The spares owed since a recovery gave ranks to spares, started once every worker announced
   // the newest generation (the recovery is over: the store is not needed for it any more).
   void startOwedSpares();
@@ -197,6 +199,12 @@ class Agent::Impl {
   // Starts a replacement in the background (a hot spare under SCHED_IDLE) for each rank the
   // group lacks and that no waiting one stands for (tryGrow: once the survivors re-formed).
   void startReplacements();
+  // Grow back with a spare template still loading: true while the replacement waits for it
+  // (a fork once it is loaded; up to kTemplateLoadWait, polled in 5 ms turns through
+  // tryGrow), rather than exec'ing a second load beside it. The first wait takes the template
+  // out of SCHED_IDLE: the group trains one rank short until it is loaded.
+  bool waitForSpareTemplate();
+  static constexpr std::chrono::seconds kTemplateLoadWait{5};
   // When a replacement is ready and every worker is in the newest generation: publishes the
   // generation with one rank more (the workers take it at their next commit) and gives the
   // replacement its rank. When the joining one has healed: done. Called on the keys the workers
@@ -375,6 +383,13 @@ class Agent::Impl {
   // <cause>" (3: no more for this group; a ready spare's death clears it).
   int nextSpareId_ = 0;
   bool sparesStarted_ = false;
+  // Shrink without spares: the spare template was started alone, for grow back's replacements.
+  bool growTemplateStarted_ = false;
+  // Grow back waiting for the template to load (waitForSpareTemplate): since when; a poll armed;
+  // given up (it did not load in kTemplateLoadWait: replacements are exec'd for this group).
+  std::optional<std::chrono::steady_clock::time_point> templateWaitSince_;
+  bool templatePollArmed_ = false;
+  bool templateWaitOver_ = false;
   std::vector<std::string> sparesDiedUnready_;
   // Several nodes, an agent that does not host the workers' store: the ids of its spares whose
   // ready key it has read set (a set key stays set; pickSpare prefers them). Read in the same

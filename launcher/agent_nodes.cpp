@@ -287,7 +287,7 @@ void Agent::Impl::startSparesAcross() {
       if (epoch != linkEpoch_ || state_ != State::Running || sparesStarted_) return;
       backgroundIdle();  // decided now, for the spares started later
       sparesStarted_ = true;
-      startSpareTemplate();  // first: the spares started once it is loaded are forks of it
+      startSpareTemplate(/*idle=*/false);  // first: the spares started once it is loaded are forks of it
       for (int i = 0; i < options_.spares; ++i) startSpare(/*idle=*/false);
     });
   });

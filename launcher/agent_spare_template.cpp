@@ -1,6 +1,7 @@
 // The spare template of a group (launcher/spare_template.h, docs/recovery.md#spare-template):
-// one more process of the worker program, started with the group's first spares, from which
-// every later spare is forked instead of exec'd. Whatever goes wrong with it, the spares are
+// one more process of the worker program, started with the group's first spares (or alone,
+// under --recovery-policy=shrink without spares), from which every later spare -- a grow back's
+// replacement is one -- is forked instead of exec'd. Whatever goes wrong with it, the spares are
 // exec'd as before: the template only ever saves a start-up, it never holds one up.
 #include "launcher/agent_impl.h"
 
@@ -8,7 +9,7 @@
 
 namespace ddprun::launcher {
 
-void Agent::Impl::startSpareTemplate() {
+void Agent::Impl::startSpareTemplate(bool idle) {
   if (spareTemplate_ || spareTemplateOff_ || !group_ || group_->runningCount() == 0 ||
       state_ != State::Running) {
     return;
@@ -46,14 +47,19 @@ void Agent::Impl::startSpareTemplate() {
   }
   l.spawn.passFd = tmpl->templateFd();
   l.spawn.subreaper = false;  // its forks' guards go to the agent, out of its tree
-  // At normal priority, as the group's first spares: part of the job's start, and loaded as
-  // soon as they are, so that the next spare is a fork.
-  l.spawn.idlePriority = false;
+  // With the group's first spares, at normal priority: part of the job's start, and loaded as
+  // soon as they are, so that the next spare is a fork. Alone (shrink without spares), idle:
+  // it is for a death that may never come, so it must not slow the training.
+  l.spawn.idlePriority = idle;
   l.stdoutTargets.prefix = l.stderrTargets.prefix = "[spare template]: ";
   group_->add(std::move(l));
   tmpl->templateSpawned();
   spareTemplate_ = std::move(tmpl);
-  DDPRUN_LOG(INFO, "launcher") << "starting the spare template: once loaded, the spares started later are forks of it";
+  DDPRUN_LOG(INFO, "launcher") << "starting the spare template" << (idle ? " in the background (SCHED_IDLE)" : "")
+                               << ": once loaded, the "
+                               << (growTemplateStarted_ ? "replacements that grow a shrunk group back"
+                                                        : "spares started later")
+                               << " are forks of it";
 }
 
 std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(int id) {

@@ -3,6 +3,8 @@
 // publishes the generations they join is agent_recovery.cpp.
 #include "launcher/agent_impl.h"
 
+#include <boost/asio/steady_timer.hpp>
+
 #include "base/process.h"
 
 namespace ddprun::launcher {
@@ -54,13 +56,58 @@ void Agent::Impl::startReplacements() {
   if (!growBackUsable(why) || growBackOff_) return;
   const int missing = options_.nprocPerNode - liveWorkers() -
                       static_cast<int>(group_->waitingSpares().size());
+  if (missing > 0 && waitForSpareTemplate()) return;
   for (int i = 0; i < missing; ++i) {
-    const bool idle = backgroundIdle();
-    DDPRUN_LOG(INFO, "launcher") << "grow back: a replacement starts in the background"
-                                 << (idle ? " (SCHED_IDLE)" : "") << "; the group takes it in at "
+    // A fork of a loaded template is ready in tens of milliseconds, during which the group
+    // trains one rank short: at normal priority. An exec'd one loads LibTorch (about a
+    // CPU-second): in the background, so that it does not slow the survivors instead.
+    const bool forked = spareTemplate_ && spareTemplate_->ready();
+    const bool idle = !forked && backgroundIdle();
+    DDPRUN_LOG(INFO, "launcher") << "grow back: a replacement starts"
+                                 << (forked ? " (a fork of the spare template)"
+                                     : idle ? " in the background (SCHED_IDLE)"
+                                            : " in the background")
+                                 << "; the group takes it in at "
                                  << "a commit once it is ready, nothing waits for it";
     startSpare(idle);
   }
+}
+
+bool Agent::Impl::waitForSpareTemplate() {
+  if (templateWaitOver_ || !spareTemplate_ || spareTemplate_->gone() || spareTemplate_->ready()) {
+    return false;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (!templateWaitSince_) {
+    templateWaitSince_ = now;
+    std::string error;
+    for (const auto& r : group_->results()) {
+      if (r.sparesTemplate && !r.ended && r.pid > 0) leaveIdlePriority(r.pid, error);
+    }
+    DDPRUN_LOG(INFO, "launcher") << "grow back: the spare template is still loading; the "
+                                 << "replacement is forked from it once it is loaded (waiting up "
+                                 << "to " << kTemplateLoadWait.count() << " s; it runs at normal "
+                                 << "priority from now on"
+                                 << (error.empty() ? "" : ", or would: " + error) << ")";
+  }
+  if (now - *templateWaitSince_ >= kTemplateLoadWait) {
+    templateWaitOver_ = true;
+    DDPRUN_LOG(WARN, "launcher") << "grow back: the spare template did not load within "
+                                 << kTemplateLoadWait.count() << " s; the replacement is started "
+                                 << "as a process";
+    return false;
+  }
+  if (!templatePollArmed_) {
+    templatePollArmed_ = true;
+    auto poll = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(5));
+    poll->async_wait([this, poll](boost::system::error_code) {
+      guarded([&] {
+        templatePollArmed_ = false;
+        tryGrow();
+      });
+    });
+  }
+  return true;
 }
 
 void Agent::Impl::tryGrow() {
@@ -321,19 +368,31 @@ void Agent::Impl::onStoreSet(const std::string& key) {
 }
 
 void Agent::Impl::maybeStartSpares() {
-  if (sparesStarted_ || options_.spares <= 0) return;
+  // Shrink without spares: the template alone, so that the replacement growing the group back
+  // after a death is a fork of it (milliseconds) rather than a new process loading LibTorch
+  // again (about a CPU-second, while the group trains one rank short).
+  const bool templateAlone = options_.spares <= 0 &&
+                             options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink;
+  if (sparesStarted_ || growTemplateStarted_ || (options_.spares <= 0 && !templateAlone)) return;
   std::string why;
-  if (!sparesUsable(why)) return;
+  if (!sparesUsable(why) || (templateAlone && !growBackUsable(why))) return;
   const std::string prefix = rendezvous::recovery::attemptPrefix(round_.restartCount) + "/";
   rendezvous::StoreServer* store = handler_->workerStore();
   for (int lr = 0; lr < options_.nprocPerNode; ++lr) {
     if (!store->get(prefix + rendezvous::recovery::announceKey(round_.rankOffset + lr))) return;
   }
   backgroundIdle();  // decided now, for the spares started later
+  if (templateAlone) {
+    // In the background: nothing waits for it, and a death before it is loaded only means an
+    // exec'd replacement, as without it.
+    growTemplateStarted_ = true;
+    startSpareTemplate(/*idle=*/idleSpares_ == 1);
+    return;
+  }
   // Every worker runs the elastic loop: the spares of this group start now, at normal
   // priority (they are part of the job's start, as its workers are).
   sparesStarted_ = true;
-  startSpareTemplate();  // first: the spares started once it is loaded are forks of it
+  startSpareTemplate(/*idle=*/false);  // first: the spares started once it is loaded are forks of it
   for (int i = 0; i < options_.spares; ++i) startSpare(/*idle=*/false);
 }
 

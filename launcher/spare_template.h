@@ -48,6 +48,11 @@ class SpareTemplate {
   // the template. nullopt, with `why`, when it cannot; `gone()` then says whether it ever can.
   std::optional<GuardedProcess> forkSpare(int spareId, bool idle,
                                           const std::vector<std::string>& env, std::string& why);
+  // Whether the template has said Ready (it forks now), reading its answer if one came.
+  bool ready() {
+    std::string why;
+    return !gone_ && checkReady(why);
+  }
   // The template exited, broke the protocol or did not answer in time: it forks no more.
   bool gone() const { return gone_; }
   // The template's pid, once it said Ready (-1 before).

@@ -96,6 +96,12 @@ inline pid_t sparePid(pid_t launcher, int id, const std::string& program) {
   return descendantWithEnv(launcher, "DDPRUN_SPARE=" + std::to_string(id), program);
 }
 
+// The spare template (docs/recovery.md#spare-template: DDPRUN_SPARE_TEMPLATE_FD=5, the
+// descriptor launcher/guarded_process.h passes), or -1.
+inline pid_t spareTemplatePid(pid_t launcher, const std::string& program) {
+  return descendantWithEnv(launcher, "DDPRUN_SPARE_TEMPLATE_FD=5", program);
+}
+
 // Hot spare `id` forked from the spare template (docs/recovery.md#spare-template), by its line
 // "spare <id> (pid P) forked from the spare template" in the job's `output`, or -1. (Its
 // /proc/<pid>/environ is the template's: sparePid() does not find it.)

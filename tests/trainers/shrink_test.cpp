@@ -17,6 +17,8 @@
 // every rank's indices of every step, with the generation that took it.
 #include "tests/support/catch_torch.h"
 
+#include <sched.h>
+
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -118,9 +120,13 @@ TEST_CASE("a rank of three SIGKILLed: the other two go on at two ranks in their 
           "exactly once", "[recovery][shrink][grow][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
+  // The template off: the replacement is exec'd and loads under SCHED_IDLE (the template's
+  // fork: the test "shrink without spares: the spare template ...").
+  auto env = sampleLogEnv(dir);
+  env["DDPRUN_SPARE_TEMPLATE"] = "0";
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink"}, kGrowEpochs),
-          sampleLogEnv(dir), dir / "log");
+          env, dir / "log");
   const auto pids = ranksOf(job, dir, 3);
   const pid_t zero = pids[0], one = pids[1], two = pids[2];
   REQUIRE(::kill(one, SIGKILL) == 0);
@@ -141,6 +147,7 @@ TEST_CASE("a rank of three SIGKILLed: the other two go on at two ranks in their 
   CHECK_THAT(out, Contains("world size 3 -> 2 (in-process recovery, generation 1)"));
   // The grow: no restart spent, the replacement takes the free slot's rank, the survivor of
   // rank 2 is rank 2 again.
+  CHECK_THAT(out, Contains("DDPRUN_SPARE_TEMPLATE=0: no spare template"));
   CHECK_THAT(out, Contains("grow back: a replacement starts in the background"));
   std::smatch m;
   const std::regex grew(R"(grow back \(generation 2\): spare 0 \(pid (\d+)\) is ready and takes )"
@@ -168,6 +175,53 @@ TEST_CASE("a rank of three SIGKILLed: the other two go on at two ranks in their 
     checkExactlyOnce(log, e, s.lastWorld);
   }
   CHECK(epochSamples(log, kGrowEpochs - 1).lastWorld == 3);
+}
+
+TEST_CASE("shrink without spares: the spare template, held while it loads, is waited for, and "
+          "the replacement that grows the group back is a fork of it, every sample exactly once",
+          "[recovery][shrink][grow][template][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink"}, kGrowEpochs),
+          sampleLogEnv(dir), dir / "log");
+  // The template starts once every rank announced the elastic loop; it is held as soon as its
+  // process exists (LibTorch's start-up alone takes hundreds of ms), so the death finds it
+  // loading whatever the machine's speed.
+  pid_t templ = -1;
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while ((templ = spareTemplatePid(job.pid(), "mnist_mlp")) <= 0 && !job.exited() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  REQUIRE(templ > 0);
+  REQUIRE(::kill(templ, SIGSTOP) == 0);
+  const auto pids = ranksOf(job, dir, 3);
+  REQUIRE_THAT(job.output(), !Contains(") ready: loaded, forks"));
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  // Grow back waits for it rather than exec'ing a replacement beside it.
+  REQUIRE(showingOutput(
+      waitForOutput(job, "grow back: the spare template is still loading", kJobTimeout), job));
+  CHECK(::sched_getscheduler(templ) == SCHED_OTHER);  // out of SCHED_IDLE: the group is short
+  REQUIRE(::kill(templ, SIGCONT) == 0);
+  REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
+  const std::string out = finishOk(job);
+  INFO(out);
+  CHECK_THAT(out, Contains("starting the spare template in the background"));
+  CHECK_THAT(out, Contains("spare template (pid " + std::to_string(templ) + ") ready: loaded"));
+  CHECK_THAT(out, Contains("grow back: a replacement starts (a fork of the spare template)"));
+  const pid_t forked = forkedSparePid(out, 0);
+  REQUIRE(forked > 0);
+  CHECK_THAT(out, Contains("spare 0 (pid " + std::to_string(forked) +
+                           ") forked from the spare template (pid " + std::to_string(templ) + ")"));
+  CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid " + std::to_string(forked) +
+                           ") is ready and takes rank 1"));
+  CHECK_THAT(out, !Contains("is started as a process"));
+  CHECK_THAT(out, !Contains("did not load within"));
+  CHECK_THAT(out, !Contains("restarting the worker group"));
+  const std::string log = dir / "samples";
+  CHECK(worldSequence(log, kGrowEpochs) == std::vector<int>{3, 2, 3});
+  for (int e = 0; e < kGrowEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }
 
 TEST_CASE("grow back: the replacement SIGKILLed before it healed, the job goes on at two ranks "
