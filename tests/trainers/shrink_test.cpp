@@ -6,6 +6,9 @@
 //   - a rank of three SIGKILLed: the survivors go on at two ranks in their own processes, a
 //     replacement started in the background joins at a commit (grow back to three), and the
 //     samples the job trained on, epoch by epoch, are the dataset's once each;
+//   - without spares the replacement is a fork of the spare template: a death that finds the
+//     template loading (held by SIGSTOP) waits for it, and past the wait's 5 s bound the
+//     replacement is exec'd instead, one line saying so;
 //   - the replacement SIGKILLed before it healed: the job goes on at two ranks, no restart
 //     spent, every sample still once;
 //   - rank 0 SIGKILLed: the survivor that becomes rank 0 prints, saves the weights, and the
@@ -29,6 +32,7 @@
 #include "job_runner.h"
 #include "sample_log_check.h"
 #include "test_files.h"
+#include "tests/support/process.h"
 #include "tests/support/skip.h"
 #include "trainers/mnist_data.h"
 #include "worker_runtime/sampler.h"
@@ -109,6 +113,22 @@ std::vector<pid_t> ranksOf(Job& job, const TempDir& dir, int n) {
   return ranksNow(job, n);
 }
 
+// The spare template of a shrink job without spares, SIGSTOPped as soon as its process exists.
+// It starts once every rank announced the elastic loop, and LibTorch's start-up alone takes
+// hundreds of ms, so a death after the first checkpoint finds it loading whatever the
+// machine's speed.
+pid_t heldTemplate(Job& job) {
+  pid_t templ = -1;
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while ((templ = spareTemplatePid(job.pid(), "mnist_mlp")) <= 0 && !job.exited() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  REQUIRE(templ > 0);
+  REQUIRE(::kill(templ, SIGSTOP) == 0);
+  return templ;
+}
+
 // Long enough at two ranks (24 epochs of ~0.5 s here) for the replacement, which starts under
 // SCHED_IDLE, to load on a busy 2-core machine.
 constexpr int kGrowEpochs = 24;
@@ -185,17 +205,7 @@ TEST_CASE("shrink without spares: the spare template, held while it loads, is wa
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink"}, kGrowEpochs),
           sampleLogEnv(dir), dir / "log");
-  // The template starts once every rank announced the elastic loop; it is held as soon as its
-  // process exists (LibTorch's start-up alone takes hundreds of ms), so the death finds it
-  // loading whatever the machine's speed.
-  pid_t templ = -1;
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while ((templ = spareTemplatePid(job.pid(), "mnist_mlp")) <= 0 && !job.exited() &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  REQUIRE(templ > 0);
-  REQUIRE(::kill(templ, SIGSTOP) == 0);
+  const pid_t templ = heldTemplate(job);
   const auto pids = ranksOf(job, dir, 3);
   REQUIRE_THAT(job.output(), !Contains(") ready: loaded, forks"));
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
@@ -222,6 +232,37 @@ TEST_CASE("shrink without spares: the spare template, held while it loads, is wa
   const std::string log = dir / "samples";
   CHECK(worldSequence(log, kGrowEpochs) == std::vector<int>{3, 2, 3});
   for (int e = 0; e < kGrowEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
+}
+
+TEST_CASE("shrink without spares: the spare template held past the wait's bound, the "
+          "replacement is exec'd with one line saying so, the group grows back, every sample "
+          "exactly once", "[recovery][shrink][grow][template][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  // Longer than the 5 s wait plus an exec'd replacement's load under SCHED_IDLE.
+  constexpr int kEpochs = kGrowEpochs + 16;
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink"}, kEpochs),
+          sampleLogEnv(dir), dir / "log");
+  const pid_t templ = heldTemplate(job);  // never continued: the agent's stop must end it
+  const auto pids = ranksOf(job, dir, 3);
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  REQUIRE(showingOutput(
+      waitForOutput(job, "grow back: the spare template is still loading", kJobTimeout), job));
+  CHECK(ddprun::testing::processState(templ) == 'T');
+  REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
+  const std::string out = finishOk(job);
+  INFO(out);
+  CHECK_THAT(out, Contains("grow back: the spare template did not load within 5 s; the "
+                           "replacement is started as a process"));
+  CHECK_THAT(out, Contains("grow back: a replacement starts in the background"));
+  CHECK_THAT(out, !Contains("forked from the spare template"));
+  CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid "));
+  // Stopped with the group, SIGSTOPped as it still was: ddprun leaves nothing of the job.
+  CHECK(ddprun::testing::waitUntil([&] { return !ddprun::testing::processRunning(templ); }));
+  const std::string log = dir / "samples";
+  CHECK(worldSequence(log, kEpochs) == std::vector<int>{3, 2, 3});
+  for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }
 
 TEST_CASE("grow back: the replacement SIGKILLed before it healed, the job goes on at two ranks "
