@@ -246,6 +246,8 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   growGeneration_ = 0;
   growBackOff_ = false;
   templateWaitSince_.reset();
+  templatePollArmed_ = false;
+  ++templatePollEpoch_;  // a poll armed for the last group does nothing
   templateWaitOver_ = false;
   ownGenerations_.clear();
   openStoreLink();  // several nodes: in-process recovery through node 0's workers' store

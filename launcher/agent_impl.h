@@ -114,7 +114,9 @@ class Agent::Impl {
   // Starts the group's --spares once every worker has announced (once per group).
   void maybeStartSpares();
   // Starts one spare; `idle`: under SCHED_IDLE (training is running, hot_spares.h).
-  void startSpare(bool idle);
+  // `idleIfForked`: the priority of a fork of the template when it differs from an exec'd
+  // one's (grow back: a fork runs at normal priority, an exec'd one loads in the background).
+  void startSpare(bool idle, std::optional<bool> idleIfForked = std::nullopt);
   // A waiting spare's exit: restarted when the group still runs (no restart spent).
   void onSpareExited(const WorkerResult& r);
   // Then, once its ready key was read: another spare, unless it is the third in a row that
@@ -131,7 +133,11 @@ class Agent::Impl {
   void startOwedSpares();
   void onSpareTemplateExited(const WorkerResult& r);
   // How startSpare() starts spare `id`: a fork of the template, or empty (spawnGuarded).
-  std::function<GuardedProcess(const SpawnRequest&)> spareSpawner(int id);
+  std::function<GuardedProcess(const SpawnRequest&)> spareSpawner(int id,
+                                                                  std::optional<bool> idleIfForked);
+  // Every thread of the spare template to SCHED_OTHER (idempotent): once a replacement is owed
+  // the template's load, then its fork and the fork's guard, are on the group's path.
+  void spareTemplateToNormalPriority(std::string& error);
   // The pid of a waiting spare to give a dead rank to (a ready one first, else the one started
   // first), or -1. Ready: its key in the workers' store where this agent hosts it, else in
   // sparesSeenReady_.
@@ -389,6 +395,7 @@ class Agent::Impl {
   // given up (it did not load in kTemplateLoadWait: replacements are exec'd for this group).
   std::optional<std::chrono::steady_clock::time_point> templateWaitSince_;
   bool templatePollArmed_ = false;
+  uint64_t templatePollEpoch_ = 0;  // one per group
   bool templateWaitOver_ = false;
   std::vector<std::string> sparesDiedUnready_;
   // Several nodes, an agent that does not host the workers' store: the ids of its spares whose

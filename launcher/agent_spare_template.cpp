@@ -62,12 +62,14 @@ void Agent::Impl::startSpareTemplate(bool idle) {
                                << " are forks of it";
 }
 
-std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(int id) {
+std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(
+    int id, std::optional<bool> idleIfForked) {
   if (!spareTemplate_) return {};
-  return [this, id](const SpawnRequest& req) {
+  return [this, id, idleIfForked](const SpawnRequest& req) {
     std::string why;
     const bool wasGone = spareTemplate_->gone();
-    if (auto p = spareTemplate_->forkSpare(id, req.idlePriority, req.env, why)) {
+    if (auto p = spareTemplate_->forkSpare(id, idleIfForked.value_or(req.idlePriority), req.env,
+                                           why)) {
       DDPRUN_LOG(INFO, "launcher") << "spare " << id << " forked from the spare template (pid "
                                    << spareTemplate_->pid() << "), guard pid " << p->guardPid;
       return std::move(*p);
@@ -81,6 +83,12 @@ std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(int
     }
     return spawnGuarded(req);
   };
+}
+
+void Agent::Impl::spareTemplateToNormalPriority(std::string& error) {
+  for (const auto& r : group_->results()) {
+    if (r.sparesTemplate && !r.ended && r.pid > 0) leaveIdlePriority(r.pid, error);
+  }
 }
 
 void Agent::Impl::startOwedSpares() {

@@ -59,17 +59,22 @@ void Agent::Impl::startReplacements() {
   if (missing > 0 && waitForSpareTemplate()) return;
   for (int i = 0; i < missing; ++i) {
     // A fork of a loaded template is ready in tens of milliseconds, during which the group
-    // trains one rank short: at normal priority. An exec'd one loads LibTorch (about a
-    // CPU-second): in the background, so that it does not slow the survivors instead.
+    // trains one rank short: at normal priority, the template too (it answers the fork, and
+    // the fork's guard inherits its priority). An exec'd one -- no template, or a fork that
+    // failed -- loads LibTorch (about a CPU-second): in the background, so that it does not
+    // slow the survivors instead.
     const bool forked = spareTemplate_ && spareTemplate_->ready();
-    const bool idle = !forked && backgroundIdle();
+    const bool idle = backgroundIdle();
+    std::string error;
+    if (forked) spareTemplateToNormalPriority(error);
     DDPRUN_LOG(INFO, "launcher") << "grow back: a replacement starts"
                                  << (forked ? " (a fork of the spare template)"
                                      : idle ? " in the background (SCHED_IDLE)"
                                             : " in the background")
                                  << "; the group takes it in at "
-                                 << "a commit once it is ready, nothing waits for it";
-    startSpare(idle);
+                                 << "a commit once it is ready, nothing waits for it"
+                                 << (error.empty() ? "" : " (the template stays at idle priority: " + error + ")");
+    startSpare(idle, forked ? std::optional<bool>(false) : std::nullopt);
   }
 }
 
@@ -78,12 +83,11 @@ bool Agent::Impl::waitForSpareTemplate() {
     return false;
   }
   const auto now = std::chrono::steady_clock::now();
+  // At every poll: its pid may not have been known at the first.
+  std::string error;
+  spareTemplateToNormalPriority(error);
   if (!templateWaitSince_) {
     templateWaitSince_ = now;
-    std::string error;
-    for (const auto& r : group_->results()) {
-      if (r.sparesTemplate && !r.ended && r.pid > 0) leaveIdlePriority(r.pid, error);
-    }
     DDPRUN_LOG(INFO, "launcher") << "grow back: the spare template is still loading; the "
                                  << "replacement is forked from it once it is loaded (waiting up "
                                  << "to " << kTemplateLoadWait.count() << " s; it runs at normal "
@@ -92,16 +96,24 @@ bool Agent::Impl::waitForSpareTemplate() {
   }
   if (now - *templateWaitSince_ >= kTemplateLoadWait) {
     templateWaitOver_ = true;
+    // Back in the background: the exec'd replacement is the load the group waits for now.
+    if (idleSpares_ == 1) {
+      for (const auto& r : group_->results()) {
+        if (r.sparesTemplate && !r.ended && r.pid > 0) enterIdlePriority(r.pid, error);
+      }
+    }
     DDPRUN_LOG(WARN, "launcher") << "grow back: the spare template did not load within "
                                  << kTemplateLoadWait.count() << " s; the replacement is started "
-                                 << "as a process";
+                                 << "as a process (the template goes on loading in the "
+                                 << "background)";
     return false;
   }
   if (!templatePollArmed_) {
     templatePollArmed_ = true;
     auto poll = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(5));
-    poll->async_wait([this, poll](boost::system::error_code) {
+    poll->async_wait([this, poll, epoch = templatePollEpoch_](boost::system::error_code) {
       guarded([&] {
+        if (epoch != templatePollEpoch_) return;
         templatePollArmed_ = false;
         tryGrow();
       });
@@ -396,14 +408,14 @@ void Agent::Impl::maybeStartSpares() {
   for (int i = 0; i < options_.spares; ++i) startSpare(/*idle=*/false);
 }
 
-void Agent::Impl::startSpare(bool idle) {
+void Agent::Impl::startSpare(bool idle, std::optional<bool> idleIfForked) {
   if (!group_ || group_->runningCount() == 0 || state_ != State::Running) return;
   // Several nodes: ids unique in the job, as their keys in node 0's store are.
   const int id = round_.nodeCount > 1 ? nextSpareId_++ * round_.nodeCount + round_.nodeRank
                                       : nextSpareId_++;
   WorkerLaunch l = makeLaunch(round_, 0, 0, id);
   l.spawn.idlePriority = idle;
-  l.spawner = spareSpawner(id);
+  l.spawner = spareSpawner(id, idleIfForked);
   group_->add(std::move(l));
   DDPRUN_LOG(INFO, "launcher") << "starting spare " << id
                                << (idle ? " in the background (SCHED_IDLE)" : "")

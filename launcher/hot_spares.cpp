@@ -49,7 +49,10 @@ bool canLeaveIdlePriority(std::string& why) {
   return false;
 }
 
-int leaveIdlePriority(pid_t pid, std::string& error) {
+namespace {
+
+// Moves every thread of `pid` whose policy is `from` to `to` (nice 0); see leaveIdlePriority.
+int moveThreads(pid_t pid, int from, int to, std::string& error) {
   int moved = 0;
   for (int pass = 0; pass < 2; ++pass) {
     const std::string dir = "/proc/" + std::to_string(pid) + "/task";
@@ -62,18 +65,28 @@ int leaveIdlePriority(pid_t pid, std::string& error) {
       const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
       if (tid <= 0) continue;
       const int policy = ::sched_getscheduler(tid);
-      if (policy != SCHED_IDLE) continue;
-      sched_param normal{};
-      if (::sched_setscheduler(tid, SCHED_OTHER, &normal) == 0) {
+      if (policy != from) continue;
+      sched_param none{};
+      if (::sched_setscheduler(tid, to, &none) == 0) {
         ++moved;
       } else if (errno != ESRCH && error.empty()) {
-        error = "sched_setscheduler(" + std::to_string(tid) + ", SCHED_OTHER): " +
-                std::strerror(errno);
+        error = "sched_setscheduler(" + std::to_string(tid) + ", " +
+                (to == SCHED_IDLE ? "SCHED_IDLE" : "SCHED_OTHER") + "): " + std::strerror(errno);
       }
     }
     ::closedir(d);
   }
   return moved;
+}
+
+}  // namespace
+
+int leaveIdlePriority(pid_t pid, std::string& error) {
+  return moveThreads(pid, SCHED_IDLE, SCHED_OTHER, error);
+}
+
+int enterIdlePriority(pid_t pid, std::string& error) {
+  return moveThreads(pid, SCHED_OTHER, SCHED_IDLE, error);
 }
 
 int schedulingPolicy(pid_t pid) {

@@ -38,6 +38,8 @@ bool canLeaveIdlePriority(std::string& why);
 // Moves every thread of `pid` to SCHED_OTHER, nice 0 (two passes: threads started meanwhile
 // inherit their creator's policy). Returns the threads moved; `error` names a refusal.
 int leaveIdlePriority(pid_t pid, std::string& error);
+// The way back: every SCHED_OTHER thread of `pid` to SCHED_IDLE (always allowed).
+int enterIdlePriority(pid_t pid, std::string& error);
 
 // The scheduling policy of `pid` from /proc/<pid>/stat (SCHED_IDLE = 5), or -1.
 int schedulingPolicy(pid_t pid);

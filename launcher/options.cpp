@@ -74,7 +74,8 @@ constexpr Flag kFlags[] = {
     {"recovery-policy", "", false, "replace",
      "what an in-process recovery does with a dead rank: replace (a spare or a new process "
      "takes it; world size and data shards stay) or shrink (the others go on without it, the "
-     "rest of the epoch split over them, until a replacement grows the group back at a commit; "
+     "rest of the epoch split over them; on one node a replacement grows the group back at a "
+     "commit; "
      "down to 1 rank, or shrink:MIN_RANKS)"},
     {"spares", "", false, "0",
      "hot spares per node: workers started and loaded, waiting for a rank, that take a dead "
