@@ -135,9 +135,9 @@ class Agent::Impl {
   // How startSpare() starts spare `id`: a fork of the template, or empty (spawnGuarded).
   std::function<GuardedProcess(const SpawnRequest&)> spareSpawner(int id,
                                                                   std::optional<bool> idleIfForked);
-  // Every thread of the spare template to SCHED_OTHER (idempotent): once a replacement is owed
-  // the template's load, then its fork and the fork's guard, are on the group's path.
-  void spareTemplateToNormalPriority(std::string& error);
+  // The pid of the group's running spare template (its process, once started), or -1: what
+  // moves it in or out of SCHED_IDLE (hot_spares.h) acts on.
+  pid_t runningTemplatePid() const;
   // The pid of a waiting spare to give a dead rank to (a ready one first, else the one started
   // first), or -1. Ready: its key in the workers' store where this agent hosts it, else in
   // sparesSeenReady_.

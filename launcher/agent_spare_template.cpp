@@ -85,10 +85,12 @@ std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(
   };
 }
 
-void Agent::Impl::spareTemplateToNormalPriority(std::string& error) {
+pid_t Agent::Impl::runningTemplatePid() const {
+  if (!group_) return -1;
   for (const auto& r : group_->results()) {
-    if (r.sparesTemplate && !r.ended && r.pid > 0) leaveIdlePriority(r.pid, error);
+    if (r.sparesTemplate && !r.ended && r.pid > 0) return r.pid;
   }
+  return -1;
 }
 
 void Agent::Impl::startOwedSpares() {

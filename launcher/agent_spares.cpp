@@ -66,7 +66,7 @@ void Agent::Impl::startReplacements() {
     const bool forked = spareTemplate_ && spareTemplate_->ready();
     const bool idle = backgroundIdle();
     std::string error;
-    if (forked) spareTemplateToNormalPriority(error);
+    if (const pid_t t = runningTemplatePid(); forked && t > 0) leaveIdlePriority(t, error);
     DDPRUN_LOG(INFO, "launcher") << "grow back: a replacement starts"
                                  << (forked ? " (a fork of the spare template)"
                                      : idle ? " in the background (SCHED_IDLE)"
@@ -85,7 +85,7 @@ bool Agent::Impl::waitForSpareTemplate() {
   const auto now = std::chrono::steady_clock::now();
   // At every poll: its pid may not have been known at the first.
   std::string error;
-  spareTemplateToNormalPriority(error);
+  if (const pid_t t = runningTemplatePid(); t > 0) leaveIdlePriority(t, error);
   if (!templateWaitSince_) {
     templateWaitSince_ = now;
     DDPRUN_LOG(INFO, "launcher") << "grow back: the spare template is still loading; the "
@@ -97,10 +97,8 @@ bool Agent::Impl::waitForSpareTemplate() {
   if (now - *templateWaitSince_ >= kTemplateLoadWait) {
     templateWaitOver_ = true;
     // Back in the background: the exec'd replacement is the load the group waits for now.
-    if (idleSpares_ == 1) {
-      for (const auto& r : group_->results()) {
-        if (r.sparesTemplate && !r.ended && r.pid > 0) enterIdlePriority(r.pid, error);
-      }
+    if (const pid_t t = runningTemplatePid(); t > 0 && idleSpares_ == 1) {
+      enterIdlePriority(t, error);
     }
     DDPRUN_LOG(WARN, "launcher") << "grow back: the spare template did not load within "
                                  << kTemplateLoadWait.count() << " s; the replacement is started "
@@ -525,9 +523,10 @@ void Agent::Impl::unidleSpares() {
     std::string error;
     if (s.pid > 0) leaveIdlePriority(s.pid, error);  // best effort: they are killed next
   }
-  for (const auto& r : group_->results()) {  // the template too: it holds as much memory
+  // The template too: it holds as much memory.
+  if (const pid_t t = runningTemplatePid(); t > 0) {
     std::string error;
-    if (r.sparesTemplate && !r.ended && r.pid > 0) leaveIdlePriority(r.pid, error);
+    leaveIdlePriority(t, error);
   }
 }
 
