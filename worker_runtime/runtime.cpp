@@ -320,7 +320,7 @@ void warmUpSpare(const std::string& self, const InitOptions& options) {
 // assignment (in rounds of kSpareWaitRound: no busy loop, and a store that went away ends the
 // wait with its error). Then the process takes the rank: its environment gets the rank's
 // variables (for the program's own getenv too), and the returned lookup gives them to init().
-EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
+EnvLookup becomeRank(const std::string& spareText, const InitOptions& options, bool warmUp) {
   namespace keys = rendezvous::recovery;
   constexpr Millis kSpareWaitRound{60'000};
   char* end = nullptr;
@@ -344,7 +344,7 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   rendezvous::PrefixStore store(keys::attemptPrefix(env.restartCount),
                                 connectAgentStore(env, timeoutFrom(options), base));
-  if (options.spareWarmup) warmUpSpare(self, options);
+  if (warmUp && options.spareWarmup) warmUpSpare(self, options);
   store.set(keys::spareReadyKey(static_cast<int>(id)), std::to_string(::getpid()));
   DDPRUN_LOG(INFO, "runtime") << self << " ready: loaded, waiting for a rank";
   const std::string key = keys::spareAssignKey(static_cast<int>(id));
@@ -710,15 +710,21 @@ std::unique_ptr<Runtime> init(InitOptions options) {
       throw ConfigError(std::string(rendezvous::spare_fork::kTemplateFdVariable) + "='" + *fd +
                         "' is not valid: expected a descriptor number (ddprun --spares sets it)");
     }
-    const int id = serveSpareForks(static_cast<int>(n));
+    // The template runs the program's warm-up once, before its first fork (spare_template.h):
+    // every spare it forks starts warm.
+    const int id = serveSpareForks(static_cast<int>(n), [&] {
+      if (options.spareWarmup) {
+        warmUpSpare("spare template (pid " + std::to_string(::getpid()) + ")", options);
+      }
+    });
     // The template ran with one thread per pool (thread_pools.h); a rank's process would not.
     DDPRUN_LOG(INFO, "runtime") << "spare " << id << " (pid " << ::getpid() << "): thread pools "
                                 << "as a process started with its environment: "
                                 << matchThreadPools();
-    options.env = becomeRank(std::to_string(id), options);
+    options.env = becomeRank(std::to_string(id), options, /*warmUp=*/false);
   } else if (const auto spare = options.env("DDPRUN_SPARE"); spare && !spare->empty()) {
     // A hot spare waits here, loaded, until the launcher gives it a rank.
-    options.env = becomeRank(*spare, options);
+    options.env = becomeRank(*spare, options, /*warmUp=*/true);
   }
   // First: from here on ddprun can tell this process stopped from slow (--peer-timeout),
   // through the store connection, the communicator set-up and every step.

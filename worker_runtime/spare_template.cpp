@@ -244,7 +244,7 @@ int threadCount() {
   return n;
 }
 
-int serveSpareForks(int fd) {
+int serveSpareForks(int fd, const std::function<void()>& warmUp) {
   const pid_t self = ::getpid();
   log::setIdentity("spare template");
   if (const int threads = threadCount(); threads != 1) {
@@ -252,6 +252,15 @@ int serveSpareForks(int fd) {
                                  << threads << " threads when it calls init(), so it cannot "
                                  << "fork spares (a fork copies only the calling thread); "
                                  << "exiting: the launcher starts its spares as processes";
+    std::fflush(nullptr);
+    ::_exit(3);
+  }
+  warmUp();
+  if (const int threads = threadCount(); threads != 1) {
+    DDPRUN_LOG(ERROR, "runtime") << "spare template (pid " << self << "): the program's spare "
+                                 << "warm-up left " << threads << " threads, so it cannot fork "
+                                 << "spares (a fork copies only the calling thread); exiting: "
+                                 << "the launcher starts its spares as processes";
     std::fflush(nullptr);
     ::_exit(3);
   }

@@ -26,14 +26,23 @@
 // group. So the agent supervises a forked spare exactly like an exec'd one, and its death, the
 // template's or the agent's leave nothing behind. W gets the spare's output pipes and
 // environment, and SCHED_IDLE or not as asked; it returns from serveSpareForks() with its id
-// and goes on as a spare (connects to the store, warms up, waits for a rank).
+// and goes on as a spare (connects to the store, waits for a rank).
+//
+// The warm-up (InitOptions::spareWarmup) runs in the template, once, before it says Ready: a
+// spare forked from it inherits the kernels, autograd, OpenBLAS's buffers and the allocator's
+// state that warm-up initialised, so it does not run the warm-up again. That takes the warm-up
+// (tens of milliseconds, on the CPU the ranks train on) off the path from a death to the fork's
+// rank (a shrunk group's grow back waits for it). The warm-up must leave the template with one
+// thread, as the program had; one that leaves more makes it exit 3, like a threaded program.
+#include <functional>
+
 namespace ddprun::runtime {
 
-// Runs the template on socket `fd`. Returns only in a forked spare, with its spare id (its
-// environment is then the spare's, sent by the agent). The template itself exits: 0 when the
-// agent closed the socket, 3 when it has more than one thread (it cannot be a template; the
-// agent exec's its spares then).
-int serveSpareForks(int fd);
+// Runs the template on socket `fd`: `warmUp` once, then serves forks. Returns only in a forked
+// spare, with its spare id (its environment is then the spare's, sent by the agent). The
+// template itself exits: 0 when the agent closed the socket, 3 when it has more than one thread
+// before or after `warmUp` (it cannot be a template; the agent exec's its spares then).
+int serveSpareForks(int fd, const std::function<void()>& warmUp);
 
 // The threads of this process (entries of /proc/self/task); -1 if unreadable.
 int threadCount();

@@ -47,8 +47,9 @@ std::string spareName(int id, pid_t pid) {
 
 // Node rank 0's spares, from spare `id` on (a node's spare ids step by the node count, 3), each
 // SIGKILLed as it starts until `row` in a row died before they were ready, as node rank 0's
-// agent says of each. A spare forked from the spare template can be ready some 25 ms after it
-// starts, before this sees it: its death is then one "after it was ready", and the row starts
+// agent says of each. The callers run with DDPRUN_SPARE_TEMPLATE=0: a spare forked from the
+// template, warmed up already, can be ready a few ms after it starts, before this sees it. An
+// exec'd one that is ready first all the same dies "after it was ready", and the row starts
 // again. Returns the id of the spare after the last one killed.
 int killUnreadySpares(ThreeNodes& job, int id, int row) {
   for (int inRow = 0, tries = 0; inRow < row; ++tries, id += 3) {
@@ -161,7 +162,8 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank SIGKILLed with no sp
           "[recovery][nodes][spares][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"});
+  ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"},
+                 {{"DDPRUN_SPARE_TEMPLATE", "0"}});
   REQUIRE(job.showingOutput(job.findRanks()));
   const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout)));
@@ -193,7 +195,7 @@ TEST_CASE("three nodes, replace, --spares=1: the moved rank's waiting spare dies
   // restart that recovery turns into spends none (before, it spent a third: the job failed).
   // DDPRUN_LOG_LEVEL=debug: the agent says when it asks for the budget (the check has passed).
   ThreeNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=1"},
-                 {{"DDPRUN_LOG_LEVEL", "debug"}});
+                 {{"DDPRUN_LOG_LEVEL", "debug"}, {"DDPRUN_SPARE_TEMPLATE", "0"}});
   REQUIRE(job.showingOutput(job.findRanks()));
   const pid_t moved = loseNodeRank1ToSpare0(job, dir);
   REQUIRE(job.showingOutput(waitForOutput(*job.at[0], "rank 1 joined generation 1", kJobTimeout)));

@@ -282,11 +282,13 @@ TEST_CASE("two nodes, --spares=1: node 1's spares killed as they start, three in
           "worker gets a new process", "[recovery][nodes][spares][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"}, {},
-               /*epochs=*/4);
-  // Node 1's spares 1 (exec'd), 3 and 5 (forked from the template, or exec'd) killed the moment
-  // they appear, long before they load (a fork runs the warm-up first: tens of ms): node 1's
-  // agent reads their ready keys over its link to node 0's store. Two signals, two causes.
+  // Every spare exec'd (DDPRUN_SPARE_TEMPLATE=0): a fork of the template, warmed up already,
+  // can be ready within milliseconds of its first line, before the kill below.
+  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"},
+               {{"DDPRUN_SPARE_TEMPLATE", "0"}}, /*epochs=*/4);
+  // Node 1's spares 1, 3 and 5 killed the moment they appear, long before they load LibTorch:
+  // node 1's agent reads their ready keys over its link to node 0's store. Two signals, two
+  // causes.
   const int signals[3] = {SIGKILL, SIGTERM, SIGKILL};
   pid_t pids[3] = {-1, -1, -1};
   for (int i = 0; i < 3; ++i) {

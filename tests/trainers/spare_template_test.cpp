@@ -141,6 +141,13 @@ TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and hea
   CHECK(seen.count(templ) == 1);
   CHECK_THAT(output, Contains("spare 1 forked from the spare template (pid " +
                               std::to_string(templ) + ")"));
+  // The template ran the trainer's warm-up once, before it said ready; its fork starts warm and
+  // does not run it again (the weights above show the warm-up left nothing in the results).
+  const std::string templWarm = "spare template (pid " + std::to_string(templ) + ") warmed up in";
+  const std::string templReady = "spare template (pid " + std::to_string(templ) + ") ready";
+  CHECK_THAT(output, Contains(templWarm));
+  CHECK(output.find(templWarm) < output.find(templReady));
+  CHECK_THAT(output, !Contains("spare 1 (pid " + std::to_string(forked) + ") warmed up"));
   CHECK_THAT(output, Contains("rank 1 joined generation 2 and healed from rank 0's memory"));
   CHECK_THAT(output, !Contains("attempt 1"));
   CHECK_THAT(output, !Contains("resumed from checkpoint"));
