@@ -51,6 +51,9 @@ void Agent::Impl::startSpareTemplate(bool idle) {
   // soon as they are, so that the next spare is a fork. Alone (shrink without spares), idle:
   // it is for a death that may never come, so it must not slow the training.
   l.spawn.idlePriority = idle;
+  if (idle) {
+    l.spawn.env.push_back(std::string(rendezvous::spare_fork::kTemplateIdleVariable) + "=1");
+  }
   l.stdoutTargets.prefix = l.stderrTargets.prefix = "[spare template]: ";
   group_->add(std::move(l));
   tmpl->templateSpawned();

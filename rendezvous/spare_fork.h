@@ -19,6 +19,9 @@ namespace ddprun::rendezvous::spare_fork {
 // The variable that makes a worker program's init() a template: the descriptor number of its
 // end of the socket.
 inline constexpr const char* kTemplateFdVariable = "DDPRUN_SPARE_TEMPLATE_FD";
+// "1" when the agent started the template under SCHED_IDLE (a background template: shrink
+// without spares), so that out of SCHED_IDLE it knows a grow back waits for it.
+inline constexpr const char* kTemplateIdleVariable = "DDPRUN_SPARE_TEMPLATE_IDLE";
 
 inline constexpr uint32_t kRequestMagic = 0x64647370;  // "ddsp"
 

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 
 #include <unistd.h>
 
@@ -291,8 +292,9 @@ std::string applyGrow(WorkerEnv& env, const std::string& text, int g) {
 // The program's warm-up of a hot spare (InitOptions::spareWarmup has the contract), on a
 // communicator of this process alone (shared memory, one rank, an in-process store: whatever the
 // job's transport, this runs DDP's code without a peer). Progress is held (ProgressHold): the
-// spare has no record of its own yet. Never throws: a failed warm-up costs only the time it saves.
-void warmUpSpare(const std::string& self, const InitOptions& options) {
+// spare has no record of its own yet. Never throws: a failed warm-up costs only the time it saves
+// (false).
+bool warmUpSpare(const std::string& self, const InitOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   try {
     progress::ProgressHold hold;
@@ -307,12 +309,13 @@ void warmUpSpare(const std::string& self, const InitOptions& options) {
   } catch (const std::exception& e) {
     DDPRUN_LOG(WARN, "runtime") << self << ": the program's warm-up failed (ignored; the spare "
                                 << "waits cold): " << e.what();
-    return;
+    return false;
   }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   DDPRUN_LOG(INFO, "runtime") << self << " warmed up in " << static_cast<int64_t>(ms)
                               << " ms (the program's spare warm-up)";
+  return true;
 }
 
 // A hot spare (ddprun --spares, DDPRUN_SPARE=<id>; docs/recovery.md#hot-spares): the program
@@ -711,17 +714,27 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                         "' is not valid: expected a descriptor number (ddprun --spares sets it)");
     }
     // The template runs the program's warm-up once, before its first fork (spare_template.h):
-    // every spare it forks starts warm.
-    const int id = serveSpareForks(static_cast<int>(n), [&] {
-      if (options.spareWarmup) {
-        warmUpSpare("spare template (pid " + std::to_string(::getpid()) + ")", options);
+    // every spare it forks starts warm. Unless a death already waits for it: started under
+    // SCHED_IDLE (DDPRUN_SPARE_TEMPLATE_IDLE=1, shrink without spares), it is out of it only
+    // once the agent moved it for a grow back that waits (agent_spares.cpp); that replacement
+    // should not wait for a warm-up too, so the spares it forks warm up themselves.
+    const ForkedSpare forked = serveSpareForks(static_cast<int>(n), [&] {
+      if (!options.spareWarmup) return false;
+      const std::string self = "spare template (pid " + std::to_string(::getpid()) + ")";
+      const auto idle = options.env(rendezvous::spare_fork::kTemplateIdleVariable);
+      if (idle && *idle == "1" && ::sched_getscheduler(0) != SCHED_IDLE) {
+        DDPRUN_LOG(INFO, "runtime") << self << ": a grow back already waits for it (it was "
+                                    << "moved out of SCHED_IDLE): no warm-up here, the spares "
+                                    << "it forks run their own";
+        return false;
       }
+      return warmUpSpare(self, options);
     });
     // The template ran with one thread per pool (thread_pools.h); a rank's process would not.
-    DDPRUN_LOG(INFO, "runtime") << "spare " << id << " (pid " << ::getpid() << "): thread pools "
-                                << "as a process started with its environment: "
+    DDPRUN_LOG(INFO, "runtime") << "spare " << forked.id << " (pid " << ::getpid()
+                                << "): thread pools as a process started with its environment: "
                                 << matchThreadPools();
-    options.env = becomeRank(std::to_string(id), options, /*warmUp=*/false);
+    options.env = becomeRank(std::to_string(forked.id), options, /*warmUp=*/!forked.warm);
   } else if (const auto spare = options.env("DDPRUN_SPARE"); spare && !spare->empty()) {
     // A hot spare waits here, loaded, until the launcher gives it a rank.
     options.env = becomeRank(*spare, options, /*warmUp=*/true);

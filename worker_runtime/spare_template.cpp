@@ -244,7 +244,7 @@ int threadCount() {
   return n;
 }
 
-int serveSpareForks(int fd, const std::function<void()>& warmUp) {
+ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp) {
   const pid_t self = ::getpid();
   log::setIdentity("spare template");
   if (const int threads = threadCount(); threads != 1) {
@@ -255,7 +255,7 @@ int serveSpareForks(int fd, const std::function<void()>& warmUp) {
     std::fflush(nullptr);
     ::_exit(3);
   }
-  warmUp();
+  const bool warm = warmUp();
   if (const int threads = threadCount(); threads != 1) {
     DDPRUN_LOG(ERROR, "runtime") << "spare template (pid " << self << "): the program's spare "
                                  << "warm-up left " << threads << " threads, so it cannot fork "
@@ -279,7 +279,7 @@ int serveSpareForks(int fd, const std::function<void()>& warmUp) {
     const pid_t x = ::fork();
     if (x == 0) {
       const pid_t guard = ::fork();
-      if (guard == 0) return becomeGuardAndSpare(fd, r, self);
+      if (guard == 0) return {.id = becomeGuardAndSpare(fd, r, self), .warm = warm};
       const int err = errno;
       if (guard > 0) ::setpgid(guard, guard);  // also from this side, before the agent knows it
       reply(fd, guard > 0 ? wire::Reply::Forked : wire::Reply::Failed, guard > 0 ? guard : err);

@@ -34,15 +34,24 @@
 // (tens of milliseconds, on the CPU the ranks train on) off the path from a death to the fork's
 // rank (a shrunk group's grow back waits for it). The warm-up must leave the template with one
 // thread, as the program had; one that leaves more makes it exit 3, like a threaded program.
+// The caller may skip it (a death already waits for the template: runtime.cpp); the spares it
+// forks then run their own.
 #include <functional>
 
 namespace ddprun::runtime {
 
-// Runs the template on socket `fd`: `warmUp` once, then serves forks. Returns only in a forked
-// spare, with its spare id (its environment is then the spare's, sent by the agent). The
-// template itself exits: 0 when the agent closed the socket, 3 when it has more than one thread
-// before or after `warmUp` (it cannot be a template; the agent exec's its spares then).
-int serveSpareForks(int fd, const std::function<void()>& warmUp);
+// A spare forked from the template: its id, and whether the template's warm-up ran (then the
+// spare starts warm and runs none of its own).
+struct ForkedSpare {
+  int id = -1;
+  bool warm = false;
+};
+
+// Runs the template on socket `fd`: `warmUp` once (true: it warmed the process up), then serves
+// forks. Returns only in a forked spare (its environment is then the spare's, sent by the
+// agent). The template itself exits: 0 when the agent closed the socket, 3 when it has more than
+// one thread before or after `warmUp` (it cannot be a template; the agent exec's its spares then).
+ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp);
 
 // The threads of this process (entries of /proc/self/task); -1 if unreadable.
 int threadCount();

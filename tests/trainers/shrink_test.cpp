@@ -227,6 +227,14 @@ TEST_CASE("shrink without spares: the spare template, held while it loads, is wa
   CHECK_THAT(out, Contains("grow back: a replacement starts (a fork of the spare template)"));
   const pid_t forked = forkedSparePid(out, 0);
   REQUIRE(forked > 0);
+  if (startedIdle) {
+    // Out of SCHED_IDLE when it loaded: the grow back waited, so the template left the warm-up
+    // to its fork rather than make the replacement wait for it as well.
+    CHECK_THAT(out, Contains("spare template (pid " + std::to_string(templ) + "): a grow back "
+                             "already waits for it"));
+    CHECK_THAT(out, !Contains("spare template (pid " + std::to_string(templ) + ") warmed up"));
+    CHECK_THAT(out, Contains("spare 0 (pid " + std::to_string(forked) + ") warmed up in"));
+  }
   CHECK_THAT(out, Contains("spare 0 (pid " + std::to_string(forked) +
                            ") forked from the spare template (pid " + std::to_string(templ) + ")"));
   CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid " + std::to_string(forked) +
