@@ -141,7 +141,9 @@ TEST_CASE("elastic state: after a heal every rank's last commit is the root's st
   const int n = 3;
   std::vector<std::vector<torch::Tensor>> atHeal(n), restored(n);
   std::vector<int64_t> steps(n);
-  std::vector<bool> committedAfter(n);
+  // char, not bool: std::vector<bool> packs the ranks' flags into one word, which two rank
+  // threads writing at once can corrupt (a data race: seen once as a lost flag).
+  std::vector<char> committedAfter(n);
   runRanks(n, [&](int r) {
     auto comm = shm::makeShmCommunicator(store, {.rank = r, .size = n,
                                                  .timeout = std::chrono::seconds(20),
@@ -280,19 +282,19 @@ TEST_CASE("elastic state: heal rolls the lowest holder back and makes its commit
 TEST_CASE("elastic state: heal with no holder changes nothing, and other state fails on every "
           "rank before anything moved", "[runtime][elastic]") {
   auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
-  std::vector<bool> none(2);
+  std::vector<char> none(2);  // char: see committedAfter
   runRanks(2, [&](int r) {
     Trainee t;
     const auto before = t.snapshot();
     none[r] = !t.state.heal(*shmRank(store, r, 2)).has_value();
     CHECK(same(t.snapshot(), before));
   });
-  CHECK(none == std::vector<bool>{true, true});
+  CHECK(none == std::vector<char>{true, true});
 
   // Rank 1 names its step counter otherwise: the same tensors and counts, another program.
   auto store2 = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
   std::vector<std::string> errors(2);
-  std::vector<bool> unchanged(2);
+  std::vector<char> unchanged(2);
   runRanks(2, [&](int r) {
     Trainee t(8, r == 1 ? "steps" : "step");
     t.train(1);
