@@ -244,26 +244,29 @@ int threadCount() {
   return n;
 }
 
+namespace {
+
+// Exits 3 (the launcher then exec's the spares) unless this process has one thread: a fork
+// copies only the calling thread. The line reads `before` <threads> `after`.
+void exitUnlessOneThread(pid_t self, const char* before, const char* after) {
+  const int threads = threadCount();
+  if (threads == 1) return;
+  DDPRUN_LOG(ERROR, "runtime") << "spare template (pid " << self << "): " << before << threads
+                               << after << ", so it cannot fork spares (a fork copies only the "
+                               << "calling thread); exiting: the launcher starts its spares as "
+                               << "processes";
+  std::fflush(nullptr);
+  ::_exit(3);
+}
+
+}  // namespace
+
 ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp) {
   const pid_t self = ::getpid();
   log::setIdentity("spare template");
-  if (const int threads = threadCount(); threads != 1) {
-    DDPRUN_LOG(ERROR, "runtime") << "spare template (pid " << self << "): the program has "
-                                 << threads << " threads when it calls init(), so it cannot "
-                                 << "fork spares (a fork copies only the calling thread); "
-                                 << "exiting: the launcher starts its spares as processes";
-    std::fflush(nullptr);
-    ::_exit(3);
-  }
+  exitUnlessOneThread(self, "the program has ", " threads when it calls init()");
   const bool warm = warmUp();
-  if (const int threads = threadCount(); threads != 1) {
-    DDPRUN_LOG(ERROR, "runtime") << "spare template (pid " << self << "): the program's spare "
-                                 << "warm-up left " << threads << " threads, so it cannot fork "
-                                 << "spares (a fork copies only the calling thread); exiting: "
-                                 << "the launcher starts its spares as processes";
-    std::fflush(nullptr);
-    ::_exit(3);
-  }
+  exitUnlessOneThread(self, "the program's spare warm-up left ", " threads");
   reply(fd, wire::Reply::Ready, self);
   DDPRUN_LOG(INFO, "runtime") << "spare template (pid " << self << ") ready: loaded, forks "
                               << "the spares started from now on";
