@@ -239,7 +239,7 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
   growTemplateStarted_ = false;
   sparesDiedUnready_.clear();
   sparesSeenReady_.clear();
-  spareTemplate_.reset();  // the last group's (its process went with that group)
+  endSpareTemplate();  // the last group's
   sparesOwed_ = 0;
   growPid_ = -1;
   growRank_ = -1;
@@ -302,8 +302,15 @@ void Agent::Impl::startWorkers(const RoundInfo& round) {
                .stopped = [this] { guarded([&] { onGroupStopped(); }); }});
   // Callbacks only come from the io_context, after start() returns. If start() throws, it
   // has killed and reaped what it started; the error ends the job (fail()).
+  std::unique_ptr<SpareTemplate> rankTemplate =
+      launches.empty() ? nullptr : templateFromRank(launches.front());
   group->start(std::move(launches));
   group_ = std::move(group);
+  if (rankTemplate) {
+    rankTemplate->templateSpawned();
+    spareTemplate_ = std::move(rankTemplate);
+    templateFromRank_ = true;
+  }
   state_ = State::Running;
   if (timelineAcrossNodes() && !timelineWriter()) {
     // This machine's offset to node rank 0's (its ranks measure theirs too, from init()).

@@ -32,6 +32,7 @@ void Agent::Impl::stopGroup(StopReason reason, int sig) {
 void Agent::Impl::onGroupStopped() {
   // What a guard killed from outside could not sweep dies before anything else starts.
   if (cgroup_) cgroup_->sweep();
+  endSpareTemplate();  // one forked from a rank is in no guard's tree
   if (state_ == State::Running) {
     // Every worker exited and none failed: the job is done once the other nodes agree.
     progressWatch_.reset();

@@ -128,6 +128,14 @@ class Agent::Impl {
   // group back); the spares started later are forked from it; its exit makes them exec'd.
   // `idle`: under SCHED_IDLE (alone, in the background of a training that runs).
   void startSpareTemplate(bool idle);
+  // Shrink without spares on one node: the template is a fork of local rank 0, made at its
+  // init() (worker_runtime/spare_template.h), not a process loading the program again. Returns
+  // the template's socket, its end already given to `rank0` (nullptr: not wanted or not
+  // possible; then maybeStartSpares() exec's one as before).
+  std::unique_ptr<SpareTemplate> templateFromRank(WorkerLaunch& rank0);
+  // Closes the group's template's socket (it exits); one forked from a rank, which is this
+  // process's child and in no group, is also killed and reaped here.
+  void endSpareTemplate();
   // The spares owed since a recovery gave ranks to spares, started once every worker announced
   // the newest generation (the recovery is over: the store is not needed for it any more).
   void startOwedSpares();
@@ -410,6 +418,7 @@ class Agent::Impl {
   std::unique_ptr<SpareTemplate> spareTemplate_;
   int sparesOwed_ = 0;
   bool spareTemplateOff_ = false;
+  bool templateFromRank_ = false;  // spareTemplate_ is a fork of local rank 0 (not a worker)
   // Grow back: the replacement joining now (-1: none), its rank and the generation it joins;
   // grow back given up for this group (a replacement died before it healed).
   pid_t growPid_ = -1;

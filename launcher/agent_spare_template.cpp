@@ -2,9 +2,16 @@
 // one more process of the worker program, started with the group's first spares (or alone,
 // under --recovery-policy=shrink without spares), from which every later spare -- a grow back's
 // replacement is one -- is forked instead of exec'd. Whatever goes wrong with it, the spares are
-// exec'd as before: the template only ever saves a start-up, it never holds one up.
-#include "launcher/agent_impl.h"
+// exec'd as before: the template only ever saves a start-up, it never holds one up. Under
+// shrink without spares on one node it is not a process of its own but a fork of local rank 0,
+// made at the rank's init() (templateFromRank): nothing loads the program a second time.
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+
+#include "launcher/agent_impl.h"
 #include "rendezvous/spare_fork.h"
 
 namespace ddprun::launcher {
@@ -65,6 +72,51 @@ void Agent::Impl::startSpareTemplate(bool idle) {
                                << " are forks of it";
 }
 
+std::unique_ptr<SpareTemplate> Agent::Impl::templateFromRank(WorkerLaunch& rank0) {
+  std::string why;
+  if (options_.spares > 0 || options_.recoveryPolicy != LaunchOptions::RecoveryPolicy::Shrink ||
+      spareTemplateOff_ || round_.worldSize < 2 || !growBackUsable(why)) {
+    return nullptr;
+  }
+  if (auto it = env_.find("DDPRUN_SPARE_TEMPLATE"); it != env_.end() &&
+                                                     (it->second == "0" || it->second == "exec")) {
+    return nullptr;  // off, or exec'd once every rank announced (startSpareTemplate)
+  }
+  if (!SpareTemplate::enableSubreaper(why)) return nullptr;  // startSpareTemplate says it
+  auto tmpl = std::make_unique<SpareTemplate>();
+  const bool idle = backgroundIdle();
+  auto& env = rank0.spawn.env;
+  env.push_back(std::string(rendezvous::spare_fork::kTemplateForkFdVariable) + "=" +
+                std::to_string(kPassedFd));
+  if (idle) env.push_back(std::string(rendezvous::spare_fork::kTemplateIdleVariable) + "=1");
+  rank0.spawn.passFd = tmpl->templateFd();
+  // Its orphans go past its guard to this process (a child subreaper): the template, and the
+  // guards of the spares it forks, which this process reaps. The guard still kills the rank's
+  // process group and what is below it when it ends; a job cgroup sweeps the rest.
+  rank0.spawn.subreaper = false;
+  // Its own lines go to ddprun's stderr (not the rank's pipes, which it would hold open).
+  const bool output = tmpl->sendOutput(STDERR_FILENO);
+  DDPRUN_LOG(INFO, "launcher") << "the spare template is forked from rank " << rank0.globalRank
+                               << " at its init()" << (idle ? " and waits under SCHED_IDLE" : "")
+                               << ": the replacements that grow a shrunk group back are forks "
+                               << "of it" << (output ? "" : " (its own lines are lost: its socket refused ddprun's stderr)");
+  return tmpl;
+}
+
+void Agent::Impl::endSpareTemplate() {
+  if (templateFromRank_ && spareTemplate_) spareTemplate_->ready();  // its pid, if it said it
+  const pid_t forked = templateFromRank_ && spareTemplate_ ? spareTemplate_->pid() : -1;
+  spareTemplate_.reset();  // its socket closed: a template that reads it exits
+  templateFromRank_ = false;
+  if (forked <= 0) return;
+  // This process's child (re-parented when the rank's fork between exited), so the pid is not
+  // reused before it is reaped here. Killed, not waited for: it may be stopped or warming up.
+  ::kill(forked, SIGKILL);
+  int st;
+  while (::waitpid(forked, &st, 0) < 0 && errno == EINTR) {
+  }
+}
+
 std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(
     int id, std::optional<bool> idleIfForked) {
   if (!spareTemplate_) return {};
@@ -89,6 +141,7 @@ std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(
 }
 
 pid_t Agent::Impl::runningTemplatePid() const {
+  if (templateFromRank_) return spareTemplate_ && !spareTemplate_->gone() ? spareTemplate_->pid() : -1;
   if (!group_) return -1;
   for (const auto& r : group_->results()) {
     if (r.sparesTemplate && !r.ended && r.pid > 0) return r.pid;

@@ -393,9 +393,16 @@ void Agent::Impl::maybeStartSpares() {
   }
   backgroundIdle();  // decided now, for the spares started later
   if (templateAlone) {
+    growTemplateStarted_ = true;
+    if (templateFromRank_ && spareTemplate_) {
+      spareTemplate_->ready();  // reads what it said: Loading, Ready, or nothing (it refused)
+      if (!spareTemplate_->gone()) return;
+      DDPRUN_LOG(INFO, "launcher") << "rank " << round_.rankOffset << " forked no spare "
+                                   << "template (its log says why): it is started as a process";
+      endSpareTemplate();
+    }
     // In the background: nothing waits for it, and a death before it is loaded only means an
     // exec'd replacement, as without it.
-    growTemplateStarted_ = true;
     startSpareTemplate(/*idle=*/idleSpares_ == 1);
     return;
   }

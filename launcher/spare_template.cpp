@@ -90,7 +90,12 @@ bool SpareTemplate::enableSubreaper(std::string& why) {
 bool SpareTemplate::checkReady(std::string& why) {
   if (ready_) return true;
   wire::Reply r;
-  const int got = readReply(agent_.get(), r, 0);
+  int got = readReply(agent_.get(), r, 0);
+  if (got > 0 && r.kind == wire::Reply::Loading && !loadingSeen_) {
+    loadingSeen_ = true;
+    pid_ = r.value;  // a template forked from a rank: its pid, before its warm-up
+    got = readReply(agent_.get(), r, 0);
+  }
   if (got == 0) {
     why = "the spare template is still loading";
     return false;
@@ -104,6 +109,27 @@ bool SpareTemplate::checkReady(std::string& why) {
   ready_ = true;
   pid_ = r.value;
   return true;
+}
+
+bool SpareTemplate::sendOutput(int fd) {
+  wire::Output head;
+  iovec iov{&head, sizeof head};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fd)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof fd);
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(agent_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (sent < 0 && errno == EINTR);
+  return sent == static_cast<ssize_t>(sizeof head);
 }
 
 std::optional<GuardedProcess> SpareTemplate::forkSpare(int spareId, bool idle,

@@ -44,6 +44,10 @@ class SpareTemplate {
   int templateFd() const { return child_.get(); }
   void templateSpawned() { child_.reset(); }
 
+  // A template forked from a rank: sends it `fd` (dup'ed in the message), where its own lines
+  // go. False when the socket refused it (the template's lines then go nowhere).
+  bool sendOutput(int fd);
+
   // Forks spare `spareId` (environment `env`, "KEY=VALUE"; under SCHED_IDLE when `idle`) from
   // the template. nullopt, with `why`, when it cannot; `gone()` then says whether it ever can.
   std::optional<GuardedProcess> forkSpare(int spareId, bool idle,
@@ -55,7 +59,7 @@ class SpareTemplate {
   }
   // The template exited, broke the protocol or did not answer in time: it forks no more.
   bool gone() const { return gone_; }
-  // The template's pid, once it said Ready (-1 before).
+  // The template's pid, once it said Ready or Loading (-1 before).
   pid_t pid() const { return pid_; }
 
   // Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER), so that the guards the
@@ -66,6 +70,7 @@ class SpareTemplate {
   bool checkReady(std::string& why);
   UniqueFd agent_, child_;
   bool ready_ = false;
+  bool loadingSeen_ = false;
   bool gone_ = false;
   pid_t pid_ = -1;
 };

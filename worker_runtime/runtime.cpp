@@ -703,22 +703,43 @@ void Runtime::shutdown() {
   hostedStore_.reset();
 }
 
+namespace {
+
+// A descriptor number ddprun passes in `name`; -1 when unset.
+int descriptorVariable(const InitOptions& options, const char* name) {
+  const auto fd = options.env(name);
+  if (!fd || fd->empty()) return -1;
+  char* end = nullptr;
+  const long n = std::strtol(fd->c_str(), &end, 10);
+  if (*end != '\0' || n < 0 || n > 65535) {
+    throw ConfigError(std::string(name) + "='" + *fd + "' is not valid: expected a descriptor "
+                      "number (ddprun sets it for the spare template)");
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
 std::unique_ptr<Runtime> init(InitOptions options) {
   // The spare template (spare_template.h) stays here; each spare it forks goes on as a spare.
-  if (const auto fd = options.env(rendezvous::spare_fork::kTemplateFdVariable);
-      fd && !fd->empty()) {
-    char* end = nullptr;
-    const long n = std::strtol(fd->c_str(), &end, 10);
-    if (*end != '\0' || n < 0 || n > 65535) {
-      throw ConfigError(std::string(rendezvous::spare_fork::kTemplateFdVariable) + "='" + *fd +
-                        "' is not valid: expected a descriptor number (ddprun --spares sets it)");
+  // It is a process ddprun exec'd for it, or a fork of local rank 0 made right here.
+  int templateFd = descriptorVariable(options, rendezvous::spare_fork::kTemplateFdVariable);
+  if (const int fd = descriptorVariable(options, rendezvous::spare_fork::kTemplateForkFdVariable);
+      fd >= 0 && templateFd < 0) {
+    const auto idle = options.env(rendezvous::spare_fork::kTemplateIdleVariable);
+    if (forkTemplateFromRank(fd, idle && *idle == "1")) {
+      templateFd = fd;
+      // Its forks size their pools again from their own environment (thread_pools.h).
+      oneThreadPerPool();
     }
+  }
+  if (templateFd >= 0) {
     // The template runs the program's warm-up once, before its first fork (spare_template.h):
     // every spare it forks starts warm. Unless a death already waits for it: started under
     // SCHED_IDLE (DDPRUN_SPARE_TEMPLATE_IDLE=1, shrink without spares), it is out of it only
     // once the agent moved it for a grow back that waits (agent_spares.cpp); that replacement
     // should not wait for a warm-up too, so the spares it forks warm up themselves.
-    const ForkedSpare forked = serveSpareForks(static_cast<int>(n), [&] {
+    const ForkedSpare forked = serveSpareForks(templateFd, [&] {
       if (!options.spareWarmup) return false;
       const std::string self = "spare template (pid " + std::to_string(::getpid()) + ")";
       const auto idle = options.env(rendezvous::spare_fork::kTemplateIdleVariable);

@@ -113,6 +113,39 @@ bool receive(int fd, Request& r) {
   return true;
 }
 
+// The descriptor the launcher sends first to a template forked from a rank (its output), or
+// -1: none within a second (the launcher sent it before the rank started), or not one.
+int receiveOutput(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  int rc;
+  do {
+    rc = ::poll(&p, 1, 1000);
+  } while (rc < 0 && errno == EINTR);
+  if (rc <= 0) return -1;
+  wire::Output head{.magic = 0};
+  iovec iov{&head, sizeof head};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  int out = -1;
+  for (cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+      std::memcpy(&out, CMSG_DATA(c), sizeof out);
+    }
+  }
+  if (n == static_cast<ssize_t>(sizeof head) && head.magic == wire::kOutputMagic) return out;
+  if (out >= 0) ::close(out);
+  return -1;
+}
+
 void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
 
 void sendRecord(int statusFd, int32_t kind, int32_t value) {
@@ -260,6 +293,59 @@ void exitUnlessOneThread(pid_t self, const char* before, const char* after) {
 }
 
 }  // namespace
+
+bool forkTemplateFromRank(int fd, bool idle) {
+  const pid_t rank = ::getpid();
+  const int threads = threadCount();
+  if (threads != 1) {
+    DDPRUN_LOG(WARN, "runtime") << "no spare template forked from this process (pid " << rank
+                                << "): it has " << threads << " threads when it calls init() "
+                                << "(a fork copies only the calling thread); the launcher "
+                                << "starts the template as a process";
+    ::close(fd);
+    return false;
+  }
+  std::fflush(nullptr);  // nothing the rank buffered may come out of the template too
+  const pid_t x = ::fork();
+  if (x == 0) {
+    ::setsid();  // out of the rank's process group: a signal to the rank's group is not for it
+    const pid_t t = ::fork();
+    if (t != 0) ::_exit(t > 0 ? 0 : 1);  // the template is orphaned: re-parented to ddprun
+    // Not the rank's output: the launcher reads a worker's pipes until every writer closed
+    // them, and the template outlives the rank it was forked from.
+    int out = receiveOutput(fd);
+    if (out < 0) out = ::open("/dev/null", O_WRONLY);
+    const int in = ::open("/dev/null", O_RDONLY);
+    if (in >= 0) ::dup2(in, STDIN_FILENO);
+    if (out >= 0) {
+      ::dup2(out, STDOUT_FILENO);
+      ::dup2(out, STDERR_FILENO);
+    }
+    for (const int f : {in, out}) {
+      if (f > STDERR_FILENO) ::close(f);
+    }
+    if (idle) {
+      const sched_param none{};
+      ::sched_setscheduler(0, SCHED_IDLE, &none);  // as a background template exec'd is
+    }
+    DDPRUN_LOG(INFO, "runtime") << "spare template (pid " << ::getpid() << ") forked from the "
+                                << "rank with pid " << rank << " at its init()";
+    reply(fd, wire::Reply::Loading, ::getpid());  // what the launcher moves out of SCHED_IDLE
+    return true;
+  }
+  const int err = errno;
+  if (x > 0) {
+    int st;
+    while (::waitpid(x, &st, 0) < 0 && errno == EINTR) {
+    }
+  } else {
+    DDPRUN_LOG(WARN, "runtime") << "no spare template forked from this process (pid " << rank
+                                << "): fork: " << std::strerror(err) << "; the launcher starts "
+                                << "the template as a process";
+  }
+  ::close(fd);
+  return false;
+}
 
 ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp) {
   const pid_t self = ::getpid();

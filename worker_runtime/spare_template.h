@@ -47,6 +47,20 @@ struct ForkedSpare {
   bool warm = false;
 };
 
+// The template forked from a rank (shrink without spares, one node; docs/recovery.md#spare-
+// template): ddprun gives local rank 0 the socket as DDPRUN_SPARE_TEMPLATE_FORK_FD instead of
+// exec'ing one more process of the program, which under SCHED_IDLE took a second or more to
+// load while the ranks trained (a death before that waited for it). At init(), before the
+// runtime starts a thread, the rank forks twice (rank -> X -> template; X exits at once, and
+// the rank's guard is no subreaper for this rank, so the template is re-parented to the
+// launcher, out of the rank's tree: the rank's death and its guard's sweep leave it alone) and
+// goes on as the rank. The template leaves the rank's session and output (its own lines go to
+// the descriptor the launcher sends first: ddprun's stderr), enters SCHED_IDLE when `idle`, and serves
+// forks as an exec'd template does. Returns true in the template (the caller goes on with
+// serveSpareForks(fd, ...)), false in the rank, which has closed `fd` -- also when it has more
+// than one thread or the fork failed (one line says so; ddprun then exec's the template).
+bool forkTemplateFromRank(int fd, bool idle);
+
 // Runs the template on socket `fd`: `warmUp` once (true: it warmed the process up), then serves
 // forks. Returns only in a forked spare (its environment is then the spare's, sent by the
 // agent). The template itself exits: 0 when the agent closed the socket, 3 when it has more than

@@ -36,4 +36,6 @@ std::string matchThreadPools() {
   return line + ", OpenBLAS " + std::to_string(blas);
 }
 
+void oneThreadPerPool() { at::set_num_threads(1); }
+
 }  // namespace ddprun::runtime

@@ -66,20 +66,55 @@ inline std::vector<pid_t> descendants(pid_t root) {
   return out;
 }
 
+inline std::string procComm(pid_t p) {
+  std::ifstream comm("/proc/" + std::to_string(p) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+inline pid_t procParent(pid_t p) {
+  std::ifstream in("/proc/" + std::to_string(p) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string state;
+  pid_t ppid = -1;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+inline bool environHas(pid_t p, const std::string& entry) {
+  std::ifstream env("/proc/" + std::to_string(p) + "/environ");
+  std::string e;
+  while (std::getline(env, e, '\0')) {
+    if (e == entry) return true;
+  }
+  return false;
+}
+
+// The environment entry of local rank 0 when it forks the spare template (shrink without spares:
+// docs/recovery.md#spare-template). The template, and the spares it forks (and their guards),
+// show rank 0's environment in /proc; rank 0's parent is its guard, a fork of the launcher, whose
+// environment is the launcher's. The template is a child of the launcher itself, a forked spare
+// a child of its guard, a fork of the template.
+inline constexpr const char* kRankTemplateEntry = "DDPRUN_SPARE_TEMPLATE_FORK_FD=5";
+inline bool forkOfRankTemplate(pid_t launcher, pid_t p) {
+  if (!environHas(p, kRankTemplateEntry)) return false;
+  const pid_t parent = procParent(p);
+  return parent == launcher || environHas(parent, kRankTemplateEntry);
+}
+
 // The descendant of `launcher` whose executable is `program` and whose environment, as it was
 // started, holds `entry` ("RANK=1"), or -1. (/proc/<pid>/environ keeps the environment the
-// process was started with: what it setenv()s later is not there.)
+// process was started with: what it setenv()s later is not there.) The spare template forked
+// from rank 0 and its forks are skipped (they show rank 0's environment).
 inline pid_t descendantWithEnv(pid_t launcher, const std::string& entry, const std::string& program) {
   for (pid_t p : descendants(launcher)) {
-    std::ifstream comm("/proc/" + std::to_string(p) + "/comm");
-    std::string name;
-    std::getline(comm, name);
-    if (name != program.substr(0, 15)) continue;
-    std::ifstream env("/proc/" + std::to_string(p) + "/environ");
-    std::string e;
-    while (std::getline(env, e, '\0')) {
-      if (e == entry) return p;
-    }
+    if (procComm(p) != program.substr(0, 15)) continue;
+    if (environHas(p, entry) && !forkOfRankTemplate(launcher, p)) return p;
   }
   return -1;
 }
@@ -96,10 +131,21 @@ inline pid_t sparePid(pid_t launcher, int id, const std::string& program) {
   return descendantWithEnv(launcher, "DDPRUN_SPARE=" + std::to_string(id), program);
 }
 
-// The spare template (docs/recovery.md#spare-template: DDPRUN_SPARE_TEMPLATE_FD=5, the
-// descriptor launcher/guarded_process.h passes), or -1.
+// The spare template exec'd as a process of its own (docs/recovery.md#spare-template:
+// DDPRUN_SPARE_TEMPLATE_FD=5, the descriptor launcher/guarded_process.h passes), or -1.
 inline pid_t spareTemplatePid(pid_t launcher, const std::string& program) {
   return descendantWithEnv(launcher, "DDPRUN_SPARE_TEMPLATE_FD=5", program);
+}
+
+// The spare template forked from rank 0 (a child of the launcher with rank 0's environment), or -1.
+inline pid_t rankTemplatePid(pid_t launcher, const std::string& program) {
+  for (pid_t p : descendants(launcher)) {
+    if (procParent(p) == launcher && procComm(p) == program.substr(0, 15) &&
+        environHas(p, kRankTemplateEntry)) {
+      return p;
+    }
+  }
+  return -1;
 }
 
 // Hot spare `id` forked from the spare template (docs/recovery.md#spare-template), by its line

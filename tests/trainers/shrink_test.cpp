@@ -6,9 +6,12 @@
 //   - a rank of three SIGKILLed: the survivors go on at two ranks in their own processes, a
 //     replacement started in the background joins at a commit (grow back to three), and the
 //     samples the job trained on, epoch by epoch, are the dataset's once each;
-//   - without spares the replacement is a fork of the spare template: a death that finds the
-//     template loading (held by SIGSTOP) waits for it, and past the wait's 5 s bound the
-//     replacement is exec'd instead, one line saying so;
+//   - without spares the replacement is a fork of the spare template, itself a fork of rank 0
+//     made at its init(): rank 0's death leaves it alone; a rank 0 with a second thread forks
+//     none, and the template is exec'd instead;
+//   - the exec'd template (DDPRUN_SPARE_TEMPLATE=exec): a death that finds it loading (held by
+//     SIGSTOP) waits for it, and past the wait's 5 s bound the replacement is exec'd instead,
+//     one line saying so;
 //   - the replacement SIGKILLed before it healed: the job goes on at two ranks, no restart
 //     spent, every sample still once;
 //   - rank 0 SIGKILLed: the survivor that becomes rank 0 prints, saves the weights, and the
@@ -62,6 +65,15 @@ std::vector<std::string> underDdprun(int nproc, const std::string& dir,
 
 std::map<std::string, std::string> sampleLogEnv(const TempDir& dir) {
   return {{"DDPRUN_SAMPLE_LOG", dir / "samples"}};
+}
+
+// The spare template exec'd once every rank announced (DDPRUN_SPARE_TEMPLATE=exec), not forked
+// from rank 0 at its init(): what rank 0 falls back to, and the one a test can hold while it
+// loads.
+std::map<std::string, std::string> execTemplateEnv(const TempDir& dir) {
+  auto env = sampleLogEnv(dir);
+  env["DDPRUN_SPARE_TEMPLATE"] = "exec";
+  return env;
 }
 
 int finish(Job& job) {
@@ -204,7 +216,7 @@ TEST_CASE("shrink without spares: the spare template, held while it loads, is wa
   TempDir dir;
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink"}, kGrowEpochs),
-          sampleLogEnv(dir), dir / "log");
+          execTemplateEnv(dir), dir / "log");
   const pid_t templ = heldTemplate(job);
   // Started under SCHED_IDLE (its guard sets it before the exec), unless ddprun said it cannot.
   const bool startedIdle = ::sched_getscheduler(templ) == SCHED_IDLE;
@@ -256,7 +268,7 @@ TEST_CASE("shrink without spares: the spare template held past the wait's bound,
   constexpr int kEpochs = kGrowEpochs + 16;
   Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
                                       "--recovery-policy=shrink"}, kEpochs),
-          sampleLogEnv(dir), dir / "log");
+          execTemplateEnv(dir), dir / "log");
   const pid_t templ = heldTemplate(job);  // never continued: the agent's stop must end it
   const auto pids = ranksOf(job, dir, 3);
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
@@ -277,6 +289,77 @@ TEST_CASE("shrink without spares: the spare template held past the wait's bound,
   const std::string log = dir / "samples";
   CHECK(worldSequence(log, kEpochs) == std::vector<int>{3, 2, 3});
   for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
+}
+
+TEST_CASE("shrink without spares: the spare template is a fork of rank 0 made at its init(); "
+          "rank 0 SIGKILLed, the template outlives it and the replacement that takes rank 0 "
+          "back is a fork of it, every sample exactly once, nothing of it outlives ddprun",
+          "[recovery][shrink][grow][template][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink"}, kGrowEpochs),
+          sampleLogEnv(dir), dir / "log");
+  const auto pids = ranksOf(job, dir, 3);
+  REQUIRE(showingOutput(waitForOutput(job, ") ready: loaded, forks", kJobTimeout), job));
+  const pid_t templ = rankTemplatePid(job.pid(), "mnist_mlp");
+  REQUIRE(templ > 0);
+  CHECK(templ != pids[0]);
+  CHECK(procParent(templ) == job.pid());  // out of rank 0's tree: its guard's sweep misses it
+  // and out of its session and process group (a session of the fork between them)
+  CHECK(::getsid(templ) != ::getsid(pids[0]));
+  CHECK(::getpgid(templ) != ::getpgid(pids[0]));
+  REQUIRE(::kill(pids[0], SIGKILL) == 0);
+  REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
+  CHECK(ddprun::testing::processRunning(templ));  // it outlived the rank it was forked from
+  const std::string out = finishOk(job);
+  INFO(out);
+  const std::string t = std::to_string(templ);
+  CHECK_THAT(out, Contains("the spare template is forked from rank 0 at its init()"));
+  CHECK_THAT(out, Contains("spare template (pid " + t + ") forked from the rank with pid " +
+                           std::to_string(pids[0]) + " at its init()"));
+  CHECK_THAT(out, Contains("spare template (pid " + t + ") ready: loaded"));
+  CHECK_THAT(out, !Contains("starting the spare template"));  // no process loads it again
+  CHECK_THAT(out, Contains("grow back: a replacement starts (a fork of the spare template)"));
+  const pid_t forked = forkedSparePid(out, 0);
+  REQUIRE(forked > 0);
+  CHECK_THAT(out, Contains("spare 0 (pid " + std::to_string(forked) +
+                           ") forked from the spare template (pid " + t + ")"));
+  CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid " + std::to_string(forked) +
+                           ") is ready and takes rank 0"));
+  CHECK_THAT(out, !Contains("is started as a process"));
+  CHECK_THAT(out, !Contains("restarting the worker group"));
+  // Ended with the group (killed and reaped by ddprun, its parent).
+  CHECK_FALSE(ddprun::testing::processRunning(templ));
+  const std::string log = dir / "samples";
+  CHECK(worldSequence(log, kGrowEpochs) == std::vector<int>{3, 2, 3});
+  for (int e = 0; e < kGrowEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
+}
+
+TEST_CASE("shrink without spares: rank 0 with a second thread at init() forks no template, one "
+          "line says why, and the template is exec'd once the ranks announced",
+          "[recovery][shrink][grow][template][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  auto env = sampleLogEnv(dir);
+  env["OPENBLAS_NUM_THREADS"] = "2";  // OpenBLAS starts its second thread as it loads
+  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                      "--recovery-policy=shrink"}, kGrowEpochs),
+          env, dir / "log");
+  REQUIRE(showingOutput(waitForOutput(job, ") ready: loaded, forks", kJobTimeout), job));
+  CHECK(rankTemplatePid(job.pid(), "mnist_mlp") < 0);
+  const pid_t templ = spareTemplatePid(job.pid(), "mnist_mlp");
+  CHECK(templ > 0);
+  const std::string out = finishOk(job);
+  INFO(out);
+  CHECK_THAT(out, Contains("the spare template is forked from rank 0 at its init()"));
+  CHECK_THAT(out, Contains("no spare template forked from this process (pid "));
+  CHECK_THAT(out, Contains("): it has 2 threads when it calls init() (a fork copies only the "
+                           "calling thread); the launcher starts the template as a process"));
+  CHECK_THAT(out, Contains("rank 0 forked no spare template (its log says why): it is started "
+                           "as a process"));
+  CHECK_THAT(out, Contains("starting the spare template in the background"));
+  CHECK_THAT(out, Contains("spare template (pid " + std::to_string(templ) + ") ready: loaded"));
 }
 
 TEST_CASE("grow back: the replacement SIGKILLed before it healed, the job goes on at two ranks "
