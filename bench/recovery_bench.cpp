@@ -75,6 +75,7 @@
 #include "bench/paths.h"
 #include "bench/recovery_timeline.h"
 #include "bench/registry.h"
+#include "rendezvous/spare_fork.h"
 
 extern char** environ;
 
@@ -210,6 +211,18 @@ pid_t workerPid(pid_t root, int rank, const std::string& comm) {
   }
   std::vector<pid_t> todo{root};
   const std::string want = "RANK=" + std::to_string(rank);
+  // The spare template forked from rank 0 (shrink without spares), the spares it forks and
+  // their guards show rank 0's start environment; rank 0's parent is its guard, a fork of
+  // ddprun, whose environment does not have this entry (docs/recovery.md#spare-template).
+  const std::string forkEntry =
+      std::string(ddprun::rendezvous::spare_fork::kTemplateForkFdVariable) + "=5";
+  auto environHas = [](pid_t pid, const std::string& what) {
+    std::istringstream env(readFile("/proc/" + std::to_string(pid) + "/environ"));
+    for (std::string entry; std::getline(env, entry, '\0');) {
+      if (entry == what) return true;
+    }
+    return false;
+  };
   while (!todo.empty()) {
     const pid_t p = todo.back();
     todo.pop_back();
@@ -217,10 +230,9 @@ pid_t workerPid(pid_t root, int rank, const std::string& comm) {
       todo.push_back(c);
       if (state[c] == 'Z') continue;
       if (commOf(c) != comm.substr(0, 15)) continue;
-      std::istringstream env(readFile("/proc/" + std::to_string(c) + "/environ"));
-      for (std::string entry; std::getline(env, entry, '\0');) {
-        if (entry == want) return c;
-      }
+      if (!environHas(c, want)) continue;
+      if (environHas(c, forkEntry) && (p == root || environHas(p, forkEntry))) continue;
+      return c;
     }
   }
   return -1;

@@ -303,6 +303,7 @@ bool forkTemplateFromRank(int fd, bool idle) {
                                 << "(a fork copies only the calling thread); the launcher "
                                 << "starts the template as a process";
     ::close(fd);
+    ::unsetenv(wire::kTemplateForkFdVariable);
     return false;
   }
   std::fflush(nullptr);  // nothing the rank buffered may come out of the template too
@@ -344,6 +345,9 @@ bool forkTemplateFromRank(int fd, bool idle) {
                                 << "the template as a process";
   }
   ::close(fd);
+  // Not for the rank's own children: a ddprun program among them would take whatever then
+  // has this descriptor number for a template's socket.
+  ::unsetenv(wire::kTemplateForkFdVariable);
   return false;
 }
 
