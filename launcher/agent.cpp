@@ -479,6 +479,13 @@ void Agent::Impl::onWorkerStarted(const WorkerResult& r) {
                         .add("round", round_.round)
                         .add("attempt", round_.restartCount)
                         .add("idle_priority", schedulingPolicy(r.pid) == SCHED_IDLE ? 1 : 0));
+    // A fork of the spare template can set its ready key before this record of its start is
+    // read (a few ms): the grow back that key triggered skipped a spare without a pid, and no
+    // store write follows to try again.
+    std::string why;
+    if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink && growBackUsable(why)) {
+      tryGrow();
+    }
     return;
   }
   const size_t lr = static_cast<size_t>(r.localRank);

@@ -3,7 +3,8 @@
 //
 // A spare forked from the template takes a SIGKILLed rank and the run ends bit-identical to an
 // uninterrupted one; the template SIGKILLed, the next spare is exec'd as before and the job still
-// finishes; ddprun SIGKILLed with a forked spare waiting leaves no process of the job alive.
+// finishes; ddprun SIGKILLed with a forked spare waiting leaves no process of the job alive, nor
+// with the template forked from rank 0 (shrink without spares), which is in no guard's tree.
 #include "tests/support/catch_torch.h"
 
 #include <csignal>
@@ -222,6 +223,28 @@ TEST_CASE("spare template: ddprun SIGKILLed with a forked spare waiting, no proc
   INFO(j.output());
   REQUIRE(seen.count(forked) == 1);
   REQUIRE(seen.count(templ) == 1);
+  ::kill(j.pid(), SIGKILL);
+  j.wait(kJobTimeout);
+  const auto left = survivors(seen, std::chrono::seconds(10));
+  for (pid_t p : left) UNSCOPED_INFO("still alive: pid " << p);
+  CHECK(left.empty());
+}
+
+TEST_CASE("spare template forked from rank 0 (shrink without spares): ddprun SIGKILLed once it "
+          "is ready, no process of the job survives, the template included (it is in no "
+          "guard's tree)", "[elastic][recovery][shrink][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  Job j(job(dir.path(), {"--recovery=in-process", "--recovery-policy=shrink"}), {}, dir / "log");
+  const pid_t templ = waitForPid(j, "spare template (pid ", ") ready: loaded, forks");
+  REQUIRE(showingOutput(templ > 0, j));
+  REQUIRE_THAT(j.output(), Contains("spare template (pid " + std::to_string(templ) +
+                                    ") forked from the rank with pid "));
+  std::set<pid_t> seen;
+  for (pid_t p : descendants(j.pid())) seen.insert(p);
+  INFO(j.output());
+  REQUIRE(seen.count(templ) == 1);
+  CHECK(procParent(templ) == j.pid());
   ::kill(j.pid(), SIGKILL);
   j.wait(kJobTimeout);
   const auto left = survivors(seen, std::chrono::seconds(10));
