@@ -95,11 +95,12 @@ std::unique_ptr<SpareTemplate> Agent::Impl::templateFromRank(WorkerLaunch& rank0
   // process group and what is below it when it ends; a job cgroup sweeps the rest.
   rank0.spawn.subreaper = false;
   // Its own lines go to ddprun's stderr (not the rank's pipes, which it would hold open).
-  const bool output = tmpl->sendOutput(STDERR_FILENO);
-  DDPRUN_LOG(INFO, "launcher") << "the spare template is forked from rank " << rank0.globalRank
-                               << " at its init()" << (idle ? " and waits under SCHED_IDLE" : "")
-                               << ": the replacements that grow a shrunk group back are forks "
-                               << "of it" << (output ? "" : " (its own lines are lost: its socket refused ddprun's stderr)");
+  // (Said once every rank announced in-process recovery, in maybeStartSpares(): a program
+  // without the runtime, a Python script, ignores the variable and forks none.)
+  if (!tmpl->sendOutput(STDERR_FILENO)) {
+    DDPRUN_LOG(WARN, "launcher") << "the spare template forked from rank " << rank0.globalRank
+                                 << " will print nothing: its socket refused ddprun's stderr";
+  }
   return tmpl;
 }
 

@@ -396,7 +396,14 @@ void Agent::Impl::maybeStartSpares() {
     growTemplateStarted_ = true;
     if (templateFromRank_ && spareTemplate_) {
       spareTemplate_->ready();  // reads what it said: Loading, Ready, or nothing (it refused)
-      if (!spareTemplate_->gone()) return;
+      if (!spareTemplate_->gone()) {
+        DDPRUN_LOG(INFO, "launcher") << "the spare template is forked from rank "
+                                     << round_.rankOffset << " at its init() (pid "
+                                     << spareTemplate_->pid() << (idleSpares_ == 1 ? ", under SCHED_IDLE" : "")
+                                     << "): the replacements that grow a shrunk group back are "
+                                     << "forks of it";
+        return;
+      }
       DDPRUN_LOG(INFO, "launcher") << "rank " << round_.rankOffset << " forked no spare "
                                    << "template (its log says why): it is started as a process";
       endSpareTemplate();

@@ -309,7 +309,10 @@ bool forkTemplateFromRank(int fd, bool idle) {
   std::fflush(nullptr);  // nothing the rank buffered may come out of the template too
   const pid_t x = ::fork();
   if (x == 0) {
-    ::setsid();  // out of the rank's process group: a signal to the rank's group is not for it
+    // Out of the rank's process group (a signal to the rank's group is not for it), not out of
+    // its session: the scheduler's autogroups are per session, and a spare forked in a session
+    // of its own got a CPU share equal to all the ranks' together (the group trained 30% slower).
+    ::setpgid(0, 0);
     const pid_t t = ::fork();
     if (t != 0) ::_exit(t > 0 ? 0 : 1);  // the template is orphaned: re-parented to ddprun
     // Not the rank's output: the launcher reads a worker's pipes until every writer closed

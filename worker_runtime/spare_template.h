@@ -54,7 +54,8 @@ struct ForkedSpare {
 // runtime starts a thread, the rank forks twice (rank -> X -> template; X exits at once, and
 // the rank's guard is no subreaper for this rank, so the template is re-parented to the
 // launcher, out of the rank's tree: the rank's death and its guard's sweep leave it alone) and
-// goes on as the rank. The template leaves the rank's session and output (its own lines go to
+// goes on as the rank. The template leaves the rank's process group (not its session: the
+// scheduler's autogroups are per session) and output (its own lines go to
 // the descriptor the launcher sends first: ddprun's stderr), enters SCHED_IDLE when `idle`, and serves
 // forks as an exec'd template does. Returns true in the template (the caller goes on with
 // serveSpareForks(fd, ...)), false in the rank, which has closed `fd` -- also when it has more

@@ -306,16 +306,17 @@ TEST_CASE("shrink without spares: the spare template is a fork of rank 0 made at
   REQUIRE(templ > 0);
   CHECK(templ != pids[0]);
   CHECK(procParent(templ) == job.pid());  // out of rank 0's tree: its guard's sweep misses it
-  // and out of its session and process group (a session of the fork between them)
-  CHECK(::getsid(templ) != ::getsid(pids[0]));
+  // and out of its process group, but in its session: the scheduler's autogroups are per
+  // session, and a replacement forked in a session of its own took half the CPU from the ranks
   CHECK(::getpgid(templ) != ::getpgid(pids[0]));
+  CHECK(::getsid(templ) == ::getsid(pids[0]));
   REQUIRE(::kill(pids[0], SIGKILL) == 0);
   REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
   CHECK(ddprun::testing::processRunning(templ));  // it outlived the rank it was forked from
   const std::string out = finishOk(job);
   INFO(out);
   const std::string t = std::to_string(templ);
-  CHECK_THAT(out, Contains("the spare template is forked from rank 0 at its init()"));
+  CHECK_THAT(out, Contains("the spare template is forked from rank 0 at its init() (pid " + t));
   CHECK_THAT(out, Contains("spare template (pid " + t + ") forked from the rank with pid " +
                            std::to_string(pids[0]) + " at its init()"));
   CHECK_THAT(out, Contains("spare template (pid " + t + ") ready: loaded"));
@@ -352,7 +353,7 @@ TEST_CASE("shrink without spares: rank 0 with a second thread at init() forks no
   CHECK(templ > 0);
   const std::string out = finishOk(job);
   INFO(out);
-  CHECK_THAT(out, Contains("the spare template is forked from rank 0 at its init()"));
+  CHECK_THAT(out, !Contains("the spare template is forked from rank 0"));
   CHECK_THAT(out, Contains("no spare template forked from this process (pid "));
   CHECK_THAT(out, Contains("): it has 2 threads when it calls init() (a fork copies only the "
                            "calling thread); the launcher starts the template as a process"));
