@@ -211,9 +211,9 @@ pid_t workerPid(pid_t root, int rank, const std::string& comm) {
   }
   std::vector<pid_t> todo{root};
   const std::string want = "RANK=" + std::to_string(rank);
-  // The spare template forked from rank 0 (shrink without spares), the spares it forks and
-  // their guards show rank 0's start environment; rank 0's parent is its guard, a fork of
-  // ddprun, whose environment does not have this entry (docs/recovery.md#spare-template).
+  // A process forked without an exec shows its parent's start environment: the spare template
+  // forked from rank 0 (shrink without spares; the launcher's own child) and the spares forked
+  // from a template (children of guards forked from it) are not the rank's process.
   const std::string forkEntry =
       std::string(ddprun::rendezvous::spare_fork::kTemplateForkFdVariable) + "=5";
   auto environHas = [](pid_t pid, const std::string& what) {
@@ -231,7 +231,7 @@ pid_t workerPid(pid_t root, int rank, const std::string& comm) {
       if (state[c] == 'Z') continue;
       if (commOf(c) != comm.substr(0, 15)) continue;
       if (!environHas(c, want)) continue;
-      if (environHas(c, forkEntry) && (p == root || environHas(p, forkEntry))) continue;
+      if (environHas(p, want) || (p == root && environHas(c, forkEntry))) continue;
       return c;
     }
   }

@@ -210,11 +210,14 @@ int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid) {
     sendRecord(status, wire::StatusRecord::Exited, 126 << 8);
     ::_exit(126);
   }
+  char program[16] = {};  // the program's name, for the spare (ps, pgrep, /proc/<pid>/comm)
+  ::prctl(PR_GET_NAME, program, 0, 0, 0);
   ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   ::close(templateFd);
   const pid_t worker = ::fork();
   if (worker == 0) {
+    ::prctl(PR_SET_NAME, program, 0, 0, 0);
     ::close(control);
     ::close(status);
     ::dup2(out, STDOUT_FILENO);

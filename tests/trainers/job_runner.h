@@ -96,25 +96,22 @@ inline bool environHas(pid_t p, const std::string& entry) {
 }
 
 // The environment entry of local rank 0 when it forks the spare template (shrink without spares:
-// docs/recovery.md#spare-template). The template, and the spares it forks (and their guards),
-// show rank 0's environment in /proc; rank 0's parent is its guard, a fork of the launcher, whose
-// environment is the launcher's. The template is a child of the launcher itself, a forked spare
-// a child of its guard, a fork of the template.
+// docs/recovery.md#spare-template).
 inline constexpr const char* kRankTemplateEntry = "DDPRUN_SPARE_TEMPLATE_FORK_FD=5";
-inline bool forkOfRankTemplate(pid_t launcher, pid_t p) {
-  if (!environHas(p, kRankTemplateEntry)) return false;
-  const pid_t parent = procParent(p);
-  return parent == launcher || environHas(parent, kRankTemplateEntry);
-}
 
 // The descendant of `launcher` whose executable is `program` and whose environment, as it was
 // started, holds `entry` ("RANK=1"), or -1. (/proc/<pid>/environ keeps the environment the
-// process was started with: what it setenv()s later is not there.) The spare template forked
-// from rank 0 and its forks are skipped (they show rank 0's environment).
+// process was started with: what it setenv()s later is not there.) A process forked without an
+// exec shows its parent's: the spares forked from a template (children of guards that are forks
+// of it) are skipped as children of a process with the same entry, and the template forked from
+// rank 0 as the launcher's own child with rank 0's environment.
 inline pid_t descendantWithEnv(pid_t launcher, const std::string& entry, const std::string& program) {
   for (pid_t p : descendants(launcher)) {
-    if (procComm(p) != program.substr(0, 15)) continue;
-    if (environHas(p, entry) && !forkOfRankTemplate(launcher, p)) return p;
+    if (procComm(p) != program.substr(0, 15) || !environHas(p, entry)) continue;
+    const pid_t parent = procParent(p);
+    if (environHas(parent, entry)) continue;
+    if (parent == launcher && environHas(p, kRankTemplateEntry)) continue;
+    return p;
   }
   return -1;
 }
