@@ -291,7 +291,7 @@ TEST_CASE("shrink without spares: the spare template held past the wait's bound,
   for (int e = 0; e < kEpochs; ++e) checkExactlyOnce(log, e, epochSamples(log, e).lastWorld);
 }
 
-TEST_CASE("shrink without spares: the spare template is a fork of rank 0 made at its init(); "
+TEST_CASE("shrink without spares: the spare template is a fork of rank 0 made at its init(): "
           "rank 0 SIGKILLed, the template outlives it and the replacement that takes rank 0 "
           "back is a fork of it, every sample exactly once, nothing of it outlives ddprun",
           "[recovery][shrink][grow][template][slow]") {
