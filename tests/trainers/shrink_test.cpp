@@ -26,6 +26,7 @@
 #include <sched.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -146,6 +147,50 @@ pid_t heldTemplate(Job& job) {
 constexpr int kGrowEpochs = 24;
 
 }  // namespace
+
+// The checker itself, on written logs: what the grow back's rolled-back step looks like, and two
+// logs that must fail (a rank that skipped a step, and the same partial step with no generation
+// after it). A CI run failed on the first: the grow came at an epoch's last commit.
+TEST_CASE("the sample log check leaves out a step a grow back rolled back at an epoch's end, and "
+          "flags a step some rank skipped", "[shrink][sample-log]") {
+  TempDir dir;
+  const auto write = [&](const std::string& name, const std::vector<std::string>& lines) {
+    std::ofstream out(dir / name);
+    for (const auto& l : lines) out << l << "\n";
+    return std::string(dir / name);
+  };
+  // World 2 at generation 1; rank 0 is in step 3 when generation 2 (world 3) re-forms at the
+  // commit of step 2, and at world 3 the epoch has no step left: step 3 is never taken again.
+  const std::vector<std::string> start = {
+      "g=1 epoch=0 step=1 rank=0 world=2 idx=0,1",  "g=1 epoch=0 step=1 rank=1 world=2 idx=2,3",
+      "g=1 epoch=0 step=2 rank=0 world=2 idx=4,5",  "g=1 epoch=0 step=2 rank=1 world=2 idx=6,7",
+      "g=1 epoch=0 step=3 rank=0 world=2 idx=8,9"};
+  std::vector<std::string> grown = start;
+  for (int r = 0; r < 3; ++r) {
+    grown.push_back("g=2 epoch=1 step=3 rank=" + std::to_string(r) + " world=3 idx=" +
+                    std::to_string(2 * r) + "," + std::to_string(2 * r + 1));
+  }
+  const EpochSamples rolled = epochSamples(write("rolled", grown), 0);
+  CHECK(rolled.problems.empty());
+  CHECK(rolled.rolledBack == 1);
+  CHECK(rolled.steps == 2);
+  CHECK(rolled.indices == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(epochSamples(dir / "rolled", 1).steps == 1);
+
+  // The same partial step with no generation after it: rank 1 skipped it.
+  const EpochSamples alone = epochSamples(write("alone", start), 0);
+  CHECK(alone.rolledBack == 0);
+  CHECK_THAT(alone.problems, Catch::Matchers::VectorContains(std::string(
+                                 "step 3: 1 rank(s) in generation 1, world 2")));
+
+  // A partial step that is not its generation's last: the group went on past it.
+  std::vector<std::string> middle = grown;
+  middle.erase(middle.begin() + 1);  // rank 1's line of step 1
+  const EpochSamples skipped = epochSamples(write("middle", middle), 0);
+  CHECK(skipped.rolledBack == 1);
+  CHECK_THAT(skipped.problems, Catch::Matchers::VectorContains(std::string(
+                                   "step 1: 1 rank(s) in generation 1, world 2")));
+}
 
 TEST_CASE("a rank of three SIGKILLed: the other two go on at two ranks in their own processes, "
           "a replacement joins at a commit (grow back to three), every sample of each epoch "
