@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "base/errors.h"
+#include "base/fd_passing.h"
 #include "rendezvous/spare_fork.h"
 
 namespace ddprun::launcher {
@@ -61,17 +62,6 @@ int readReply(int fd, wire::Reply& r, int ms) {
   return 1;
 }
 
-bool sendAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -112,24 +102,10 @@ bool SpareTemplate::checkReady(std::string& why) {
 }
 
 bool SpareTemplate::sendOutput(int fd) {
-  wire::Output head;
-  iovec iov{&head, sizeof head};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fd)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof fd);
-  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  ssize_t sent;
-  do {
-    sent = ::sendmsg(agent_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (sent < 0 && errno == EINTR);
-  return sent == static_cast<ssize_t>(sizeof head);
+  const wire::Output head;
+  const int fds[1] = {fd};
+  return sendWithFds(agent_.get(), &head, sizeof head, fds, MSG_DONTWAIT) ==
+         static_cast<ssize_t>(sizeof head);
 }
 
 std::optional<GuardedProcess> SpareTemplate::forkSpare(int spareId, bool idle,
@@ -159,22 +135,7 @@ std::optional<GuardedProcess> SpareTemplate::forkSpare(int spareId, bool idle,
     return std::nullopt;
   }
   const int fds[4] = {controlRead.get(), statusWrite.get(), outWrite.get(), errWrite.get()};
-  iovec iov{&head, sizeof head};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof fds);
-  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-  ssize_t sent;
-  do {
-    sent = ::sendmsg(agent_.get(), &msg, MSG_NOSIGNAL);
-  } while (sent < 0 && errno == EINTR);
+  const ssize_t sent = sendWithFds(agent_.get(), &head, sizeof head, fds);
   if (sent < 0 || (static_cast<size_t>(sent) < sizeof head &&
                    !sendAll(agent_.get(), reinterpret_cast<const char*>(&head) + sent,
                             sizeof head - static_cast<size_t>(sent))) ||

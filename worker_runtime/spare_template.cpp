@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "base/fd_passing.h"
 #include "base/log.h"
 #include "base/sweep.h"
 #include "rendezvous/spare_fork.h"
@@ -28,32 +29,9 @@ namespace {
 
 namespace wire = rendezvous::spare_fork;
 
-bool readFull(int fd, void* data, size_t n) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-void writeFull(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 void reply(int fd, int32_t kind, int32_t value) {
   const wire::Reply r{kind, value};
-  writeFull(fd, &r, sizeof r);
+  sendAll(fd, &r, sizeof r);
 }
 
 // One request: the header with its four descriptors, then the environment.
@@ -71,30 +49,14 @@ struct Request {
 
 // False on EOF (the agent closed the socket) or a malformed request (logged).
 bool receive(int fd, Request& r) {
-  iovec iov{&r.head, sizeof r.head};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do {
-    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  if (n <= 0) return false;
-  int got = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int f;
-      std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-      if (got < 4) r.fds[got++] = f; else ::close(f);
-    }
+  size_t got = 0;
+  const ssize_t n = receiveWithFds(fd, &r.head, sizeof r.head, r.fds, got);
+  if (n <= 0) {
+    r.closeFds();
+    return false;
   }
   if (static_cast<size_t>(n) < sizeof r.head &&
-      !readFull(fd, reinterpret_cast<char*>(&r.head) + n, sizeof r.head - static_cast<size_t>(n))) {
+      !readAll(fd, reinterpret_cast<char*>(&r.head) + n, sizeof r.head - static_cast<size_t>(n))) {
     r.closeFds();
     return false;
   }
@@ -106,7 +68,7 @@ bool receive(int fd, Request& r) {
     return false;
   }
   r.env.resize(r.head.envBytes);
-  if (!readFull(fd, r.env.data(), r.env.size())) {
+  if (!readAll(fd, r.env.data(), r.env.size())) {
     r.closeFds();
     return false;
   }
@@ -123,26 +85,13 @@ int receiveOutput(int fd) {
   } while (rc < 0 && errno == EINTR);
   if (rc <= 0) return -1;
   wire::Output head{.magic = 0};
-  iovec iov{&head, sizeof head};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do {
-    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  int out = -1;
-  for (cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-        c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-      std::memcpy(&out, CMSG_DATA(c), sizeof out);
-    }
+  int out[1] = {-1};
+  size_t got = 0;
+  const ssize_t n = receiveWithFds(fd, &head, sizeof head, out, got);
+  if (n == static_cast<ssize_t>(sizeof head) && head.magic == wire::kOutputMagic && got == 1) {
+    return out[0];
   }
-  if (n == static_cast<ssize_t>(sizeof head) && head.magic == wire::kOutputMagic) return out;
-  if (out >= 0) ::close(out);
+  if (got == 1) ::close(out[0]);
   return -1;
 }
 

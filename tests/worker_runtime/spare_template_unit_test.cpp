@@ -1,7 +1,7 @@
 // The spare template's side (worker_runtime/spare_template.h), in a real forked process on a real
-// socket pair, without ddprun: it runs the program's warm-up once before it says Ready, and a
+// socket pair, without ddprun: it runs the program's warm-up once before it says Ready, a
 // warm-up that leaves a thread running makes it exit 3 with one line, never saying Ready (a fork
-// of it would lack that thread). The agent's side and whole jobs: tests/trainers.
+// of it would lack that thread), and a malformed request forks nothing. The agent's side and whole jobs: tests/trainers.
 #include "tests/support/catch_torch.h"
 
 #include <fcntl.h>
@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "base/fd_passing.h"
 #include "rendezvous/spare_fork.h"
 #include "worker_runtime/spare_template.h"
 
@@ -124,4 +125,49 @@ TEST_CASE("spare template process: a warm-up that leaves a thread running makes 
   const std::string err = t.errors();
   CHECK_THAT(err, Contains("the program's spare warm-up left 2 threads, so it cannot fork spares"));
   CHECK_THAT(err, Contains("the launcher starts its spares as processes"));
+}
+
+// What the launcher sends is checked before anything is forked: a request without its four
+// descriptors, with another magic, or announcing more environment than the bound, ends the
+// template with one line naming what came, and no reply (the launcher then exec's its spares).
+TEST_CASE("spare template process: a malformed request (descriptors, magic, environment size) "
+          "forks nothing and ends the template with one line naming it", "[spare][template]") {
+  struct Case {
+    int fds;
+    uint32_t magic;
+    uint32_t envBytes;
+  };
+  for (const Case c : {Case{2, wire::kRequestMagic, 0}, Case{4, 0x41414141, 0},
+                       Case{4, wire::kRequestMagic, wire::kMaxEnvBytes + 1}}) {
+    INFO(c.fds << " descriptors, magic " << c.magic << ", " << c.envBytes << " bytes");
+    TemplateProcess t([](int) { return true; });
+    REQUIRE(t.nextReply().kind == wire::Reply::Ready);
+    int pipes[4][2];
+    int ends[4];
+    for (int i = 0; i < 4; ++i) {
+      REQUIRE(::pipe2(pipes[i], O_CLOEXEC) == 0);
+      ends[i] = pipes[i][1];
+    }
+    wire::Request head;
+    head.magic = c.magic;
+    head.spareId = 0;
+    head.envBytes = c.envBytes;
+    REQUIRE(ddprun::sendWithFds(t.agent, &head, sizeof head,
+                                std::span<const int>(ends, static_cast<size_t>(c.fds))) ==
+            static_cast<ssize_t>(sizeof head));
+    CHECK(t.nextReply().kind == 0);  // EOF: no Forked
+    CHECK(t.exitCode() == 0);
+    CHECK_THAT(t.errors(), Contains("spare template: a request it cannot read (" +
+                                    std::to_string(c.fds) + " descriptors, magic " +
+                                    std::to_string(c.magic) + ", " + std::to_string(c.envBytes) +
+                                    " bytes of environment); exiting"));
+    // Nothing forked holds the descriptors it was sent: each pipe's read end sees EOF.
+    for (int i = 0; i < 4; ++i) {
+      ::close(pipes[i][1]);
+      pollfd p{pipes[i][0], POLLIN, 0};
+      char b;
+      CHECK((::poll(&p, 1, kWaitMs) == 1 && ::read(pipes[i][0], &b, 1) == 0));
+      ::close(pipes[i][0]);
+    }
+  }
 }
