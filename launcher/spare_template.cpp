@@ -161,6 +161,10 @@ std::optional<GuardedProcess> SpareTemplate::forkSpare(int spareId, bool idle,
     why = std::string("the spare template could not fork: ") + std::strerror(r.value);
     return std::nullopt;
   }
+  // The guard's group, also from here: a guard the template made its sibling is this process's
+  // child at once, and a stop's kill(-guard) must not race the guard's own setpgid(). (One that
+  // an X between made is not yet, or already in its group: ESRCH or a no-op, both fine.)
+  ::setpgid(r.value, r.value);
   GuardedProcess p;
   p.guardPid = r.value;
   p.control = std::move(controlWrite);

@@ -724,11 +724,13 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   // The spare template (spare_template.h) stays here; each spare it forks goes on as a spare.
   // It is a process ddprun exec'd for it, or a fork of local rank 0 made right here.
   int templateFd = descriptorVariable(options, rendezvous::spare_fork::kTemplateFdVariable);
+  bool forkedFromRank = false;
   if (const int fd = descriptorVariable(options, rendezvous::spare_fork::kTemplateForkFdVariable);
       fd >= 0 && templateFd < 0) {
     const auto idle = options.env(rendezvous::spare_fork::kTemplateIdleVariable);
     if (forkTemplateFromRank(fd, idle && *idle == "1")) {
       templateFd = fd;
+      forkedFromRank = true;
       // Its forks size their pools again from their own environment (thread_pools.h).
       oneThreadPerPool();
     }
@@ -750,7 +752,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
         return false;
       }
       return warmUpSpare(self, options);
-    });
+    }, {.guardsAsSiblings = forkedFromRank});
     // The template ran with one thread per pool (thread_pools.h); a rank's process would not.
     DDPRUN_LOG(INFO, "runtime") << "spare " << forked.id << " (pid " << ::getpid()
                                 << "): thread pools as a process started with its environment: "

@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -231,6 +232,16 @@ int threadCount() {
 
 namespace {
 
+// fork(), but the child's parent is this process's parent (CLONE_PARENT), which reaps it; glibc
+// has no wrapper for that. Raw clone skips glibc's fork bookkeeping: fine in a process of one
+// thread holding no lock (the template between requests), and the child's cached thread id
+// (still the template's) is read by nothing the guard does -- glibc signals its own thread by
+// gettid(), and the guard's fork() of the spare sets the spare's own.
+pid_t forkAsSibling() {
+  return static_cast<pid_t>(
+      ::syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, nullptr));
+}
+
 // Exits 3 (the launcher then exec's the spares) unless this process has one thread: a fork
 // copies only the calling thread. The line reads `before` <threads> `after`.
 void exitUnlessOneThread(pid_t self, const char* before, const char* after) {
@@ -306,7 +317,8 @@ bool forkTemplateFromRank(int fd, bool idle) {
   return false;
 }
 
-ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp) {
+ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
+                            const ServeOptions& options) {
   const pid_t self = ::getpid();
   log::setIdentity("spare template");
   exitUnlessOneThread(self, "the program has ", " threads when it calls init()");
@@ -324,6 +336,15 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp) {
     // Nothing in this loop starts a thread: it is the invariant the fork stands on.
     DDPRUN_CHECK(threadCount() == 1, "the spare template forks from its only thread");
     std::fflush(nullptr);  // nothing the template buffered may come out of the spare too
+    if (options.guardsAsSiblings) {
+      const pid_t guard = forkAsSibling();
+      if (guard == 0) return {.id = becomeGuardAndSpare(fd, r, self), .warm = warm};
+      const int err = errno;
+      r.closeFds();
+      // G's own setpgid() may still be to come: the agent, its parent, sets it too on Forked.
+      reply(fd, guard > 0 ? wire::Reply::Forked : wire::Reply::Failed, guard > 0 ? guard : err);
+      continue;
+    }
     const pid_t x = ::fork();
     if (x == 0) {
       const pid_t guard = ::fork();

@@ -62,11 +62,21 @@ struct ForkedSpare {
 // than one thread or the fork failed (one line says so; ddprun then exec's the template).
 bool forkTemplateFromRank(int fd, bool idle);
 
+struct ServeOptions {
+  // How a spare's guard G is made. false: the template forks X, X forks G and exits, so G is
+  // re-parented to the nearest child subreaper, the agent (the exec'd template is its guard's
+  // child). true, for a template forked from a rank: it was re-parented to that subreaper
+  // itself, so G is made its sibling at once (clone with CLONE_PARENT): one fork of the
+  // program's image per spare instead of two, and the answer does not wait for X.
+  bool guardsAsSiblings = false;
+};
+
 // Runs the template on socket `fd`: `warmUp` once (true: it warmed the process up), then serves
 // forks. Returns only in a forked spare (its environment is then the spare's, sent by the
 // agent). The template itself exits: 0 when the agent closed the socket, 3 when it has more than
 // one thread before or after `warmUp` (it cannot be a template; the agent exec's its spares then).
-ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp);
+ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
+                            const ServeOptions& options = {});
 
 // The threads of this process (entries of /proc/self/task); -1 if unreadable.
 int threadCount();

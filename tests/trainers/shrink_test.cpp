@@ -358,6 +358,17 @@ TEST_CASE("shrink without spares: the spare template is a fork of rank 0 made at
   REQUIRE(::kill(pids[0], SIGKILL) == 0);
   REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
   CHECK(ddprun::testing::processRunning(templ));  // it outlived the rank it was forked from
+  {
+    // The replacement's guard is ddprun's child, as a launcher guard is: the template made it
+    // its own sibling (CLONE_PARENT), in a process group of its own.
+    std::smatch m;
+    const std::string sofar = job.output();
+    const std::regex line(R"(spare 0 forked from the spare template \(pid \d+\), guard pid (\d+))");
+    REQUIRE(std::regex_search(sofar, m, line));
+    const pid_t guard = static_cast<pid_t>(std::stol(m[1]));
+    CHECK(procParent(guard) == job.pid());
+    CHECK(::getpgid(guard) == guard);
+  }
   const std::string out = finishOk(job);
   INFO(out);
   const std::string t = std::to_string(templ);
