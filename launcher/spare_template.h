@@ -8,7 +8,8 @@
 // a fork of it: forkSpare() sends the descriptors a guarded worker has (control socket, status
 // pipe, output pipes) with the spare's environment, and gets back the pid of the spare's guard,
 // forked by the template and re-parented to the agent -- which must therefore be a child
-// subreaper (enableSubreaper()). The result is a GuardedProcess like spawnGuarded()'s: the
+// subreaper (enableSubreaper()) -- or, by a template forked from a rank (the agent's child
+// already), made its sibling: the agent's child at once (worker_runtime/spare_template.h). The result is a GuardedProcess like spawnGuarded()'s: the
 // WorkerGroup supervises a forked spare as any worker (status records, kill through the
 // control socket, reaping of its guard, output), and the guard sweeps what the spare left.
 //
