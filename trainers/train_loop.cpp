@@ -256,6 +256,8 @@ class TrainingRun {
       }
       if (last) break;
     }
+    // The run's last checkpoint is on disk before any rank reports the run done.
+    if (checkpoints_) checkpoints_->flush();
     comm().barrier();
     finish();
   }
@@ -417,6 +419,8 @@ class TrainingRun {
 
   // Rank 0 saves model, optimizer and position. A checkpoint taken as an epoch ends points at
   // the start of the next one, so a resume neither repeats the epoch's evaluation nor its end.
+  // The file is written in the background (the next save or the run's end waits for it): the
+  // other ranks do not wait at the next allreduce for rank 0's fsync.
   void checkpoint(int64_t epoch, bool epochDone) {
     runtime::TrainingState state{.step = step_, .epoch = epoch, .sampler = sampler_.state(),
                                  .worldSize = rt_.worldSize()};
@@ -429,7 +433,7 @@ class TrainingRun {
     state.extra["global_batch"] = globalBatch_;
     state.extra["reference"] = {{"batch_size", referenceBatch_},
                                 {"world_size", referenceWorldSize_}};
-    checkpoints_->save(*model_, &optimizer_, state);
+    checkpoints_->saveInBackground(*model_, &optimizer_, state);
   }
 
   void finish() {

@@ -238,12 +238,18 @@ CheckpointManager::CheckpointManager(CheckpointOptions options) : options_(std::
   }
 }
 
-fs::path CheckpointManager::save(const torch::nn::Module& model,
-                                 const torch::optim::Optimizer* optimizer,
-                                 const TrainingState& state) {
+CheckpointManager::~CheckpointManager() {
+  try {
+    flush();
+  } catch (const std::exception& e) {
+    DDPRUN_LOG(ERROR, "checkpoint") << "the last background save failed: " << e.what();
+  }
+}
+
+CheckpointManager::Serialized CheckpointManager::serialize(const torch::nn::Module& model,
+                                                           const torch::optim::Optimizer* optimizer,
+                                                           const TrainingState& state) {
   if (state.step < 0) throw ConfigError("checkpoint step " + std::to_string(state.step) + " < 0");
-  ddprun::timeline::Scope span("checkpoint save", "checkpoint");
-  span.args().add("step", state.step);
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive modelArchive;
   model.save(modelArchive);
@@ -253,12 +259,51 @@ fs::path CheckpointManager::save(const torch::nn::Module& model,
     optimizer->save(optimArchive);
     archive.write("optimizer", optimArchive);
   }
-  std::ostringstream payloadStream;
-  archive.save_to(payloadStream);
-  const std::string payload = payloadStream.str();
-  const std::string meta = toJson(state, optimizer != nullptr).dump();
+  Serialized s{.step = state.step, .meta = toJson(state, optimizer != nullptr).dump()};
+  // Into one buffer sized from the last save: no regrowth, no copy out of a stream.
+  s.payload.reserve(lastPayloadBytes_ + lastPayloadBytes_ / 8 + 4096);
+  archive.save_to([&s](const void* data, size_t n) {
+    s.payload.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  lastPayloadBytes_ = s.payload.size();
+  return s;
+}
 
-  std::string bytes(kMagic, sizeof(kMagic));
+fs::path CheckpointManager::save(const torch::nn::Module& model,
+                                 const torch::optim::Optimizer* optimizer,
+                                 const TrainingState& state) {
+  ddprun::timeline::Scope span("checkpoint save", "checkpoint");
+  span.args().add("step", state.step);
+  flush();  // a background write of an earlier step lands first
+  return write(serialize(model, optimizer, state));
+}
+
+void CheckpointManager::saveInBackground(const torch::nn::Module& model,
+                                         const torch::optim::Optimizer* optimizer,
+                                         const TrainingState& state) {
+  ddprun::timeline::Scope span("checkpoint save", "checkpoint");
+  span.args().add("step", state.step).add("background", 1);
+  flush();
+  auto serialized = serialize(model, optimizer, state);
+  pending_ = std::async(std::launch::async, [this, s = std::move(serialized)] {
+    ddprun::timeline::Scope writeSpan("checkpoint write", "checkpoint");
+    writeSpan.args().add("step", s.step);
+    return write(s);
+  });
+}
+
+std::optional<fs::path> CheckpointManager::flush() {
+  if (!pending_.valid()) return std::nullopt;
+  return pending_.get();  // get() leaves the future invalid, even when it throws
+}
+
+fs::path CheckpointManager::write(const Serialized& s) const {
+  const std::string& meta = s.meta;
+  const std::string& payload = s.payload;
+  std::string bytes;
+  bytes.reserve(kHeaderBytes + meta.size() + payload.size() + sizeof(kEnd));
+  bytes.append(kMagic, sizeof(kMagic));
   put<uint32_t>(bytes, kVersion);
   put<uint32_t>(bytes, 0);
   put<uint64_t>(bytes, meta.size());
@@ -271,9 +316,9 @@ fs::path CheckpointManager::save(const torch::nn::Module& model,
   bytes.append(kEnd, sizeof(kEnd));
 
   const fs::path dir = options_.directory;
-  const fs::path final = dir / fileName(state.step);
+  const fs::path final = dir / fileName(s.step);
   const std::string host = hostName();
-  const fs::path tmp = dir / (fileName(state.step) + ".tmp-" + host + "-" +
+  const fs::path tmp = dir / (fileName(s.step) + ".tmp-" + host + "-" +
                               std::to_string(::getpid()) + "-" + randomHex());
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!fd) ioFail("cannot create the temporary file " + tmp.filename().string(), final, errno);
@@ -423,6 +468,11 @@ std::optional<TrainingState> CheckpointManager::loadLatest(torch::nn::Module& mo
                                                            torch::optim::Optimizer* optimizer,
                                                            Communicator* comm) {
   ddprun::timeline::Scope span("checkpoint load", "checkpoint");
+  try {
+    flush();  // this process's own newest save is a candidate
+  } catch (const CheckpointError& e) {
+    DDPRUN_LOG(WARN, "checkpoint") << "loading the newest earlier checkpoint: " << e.what();
+  }
   auto newestComplete = [&]() -> std::optional<fs::path> {
     for (const auto& file : list()) {
       try {

@@ -11,6 +11,12 @@
 // file, removes its temporary file and leaves every earlier checkpoint untouched. After a
 // successful save, checkpoints beyond the newest `keep` are deleted.
 //
+// saveInBackground() takes the step's values on the caller's thread (the model and optimizer
+// serialized, about a third of a save's time) and leaves checksums, write, fsync, rename and
+// retention to a writer thread, so the training goes on while the disk works; the file is the
+// same as save()'s. At most one write is in flight: the next saveInBackground() or flush() waits
+// for it and throws its CheckpointError, the destructor waits for it and logs the error.
+//
 // Several writers may share the directory (two jobs, or hosts on a shared filesystem): each
 // temporary name carries host, pid and a random part and is created with O_EXCL | O_NOFOLLOW
 // (a planted file or symlink is never followed nor truncated); a save removes only
@@ -26,6 +32,7 @@
 // match is torn or damaged: loadLatest() skips it with a warning and takes the next newest; load()
 // of that one file throws CheckpointError naming the file and what is wrong.
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,11 +79,26 @@ class CheckpointManager {
  public:
   // Creates the directory when missing (CheckpointError when it cannot).
   explicit CheckpointManager(CheckpointOptions options);
+  // Waits for a write in flight (see flush()); its error is logged, not thrown.
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
 
   // Writes ckpt-<state.step>.ddpck atomically (see above) and returns its path. Call on one rank
   // only (rank 0). A checkpoint of the same step is replaced atomically.
   std::filesystem::path save(const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
                              const TrainingState& state);
+
+  // The same checkpoint as save(), written on a writer thread: model and optimizer are
+  // serialized before this returns, so the caller may change them at once. First waits for the
+  // previous background write and throws its CheckpointError (that checkpoint was not written;
+  // every earlier one is intact), then serialization errors as save() does.
+  void saveInBackground(const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
+                        const TrainingState& state);
+
+  // Waits for the background write in flight and returns its file (nullopt when none was in
+  // flight); throws its CheckpointError, once. loadLatest() and list() see that file after this.
+  std::optional<std::filesystem::path> flush();
 
   // Loads the newest complete checkpoint into model and optimizer (optimizer may be null) and
   // returns its state; nullopt when there is none (a fresh start). Torn or damaged files are
@@ -99,7 +121,20 @@ class CheckpointManager {
   const CheckpointOptions& options() const { return options_; }
 
  private:
+  // A checkpoint serialized and not yet written: the metadata and the torch archive.
+  struct Serialized {
+    int64_t step = 0;
+    std::string meta;
+    std::string payload;
+  };
+  Serialized serialize(const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
+                       const TrainingState& state);
+  // Checksums, write, fsync, rename, retention. Touches no torch object: runs on any thread.
+  std::filesystem::path write(const Serialized& s) const;
+
   CheckpointOptions options_;
+  size_t lastPayloadBytes_ = 0;                  // reserved for the next archive
+  std::future<std::filesystem::path> pending_;  // the background write in flight, if valid()
 };
 
 }  // namespace ddprun::runtime

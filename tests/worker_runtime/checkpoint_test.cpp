@@ -295,3 +295,91 @@ TEST_CASE("loading copies into the model's own tensors (a DDP built on them stay
   CHECK(sameTensors(a.parameters(), b.parameters()));
   CHECK(sameTensors(a.buffers(), b.buffers()));
 }
+
+TEST_CASE("a background save holds the values at the call while training goes on",
+          "[checkpoint]") {
+  TempDir dir;
+  Net a;
+  torch::optim::Adam optA(a.parameters(), torch::optim::AdamOptions(1e-2));
+  trainSteps(a, optA, 3);
+  std::vector<torch::Tensor> atCall;
+  for (const auto& p : a.parameters()) atCall.push_back(p.detach().clone());
+  CheckpointManager ckpt({.directory = dir.path()});
+  ckpt.saveInBackground(a, &optA, {.step = 3, .epoch = 1, .sampler = {1, 48}});
+  trainSteps(a, optA, 2);  // in place, while the file may still be written
+  const auto file = ckpt.flush();
+  REQUIRE(file);
+  CHECK(file->filename() == "ckpt-000000000003.ddpck");
+  CHECK_FALSE(ckpt.flush());  // nothing in flight any more
+
+  Net b;
+  torch::optim::Adam optB(b.parameters(), torch::optim::AdamOptions(1e-2));
+  const auto loaded = ckpt.loadLatest(b, &optB);
+  REQUIRE(loaded);
+  CHECK(loaded->step == 3);
+  CHECK(loaded->sampler.position == 48);
+  CHECK(sameTensors(b.parameters(), atCall));
+  CHECK_FALSE(sameTensors(b.parameters(), a.parameters()));
+  // The optimizer state is the call's too: two more steps from it reach a's weights.
+  trainSteps(b, optB, 2);
+  CHECK(sameTensors(a.parameters(), b.parameters()));
+}
+
+TEST_CASE("a background save that fails is thrown by the next call and keeps the previous "
+          "checkpoint",
+          "[checkpoint]") {
+  TempDir dir;
+  Net net;
+  CheckpointManager ckpt({.directory = dir.path()});
+  ckpt.saveInBackground(net, nullptr, {.step = 1});
+  ckpt.saveInBackground(net, nullptr, {.step = 2});  // waits for step 1's write first
+  REQUIRE(ckpt.flush());
+  const auto before = fs::file_size(ckpt.list()[0]);
+
+  // As in the failed-write test above: write(2) fails with EFBIG past RLIMIT_FSIZE.
+  struct rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto oldHandler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = before / 2;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  Net bigger(64);
+  std::string error;
+  ckpt.saveInBackground(bigger, nullptr, {.step = 3});  // serialized here, written later
+  try {
+    ckpt.saveInBackground(bigger, nullptr, {.step = 4});
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, oldHandler);
+
+  CHECK_THAT(error, Catch::Contains("ckpt-000000000003.ddpck") && Catch::Contains("write failed"));
+  CHECK_FALSE(ckpt.flush());  // step 4 was not started: the error stopped it
+  const auto files = ckpt.list();
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].filename() == "ckpt-000000000002.ddpck");
+  CHECK(fs::file_size(files[0]) == before);
+  for (auto& e : fs::directory_iterator(dir.path())) {
+    CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);  // no temp left
+  }
+  // The manager saves again once the disk takes it.
+  ckpt.saveInBackground(net, nullptr, {.step = 5});
+  const auto fifth = ckpt.flush();
+  REQUIRE(fifth);
+  CHECK(fifth->filename() == "ckpt-000000000005.ddpck");
+}
+
+TEST_CASE("a manager that goes away finishes its background save first", "[checkpoint]") {
+  TempDir dir;
+  Net net;
+  {
+    CheckpointManager ckpt({.directory = dir.path()});
+    ckpt.saveInBackground(net, nullptr, {.step = 7});
+  }
+  Net loaded;
+  const auto state = CheckpointManager({.directory = dir.path()}).loadLatest(loaded, nullptr);
+  REQUIRE(state);
+  CHECK(state->step == 7);
+  CHECK(sameTensors(net.parameters(), loaded.parameters()));
+}
