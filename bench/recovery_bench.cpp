@@ -75,7 +75,7 @@
 #include "bench/paths.h"
 #include "bench/recovery_timeline.h"
 #include "bench/registry.h"
-#include "rendezvous/spare_fork.h"
+#include "launcher/worker_lookup.h"
 
 extern char** environ;
 
@@ -178,65 +178,8 @@ int newestCheckpoint(const fs::path& dir) {
   return newest;
 }
 
-// /proc/<pid>/comm without its newline ("" when the process is gone).
-std::string commOf(pid_t pid) {
-  std::string name = readFile("/proc/" + std::to_string(pid) + "/comm");
-  if (!name.empty() && name.back() == '\n') name.pop_back();
-  return name;
-}
-
-// The living worker of global rank `rank` under `root` (a descendant whose executable name is
-// `comm` and whose environment has RANK=<rank>, not a zombie), or -1.
-pid_t workerPid(pid_t root, int rank, const std::string& comm) {
-  std::map<pid_t, std::vector<pid_t>> children;
-  std::map<pid_t, char> state;
-  std::vector<pid_t> all;
-  if (DIR* d = ::opendir("/proc")) {
-    while (const dirent* e = ::readdir(d)) {
-      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-      if (pid > 0) all.push_back(pid);
-    }
-    ::closedir(d);
-  }
-  for (const pid_t pid : all) {
-    const std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos || close + 4 > stat.size()) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char st = 0;
-    pid_t ppid = 0;
-    rest >> st >> ppid;
-    children[ppid].push_back(pid);
-    state[pid] = st;
-  }
-  std::vector<pid_t> todo{root};
-  const std::string want = "RANK=" + std::to_string(rank);
-  // A process forked without an exec shows its parent's start environment: the spare template
-  // forked from rank 0 (shrink without spares; the launcher's own child) and the spares forked
-  // from a template (children of guards forked from it) are not the rank's process.
-  const std::string forkEntry =
-      std::string(ddprun::rendezvous::spare_fork::kTemplateForkFdVariable) + "=5";
-  auto environHas = [](pid_t pid, const std::string& what) {
-    std::istringstream env(readFile("/proc/" + std::to_string(pid) + "/environ"));
-    for (std::string entry; std::getline(env, entry, '\0');) {
-      if (entry == what) return true;
-    }
-    return false;
-  };
-  while (!todo.empty()) {
-    const pid_t p = todo.back();
-    todo.pop_back();
-    for (pid_t c : children[p]) {
-      todo.push_back(c);
-      if (state[c] == 'Z') continue;
-      if (commOf(c) != comm.substr(0, 15)) continue;
-      if (!environHas(c, want)) continue;
-      if (environHas(p, want) || (p == root && environHas(c, forkEntry))) continue;
-      return c;
-    }
-  }
-  return -1;
-}
+using ddprun::launcher::lookup::procComm;
+using ddprun::launcher::lookup::workerPid;  // the rule, shared with the tests
 
 bool isShrink(const std::string& mode) { return mode == "shrink" || mode == "shrink-spare"; }
 bool hasSpare(const std::string& mode) { return mode == "spare" || mode == "shrink-spare"; }
@@ -252,7 +195,7 @@ pid_t spareHolding(const std::string& log, int rank, const std::string& comm) {
     if (std::stoi((*it)[2]) == rank) holder = static_cast<pid_t>(std::stol((*it)[1]));
   }
   if (holder <= 0 || ddprun::processDead(holder)) return -1;
-  return commOf(holder) == comm.substr(0, 15) ? holder : -1;
+  return procComm(holder) == comm.substr(0, 15) ? holder : -1;
 }
 
 // Starts argv in a process group of its own, stdout and stderr to `log`.

@@ -50,18 +50,8 @@ int readReply(int fd, wire::Reply& r, int ms) {
   } while (rc < 0 && errno == EINTR);
   if (rc == 0) return 0;
   if (rc < 0) return -1;
-  char* at = reinterpret_cast<char*>(&r);
-  size_t left = sizeof r;
-  while (left > 0) {  // 8 bytes written at once arrive at once; the loop is for EINTR
-    const ssize_t n = ::recv(fd, at, left, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    at += n;
-    left -= static_cast<size_t>(n);
-  }
-  return 1;
+  return readAll(fd, &r, sizeof r) ? 1 : -1;
 }
-
 
 }  // namespace
 

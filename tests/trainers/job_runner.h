@@ -29,98 +29,20 @@
 #include <utility>
 #include <vector>
 
+#include "launcher/worker_lookup.h"
 #include "tests/support/catch_torch.h"
 #include "tests/support/process.h"
 
 namespace ddprun::trainers::testing {
 
-// The pids of every living descendant of `root` (from /proc/<pid>/stat; zombies included).
-inline std::vector<pid_t> descendants(pid_t root) {
-  std::map<pid_t, std::vector<pid_t>> children;
-  if (DIR* d = ::opendir("/proc")) {
-    while (dirent* e = ::readdir(d)) {
-      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-      if (pid <= 0) continue;
-      std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
-      std::string stat;
-      std::getline(in, stat);
-      const size_t close = stat.rfind(')');
-      if (close == std::string::npos) continue;
-      std::istringstream rest(stat.substr(close + 2));
-      std::string state;
-      pid_t ppid = 0;
-      rest >> state >> ppid;
-      children[ppid].push_back(pid);
-    }
-    ::closedir(d);
-  }
-  std::vector<pid_t> out, todo{root};
-  while (!todo.empty()) {
-    const pid_t p = todo.back();
-    todo.pop_back();
-    for (pid_t c : children[p]) {
-      out.push_back(c);
-      todo.push_back(c);
-    }
-  }
-  return out;
-}
+// Finding a rank's process from outside: launcher/worker_lookup.h (the benchmark uses the same).
+using launcher::lookup::descendants;
+using launcher::lookup::descendantWithEnv;
+using launcher::lookup::environHas;
+using launcher::lookup::procComm;
+using launcher::lookup::workerPid;
 
-inline std::string procComm(pid_t p) {
-  std::ifstream comm("/proc/" + std::to_string(p) + "/comm");
-  std::string name;
-  std::getline(comm, name);
-  return name;
-}
-
-inline pid_t procParent(pid_t p) {
-  std::ifstream in("/proc/" + std::to_string(p) + "/stat");
-  std::string stat;
-  std::getline(in, stat);
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream rest(stat.substr(close + 2));
-  std::string state;
-  pid_t ppid = -1;
-  rest >> state >> ppid;
-  return ppid;
-}
-
-inline bool environHas(pid_t p, const std::string& entry) {
-  std::ifstream env("/proc/" + std::to_string(p) + "/environ");
-  std::string e;
-  while (std::getline(env, e, '\0')) {
-    if (e == entry) return true;
-  }
-  return false;
-}
-
-// The environment entry of local rank 0 when it forks the spare template (shrink without spares:
-// docs/recovery.md#spare-template).
-inline constexpr const char* kRankTemplateEntry = "DDPRUN_SPARE_TEMPLATE_FORK_FD=5";
-
-// The descendant of `launcher` whose executable is `program` and whose environment, as it was
-// started, holds `entry` ("RANK=1"), or -1. (/proc/<pid>/environ keeps the environment the
-// process was started with: what it setenv()s later is not there.) A process forked without an
-// exec shows its parent's: the spares forked from a template (children of guards that are forks
-// of it) are skipped as children of a process with the same entry, and the template forked from
-// rank 0 as the launcher's own child with rank 0's environment.
-inline pid_t descendantWithEnv(pid_t launcher, const std::string& entry, const std::string& program) {
-  for (pid_t p : descendants(launcher)) {
-    if (procComm(p) != program.substr(0, 15) || !environHas(p, entry)) continue;
-    const pid_t parent = procParent(p);
-    if (environHas(parent, entry)) continue;
-    if (parent == launcher && environHas(p, kRankTemplateEntry)) continue;
-    return p;
-  }
-  return -1;
-}
-
-// The worker of global rank `rank` under launcher `launcher` (the descendant whose environment
-// has RANK=<rank> and whose executable is `program`), or -1.
-inline pid_t workerPid(pid_t launcher, int rank, const std::string& program) {
-  return descendantWithEnv(launcher, "RANK=" + std::to_string(rank), program);
-}
+inline pid_t procParent(pid_t p) { return launcher::lookup::procStat(p).parent; }
 
 // Hot spare `id` (ddprun --spares: DDPRUN_SPARE=<id>, no RANK), or -1. A spare that took a
 // rank keeps this environment in /proc.
@@ -138,7 +60,7 @@ inline pid_t spareTemplatePid(pid_t launcher, const std::string& program) {
 inline pid_t rankTemplatePid(pid_t launcher, const std::string& program) {
   for (pid_t p : descendants(launcher)) {
     if (procParent(p) == launcher && procComm(p) == program.substr(0, 15) &&
-        environHas(p, kRankTemplateEntry)) {
+        environHas(p, std::string(rendezvous::spare_fork::kTemplateForkFdVariable) + "=5")) {
       return p;
     }
   }
