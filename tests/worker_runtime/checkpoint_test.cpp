@@ -49,6 +49,29 @@ bool sameTensors(const std::vector<torch::Tensor>& a, const std::vector<torch::T
   return true;
 }
 
+// A file size limit below a checkpoint's size makes write(2) fail with EFBIG, as a full disk
+// fails it with ENOSPC (SIGXFSZ is ignored so the error reaches us). Undone when it goes.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_) == 0);
+    oldHandler_ = ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = old_;
+    small.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    ::signal(SIGXFSZ, oldHandler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  struct rlimit old_ {};
+  sighandler_t oldHandler_ = SIG_DFL;
+};
+
 }  // namespace
 
 TEST_CASE("a checkpoint round trip restores model, optimizer and state", "[checkpoint]") {
@@ -221,23 +244,14 @@ TEST_CASE("a failed write is an error that keeps the previous checkpoint", "[che
   ckpt.save(net, nullptr, {.step = 1});
   const auto before = fs::file_size(ckpt.list()[0]);
 
-  // A file size limit below the checkpoint's size makes write(2) fail with EFBIG, as a full disk
-  // fails it with ENOSPC (SIGXFSZ is ignored so the error reaches us).
-  struct rlimit old{};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  auto oldHandler = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small = old;
-  small.rlim_cur = before / 2;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
   Net bigger(64);
   std::string error;
   try {
+    FileSizeLimit limit(before / 2);
     CheckpointManager({.directory = dir.path()}).save(bigger, nullptr, {.step = 2});
   } catch (const CheckpointError& e) {
     error = e.what();
   }
-  ::setrlimit(RLIMIT_FSIZE, &old);
-  ::signal(SIGXFSZ, oldHandler);
 
   CHECK_THAT(error, Catch::Contains("ckpt-000000000002.ddpck") && Catch::Contains("write failed"));
   REQUIRE(ckpt.list().size() == 1);
@@ -336,23 +350,17 @@ TEST_CASE("a background save that fails is thrown by the next call and keeps the
   REQUIRE(ckpt.flush());
   const auto before = fs::file_size(ckpt.list()[0]);
 
-  // As in the failed-write test above: write(2) fails with EFBIG past RLIMIT_FSIZE.
-  struct rlimit old{};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  auto oldHandler = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small = old;
-  small.rlim_cur = before / 2;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
   Net bigger(64);
   std::string error;
-  ckpt.saveInBackground(bigger, nullptr, {.step = 3});  // serialized here, written later
-  try {
-    ckpt.saveInBackground(bigger, nullptr, {.step = 4});
-  } catch (const CheckpointError& e) {
-    error = e.what();
+  {
+    FileSizeLimit limit(before / 2);
+    ckpt.saveInBackground(bigger, nullptr, {.step = 3});  // serialized here, written later
+    try {
+      ckpt.saveInBackground(bigger, nullptr, {.step = 4});
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
   }
-  ::setrlimit(RLIMIT_FSIZE, &old);
-  ::signal(SIGXFSZ, oldHandler);
 
   CHECK_THAT(error, Catch::Contains("ckpt-000000000003.ddpck") && Catch::Contains("write failed"));
   CHECK_FALSE(ckpt.flush());  // step 4 was not started: the error stopped it

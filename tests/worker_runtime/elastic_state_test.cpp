@@ -279,6 +279,53 @@ TEST_CASE("elastic state: heal rolls the lowest holder back and makes its commit
   }
 }
 
+TEST_CASE("elastic state: heal where every rank holds the same commit moves nothing (one "
+          "allgather), and a rank a commit ahead takes the root's",
+          "[runtime][elastic]") {
+  auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));
+  const int n = 3;
+  for (const bool oneAhead : {false, true}) {
+    DYNAMIC_SECTION((oneAhead ? "rank 2 committed once more" : "the same commit everywhere")) {
+      std::vector<std::vector<torch::Tensor>> commits(n), atHeal(n);
+      std::vector<int> roots(n, -2), collectives(n);
+      std::vector<int64_t> steps(n);
+      runRanks(n, [&](int r) {
+        CountingCommunicator comm(shmRank(store, r, n));
+        Trainee t;
+        t.train(1);
+        t.state.commit();
+        t.train(2);
+        // Only to see whose values a rank ends with: data parallel ranks' commits are equal.
+        if (r == 2) {
+          torch::NoGradGuard noGrad;
+          t.model->weight.add_(1);
+        }
+        t.state.commit();
+        if (oneAhead && r == 2) {
+          t.train(3);
+          t.state.commit();
+        }
+        commits[r] = t.snapshot();
+        t.train(99);  // past the commit: the heal rolls it back
+        const auto root = t.state.heal(comm);
+        roots[r] = root ? *root : -1;
+        collectives[r] = comm.collectives;
+        atHeal[r] = t.snapshot();
+        steps[r] = t.step;
+      });
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r);
+        CHECK(roots[r] == 0);
+        CHECK(collectives[r] == (oneAhead ? 3 : 1));
+        // Its own commit when all are the same one; else the root's (rank 0's).
+        CHECK(same(atHeal[r], commits[oneAhead ? 0 : r]));
+        CHECK(steps[r] == 2);
+      }
+      CHECK_FALSE(same(commits[2], commits[0]));
+    }
+  }
+}
+
 TEST_CASE("elastic state: heal with no holder changes nothing, and other state fails on every "
           "rank before anything moved", "[runtime][elastic]") {
   auto store = std::make_shared<ddprun::rendezvous::MemoryStore>(std::chrono::seconds(20));

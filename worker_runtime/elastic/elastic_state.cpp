@@ -168,6 +168,7 @@ void ElasticState::commit() {
     savedMask_ = optimizerStateMask();
     savedCounters_ = counterValues();
     ++commits_;
+    if (groupCommit_ >= 0) ++groupCommit_;
   }
   if (boundary_) boundary_();  // may throw: the group changes here (grow back)
 }
@@ -275,6 +276,7 @@ void ElasticState::broadcast(Communicator& comm, int root) {
     setCounters(std::vector<int64_t>(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()));
   }
   adoptAsCommit();
+  if (!isRoot) groupCommit_ = -1;  // not carried here: the next heal moves the values
 }
 
 std::optional<int> ElasticState::heal(Communicator& comm) {
@@ -282,17 +284,29 @@ std::optional<int> ElasticState::heal(Communicator& comm) {
   const auto device = comm.device();
   const auto i64 = torch::TensorOptions().dtype(torch::kInt64);
   // 1. Who holds a commit, and whether every rank registered what the others did.
-  const auto mine = torch::tensor(std::vector<int64_t>{committed() ? 1 : 0, structureDigest()}, i64);
-  const auto all = comm.allgather(mine.to(device)).to(torch::kCPU).reshape({comm.size(), 2});
+  //    With each: its group commit number and its commit's counters' digest, to see whether
+  //    every rank holds the same commit.
+  std::string counterText;
+  for (const int64_t v : savedCounters_) counterText += std::to_string(v) + ",";
+  constexpr int kFields = 4;
+  const auto mine = torch::tensor(
+      std::vector<int64_t>{committed() ? 1 : 0, structureDigest(), committed() ? groupCommit_ : -1,
+                           textDigest(counterText)},
+      i64);
+  const auto all = comm.allgather(mine.to(device)).to(torch::kCPU).reshape({comm.size(), kFields});
   const auto* a = all.data_ptr<int64_t>();
+  auto field = [&](int r, int f) { return a[kFields * r + f]; };
   int root = -1;
   for (int r = 0; r < comm.size() && root < 0; ++r) {
-    if (a[2 * r] != 0) root = r;
+    if (field(r, 0) != 0) root = r;
   }
   if (root < 0) return std::nullopt;
   std::string differing;
+  bool sameCommit = field(root, 2) >= 0;
   for (int r = 0; r < comm.size(); ++r) {
-    if (a[2 * r + 1] != a[2 * root + 1]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+    if (field(r, 1) != field(root, 1)) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+    sameCommit = sameCommit && field(r, 0) != 0 && field(r, 2) == field(root, 2) &&
+                 field(r, 3) == field(root, 3);
   }
   if (!differing.empty()) {
     throw ConfigError("elastic state: rank(s) " + differing + " registered other state than rank " +
@@ -300,9 +314,13 @@ std::optional<int> ElasticState::heal(Communicator& comm) {
                       "buffer names, dtypes or shapes, the optimizers' parameters or the "
                       "counters differ: the ranks must run the same program)");
   }
-  // 2. The root's optimizer state mask and counters, as of its commit. Their lengths are the
-  //    same on every rank (the digests are equal). A survivor that is not the root skips its
-  //    own rollback: every value it holds is overwritten from the root's.
+  if (sameCommit) {  // every rank's commit is the root's: nothing to move
+    restore();
+    return root;
+  }
+  // 2. The root's optimizer state mask, counters and group commit number, as of its commit.
+  //    Their lengths are the same on every rank (the digests are equal). A survivor that is
+  //    not the root skips its own rollback: every value it holds is overwritten from the root's.
   const bool isRoot = comm.rank() == root;
   if (isRoot) restore();
   std::vector<int64_t> head = optimizerStateMask();
@@ -310,8 +328,9 @@ std::optional<int> ElasticState::heal(Communicator& comm) {
   if (isRoot) {
     const auto c = counterValues();
     head.insert(head.end(), c.begin(), c.end());
+    head.push_back(groupCommit_);
   } else {
-    head.assign(m + counters_.size(), 0);
+    head.assign(m + counters_.size() + 1, 0);
   }
   if (!head.empty()) {
     auto wire = torch::tensor(head, i64).to(device);
@@ -321,7 +340,8 @@ std::optional<int> ElasticState::heal(Communicator& comm) {
   }
   if (!isRoot) {
     matchOptimizerState(std::vector<int64_t>(head.begin(), head.begin() + static_cast<ptrdiff_t>(m)));
-    setCounters(std::vector<int64_t>(head.begin() + static_cast<ptrdiff_t>(m), head.end()));
+    setCounters(std::vector<int64_t>(head.begin() + static_cast<ptrdiff_t>(m), head.end() - 1));
+    groupCommit_ = head.back();
   }
   // 3. The values: the root's commit buffers hold its commit already (it just restored it).
   const auto live = liveTensors();

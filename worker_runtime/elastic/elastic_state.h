@@ -77,6 +77,10 @@ class ElasticState {
   // buffer). Collective on `comm`. nullopt when no rank holds a commit (nothing was changed);
   // ConfigError on every rank, naming the ranks, when a digest differs from the root's (the
   // ranks run different programs), before any state moved.
+  // When every rank holds the root's commit already -- the same group commit number (below) and
+  // the same counters: a shrink whose survivors all committed the same step -- each rolls back
+  // to its own commit and nothing moves (one allgather): in data parallel training the ranks'
+  // commits of one step are bit for bit equal.
   std::optional<int> heal(Communicator& comm);
 
  private:
@@ -111,6 +115,10 @@ class ElasticState {
   std::vector<Counter> counters_;
   bool enabled_ = false;
   int64_t commits_ = 0;
+  // The group's commit number: every rank commits at every step boundary, so ranks that
+  // started together or healed from one root count alike; a heal gives every rank the root's.
+  // -1 after a broadcast() (unknown), which makes the next heal move the values.
+  int64_t groupCommit_ = 0;
   // Makes saved_ fit `live` (views of flats_, one flat buffer per dtype and device), allocating
   // anew only when the tensors changed.
   void fitSaved(const std::vector<torch::Tensor>& live);
