@@ -112,7 +112,8 @@ class StepStats {
 // One call of train(): what it builds, in order, and the loop over epochs and steps.
 class TrainingRun {
  public:
-  TrainingRun(const TrainConfig& config, const TrainData& data, runtime::Runtime& rt)
+  TrainingRun(const TrainConfig& config, const TrainData& data, std::shared_ptr<Classifier> model,
+              runtime::Runtime& rt)
       : config_(config),
         data_(data),
         rt_(rt),
@@ -121,7 +122,7 @@ class TrainingRun {
         autocast_(config.mixed_precision && device_.is_cuda()),
         datasetSize_(data.train.size()),
         globalBatch_(config.batch_size * rt.worldSize()),
-        model_(makeSeededModel(config, device_)),
+        model_(onDevice(std::move(model), device_)),
         optimizer_(model_->parameters(), torch::optim::SGDOptions(config.lr)
                                              .momentum(config.momentum)
                                              .weight_decay(config.weight_decay)),
@@ -262,11 +263,9 @@ class TrainingRun {
     finish();
   }
 
-  static std::shared_ptr<Classifier> makeSeededModel(const TrainConfig& c, torch::Device device) {
-    // Same seed on every rank: identical initial weights (DDP broadcasts rank 0's anyway).
-    torch::manual_seed(c.seed);
-    auto model = makeModel(c.model, c.hidden, c.width);
-    model->to(device);
+  static std::shared_ptr<Classifier> onDevice(std::shared_ptr<Classifier> model,
+                                              torch::Device device) {
+    model->to(device);  // a no-op on the CPU, where buildModel() made it
     return model;
   }
 
@@ -506,7 +505,7 @@ TrainData loadTrainData(const TrainConfig& config) {
 void warmUpSpare(const TrainConfig& config, const TrainData& data,
                  const std::shared_ptr<runtime::Communicator>& comm) {
   if (torch::cuda::is_available()) return;
-  torch::manual_seed(config.seed);  // the real model seeds again (makeSeededModel)
+  torch::manual_seed(config.seed);  // as buildModel() does: the same weights
   auto model = makeModel(config.model, config.hidden, config.width);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(config.lr)
                                                        .momentum(config.momentum)
@@ -533,8 +532,16 @@ void warmUpSpare(const TrainConfig& config, const TrainData& data,
   state.restore();
 }
 
-TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Runtime& rt) {
-  return TrainingRun(config, data, rt).run();
+std::shared_ptr<Classifier> buildModel(const TrainConfig& config) {
+  // Same seed on every rank: identical initial weights (DDP broadcasts rank 0's anyway).
+  torch::manual_seed(config.seed);
+  return makeModel(config.model, config.hidden, config.width);
+}
+
+TrainResult train(const TrainConfig& config, const TrainData& data,
+                  std::shared_ptr<Classifier> model, runtime::Runtime& rt) {
+  DDPRUN_CHECK(model != nullptr, "train() needs the model buildModel() made");
+  return TrainingRun(config, data, std::move(model), rt).run();
 }
 
 }  // namespace ddprun::trainers

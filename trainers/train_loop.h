@@ -23,6 +23,7 @@
 #include <memory>
 
 #include "trainers/mnist_data.h"
+#include "trainers/models.h"
 #include "trainers/train_config.h"
 #include "worker_runtime/runtime.h"
 
@@ -49,13 +50,21 @@ TrainData loadTrainData(const TrainConfig& config);
 // training step of `config` run twice on throwaway copies -- the same model, optimizer, batch
 // shape and data, DDP on `comm` (the spare alone), a commit and a restore of their elastic
 // state -- so that the code a replacement's first steps run has run once in this process.
-// Nothing of it is kept (the real model is built from the seed after init() and then healed).
+// Nothing of it is kept (the real model, buildModel()'s, is built before init() and healed).
 // On CPU only: with a GPU the spare's device is known only with its rank (a no-op there).
 void warmUpSpare(const TrainConfig& config, const TrainData& data,
                  const std::shared_ptr<runtime::Communicator>& comm);
 
-// Trains as `config` says on the ranks of `rt`. Throws ConfigError, BackendError,
-// runtime::CheckpointError, ...
-TrainResult train(const TrainConfig& config, const TrainData& data, runtime::Runtime& rt);
+// The model of `config` from its seed, on the CPU: the same initial weights on every rank. The
+// trainers build it before init(), like the data, so that a hot spare (which waits in init()) and
+// a replacement forked from the spare template (a fork of local rank 0 made inside its init())
+// hold it already when they take a rank: their heal overwrites its values, and its random
+// initialisation was on the path from the rank's start to the heal's first collective.
+std::shared_ptr<Classifier> buildModel(const TrainConfig& config);
+
+// Trains `model` (buildModel's) as `config` says on the ranks of `rt`, on the device the
+// config and `rt` choose. Throws ConfigError, BackendError, runtime::CheckpointError, ...
+TrainResult train(const TrainConfig& config, const TrainData& data,
+                  std::shared_ptr<Classifier> model, runtime::Runtime& rt);
 
 }  // namespace ddprun::trainers

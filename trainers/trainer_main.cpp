@@ -76,6 +76,7 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
 
   TrainConfig config;
   TrainData data;
+  std::shared_ptr<Classifier> model;
   try {
     TrainConfig defaults;
     defaults.model = spec.model;
@@ -85,6 +86,7 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
                         " trains the " + spec.model + " model (use mnist_" + config.model + ")");
     }
     data = loadTrainData(config);
+    model = buildModel(config);  // before init(): see train_loop.h
   } catch (const ConfigError& e) {
     return fail(spec, e);
   } catch (const DataError& e) {
@@ -104,7 +106,7 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
                                   << ", attempt " << rt->attempt() << ", BLAS " << threads.blas;
       if (!threads.openblas) DDPRUN_LOG(WARN, "trainer") << "slow BLAS: " << threads.blas;
     }
-    const TrainResult result = train(config, data, *rt);
+    const TrainResult result = train(config, data, std::move(model), *rt);
     if (rt->isMaster()) {
       std::printf("done: %lld steps, %.1f s, %.0f samples/s, final loss %.4f",
                   static_cast<long long>(result.steps), result.trainSeconds, result.samplesPerSec,
