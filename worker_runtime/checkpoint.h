@@ -14,8 +14,9 @@
 // saveInBackground() takes the step's values on the caller's thread (the model and optimizer
 // serialized, about a third of a save's time) and leaves checksums, write, fsync, rename and
 // retention to a writer thread, so the training goes on while the disk works; the file is the
-// same as save()'s. At most one write is in flight: the next saveInBackground() or flush() waits
-// for it and throws its CheckpointError, the destructor waits for it and logs the error.
+// same as save()'s. At most one write is in flight: the next saveInBackground(), save() or
+// flush() waits for it and throws its CheckpointError (loadLatest() waits and logs it), the
+// destructor waits for it and logs the error.
 //
 // Several writers may share the directory (two jobs, or hosts on a shared filesystem): each
 // temporary name carries host, pid and a random part and is created with O_EXCL | O_NOFOLLOW
@@ -85,7 +86,8 @@ class CheckpointManager {
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
   // Writes ckpt-<state.step>.ddpck atomically (see above) and returns its path. Call on one rank
-  // only (rank 0). A checkpoint of the same step is replaced atomically.
+  // only (rank 0). A checkpoint of the same step is replaced atomically. A background write in
+  // flight lands first; its error is thrown here, and this checkpoint is not written.
   std::filesystem::path save(const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
                              const TrainingState& state);
 
