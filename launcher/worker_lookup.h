@@ -60,18 +60,25 @@ inline bool environHas(pid_t pid, const std::string& entry) {
   return false;
 }
 
-// Every descendant of `root`, parents before their children; zombies included.
-inline std::vector<pid_t> descendants(pid_t root) {
-  std::map<pid_t, std::vector<pid_t>> children;
+// Every process's /proc/<pid>/stat, read once (zombies included).
+inline std::map<pid_t, ProcStat> processTable() {
+  std::map<pid_t, ProcStat> table;
   if (DIR* d = ::opendir("/proc")) {
     while (const dirent* e = ::readdir(d)) {
       const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
       if (pid <= 0) continue;
       const ProcStat s = procStat(pid);
-      if (s.parent >= 0) children[s.parent].push_back(pid);
+      if (s.parent >= 0) table[pid] = s;
     }
     ::closedir(d);
   }
+  return table;
+}
+
+// Every descendant of `root` in `table`, parents before their children.
+inline std::vector<pid_t> descendants(pid_t root, const std::map<pid_t, ProcStat>& table) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  for (const auto& [pid, s] : table) children[s.parent].push_back(pid);
   std::vector<pid_t> out, todo{root};
   while (!todo.empty()) {
     const pid_t p = todo.back();
@@ -84,19 +91,39 @@ inline std::vector<pid_t> descendants(pid_t root) {
   return out;
 }
 
+// Every descendant of `root` now, parents before their children; zombies included.
+inline std::vector<pid_t> descendants(pid_t root) { return descendants(root, processTable()); }
+
+// The start-environment entry of the spare template forked from local rank 0: the fork
+// descriptor (rendezvous/spare_fork.h) on descriptor 5, as the launcher passes it.
+inline std::string templateForkEntry() {
+  return std::string(rendezvous::spare_fork::kTemplateForkFdVariable) + "=5";
+}
+
 // The living descendant of `launcher` that runs `program` (its first 15 characters, as comm
 // holds them) with `entry` in its start environment, by the rule above; -1 when none.
 inline pid_t descendantWithEnv(pid_t launcher, const std::string& entry,
                                const std::string& program) {
-  const std::string forkEntry =
-      std::string(rendezvous::spare_fork::kTemplateForkFdVariable) + "=5";
-  for (pid_t p : descendants(launcher)) {
-    const ProcStat s = procStat(p);
-    if (s.state == 'Z' || s.parent < 0) continue;
+  const std::map<pid_t, ProcStat> table = processTable();
+  for (pid_t p : descendants(launcher, table)) {
+    const ProcStat& s = table.at(p);
+    if (s.state == 'Z') continue;
     if (procComm(p) != program.substr(0, 15) || !environHas(p, entry)) continue;
     if (environHas(s.parent, entry)) continue;
-    if (s.parent == launcher && environHas(p, forkEntry)) continue;
+    if (s.parent == launcher && environHas(p, templateForkEntry())) continue;
     return p;
+  }
+  return -1;
+}
+
+// The spare template forked from local rank 0 (the launcher's child with the fork descriptor in
+// its start environment), or -1.
+inline pid_t rankTemplatePid(pid_t launcher, const std::string& program) {
+  const std::map<pid_t, ProcStat> table = processTable();
+  for (pid_t p : descendants(launcher, table)) {
+    const ProcStat& s = table.at(p);
+    if (s.state == 'Z' || s.parent != launcher) continue;
+    if (procComm(p) == program.substr(0, 15) && environHas(p, templateForkEntry())) return p;
   }
   return -1;
 }

@@ -40,6 +40,7 @@ using launcher::lookup::descendants;
 using launcher::lookup::descendantWithEnv;
 using launcher::lookup::environHas;
 using launcher::lookup::procComm;
+using launcher::lookup::rankTemplatePid;
 using launcher::lookup::workerPid;
 
 inline pid_t procParent(pid_t p) { return launcher::lookup::procStat(p).parent; }
@@ -54,17 +55,6 @@ inline pid_t sparePid(pid_t launcher, int id, const std::string& program) {
 // DDPRUN_SPARE_TEMPLATE_FD=5, the descriptor launcher/guarded_process.h passes), or -1.
 inline pid_t spareTemplatePid(pid_t launcher, const std::string& program) {
   return descendantWithEnv(launcher, "DDPRUN_SPARE_TEMPLATE_FD=5", program);
-}
-
-// The spare template forked from rank 0 (a child of the launcher with rank 0's environment), or -1.
-inline pid_t rankTemplatePid(pid_t launcher, const std::string& program) {
-  for (pid_t p : descendants(launcher)) {
-    if (procParent(p) == launcher && procComm(p) == program.substr(0, 15) &&
-        environHas(p, std::string(rendezvous::spare_fork::kTemplateForkFdVariable) + "=5")) {
-      return p;
-    }
-  }
-  return -1;
 }
 
 // Hot spare `id` forked from the spare template (docs/recovery.md#spare-template), by its line
