@@ -1,6 +1,7 @@
 #include "base/timeline.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -198,6 +199,11 @@ int64_t testSkewUs() {
   return skew;
 }
 }  // namespace
+
+int64_t minorFaults() {
+  rusage u{};
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_minflt) : 0;
+}
 
 int64_t nowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(

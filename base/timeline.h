@@ -56,6 +56,10 @@ void close();
 bool enabled();
 // Microseconds on system_clock (plus the test skew below).
 int64_t nowUs();
+// The process's minor page faults so far (getrusage), for the "minor_faults" argument of spans
+// whose cost is new pages: on a virtual machine with shadow page tables a first touch of a page
+// costs ~10 us (docs/recovery.md, stop 53), so a span's faults say where its time went.
+int64_t minorFaults();
 
 // Test hook, for the multi-node timeline test only: DDPRUN_TIMELINE_TEST_CLOCK_SKEW_US=N (read
 // once per process) adds N microseconds to nowUs(), as if this machine's clock were N us ahead.
