@@ -96,7 +96,10 @@ SharedMapping::SharedMapping(rendezvous::Store& store, const MappingOptions& o,
                            " (ranks disagree on its size)");
       }
     }
-    base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // MAP_POPULATE: the page table is filled here in one call, not by a fault per page at the
+    // first collectives. Where faults are dear (a virtual machine with shadow page tables: ~15 us
+    // each; docs/recovery.md, stop 53) that was most of a re-form's heal broadcast.
+    base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (base_ == MAP_FAILED) {
       base_ = nullptr;
       fail("mmap", o, name_, errno);
