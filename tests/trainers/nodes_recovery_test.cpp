@@ -362,7 +362,11 @@ TEST_CASE("two nodes, --spares=2: each node's first spare stopped before it was 
           "[recovery][nodes][spares][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  TwoNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=2"});
+  // 8 epochs: spares 2 and 3 load beside 4 ranks, 2 templates and 2 stopped spares on two CPUs
+  // (3-4 s on a slow machine), and both kills come after that; at 2 epochs (3.6 s of training)
+  // a CI run's job ended before the first kill landed.
+  TwoNodes job(dir, {"--max-restarts=2", "--recovery=in-process", "--spares=2"}, {},
+               /*epochs=*/8);
   Job* nodes[2] = {job.node0.get(), job.node1.get()};
   // Node n's spares are n and n + 2 (ids k x nodes + node rank), both exec'd with the group (the
   // spare template is not loaded yet). Spares 0 and 1 SIGSTOPped the moment they appear, long
