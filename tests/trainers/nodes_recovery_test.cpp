@@ -37,7 +37,9 @@ const std::string kBin = DDPRUN_BIN_DIR;
 constexpr auto kJobTimeout = std::chrono::seconds(240);
 constexpr int64_t kExamples = 4096;
 constexpr int64_t kBatch = 16;
-constexpr int kEpochs = 2;
+// 4 (3-7 s of training here): a test that waits for a spare to load (beside 4 ranks and the
+// templates on two CPUs) and then kills a rank found the 2-epoch job over on a slow machine.
+constexpr int kEpochs = 4;
 constexpr uint64_t kSeed = 11;
 
 
