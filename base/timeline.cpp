@@ -275,7 +275,14 @@ Scope::Scope(std::string_view name, std::string_view category)
 }
 
 Scope::~Scope() {
-  if (on_) span(name_, category_, start_, nowUs() - start_, args_);
+  if (!on_) return;
+  if (faults_) faults_->addTo(args_);
+  span(name_, category_, start_, nowUs() - start_, args_);
+}
+
+Args& FaultCount::addTo(Args& args) const {
+  if (start_ >= 0) args.add("minor_faults", minorFaults() - start_);
+  return args;
 }
 
 }  // namespace ddprun::timeline

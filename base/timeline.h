@@ -15,8 +15,10 @@
 // Cost: when no timeline is open, every call is one relaxed atomic load. A file stops growing at
 // its byte cap (DDPRUN_TIMELINE_MAX_MB, default 64), with one last event saying so.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace ddprun::timeline {
 
@@ -87,6 +89,21 @@ void releaseLane(int lane);
 void spanOnLane(int lane, std::string_view name, std::string_view category, int64_t startUs,
                 int64_t durUs, const Args& args = {});
 
+// The minor page faults from construction on, for a span's "minor_faults" argument (see
+// minorFaults()). Reads the count only while a timeline is open: no system call otherwise.
+//   timeline::FaultCount faults;  ...  span(..., faults.addTo(Args().add("generation", g)));
+class FaultCount {
+ public:
+  FaultCount() : start_(enabled() ? minorFaults() : -1) {}
+  // Adds "minor_faults" (the faults since construction) to `args` when a timeline was open at
+  // construction; returns `args`.
+  Args& addTo(Args& args) const;
+  Args&& addTo(Args&& args) const { return std::move(addTo(args)); }
+
+ private:
+  int64_t start_;  // -1: no timeline at construction
+};
+
 // A span from construction to destruction; args may be added before it ends. `name` and
 // `category` must outlive the scope (string literals).
 //   { timeline::Scope s("step", "trainer"); s.args().add("step", n); ... }
@@ -97,6 +114,8 @@ class Scope {
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
   Args& args() { return args_; }
+  // The span gets "minor_faults": those from this call to its end (FaultCount).
+  void countMinorFaults() { faults_.emplace(); }
 
  private:
   std::string_view name_;
@@ -104,6 +123,7 @@ class Scope {
   int64_t start_;
   bool on_;
   Args args_;
+  std::optional<FaultCount> faults_;
 };
 
 // `text` as a JSON string literal, quotes included (also used by the merge).

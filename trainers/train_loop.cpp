@@ -240,14 +240,11 @@ class TrainingRun {
           // world_size: how many ranks share the step's global batch (after a shrink, fewer).
           stepSpan.args().add("step", step_ + 1).add("world_size", rt_.worldSize());
           // New pages a step touched (a replacement's first steps copy its template's pages).
-          const int64_t faults = ddprun::timeline::enabled() ? ddprun::timeline::minorFaults() : 0;
+          stepSpan.countMinorFaults();
           const auto indices = *sampler_.next(batch);
           sampleLog_.write(rt_.generation(), epoch, step_ + 1, rt_.rank(), rt_.worldSize(),
                            indices);
           stats_.addStep(trainStep(indices, lr));
-          if (ddprun::timeline::enabled()) {
-            stepSpan.args().add("minor_faults", ddprun::timeline::minorFaults() - faults);
-          }
         }
         ++step_;
 

@@ -136,7 +136,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   // On the timeline: a recovery builds DDP again on the new generation's communicator.
   ddprun::timeline::Scope span("ddp setup", "runtime");
-  const int64_t faultsBefore = ddprun::timeline::enabled() ? ddprun::timeline::minorFaults() : 0;
+  span.countMinorFaults();
   if (options.checkModel) checkSameModel(*module_, *comm_);
   std::vector<torch::Tensor> params = module_->parameters();
   std::vector<torch::Tensor> buffers = module_->buffers();
@@ -153,9 +153,6 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   reducer_ = std::make_unique<Reducer>(std::move(trained), trainedIndex, std::move(buffers), comm_,
                                        options);
-  if (ddprun::timeline::enabled()) {
-    span.args().add("minor_faults", ddprun::timeline::minorFaults() - faultsBefore);
-  }
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;

@@ -596,7 +596,7 @@ void Runtime::applyShrinks(int g) {
 void Runtime::reform(int g) {
   DDPRUN_CHECK(g > generation_, "reform() goes to a newer generation");
   const int64_t start = ddprun::timeline::nowUs();
-  const int64_t faultsBefore = ddprun::timeline::minorFaults();
+  const ddprun::timeline::FaultCount faults;
   // From here the flag says whether a generation after g was published (a death during this
   // re-form): one that g itself set must not end the commit that follows the heal.
   if (watch_) watch_->retarget(g + 1);
@@ -607,12 +607,10 @@ void Runtime::reform(int g) {
   applyShrinks(g);
   auto comm = makeCommunicator(env_, store_, options_, g);
   ddprun::timeline::span("communicator setup", "runtime", start, ddprun::timeline::nowUs() - start,
-                         ddprun::timeline::Args()
-                             .add("backend", comm->backend())
-                             .add("world_size", env_.worldSize)
-                             .add("generation", g)
-                             .add("minor_faults",
-                                  ddprun::timeline::minorFaults() - faultsBefore));
+                         faults.addTo(ddprun::timeline::Args()
+                                          .add("backend", comm->backend())
+                                          .add("world_size", env_.worldSize)
+                                          .add("generation", g)));
   if (ddprun::timeline::enabled()) {
     const auto group = options_.env("DDPRUN_TIMELINE_GROUP");
     comm = makeTracedCommunicator(
@@ -800,7 +798,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   auto store = std::make_shared<rendezvous::PrefixStore>(
       "/worker/attempt_" + std::to_string(env.restartCount), base);
   const int64_t storeConnected = ddprun::timeline::nowUs();
-  const int64_t faultsAtConnect = ddprun::timeline::minorFaults();
+  const ddprun::timeline::FaultCount faultsSinceConnect;
   ddprun::timeline::span("store connect", "runtime", initStart, storeConnected - initStart,
                          ddprun::timeline::Args()
                              .add("master", env.masterAddr + ":" + std::to_string(env.masterPort))
@@ -878,11 +876,9 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   }
   ddprun::timeline::span("communicator setup", "runtime", storeConnected,
                          ddprun::timeline::nowUs() - storeConnected,
-                         ddprun::timeline::Args()
-                             .add("backend", comm->backend())
-                             .add("world_size", env.worldSize)
-                             .add("minor_faults",
-                                  ddprun::timeline::minorFaults() - faultsAtConnect));
+                         faultsSinceConnect.addTo(ddprun::timeline::Args()
+                                                      .add("backend", comm->backend())
+                                                      .add("world_size", env.worldSize)));
   if (ddprun::timeline::enabled()) {
     const auto group = options.env("DDPRUN_TIMELINE_GROUP");
     comm = makeTracedCommunicator(

@@ -3,6 +3,7 @@
 // (launcher/timeline/summary.h). The job-level tests are timeline_scenarios.py.
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,6 +66,46 @@ TEST_CASE("without a track nothing is recorded", "[timeline]") {
   events::instant("nothing", "test");  // a no-op, not a crash
   events::Scope s("nothing", "test");
   CHECK_FALSE(events::openFromEnvironment("rank 0", "rank-0"));  // DDPRUN_TIMELINE_DIR unset
+}
+
+TEST_CASE(
+    "minor_faults counts the new pages a span touched, and is absent when counting began with no track",
+    "[timeline]") {
+  TempDir dir("ddprun-timeline");
+  const std::string parts = dir.path() + "/parts";
+  std::filesystem::create_directories(parts);
+  const int64_t since = events::nowUs();
+  constexpr size_t kPages = 512;  // 2 MiB, written once: at least one fault per page
+  inChild([&] {
+    const events::FaultCount beforeOpen;  // no track yet: it counts nothing
+    events::open(parts, "rank 0", "rank-0");
+    events::span("opened", "test", events::nowUs(), 0,
+                 beforeOpen.addTo(events::Args().add("n", 1)));
+    const long page = ::sysconf(_SC_PAGESIZE);
+    {
+      events::Scope s("touch", "test");
+      s.countMinorFaults();
+      char* p = static_cast<char*>(::mmap(nullptr, kPages * page, PROT_READ | PROT_WRITE,
+                                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      if (p == MAP_FAILED) ::_exit(1);
+      for (size_t i = 0; i < kPages; ++i) p[i * page] = 1;
+      ::munmap(p, kPages * page);
+    }
+    const events::FaultCount none;  // nothing touched in between
+    events::span("quiet", "test", events::nowUs(), 0, none.addTo(events::Args()));
+  });
+  const std::string out = dir.path() + "/trace.json";
+  mergeTimeline({.partsDir = parts, .output = out, .sinceUs = since});
+  const json trace = readJson(out);
+  const json* touch = findEvent(trace, "touch");
+  const json* quiet = findEvent(trace, "quiet");
+  const json* opened = findEvent(trace, "opened");
+  REQUIRE(touch != nullptr);
+  REQUIRE(quiet != nullptr);
+  REQUIRE(opened != nullptr);
+  CHECK((*opened)["args"] == json{{"n", 1}});
+  CHECK((*touch)["args"]["minor_faults"].get<int64_t>() >= static_cast<int64_t>(kPages));
+  CHECK((*quiet)["args"]["minor_faults"].get<int64_t>() < static_cast<int64_t>(kPages) / 8);
 }
 
 TEST_CASE("parts of two processes merge into one trace with a track each", "[timeline]") {

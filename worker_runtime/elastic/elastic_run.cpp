@@ -131,7 +131,7 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
     const bool regroup = atCommit(failure);
     const auto start = Clock::now();
     const int64_t startUs = ddprun::timeline::nowUs();
-    const int64_t faultsBefore = ddprun::timeline::minorFaults();
+    const ddprun::timeline::FaultCount faults;
     const Millis bound = rt.recoveryTimeout();
     if (!regroup) {
       DDPRUN_LOG(WARN, "runtime") << "rank " << rt.rank() << " (generation " << rt.generation()
@@ -159,11 +159,9 @@ ElasticRunStats runElastic(Runtime& rt, ElasticState& state, const ElasticLoop& 
     const bool grew = rt.worldSize() > worldBefore;
     ddprun::timeline::span(grew ? "grow" : "recovery", "runtime", startUs,
                            ddprun::timeline::nowUs() - startUs,
-                           ddprun::timeline::Args()
-                               .add("generation", g)
-                               .add("cause", cause)
-                               .add("minor_faults",
-                                    ddprun::timeline::minorFaults() - faultsBefore));
+                           faults.addTo(ddprun::timeline::Args()
+                                            .add("generation", g)
+                                            .add("cause", cause)));
     const std::string place =
         rt.worldSize() != worldBefore
             ? " as rank " + std::to_string(rt.rank()) + " of " + std::to_string(rt.worldSize()) +

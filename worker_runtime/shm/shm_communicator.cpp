@@ -84,7 +84,7 @@ class ShmCommunicator final : public QueuedCommunicator {
     const size_t region = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
     const int k = lends_++;
     ddprun::timeline::Scope span("lend buffer", "runtime");
-    const int64_t faultsBefore = ddprun::timeline::minorFaults();
+    span.countMinorFaults();
     span.args().add("bytes", static_cast<int64_t>(bytes));
     rendezvous::PrefixStore scoped("lend/" + std::to_string(k), store_);
     std::shared_ptr<SharedMapping> mapping;
@@ -101,7 +101,6 @@ class ShmCommunicator final : public QueuedCommunicator {
     }
     // Added even when empty: that lends exist must look alike on every rank (collectives.h).
     queue_.runInline([&] { collectives_->addLent(mapping, region); });
-    span.args().add("minor_faults", ddprun::timeline::minorFaults() - faultsBefore);
     if (!mapping) return {};
     char* mine = mapping->data() + static_cast<size_t>(rank()) * region;
     return torch::from_blob(
