@@ -1,8 +1,8 @@
 # Precompiled LibTorch headers, for the build's speed only (no source depends on them).
 #
 # Parsing <torch/torch.h> is most of what building one of our LibTorch sources costs: on the
-# 2-core CI machine a source that takes ~60 s of CPU spends ~35 s of it in that parse, and ~60
-# of our sources include it. GCC loads a precompiled copy in ~10 s instead. Loading it is not
+# 2-core CI machine a source that takes ~60 s of CPU spends ~35 s of it in that parse, and 55
+# of our sources include it. GCC loads a precompiled copy in 10-15 s instead. Loading it is not
 # free (the .gch is ~0.8 GB), so a source that reaches no LibTorch header is built without it:
 # there the load would cost more than the whole build.
 #
