@@ -230,12 +230,32 @@ TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on
           "a dead worker's rank", "[recovery][nodes][spares][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  // 12 epochs (~6 x the others' run): six spares killed and replaced before the worker's death.
-  // With 6, a quiet machine finished the training (4.3 s) before node 1's fourth spare was
-  // ready, and the wait for it found the job over.
-  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1"}, {},
-               /*epochs=*/12);
+  // The four workers are held (SIGSTOP) while the spares are killed, so the training cannot end
+  // first: a spare started while the template still loads runs at SCHED_IDLE and, beside four
+  // busy ranks on two cores, got no CPU until the job was over (CI, and 4 runs of 10 here, with
+  // 12 epochs). --peer-timeout=0: a held worker's heartbeat stops, and it must not be killed
+  // for it; a stopped process is not dead to its peers' watch (peer_watch_test.cpp).
+  TwoNodes job(dir, {"--max-restarts=1", "--recovery=in-process", "--spares=1",
+                     "--peer-timeout=0", "--stall-warning=0"});
   Job* nodes[2] = {job.node0.get(), job.node1.get()};
+  std::array<pid_t, 4> workers;
+  for (int r = 0; r < 4; ++r) {
+    workers[r] = waitForWorker(*nodes[r / 2], r);
+    INFO("rank " << r);
+    REQUIRE(job.showingOutput(workers[r] > 0));
+  }
+  // Held once each agent has started its spares (it starts them after its workers loaded).
+  for (int n = 0; n < 2; ++n) {
+    REQUIRE(job.showingOutput(waitForOutput(*nodes[n], "starting spare " + std::to_string(n),
+                                            kJobTimeout)));
+  }
+  struct Held {  // released on every way out, a failed REQUIRE included
+    std::array<pid_t, 4> pids;
+    ~Held() {
+      for (pid_t p : pids) ::kill(p, SIGCONT);
+    }
+  } held{workers};
+  for (pid_t p : workers) REQUIRE(::kill(p, SIGSTOP) == 0);
   // Spare ids are n x nodes + node rank: node 0's are 0, 2, 4, 6, node 1's 1, 3, 5, 7. Node 0's
   // agent hosts the workers' store, node 1's reads it over its link; before, both counted every
   // spare death on several nodes as "not ready", so the third ended the node's spares.
@@ -263,9 +283,9 @@ TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on
   const pid_t spare7 = waitForReadySpare(*job.node1, 7);
   REQUIRE(job.showingOutput(spare6 > 0));
   REQUIRE(job.showingOutput(spare7 > 0));
-  const pid_t r0 = waitForWorker(*job.node0, 0), r3 = waitForWorker(*job.node1, 3);
-  REQUIRE(job.showingOutput(r0 > 0));
-  REQUIRE(job.showingOutput(r3 > 0));
+  // The workers go on; node 1's rank 3 dies, still in its first generation.
+  for (pid_t p : workers) REQUIRE(::kill(p, SIGCONT) == 0);
+  const pid_t r0 = workers[0], r3 = workers[3];
   REQUIRE(::kill(r3, SIGKILL) == 0);
   REQUIRE(job.showingOutput(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout)));
   CHECK(::kill(r0, 0) == 0);
