@@ -1,6 +1,7 @@
 """Whole jobs under `ddprun --timeline=FILE` with the real mnist_mlp (docs/timeline.md):
   two_ranks    the trace is valid Chrome-trace JSON with the agent's and both ranks' tracks,
-               spans nest per thread, times are ordered per track, ddprun-trace summarises it
+               spans nest per thread, times are ordered per track, the set-up spans and every
+               step carry minor_faults, ddprun-trace summarises it
   rank_killed  rank 1 SIGKILLed mid-run: the trace shows its death, the restart and the new
                process on the same track, and the job's end
   straggler    rank 1 stopped for 30 ms of every 50 ms (SIGSTOP/SIGCONT from outside):
@@ -168,6 +169,19 @@ def two_ranks(tmp):
               "rank %d: collectives with seq and bytes" % rank)
         check(any(e["name"] == "allreduce" and e["args"]["bytes"] > 1000000 for e in colls),
               "rank %d: the gradient allreduce (1.6 MB) is there" % rank)
+        # minor_faults (timeline::FaultCount): the set-up spans touch new pages (a run here:
+        # 51-1232 each), every step says how many it touched, the first (gradients, optimizer
+        # state: ~560) more than the median one (0).
+        for name in ("communicator setup", "ddp setup", "lend buffer"):
+            faults = [e["args"].get("minor_faults") for e in evs if e["name"] == name]
+            check(faults and all(isinstance(f, int) and f > 0 for f in faults),
+                  "rank %d: %r spans count the pages they touched (%s)" % (rank, name, faults))
+        faults = [e["args"].get("minor_faults") for e in steps]
+        check(all(isinstance(f, int) and f >= 0 for f in faults),
+              "rank %d: every step has minor_faults (%s)" % (rank, faults))
+        check(faults[0] > sorted(faults)[len(faults) // 2],
+              "rank %d: the first step touched more new pages than the median step (%s)" %
+              (rank, faults))
     out = ddprun_trace(job.trace)
     print(out)
     check("2 rank(s), 1 agent(s)" in out, "ddprun-trace counts the tracks")
