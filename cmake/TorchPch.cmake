@@ -99,6 +99,8 @@ endfunction()
 # the number of its LibTorch sources to the variable named COUNT_VAR.
 function(_ddprun_torch_pch target reaching count_var)
   get_target_property(type ${target} TYPE)
+  # A target built neither -fPIC nor -fPIE could use neither host's header (the top-level
+  # CMakeLists.txt turns POSITION_INDEPENDENT_CODE on for all; only the -fPIE host has it off).
   get_target_property(pic ${target} POSITION_INDEPENDENT_CODE)
   if(NOT type MATCHES "^(EXECUTABLE|STATIC_LIBRARY|SHARED_LIBRARY|OBJECT_LIBRARY)$" OR NOT pic
      OR target MATCHES "^ddprun_torch_pch_")

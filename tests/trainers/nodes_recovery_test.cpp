@@ -249,11 +249,17 @@ TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on
     REQUIRE(job.showingOutput(waitForOutput(*nodes[n], "starting spare " + std::to_string(n),
                                             kJobTimeout)));
   }
-  struct Held {  // released on every way out, a failed REQUIRE included
+  struct Held {  // released once: by release(), or on any other way out (a failed REQUIRE)
     std::array<pid_t, 4> pids;
-    ~Held() {
-      for (pid_t p : pids) ::kill(p, SIGCONT);
+    bool held = true;
+    bool release() {  // true when every worker was sent SIGCONT now
+      if (!held) return false;
+      held = false;
+      bool ok = true;
+      for (pid_t p : pids) ok = ::kill(p, SIGCONT) == 0 && ok;
+      return ok;
     }
+    ~Held() { release(); }
   } held{workers};
   for (pid_t p : workers) REQUIRE(::kill(p, SIGSTOP) == 0);
   // Spare ids are n x nodes + node rank: node 0's are 0, 2, 4, 6, node 1's 1, 3, 5, 7. Node 0's
@@ -284,7 +290,7 @@ TEST_CASE("two nodes, --spares=1: ready spares SIGKILLed three times in a row on
   REQUIRE(job.showingOutput(spare6 > 0));
   REQUIRE(job.showingOutput(spare7 > 0));
   // The workers go on; node 1's rank 3 dies, still in its first generation.
-  for (pid_t p : workers) REQUIRE(::kill(p, SIGCONT) == 0);
+  REQUIRE(held.release());
   const pid_t r0 = workers[0], r3 = workers[3];
   REQUIRE(::kill(r3, SIGKILL) == 0);
   REQUIRE(job.showingOutput(waitForOutput(*job.node1, "rank 3 joined generation 1", kJobTimeout)));
