@@ -33,6 +33,7 @@
 #include "worker_runtime/elastic/peer_watch.h"
 #include "worker_runtime/gloo_communicator.h"
 #include "worker_runtime/hierarchical_communicator.h"
+#include "worker_runtime/malloc_tuning.h"
 #include "worker_runtime/nccl_communicator.h"
 #include "worker_runtime/progress.h"
 #include "worker_runtime/shm/shm_communicator.h"
@@ -722,6 +723,12 @@ int descriptorVariable(const InitOptions& options, const char* name) {
 }  // namespace
 
 std::unique_ptr<Runtime> init(InitOptions options) {
+  // First, so that the spare template and every process forked from it inherit it: freed
+  // memory is kept for the next step instead of being faulted in again (malloc_tuning.h).
+  if (decideMallocTuning(options.env).apply && !applyMallocTuning()) {
+    DDPRUN_LOG(WARN, "runtime") << "glibc refused a malloc threshold (mallopt); freed memory "
+                                << "may be given back to the kernel and faulted in each step";
+  }
   // The spare template (spare_template.h) stays here; each spare it forks goes on as a spare.
   // It is a process ddprun exec'd for it, or a fork of local rank 0 made right here.
   int templateFd = descriptorVariable(options, rendezvous::spare_fork::kTemplateFdVariable);
