@@ -725,9 +725,12 @@ int descriptorVariable(const InitOptions& options, const char* name) {
 std::unique_ptr<Runtime> init(InitOptions options) {
   // First, so that the spare template and every process forked from it inherit it: freed
   // memory is kept for the next step instead of being faulted in again (malloc_tuning.h).
-  if (decideMallocTuning(options.env).apply && !applyMallocTuning()) {
-    DDPRUN_LOG(WARN, "runtime") << "glibc refused a malloc threshold (mallopt); freed memory "
-                                << "may be given back to the kernel and faulted in each step";
+  if (const MallocTuning tuning = decideMallocTuning(options.env, processEnv); !tuning.apply) {
+    DDPRUN_LOG(DEBUG, "runtime") << "malloc's thresholds left as they are: " << tuning.why;
+  } else if (!applyMallocTuning()) {
+    DDPRUN_LOG(WARN, "runtime") << "the allocator refused malloc's thresholds (mallopt): freed "
+                                << "memory may be given back to the kernel and faulted in again "
+                                << "every step";
   }
   // The spare template (spare_template.h) stays here; each spare it forks goes on as a spare.
   // It is a process ddprun exec'd for it, or a fork of local rank 0 made right here.

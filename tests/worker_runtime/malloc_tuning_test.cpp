@@ -1,24 +1,29 @@
 // Freed memory kept for the next step (worker_runtime/malloc_tuning.h): the decision from the
-// environment (bad values named, the environment's own thresholds left alone), and the effect on
-// a real process: a loop that allocates, writes and frees 16 MiB blocks as a training step does
-// faults their pages in every round under fixed small thresholds and not once it is tuned.
+// environment (bad values named, the environment's own thresholds left alone), the effect on a
+// real process (a loop that allocates, writes and frees 16 MiB blocks as a training step does
+// faults their pages in every round under fixed small thresholds and not once it is tuned), and
+// init() of a real one-rank job applying it, or not under DDPRUN_MALLOC_TUNING=0.
 #include "tests/support/catch_torch.h"
 
 #include <malloc.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <string>
 
 #include "base/errors.h"
+#include "rendezvous/threaded_store_server.h"
 #include "worker_runtime/malloc_tuning.h"
+#include "worker_runtime/runtime.h"
 
 using Catch::Matchers::Contains;
-using ddprun::runtime::decideMallocTuning;
+using ddprun::runtime::MallocTuning;
 
 namespace {
 
@@ -44,6 +49,8 @@ long faultsOfSteps(bool tune) {
   REQUIRE(child >= 0);
   if (child == 0) {
     ::close(p[0]);
+    // Huge pages (THP "always" on the host) would fault 16 MiB in 8 pieces: count 4 KiB pages.
+    ::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);
     if (tune) {
       if (!ddprun::runtime::applyMallocTuning()) ::_exit(2);
     } else {
@@ -84,33 +91,53 @@ long faultsOfSteps(bool tune) {
   return faults;
 }
 
+// One environment for both of decideMallocTuning's lookups.
+MallocTuning decide(std::map<std::string, std::string> vars) {
+  auto env = envOf(std::move(vars));
+  return ddprun::runtime::decideMallocTuning(env, env);
+}
+
+// Whether a block of 48 MiB (above the 32 MiB glibc's own threshold can reach, below the tuned
+// one) is mmap'd: mallinfo2's count of mmap'd blocks while it is held.
+bool bigBlockMapped() {
+  const size_t before = ::mallinfo2().hblks;
+  void* b = std::malloc(size_t{48} << 20);
+  REQUIRE(b != nullptr);
+  asm volatile("" : : "r"(b) : "memory");
+  const size_t during = ::mallinfo2().hblks;
+  std::free(b);
+  return during > before;
+}
+
 }  // namespace
 
 TEST_CASE("malloc tuning: applied by default and with DDPRUN_MALLOC_TUNING=1") {
-  CHECK(decideMallocTuning(envOf({})).apply);
-  CHECK(decideMallocTuning(envOf({{"DDPRUN_MALLOC_TUNING", "1"}})).apply);
-  CHECK(decideMallocTuning(envOf({{"DDPRUN_MALLOC_TUNING", ""}})).apply);
+  CHECK(decide({}).apply);
+  CHECK(decide({{"DDPRUN_MALLOC_TUNING", "1"}}).apply);
+  CHECK(decide({{"DDPRUN_MALLOC_TUNING", ""}}).apply);
   // A tunable of another kind is not a threshold.
-  CHECK(decideMallocTuning(envOf({{"GLIBC_TUNABLES", "glibc.malloc.arena_max=2"}})).apply);
+  CHECK(decide({{"GLIBC_TUNABLES", "glibc.malloc.arena_max=2"}}).apply);
 }
 
 TEST_CASE("malloc tuning: the environment's own thresholds and DDPRUN_MALLOC_TUNING=0 win") {
-  auto off = decideMallocTuning(envOf({{"DDPRUN_MALLOC_TUNING", "0"}}));
+  auto off = decide({{"DDPRUN_MALLOC_TUNING", "0"}});
   CHECK_FALSE(off.apply);
   CHECK_THAT(off.why, Contains("DDPRUN_MALLOC_TUNING=0"));
-  auto trim = decideMallocTuning(envOf({{"MALLOC_TRIM_THRESHOLD_", "131072"}}));
+  auto trim = decide({{"MALLOC_TRIM_THRESHOLD_", "131072"}});
   CHECK_FALSE(trim.apply);
   CHECK_THAT(trim.why, Contains("MALLOC_TRIM_THRESHOLD_"));
-  CHECK_FALSE(decideMallocTuning(envOf({{"MALLOC_MMAP_THRESHOLD_", "65536"}})).apply);
-  auto tunable = decideMallocTuning(
-      envOf({{"GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=65536"}}));
+  CHECK_FALSE(decide({{"MALLOC_MMAP_THRESHOLD_", "65536"}}).apply);
+  // glibc takes an empty value as 0: it is set.
+  CHECK_FALSE(decide({{"MALLOC_MMAP_THRESHOLD_", ""}}).apply);
+  auto tunable =
+      decide({{"GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=65536"}});
   CHECK_FALSE(tunable.apply);
   CHECK_THAT(tunable.why, Contains("glibc.malloc.mmap_threshold"));
 }
 
 TEST_CASE("malloc tuning: a bad DDPRUN_MALLOC_TUNING is named with its value") {
   try {
-    decideMallocTuning(envOf({{"DDPRUN_MALLOC_TUNING", "yes"}}));
+    decide({{"DDPRUN_MALLOC_TUNING", "yes"}});
     FAIL("no ConfigError");
   } catch (const ddprun::ConfigError& e) {
     CHECK_THAT(e.what(), Contains("DDPRUN_MALLOC_TUNING='yes'"));
@@ -127,4 +154,30 @@ TEST_CASE("malloc tuning: 16 MiB blocks freed each step are not faulted in again
   // Untuned, every page of every step is new; tuned, the warm-up step's pages are reused.
   CHECK(untuned >= kRounds * pagesPerStep * 9 / 10);
   CHECK(tuned < pagesPerStep / 10);
+}
+
+TEST_CASE("malloc tuning: init() of a one-rank job applies it, and not under DDPRUN_MALLOC_TUNING=0") {
+  const int port = [] {
+    auto probe = std::make_unique<ddprun::rendezvous::ThreadedStoreServer>(
+        ddprun::rendezvous::StoreServerOptions{.host = "127.0.0.1", .port = 0});
+    return probe->port();
+  }();
+  std::map<std::string, std::string> vars{{"RANK", "0"},
+                                          {"WORLD_SIZE", "1"},
+                                          {"MASTER_ADDR", "127.0.0.1"},
+                                          {"MASTER_PORT", std::to_string(port)},
+                                          {"DDPRUN_BACKEND", "gloo"},
+                                          {"DDPRUN_MALLOC_TUNING", "0"}};
+  // glibc's initial threshold, held fixed, whatever ran in this process before.
+  REQUIRE(::mallopt(M_MMAP_THRESHOLD, 128 * 1024) == 1);
+  REQUIRE(bigBlockMapped());
+  {
+    auto rt = ddprun::runtime::init({.env = envOf(vars)});
+    CHECK(bigBlockMapped());  // left alone
+  }
+  vars.erase("DDPRUN_MALLOC_TUNING");
+  {
+    auto rt = ddprun::runtime::init({.env = envOf(vars)});
+    CHECK_FALSE(bigBlockMapped());  // from the heap now
+  }
 }
