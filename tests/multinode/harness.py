@@ -97,7 +97,8 @@ def pid_alive(pid):
     try:
         with open("/proc/%d/stat" % pid) as f:
             return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone before the open (no such file) or between the open and the read (ESRCH).
         return False
 
 
