@@ -5,6 +5,7 @@
 
 #include "base/errors.h"
 #include "rendezvous/threaded_store_server.h"
+#include "tests/support/env_of.h"
 #include "worker_runtime/backend.h"
 #include "worker_runtime/env.h"
 #include "worker_runtime/nccl_communicator.h"
@@ -14,13 +15,7 @@ using namespace ddprun::runtime;
 
 namespace {
 
-EnvLookup envOf(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
+using ddprun::test::envOf;
 
 std::map<std::string, std::string> ddprunEnv() {
   return {{"RANK", "3"},

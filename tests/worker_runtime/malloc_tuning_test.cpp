@@ -14,11 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <optional>
 #include <string>
 
 #include "base/errors.h"
-#include "rendezvous/threaded_store_server.h"
+#include "rendezvous/node_address.h"
+#include "tests/support/env_of.h"
 #include "worker_runtime/malloc_tuning.h"
 #include "worker_runtime/runtime.h"
 
@@ -27,19 +27,13 @@ using ddprun::runtime::MallocTuning;
 
 namespace {
 
-ddprun::runtime::EnvLookup envOf(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
+using ddprun::test::envOf;
 
 constexpr size_t kBlock = size_t{16} << 20;  // a 2048x2048 float32 weight's gradient
 constexpr int kBlocks = 2;
 constexpr int kRounds = 5;
 
-// Minor page faults of `rounds` steps, each allocating kBlocks blocks, writing every page and
+// Minor page faults of kRounds steps, each allocating kBlocks blocks, writing every page and
 // freeing them, after one such step to warm up. In a child process, so the thresholds this test
 // sets do not reach the others; `tune` chooses glibc's thresholds in it first.
 long faultsOfSteps(bool tune) {
@@ -157,11 +151,7 @@ TEST_CASE("malloc tuning: 16 MiB blocks freed each step are not faulted in again
 }
 
 TEST_CASE("malloc tuning: init() of a one-rank job applies it, and not under DDPRUN_MALLOC_TUNING=0") {
-  const int port = [] {
-    auto probe = std::make_unique<ddprun::rendezvous::ThreadedStoreServer>(
-        ddprun::rendezvous::StoreServerOptions{.host = "127.0.0.1", .port = 0});
-    return probe->port();
-  }();
+  const uint16_t port = ddprun::rendezvous::pickFreePort();
   std::map<std::string, std::string> vars{{"RANK", "0"},
                                           {"WORLD_SIZE", "1"},
                                           {"MASTER_ADDR", "127.0.0.1"},

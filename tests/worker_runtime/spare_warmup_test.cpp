@@ -19,6 +19,7 @@
 #include "rendezvous/recovery_keys.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
+#include "tests/support/env_of.h"
 #include "tests/support/temp_dir.h"
 #include "worker_runtime/ddp.h"
 #include "worker_runtime/runtime.h"
@@ -28,13 +29,7 @@ using namespace ddprun::runtime;
 
 namespace {
 
-EnvLookup envOf(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
+using ddprun::test::envOf;
 
 // One synchronised DDP step of a small model on `comm`: what reports progress.
 void ddpStep(const std::shared_ptr<Communicator>& comm, int seed) {
