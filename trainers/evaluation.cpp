@@ -18,7 +18,7 @@ EvalResult evaluate(Classifier& model, const MnistSplit& test, torch::Device dev
   double lossSum = 0, correct = 0;
   for (int64_t begin = 0; begin < mine.size(0); begin += kEvalChunk) {
     const auto idx = mine.slice(0, begin, std::min(begin + kEvalChunk, mine.size(0)));
-    const auto x = test.images.index_select(0, idx).to(device);
+    const auto x = test.images(idx).to(device);
     const auto y = test.labels.index_select(0, idx).to(device);
     const auto logits = model.forward(x);
     lossSum += F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum))

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -163,14 +164,33 @@ MnistSplit loadMnist(const MnistOptions& options) {
 
   const int64_t n = images.dims[0];
   MnistSplit split;
-  // from_blob does not copy; to() makes an owning tensor before the vectors go away.
-  split.images = torch::from_blob(images.bytes.data(), {n, kImageSide * kImageSide}, torch::kUInt8)
-                     .to(torch::kFloat32)
-                     .div_(255.0f)
-                     .sub_(kPixelMean)
-                     .div_(kPixelStd);
+  // The pixel tensor owns the bytes read (no copy); to() makes the labels an owning tensor.
+  auto bytes = std::make_shared<std::vector<uint8_t>>(std::move(images.bytes));
+  split.pixels = torch::from_blob(bytes->data(), {n, kImageSide * kImageSide},
+                                  [bytes](void*) mutable { bytes.reset(); }, torch::kUInt8);
   split.labels = torch::from_blob(labels.bytes.data(), {n}, torch::kUInt8).to(torch::kInt64);
   return split;
+}
+
+torch::Tensor MnistSplit::images(const torch::Tensor& idx) const {
+  // The normalised value of each pixel value, by the operations that once normalised the split.
+  static const std::array<float, 256> table = [] {
+    const auto t = torch::arange(256, torch::kInt32)
+                       .to(torch::kFloat32)
+                       .div_(255.0f)
+                       .sub_(kPixelMean)
+                       .div_(kPixelStd)
+                       .contiguous();
+    std::array<float, 256> values{};
+    std::copy_n(t.data_ptr<float>(), values.size(), values.begin());
+    return values;
+  }();
+  const auto rows = pixels.index_select(0, idx).contiguous();  // checks the indices
+  auto out = torch::empty(rows.sizes(), torch::TensorOptions().dtype(torch::kFloat32));
+  const uint8_t* in = rows.data_ptr<uint8_t>();
+  float* values = out.data_ptr<float>();
+  for (int64_t i = 0, n = rows.numel(); i < n; ++i) values[i] = table[in[i]];
+  return out;
 }
 
 }  // namespace ddprun::trainers

@@ -48,11 +48,20 @@ IdxArray readIdxFile(const std::string& path, int expectedRank, int64_t limit = 
 
 enum class Split { Train, Test };
 
-// One split in memory: images [N, 784] float32, normalised; labels [N] int64 in 0..9.
+// One split in memory. The pixels stay as the file has them, uint8: every process of a job
+// holds its splits (each rank, the spare template and every spare), and as float32 Fashion-MNIST
+// would take 220 MB of private memory in each, four times the bytes, every page of it touched
+// once at load (dear where a first touch costs 11-20 us: docs/recovery.md, stop 53) and copied
+// into each fork's page table. images(idx) normalises just the rows a batch takes.
 struct MnistSplit {
-  torch::Tensor images;
-  torch::Tensor labels;
+  torch::Tensor pixels;  // [N, 784] uint8, row-major as in the file
+  torch::Tensor labels;  // [N] int64 in 0..9
   int64_t size() const { return labels.size(0); }
+  // Rows `idx` (int64, each in 0..N-1) as the model takes them: float32 [idx.size(0), 784],
+  // pixel p as (p / 255 - kPixelMean) / kPixelStd. Bit for bit what normalising the whole split
+  // with those operations gives: the value of each of the 256 pixel values is computed once
+  // with them (tests/trainers/mnist_data_test.cpp checks the two agree).
+  torch::Tensor images(const torch::Tensor& idx) const;
 };
 
 struct MnistOptions {

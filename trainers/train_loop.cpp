@@ -362,7 +362,7 @@ class TrainingRun {
     std::vector<int64_t> indices(batch.begin(), batch.end());
     const auto idx = torch::from_blob(indices.data(), {static_cast<int64_t>(indices.size())},
                                       torch::kInt64);
-    const auto x = data_.train.images.index_select(0, idx).to(device_);
+    const auto x = data_.train.images(idx).to(device_);
     const auto y = data_.train.labels.index_select(0, idx).to(device_);
     for (auto& group : optimizer_.param_groups()) {
       static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
@@ -522,7 +522,7 @@ void warmUpSpare(const TrainConfig& config, const TrainData& data,
   // Two steps: the first creates the momentum buffers, the second is a step as every later one.
   for (int64_t i = 0; i < 2 && batch > 0; ++i) {
     const auto idx = torch::arange(i * batch, (i + 1) * batch, torch::kInt64).remainder(size);
-    const auto x = data.train.images.index_select(0, idx);
+    const auto x = data.train.images(idx);
     const auto y = data.train.labels.index_select(0, idx);
     optimizer.zero_grad();
     const auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
