@@ -4,10 +4,10 @@
 #include "trainers/trainer_main.h"
 
 int main(int argc, char** argv) {
-  return ddprun::trainers::trainerMain(
+  ddprun::trainers::exitProcess(ddprun::trainers::trainerMain(
       argc, argv,
       {.name = "mnist_cnn",
        .model = "cnn",
        .description = "mnist_cnn: data-parallel residual-CNN training on MNIST-format data "
-                      "(LibTorch)"});
+                      "(LibTorch)"}));
 }

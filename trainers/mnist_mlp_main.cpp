@@ -3,9 +3,9 @@
 #include "trainers/trainer_main.h"
 
 int main(int argc, char** argv) {
-  return ddprun::trainers::trainerMain(
+  ddprun::trainers::exitProcess(ddprun::trainers::trainerMain(
       argc, argv,
       {.name = "mnist_mlp",
        .model = "mlp",
-       .description = "mnist_mlp: data-parallel MLP training on MNIST-format data (LibTorch)"});
+       .description = "mnist_mlp: data-parallel MLP training on MNIST-format data (LibTorch)"}));
 }
