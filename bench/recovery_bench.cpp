@@ -164,6 +164,15 @@ int countOf(const std::string& text, const std::string& what) {
   return n;
 }
 
+// Whether the agent's log says a spare template started and has neither loaded nor ended ("the
+// spare template (pid N) exited"; also part of "forked from the spare template (pid N)", which
+// only a loaded template does).
+bool templateLoading(const std::string& log) {
+  return countOf(log, "starting the spare template") > 0 &&
+         countOf(log, ") ready: loaded, forks the spares") == 0 &&
+         countOf(log, "the spare template (pid ") == 0;
+}
+
 // The newest checkpoint step in `dir` (ckpt-<step>.ddpck of mnist_mlp, ckpt-<step>.pt of
 // ddp_mnist.py; both rename a complete file into place), or -1.
 int newestCheckpoint(const fs::path& dir) {
@@ -331,11 +340,17 @@ class Bench {
           killAt = now + std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double>(plan.fractions[j] * interval));
         }
-        // --kill-when-spare-ready: not before spare j (one per death so far) has loaded.
+        // --kill-when-spare-ready: not before spare j (one per death so far) has loaded, nor
+        // while the spare template the job started with is still loading (at normal priority,
+        // beside the ranks: in a long job it has long loaded, and the spare started after the
+        // death is a fork of it, not a process loading LibTorch).
         bool due = now >= killAt;
-        if (due && hasSpare(mode) && o_.killWhenSpareReady &&
-            countOf(readFile(log), ") ready: loaded, waiting for a rank") <= r.killsDone) {
-          due = false;
+        if (due && hasSpare(mode) && o_.killWhenSpareReady) {
+          const std::string text = readFile(log);
+          if (countOf(text, ") ready: loaded, waiting for a rank") <= r.killsDone ||
+              templateLoading(text)) {
+            due = false;
+          }
         }
         // shrink without spares: not before the spare template (which forks the replacement
         // that grows the group back) has loaded.
@@ -503,8 +518,8 @@ int benchRecovery(int argc, char** argv) {
   app.add_option("--csv", o.csv, "results file");
   app.add_option("--work-dir", o.workDir, "logs, checkpoints and metrics of the runs");
   app.add_flag("--kill-when-spare-ready", o.killWhenSpareReady,
-               "spare modes: arm each kill only once a spare has loaded (shrink: the spare "
-               "template; deaths rarer than a spare's start-up, as in a long job); by default the kills come at the same steps "
+               "spare modes: arm each kill only once a spare (and the spare template the job "
+               "starts with) has loaded (shrink: the spare template; deaths rarer than a spare's start-up, as in a long job); by default the kills come at the same steps "
                "in every mode, and the summary says at how many deaths the spare was loaded. The "
                "spare started after a death runs at SCHED_IDLE: with no idle core it may not load "
                "before the job ends, so use it with --kills 1 or long jobs");

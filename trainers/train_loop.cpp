@@ -532,6 +532,8 @@ void warmUpSpare(const TrainConfig& config, const TrainData& data,
     state.commit();
   }
   state.restore();
+  // The spare may take rank 0, which saves the checkpoints: its first save then runs warm.
+  if (!config.checkpoint_dir.empty()) runtime::CheckpointManager::rehearseSave(*model, &optimizer);
 }
 
 std::shared_ptr<Classifier> buildModel(const TrainConfig& config) {

@@ -49,7 +49,8 @@ TrainData loadTrainData(const TrainConfig& config);
 // A hot spare's warm-up (runtime::InitOptions::spareWarmup; docs/recovery.md#warm-up): the
 // training step of `config` run twice on throwaway copies -- the same model, optimizer, batch
 // shape and data, DDP on `comm` (the spare alone), a commit and a restore of their elastic
-// state -- so that the code a replacement's first steps run has run once in this process.
+// state, and a checkpoint serialized into memory when `config` checkpoints -- so that the code a
+// replacement's first steps run has run once in this process.
 // Nothing of it is kept (the real model, buildModel()'s, is built before init() and healed).
 // On CPU only: with a GPU the spare's device is known only with its rank (a no-op there).
 void warmUpSpare(const TrainConfig& config, const TrainData& data,

@@ -248,7 +248,8 @@ CheckpointManager::~CheckpointManager() {
 
 CheckpointManager::Serialized CheckpointManager::serialize(const torch::nn::Module& model,
                                                            const torch::optim::Optimizer* optimizer,
-                                                           const TrainingState& state) {
+                                                           const TrainingState& state,
+                                                           size_t reserve) {
   if (state.step < 0) throw ConfigError("checkpoint step " + std::to_string(state.step) + " < 0");
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive modelArchive;
@@ -261,13 +262,19 @@ CheckpointManager::Serialized CheckpointManager::serialize(const torch::nn::Modu
   }
   Serialized s{.step = state.step, .meta = toJson(state, optimizer != nullptr).dump()};
   // Into one buffer sized from the last save: no regrowth, no copy out of a stream.
-  s.payload.reserve(lastPayloadBytes_ + lastPayloadBytes_ / 8 + 4096);
+  s.payload.reserve(reserve + reserve / 8 + 4096);
   archive.save_to([&s](const void* data, size_t n) {
     s.payload.append(static_cast<const char*>(data), n);
     return n;
   });
-  lastPayloadBytes_ = s.payload.size();
   return s;
+}
+
+size_t CheckpointManager::rehearseSave(const torch::nn::Module& model,
+                                       const torch::optim::Optimizer* optimizer) {
+  // Twice: the second, sized from the first, allocates what a save after the first does.
+  const size_t bytes = serialize(model, optimizer, TrainingState{}, 0).payload.size();
+  return serialize(model, optimizer, TrainingState{}, bytes).payload.size();
 }
 
 fs::path CheckpointManager::save(const torch::nn::Module& model,
@@ -276,7 +283,9 @@ fs::path CheckpointManager::save(const torch::nn::Module& model,
   ddprun::timeline::Scope span("checkpoint save", "checkpoint");
   span.args().add("step", state.step);
   flush();  // a background write of an earlier step lands first
-  return write(serialize(model, optimizer, state));
+  Serialized serialized = serialize(model, optimizer, state, lastPayloadBytes_);
+  lastPayloadBytes_ = serialized.payload.size();
+  return write(serialized);
 }
 
 void CheckpointManager::saveInBackground(const torch::nn::Module& model,
@@ -285,7 +294,8 @@ void CheckpointManager::saveInBackground(const torch::nn::Module& model,
   ddprun::timeline::Scope span("checkpoint save", "checkpoint");
   span.args().add("step", state.step).add("background", 1);
   flush();
-  auto serialized = serialize(model, optimizer, state);
+  auto serialized = serialize(model, optimizer, state, lastPayloadBytes_);
+  lastPayloadBytes_ = serialized.payload.size();
   pending_ = std::async(std::launch::async, [this, s = std::move(serialized)] {
     ddprun::timeline::Scope writeSpan("checkpoint write", "checkpoint");
     writeSpan.args().add("step", s.step);

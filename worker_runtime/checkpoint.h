@@ -122,6 +122,14 @@ class CheckpointManager {
 
   const CheckpointOptions& options() const { return options_; }
 
+  // Serializes model and optimizer as save() does, into memory, and drops the result: nothing is
+  // written. A hot spare's warm-up calls it with its throwaway model, so that a replacement's
+  // first save (at its first checkpoint step, which the group waits for) does not run
+  // serialization code for the first time nor fault in a fresh buffer page by page: the freed
+  // buffers stay in the heap (malloc_tuning.h) for the real one. Returns the archive's bytes.
+  static size_t rehearseSave(const torch::nn::Module& model,
+                             const torch::optim::Optimizer* optimizer);
+
  private:
   // A checkpoint serialized and not yet written: the metadata and the torch archive.
   struct Serialized {
@@ -129,8 +137,10 @@ class CheckpointManager {
     std::string meta;
     std::string payload;
   };
-  Serialized serialize(const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
-                       const TrainingState& state);
+  // `reserve`: the archive's expected size (the last one's), so that its buffer is not regrown.
+  static Serialized serialize(const torch::nn::Module& model,
+                              const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                              size_t reserve);
   // Checksums, write, fsync, rename, retention. Touches no torch object: runs on any thread.
   std::filesystem::path write(const Serialized& s) const;
 

@@ -391,3 +391,28 @@ TEST_CASE("a manager that goes away finishes its background save first", "[check
   CHECK(state->step == 7);
   CHECK(sameTensors(net.parameters(), loaded.parameters()));
 }
+
+TEST_CASE("a rehearsed save writes nothing and serializes what a save would", "[checkpoint]") {
+  TempDir dir;
+  Net a(64);
+  torch::optim::SGD opt(a.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  trainSteps(a, opt, 2);  // the momentum buffers exist: the optimizer's state is in the archive
+  const size_t rehearsed = CheckpointManager::rehearseSave(a, &opt);
+  CHECK(fs::is_empty(dir.path()));
+  CHECK(CheckpointManager::rehearseSave(a, &opt) == rehearsed);
+  // The tensors alone: parameters, buffers and one momentum buffer per parameter (float32).
+  size_t tensorBytes = 0;
+  for (const auto& p : a.parameters()) tensorBytes += 2 * p.nbytes();
+  for (const auto& b : a.buffers()) tensorBytes += b.nbytes();
+  CHECK(rehearsed > tensorBytes);
+  // A real save of the same model holds that archive plus a header and the metadata.
+  CheckpointManager ckpt({.directory = dir.path()});
+  const fs::path file = ckpt.save(a, &opt, TrainingState{.step = 3});
+  const auto fileBytes = static_cast<size_t>(fs::file_size(file));
+  CHECK(fileBytes > rehearsed);
+  CHECK(fileBytes - rehearsed < 4096);
+  Net b(64);
+  torch::optim::SGD optB(b.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  REQUIRE(ckpt.loadLatest(b, &optB));
+  CHECK(sameTensors(a.parameters(), b.parameters()));
+}
