@@ -18,7 +18,7 @@ struct Data {
   }
 };
 
-int main(int argc, char** argv) {
+int train(int argc, char** argv) {
   if (argc != 2) {
     std::cerr << "usage: ddp_example CHECKPOINT_DIR (run it under ddprun)\n";
     return 2;
@@ -64,3 +64,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+// The runtime is gone once train() returns (its error file written, its threads joined), and
+// exitProcess ends the process without LibTorch's static destructors: they can take longer
+// than the training of a small model (ddprun/runtime.h says why).
+int main(int argc, char** argv) { ddprun::exitProcess(train(argc, argv)); }

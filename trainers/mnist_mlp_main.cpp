@@ -3,7 +3,7 @@
 #include "trainers/trainer_main.h"
 
 int main(int argc, char** argv) {
-  ddprun::trainers::exitProcess(ddprun::trainers::trainerMain(
+  ddprun::runtime::exitProcess(ddprun::trainers::trainerMain(
       argc, argv,
       {.name = "mnist_mlp",
        .model = "mlp",

@@ -122,11 +122,4 @@ int trainerMain(int argc, char** argv, const TrainerSpec& spec) {
   return 0;
 }
 
-void exitProcess(int code) {
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  std::_Exit(code);
-}
-
 }  // namespace ddprun::trainers

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <chrono>
 #include <map>
+#include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -898,6 +900,13 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   }
   return std::make_unique<Runtime>(std::move(env), std::move(store), std::move(comm),
                                    std::move(hosted), std::move(options), generation);
+}
+
+void exitProcess(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 }  // namespace ddprun::runtime

@@ -175,8 +175,19 @@ class Runtime {
 // BackendError when the communicator cannot be built.
 std::unique_ptr<Runtime> init(InitOptions options = {});
 
+// Ends the process with `code` at once: flushes std::cout, std::cerr and C stdio, then
+// std::_Exit, so that neither atexit handlers nor static destructors run. LibTorch's free its
+// operator registry chunk by chunk, 0.1-0.9 s per process on a VM where a page's first write is
+// dear (more in a process whose pages a fork shares: each free is a copy-on-write fault), and a
+// job ends only when its slowest rank has exited (docs/trainers.md). For the last line of a
+// program's main(), once the Runtime is gone or shut down (its error file written, its threads
+// joined) and the program has joined its own threads and closed its own files: nothing of them
+// is finished here. Timeline events need nothing: each is one write(2) as it happens.
+[[noreturn]] void exitProcess(int code);
+
 }  // namespace ddprun::runtime
 
 namespace ddprun {
+using runtime::exitProcess;
 using runtime::init;
 }
