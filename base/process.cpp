@@ -1,6 +1,7 @@
 #include "base/process.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -133,6 +134,33 @@ bool processDying(int32_t pid, int* waitStatus) {
     if (waitStatus != nullptr) *waitStatus = SIGKILL;  // as waitpid reports a SIGKILL death
     return true;
   }
+  return false;
+}
+
+namespace {
+// CAP_SYS_NICE (23) in this process's effective set, from /proc/self/status.
+bool hasSysNice() {
+  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const auto at = text.find("\nCapEff:");
+  if (at == std::string::npos) return false;
+  const unsigned long long caps = std::strtoull(text.c_str() + at + 8, nullptr, 16);
+  return (caps >> 23) & 1ULL;
+}
+}  // namespace
+
+bool canLeaveIdlePriority(std::string& why) {
+  if (hasSysNice()) return true;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NICE, &rl) == 0 && (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= 20)) {
+    return true;
+  }
+  why = "neither CAP_SYS_NICE nor an RLIMIT_NICE of 20 (ulimit -e " + std::to_string(rl.rlim_cur) +
+        ")";
   return false;
 }
 

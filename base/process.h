@@ -1,6 +1,8 @@
 #pragma once
-// Whether another process is still alive, as the transports and the recovery code ask it.
+// Whether another process is still alive, as the transports and the recovery code ask it; and
+// whether this one may leave idle priority.
 #include <cstdint>
+#include <string>
 
 namespace ddprun {
 
@@ -28,5 +30,10 @@ bool processExiting(int32_t pid);
 // `waitStatus`, when given and the answer is true: the status as from waitpid (a zombie's own;
 // SIGKILL's for a pending SIGKILL).
 bool processDying(int32_t pid, int* waitStatus = nullptr);
+
+// Whether this process may move a SCHED_IDLE process of its user (itself included) back to
+// SCHED_OTHER, nice 0: CAP_SYS_NICE in its effective set, or RLIMIT_NICE >= 20 (which children
+// inherit; a capability may not survive an exec). `why` says why not.
+bool canLeaveIdlePriority(std::string& why);
 
 }  // namespace ddprun

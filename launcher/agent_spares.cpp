@@ -45,7 +45,9 @@ bool Agent::Impl::backgroundIdle() {
     idleSpares_ = canLeaveIdlePriority(why) ? 1 : 0;
     if (idleSpares_ == 0) {
       DDPRUN_LOG(WARN, "launcher") << "spares and replacements started while training runs "
-                                   << "start at normal priority, not SCHED_IDLE: " << why;
+                                   << "start at normal priority, not SCHED_IDLE: ddprun has "
+                                   << why << ", so a spare could not leave SCHED_IDLE when it "
+                                   << "takes a rank";
     }
   }
   return idleSpares_ == 1;

@@ -25,31 +25,6 @@ std::vector<std::string> spareEnvironment(const std::vector<std::string>& worker
 }
 
 namespace {
-// CAP_SYS_NICE (23) in this process's effective set, from /proc/self/status.
-bool hasSysNice() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("CapEff:", 0) != 0) continue;
-    const unsigned long long caps = std::strtoull(line.c_str() + 7, nullptr, 16);
-    return (caps >> 23) & 1ULL;
-  }
-  return false;
-}
-}  // namespace
-
-bool canLeaveIdlePriority(std::string& why) {
-  if (hasSysNice()) return true;
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NICE, &rl) == 0 && (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= 20)) {
-    return true;
-  }
-  why = "ddprun has neither CAP_SYS_NICE nor an RLIMIT_NICE of 20 (ulimit -e " +
-        std::to_string(rl.rlim_cur) + "), so a spare could not leave SCHED_IDLE when it takes a "
-        "rank";
-  return false;
-}
-
-namespace {
 
 // Moves every thread of `pid` whose policy is `from` to `to` (nice 0); see leaveIdlePriority.
 int moveThreads(pid_t pid, int from, int to, std::string& error) {

@@ -31,9 +31,6 @@ inline const std::vector<std::string>& spareDroppedVariables() {
 // out (also when they came from ddprun's own environment), DDPRUN_SPARE=<id> in. Pure.
 std::vector<std::string> spareEnvironment(const std::vector<std::string>& workerEnv, int id);
 
-// Whether this process may move a SCHED_IDLE process of its user back to SCHED_OTHER, nice 0
-// (CAP_SYS_NICE, or RLIMIT_NICE >= 20, which the spare inherits). `why` says why not.
-bool canLeaveIdlePriority(std::string& why);
 
 // Moves every thread of `pid` to SCHED_OTHER, nice 0 (two passes: threads started meanwhile
 // inherit their creator's policy). Returns the threads moved; `error` names a refusal.

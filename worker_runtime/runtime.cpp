@@ -326,7 +326,14 @@ bool warmUpSpare(const std::string& self, const InitOptions& options) {
 // assignment (in rounds of kSpareWaitRound: no busy loop, and a store that went away ends the
 // wait with its error). Then the process takes the rank: its environment gets the rank's
 // variables (for the program's own getenv too), and the returned lookup gives them to init().
-EnvLookup becomeRank(const std::string& spareText, const InitOptions& options, bool warmUp) {
+// What becomeRank() gives init(): the rank's environment, and the connection the spare waited
+// on, which the runtime's watch of the next generation takes over (Runtime::setWatchConnection).
+struct TakenRank {
+  EnvLookup env;
+  std::shared_ptr<rendezvous::Store> connection;
+};
+
+TakenRank becomeRank(const std::string& spareText, const InitOptions& options, bool warmUp) {
   namespace keys = rendezvous::recovery;
   constexpr Millis kSpareWaitRound{60'000};
   char* end = nullptr;
@@ -348,8 +355,8 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options, b
                       "True: a spare waits in the agent's store (ddprun --spares)");
   }
   const auto start = std::chrono::steady_clock::now();
-  rendezvous::PrefixStore store(keys::attemptPrefix(env.restartCount),
-                                connectAgentStore(env, timeoutFrom(options), base));
+  auto connection = connectAgentStore(env, timeoutFrom(options), base);
+  rendezvous::PrefixStore store(keys::attemptPrefix(env.restartCount), connection);
   if (warmUp && options.spareWarmup) warmUpSpare(self, options);
   store.set(keys::spareReadyKey(static_cast<int>(id)), std::to_string(::getpid()));
   DDPRUN_LOG(INFO, "runtime") << self << " ready: loaded, waiting for a rank";
@@ -383,11 +390,12 @@ EnvLookup becomeRank(const std::string& spareText, const InitOptions& options, b
   if (a->localWorldSize > 0) vars["LOCAL_WORLD_SIZE"] = std::to_string(a->localWorldSize);
   for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
   ::unsetenv("DDPRUN_SPARE");
-  return [vars, base](const std::string& name) -> std::optional<std::string> {
-    if (name == "DDPRUN_SPARE") return std::nullopt;
-    if (auto it = vars.find(name); it != vars.end()) return it->second;
-    return base(name);
-  };
+  return {.env = [vars, base](const std::string& name) -> std::optional<std::string> {
+            if (name == "DDPRUN_SPARE") return std::nullopt;
+            if (auto it = vars.find(name); it != vars.end()) return it->second;
+            return base(name);
+          },
+          .connection = std::move(connection)};
 }
 
 }  // namespace
@@ -648,7 +656,8 @@ void Runtime::watchNextGeneration() {
   generationPublished_->store(false, std::memory_order_relaxed);
   try {
     auto connection = std::dynamic_pointer_cast<TcpStore>(
-        connectAgentStore(env_, timeoutFrom(options_), options_.env));
+        watchConnection_ ? std::move(watchConnection_)
+                         : connectAgentStore(env_, timeoutFrom(options_), options_.env));
     if (!connection) throw Error("the agent's store is not reached over TCP");
     watch_ = std::make_unique<GenerationWatch>(std::move(connection), env_.restartCount,
                                                generation_ + 1, generationPublished_);
@@ -657,6 +666,10 @@ void Runtime::watchNextGeneration() {
     DDPRUN_LOG(WARN, "runtime") << "rank " << env_.rank << ": no watch of the launcher's next "
                                 << "generation (grow back at a commit): " << e.what();
   }
+}
+
+void Runtime::setWatchConnection(std::shared_ptr<rendezvous::Store> connection) {
+  if (!watching_) watchConnection_ = std::move(connection);
 }
 
 void Runtime::stopWatch() { watch_.reset(); }
@@ -748,6 +761,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
       oneThreadPerPool();
     }
   }
+  TakenRank taken;  // a hot spare's, once it has taken a rank
   if (templateFd >= 0) {
     // The template runs the program's warm-up once, before its first fork (spare_template.h):
     // every spare it forks starts warm. Unless a death already waits for it: started under
@@ -770,11 +784,12 @@ std::unique_ptr<Runtime> init(InitOptions options) {
     DDPRUN_LOG(INFO, "runtime") << "spare " << forked.id << " (pid " << ::getpid()
                                 << "): thread pools as a process started with its environment: "
                                 << matchThreadPools();
-    options.env = becomeRank(std::to_string(forked.id), options, /*warmUp=*/!forked.warm);
+    taken = becomeRank(std::to_string(forked.id), options, /*warmUp=*/!forked.warm);
   } else if (const auto spare = options.env("DDPRUN_SPARE"); spare && !spare->empty()) {
     // A hot spare waits here, loaded, until the launcher gives it a rank.
-    options.env = becomeRank(*spare, options, /*warmUp=*/true);
+    taken = becomeRank(*spare, options, /*warmUp=*/true);
   }
+  if (taken.env) options.env = std::move(taken.env);
   // First: from here on ddprun can tell this process stopped from slow (--peer-timeout),
   // through the store connection, the communicator set-up and every step.
   startHeartbeat();
@@ -883,6 +898,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   if (!comm) {
     auto rt = std::make_unique<Runtime>(std::move(env), std::move(store), nullptr,
                                         std::move(hosted), std::move(options), generation);
+    rt->setWatchConnection(std::move(taken.connection));
     rt->joinNewestGeneration(superseded);
     return rt;
   }
@@ -898,8 +914,10 @@ std::unique_ptr<Runtime> init(InitOptions options) {
         (group ? *group : std::string("attempt ") + std::to_string(env.restartCount)) +
             (generation > 0 ? " gen " + std::to_string(generation) : std::string()));
   }
-  return std::make_unique<Runtime>(std::move(env), std::move(store), std::move(comm),
-                                   std::move(hosted), std::move(options), generation);
+  auto rt = std::make_unique<Runtime>(std::move(env), std::move(store), std::move(comm),
+                                      std::move(hosted), std::move(options), generation);
+  rt->setWatchConnection(std::move(taken.connection));
+  return rt;
 }
 
 void exitProcess(int code) {

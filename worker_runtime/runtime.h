@@ -133,6 +133,12 @@ class Runtime {
   // reform(g) re-targets it to g+1 and clears the flag, without a store round trip;
   // shutdown() ends it (the WAIT is interrupted, the thread joined).
   void watchNextGeneration();
+  // A hot spare's init() hands over the connection it waited for its rank on, and the watch
+  // takes it instead of connecting (ignored once the watch started). Why: a replacement starts
+  // the watch just before its first step, which its peers wait for, and a new connection needs
+  // the agent's loop, which then may be waiting for the spare template to fork the next spare
+  // (15-25 ms here): the replacement's first step waited for that fork.
+  void setWatchConnection(std::shared_ptr<rendezvous::Store> connection);
   bool nextGenerationPublished() const {
     return generationPublished_->load(std::memory_order_relaxed);
   }
@@ -166,6 +172,7 @@ class Runtime {
   class GenerationWatch;
   std::unique_ptr<GenerationWatch> watch_;
   bool watching_ = false;  // watchNextGeneration() was called
+  std::shared_ptr<rendezvous::Store> watchConnection_;  // setWatchConnection()'s, until used
   std::shared_ptr<std::atomic<bool>> generationPublished_ = std::make_shared<std::atomic<bool>>(false);
   void stopWatch();
 };

@@ -21,6 +21,7 @@
 #include "base/errors.h"
 #include "base/fd_passing.h"
 #include "base/log.h"
+#include "base/process.h"
 #include "base/sweep.h"
 #include "rendezvous/spare_fork.h"
 
@@ -148,7 +149,10 @@ void sendRecord(int statusFd, int32_t kind, int32_t value) {
 }
 
 // In G, just forked (one thread): forks W, which returns the spare's id; G never returns.
-int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid) {
+// `idleFork`: the spare is asked at idle priority (nobody waits for it) and G may come back
+// from SCHED_IDLE: then G forks W at idle priority too, so that the copy of the program's page
+// tables (5-12 ms here) takes only the CPU time the ranks leave, and goes back to its policy.
+int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid, bool idleFork) {
   sigset_t all, old;
   sigfillset(&all);
   ::sigprocmask(SIG_BLOCK, &all, &old);  // until each side has its dispositions
@@ -165,6 +169,10 @@ int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid) {
   ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   ::close(templateFd);
+  sched_param none{};
+  const int policy = ::sched_getscheduler(0);
+  idleFork = idleFork && r.head.idle != 0 && policy != SCHED_IDLE &&
+             ::sched_setscheduler(0, SCHED_IDLE, &none) == 0;
   const pid_t worker = ::fork();
   if (worker == 0) {
     ::prctl(PR_SET_NAME, program, 0, 0, 0);
@@ -185,7 +193,6 @@ int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid) {
       at += len + 1;
     }
     std::string priority;
-    sched_param none{};
     if (r.head.idle != 0) {
       if (::sched_setscheduler(0, SCHED_IDLE, &none) != 0) priority = std::strerror(errno);
     } else if (::sched_getscheduler(0) == SCHED_IDLE &&
@@ -201,6 +208,10 @@ int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid) {
     return r.head.spareId;
   }
   const int forkErrno = errno;
+  // A guard at idle priority would report its spare's exit late under load. It may come back
+  // (canLeaveIdlePriority, asked by the template); should the kernel refuse anyway, the agent
+  // moves the spare, not its guard, out of SCHED_IDLE when the spare takes a rank.
+  if (idleFork) ::sched_setscheduler(0, policy, &none);
   // Only the spare holds its output pipes: G writes nowhere but the status pipe.
   const int null = ::open("/dev/null", O_RDWR);
   if (null >= 0) {
@@ -240,6 +251,13 @@ namespace {
 pid_t forkAsSibling() {
   return static_cast<pid_t>(
       ::syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, nullptr));
+}
+
+// fork() as a raw clone, for X below: X shares the template's memory (vfork), where glibc's
+// fork handlers must not run (they lock and reset the allocator's state of the template, which
+// is suspended). The child G gets a copy as forkAsSibling()'s does, with the same reasoning.
+pid_t rawFork() {
+  return static_cast<pid_t>(::syscall(SYS_clone, SIGCHLD, nullptr, nullptr, nullptr, nullptr));
 }
 
 // Exits 3 (the launcher then exec's the spares) unless this process has one thread: a fork
@@ -324,9 +342,14 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
   exitUnlessOneThread(self, "the program has ", " threads when it calls init()");
   const bool warm = warmUp();
   exitUnlessOneThread(self, "the program's spare warm-up left ", " threads");
+  // Whether a guard may fork its spare at idle priority: only if it can come back from it.
+  std::string notIdle;
+  const bool idleForks = canLeaveIdlePriority(notIdle);
   reply(fd, wire::Reply::Ready, self);
   DDPRUN_LOG(INFO, "runtime") << "spare template (pid " << self << ") ready: loaded, forks "
-                              << "the spares started from now on";
+                              << "the spares started from now on"
+                              << (idleForks ? "" : " (a spare asked at idle priority is forked at "
+                                                   "normal priority: this process has " + notIdle + ")");
   for (;;) {
     Request r;
     if (!receive(fd, r)) {
@@ -338,17 +361,23 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
     std::fflush(nullptr);  // nothing the template buffered may come out of the spare too
     if (options.guardsAsSiblings) {
       const pid_t guard = forkAsSibling();
-      if (guard == 0) return {.id = becomeGuardAndSpare(fd, r, self), .warm = warm};
+      if (guard == 0) return {.id = becomeGuardAndSpare(fd, r, self, idleForks), .warm = warm};
       const int err = errno;
       r.closeFds();
       // G's own setpgid() may still be to come: the agent, its parent, sets it too on Forked.
       reply(fd, guard > 0 ? wire::Reply::Forked : wire::Reply::Failed, guard > 0 ? guard : err);
       continue;
     }
-    const pid_t x = ::fork();
+    // X is a vfork: it shares the template's memory and stack (the template waits until X
+    // exits), so the program's image is copied for G and then for W, not for X too. Each copy
+    // of its page tables took 4-14 ms here, on the cores the ranks train on: a spare forked
+    // after a recovery slowed the group's next steps by ~35 ms in all, a third of it X's.
+    // Until its _exit, X makes only system calls (a raw clone, setpgid, the reply's send):
+    // nothing that writes the template's memory but its own stack below this frame.
+    const pid_t x = ::vfork();
     if (x == 0) {
-      const pid_t guard = ::fork();
-      if (guard == 0) return {.id = becomeGuardAndSpare(fd, r, self), .warm = warm};
+      const pid_t guard = rawFork();
+      if (guard == 0) return {.id = becomeGuardAndSpare(fd, r, self, idleForks), .warm = warm};
       const int err = errno;
       if (guard > 0) ::setpgid(guard, guard);  // also from this side, before the agent knows it
       reply(fd, guard > 0 ? wire::Reply::Forked : wire::Reply::Failed, guard > 0 ? guard : err);

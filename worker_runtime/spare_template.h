@@ -14,11 +14,14 @@
 // checks it has exactly one thread (/proc/self/task; a fork copies only the calling thread,
 // and a lock or pool of another one would be broken in the child), says Ready on the socket,
 // and serves requests until the agent closes the socket. For each request (rendezvous/spare_fork.h)
-// it forks twice:
+// it makes three processes:
 //
-//   template ──fork──> X ──fork──> guard G (own process group, subreaper) ──fork──> spare W
-//                      X exits at once: G is orphaned and re-parented to the agent, which is a
-//                      child subreaper; the template's own guard is not, so G leaves its tree
+//   template ──vfork──> X ──fork──> guard G (own process group, subreaper) ──fork──> spare W
+//                       X exits at once: G is orphaned and re-parented to the agent, which is a
+//                       child subreaper; the template's own guard is not, so G leaves its tree
+//
+// (X shares the template's memory, so the program's image is copied twice per spare, for G
+// and W, not three times: each copy of its page tables costs milliseconds of a training core.)
 //
 // G does what a launcher guard does (launcher/guarded_process.h) with the descriptors the agent
 // sent: reports W's start and exit on the status pipe, ignores the stop signals meant for W,

@@ -342,13 +342,16 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
     REQUIRE(victimPid > 0);
     REQUIRE_FALSE(job.exited());
     REQUIRE(::kill(victimPid, SIGKILL) == 0);
-    // A new spare starts in the background, under SCHED_IDLE, while the old one is rank 1.
-    nextSpare = waitForStartingSpare(job, 1, kJobTimeout);
-    if (nextSpare > 0) nextPolicy = ::sched_getscheduler(nextSpare);  // -1 once it is gone
+    REQUIRE(showingOutput(waitForOutput(job, "rank 0 recovered in process", kJobTimeout), job));
     const bool spareAliveAsRank1 = alive(spare);
     // No process was started for rank 1: the spare (started without RANK) is rank 1 now.
     const pid_t startedAsRank1 = workerPid(job.pid(), 1, "mnist_mlp");
     const pid_t survivorNow = workerPid(job.pid(), 0, "mnist_mlp");
+    // A new spare starts in the background, under SCHED_IDLE, while the old one is rank 1. A
+    // fork of the spare template is made at idle priority from the start, so on cores the job
+    // keeps busy it may not run (nor say its pid) before the job ends.
+    nextSpare = waitForStartingSpare(job, 1, kJobTimeout);
+    if (nextSpare > 0) nextPolicy = ::sched_getscheduler(nextSpare);  // -1 once it is gone
     const int code = job.wait(kJobTimeout);
     output = job.output();
     INFO(output);
@@ -369,10 +372,13 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
   CHECK_THAT(output, Contains("rank 1 joined generation 1 and healed from rank 0's memory"));
   CHECK_THAT(output, Contains("rank 0 recovered in process"));
   CHECK_THAT(output, !Contains("a new rank 1 is starting"));
-  CHECK(nextSpare > 0);
-  CHECK(nextSpare != spare);
-  CHECK(nextPolicy == 5);  // SCHED_IDLE: its start-up takes no CPU time training wants
   CHECK_THAT(output, Contains("starting spare 1 in the background (SCHED_IDLE)"));
+  if (nextSpare < 0) {
+    CHECK_THAT(output, Contains("spare 1 forked from the spare template"));
+  } else {
+    CHECK(nextSpare != spare);
+    CHECK(nextPolicy == SCHED_IDLE);  // its start-up takes no CPU time training wants
+  }
   CHECK_THAT(output, !Contains("attempt 1"));
   CHECK_THAT(output, !Contains("resumed from checkpoint"));
   CHECK_THAT(output, Contains("done: 512 steps"));

@@ -6,10 +6,14 @@
 // finishes; ddprun SIGKILLed with a forked spare waiting leaves no process of the job alive, nor
 // with the template forked from rank 0 (shrink without spares), which is in no guard's tree.
 #include "tests/support/catch_torch.h"
+#include <sched.h>
 
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
+#include <thread>
 
 #include "fashion_mnist.h"
 #include "job_runner.h"
@@ -79,6 +83,31 @@ bool dead(pid_t pid) {
          stat[close + 2] == 'X';
 }
 
+// The parent pid of `pid` (field 4 of /proc/<pid>/stat), or -1.
+pid_t parentOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return -1;
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  char state = 0;
+  pid_t parent = -1;
+  rest >> state >> parent;
+  return parent;
+}
+
+// The scheduling policy of `pid` once it is `want`, waiting up to 5 s (-1: gone).
+int policyOnceIs(pid_t pid, int want) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  int policy = ::sched_getscheduler(pid);
+  while (policy != want && policy >= 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    policy = ::sched_getscheduler(pid);
+  }
+  return policy;
+}
+
 // The pids of `seen` still running (not dead()) after waiting up to `timeout` for them.
 std::vector<pid_t> survivors(const std::set<pid_t>& seen, std::chrono::seconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -103,6 +132,7 @@ TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and hea
   TempDir dir;
   std::string output;
   pid_t templ = -1, forked = -1;
+  int guardPolicy = -1, forkedPolicy = -1;
   std::set<pid_t> seen;
   {
     Job j(job(dir.path(), {"--max-restarts=2", "--recovery=in-process", "--spares=1"}), {},
@@ -121,6 +151,11 @@ TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and hea
     forked = waitForPid(j, "spare 1 (pid ", ") forked from the spare template (pid " +
                                                 std::to_string(templ) + ")");
     REQUIRE(showingOutput(forked > 0, j));
+    // Asked at idle priority (nobody waits for it), so its guard forked it under SCHED_IDLE
+    // and came back to SCHED_OTHER: a guard at idle priority would report its exit late.
+    const pid_t guard = parentOf(forked);
+    guardPolicy = guard > 0 ? policyOnceIs(guard, SCHED_OTHER) : -2;
+    forkedPolicy = ::sched_getscheduler(forked);
     REQUIRE(showingOutput(
         waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") ready: loaded", kJobTimeout),
         j));
@@ -140,6 +175,10 @@ TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and hea
   INFO(output);
   CHECK(seen.count(forked) == 1);
   CHECK(seen.count(templ) == 1);
+  if (output.find("start at normal priority, not SCHED_IDLE") == std::string::npos) {
+    CHECK(forkedPolicy == SCHED_IDLE);
+    CHECK(guardPolicy == SCHED_OTHER);
+  }
   CHECK_THAT(output, Contains("spare 1 forked from the spare template (pid " +
                               std::to_string(templ) + ")"));
   // The template ran the trainer's warm-up once, before it said ready; its fork starts warm and
