@@ -147,8 +147,12 @@ std::vector<Event> EtcdWatch::next(Clock::time_point deadline) {
       continue;
     }
     if (!read) {
-      woken_ = false;
-      return {};
+      // The deadline, or a wake. A wake() made while no next() was reading is answered at the
+      // top of the loop, but also left the stream's own flag set: its read then returns at
+      // once, and that leftover is not this call's wake (it would end a wait for an event
+      // that is on its way).
+      if (woken_.exchange(false) || Clock::now() >= deadline) return {};
+      continue;
     }
     WatchMessage& m = *read;
     failingSince.reset();

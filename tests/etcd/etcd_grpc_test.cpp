@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <thread>
+
 #include "etcd_cluster.h"
 #include "rendezvous/etcd/etcd_watch.h"
 
@@ -57,8 +59,15 @@ TEST_CASE("etcd grpc: 200 watches on one connection, each gets its own events", 
   watches[3]->wake();
   CHECK(watches[3]->next(Clock::now() + Millis(5'000)).empty());
   CHECK(Clock::now() - t0 < Millis(1'000));
-  c.put({.key = p + "k3", .value = "v3"});
-  CHECK(watches[3]->next(Clock::now() + Millis(5'000)).at(0).kv.value == "v3");
+  // That wake was answered: the next wait is for an event, even one that comes later.
+  std::thread later([&] {
+    std::this_thread::sleep_for(Millis(200));
+    c.put({.key = p + "k3", .value = "v3"});
+  });
+  const auto e3 = watches[3]->next(Clock::now() + Millis(5'000));
+  later.join();
+  REQUIRE(e3.size() == 1);
+  CHECK(e3[0].kv.value == "v3");
   // Closing watches resets their streams; the connection goes on serving.
   watches.clear();
   CHECK(c.range({.key = p + "k42"}).kvs.at(0).value == "v42");
