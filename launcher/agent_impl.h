@@ -22,6 +22,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -140,6 +141,22 @@ class Agent::Impl {
   // the newest generation (the recovery is over: the store is not needed for it any more).
   void startOwedSpares();
   void onSpareTemplateExited(const WorkerResult& r);
+  // A spare asked at idle priority from a loaded template (the next failure's, after a
+  // recovery): the template forks it at idle priority, so its answer waits for CPU time the
+  // ranks leave, and this loop, which serves the workers' store and sees deaths, must not wait
+  // with it (a spare asked while one is being forked queues behind it). queueFork() asks (one request at a time, the others in order), onForkAnswer()
+  // adds the spare to the group once the socket is readable or kAnswerTimeout is over (then,
+  // or on any refusal, the spare is exec'd, as spareSpawner() does). endSpareTemplate() drops
+  // what is queued: the group it was for is over.
+  void queueFork(WorkerLaunch l, int id, bool idle);
+  // The line of spare `id` exec'd instead of forked: why, and once, that the template is gone
+  // (`wasGone`: it was before this spare was asked).
+  void sayExecd(int id, const std::string& why, bool wasGone);
+  void sendNextFork();
+  void onForkAnswer(uint64_t epoch);
+  // Spares being forked, counted with the waiting ones wherever the agent decides how many
+  // to start.
+  int sparesForking() const { return static_cast<int>(forkQueue_.size()); }
   // How startSpare() starts spare `id`: a fork of the template, or empty (spawnGuarded).
   std::function<GuardedProcess(const SpawnRequest&)> spareSpawner(int id,
                                                                   std::optional<bool> idleIfForked);
@@ -417,6 +434,14 @@ class Agent::Impl {
   // or this process cannot be a child subreaper).
   std::unique_ptr<SpareTemplate> spareTemplate_;
   int sparesOwed_ = 0;
+  struct QueuedFork {
+    WorkerLaunch launch;
+    int id = -1;
+    bool idle = true;  // the template forks it under SCHED_IDLE
+  };
+  std::deque<QueuedFork> forkQueue_;  // the front one is asked when forkAsked_
+  bool forkAsked_ = false;
+  uint64_t forkEpoch_ = 0;  // an answer's handlers (socket, timer) armed before it do nothing
   bool spareTemplateOff_ = false;
   bool templateFromRank_ = false;  // spareTemplate_ is a fork of local rank 0 (not a worker)
   // Grow back: the replacement joining now (-1: none), its rank and the generation it joins;

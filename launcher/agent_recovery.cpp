@@ -422,8 +422,8 @@ void Agent::Impl::replaceWorkers(const std::vector<WorkerResult>& dead, const Jo
   }
   publishGeneration(record, dead, "the other workers keep running, " + takers, d);
   // In the background: the next failure's spares, once every worker announced this generation
-  // (startOwedSpares): a fork of the spare template waits for the template's answer on this
-  // loop, which serves the store the survivors and the spare re-form through.
+  // (startOwedSpares): the template's fork copies the program's page tables on the cores the
+  // survivors and the spare re-form on (and a spare it cannot fork is exec'd at once).
   sparesOwed_ += static_cast<int>(sparesTaken.size());
   watchProgress();  // the new processes are watched from their first beat
 }

@@ -10,6 +10,10 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstring>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "launcher/agent_impl.h"
 #include "rendezvous/spare_fork.h"
@@ -105,6 +109,11 @@ std::unique_ptr<SpareTemplate> Agent::Impl::templateFromRank(WorkerLaunch& rank0
 }
 
 void Agent::Impl::endSpareTemplate() {
+  // Queued forks were for this group: dropped. An answer still owed is never read (the socket
+  // closes below); a guard forked anyway finds its control socket closed and kills its spare.
+  forkQueue_.clear();
+  forkAsked_ = false;
+  ++forkEpoch_;
   if (templateFromRank_ && spareTemplate_) spareTemplate_->ready();  // its pid, if it said it
   const pid_t forked = templateFromRank_ && spareTemplate_ ? spareTemplate_->pid() : -1;
   spareTemplate_.reset();  // its socket closed: a template that reads it exits
@@ -130,15 +139,89 @@ std::function<GuardedProcess(const SpawnRequest&)> Agent::Impl::spareSpawner(
                                    << spareTemplate_->pid() << "), guard pid " << p->guardPid;
       return std::move(*p);
     }
-    if (spareTemplate_->gone() && !wasGone) {
-      DDPRUN_LOG(WARN, "launcher") << "spare template (pid " << spareTemplate_->pid()
-                                   << "): " << why << "; spare " << id << " and the later "
-                                   << "ones are started as processes";
-    } else {
-      DDPRUN_LOG(INFO, "launcher") << "spare " << id << " is started as a process: " << why;
-    }
+    sayExecd(id, why, wasGone);
     return spawnGuarded(req);
   };
+}
+
+void Agent::Impl::sayExecd(int id, const std::string& why, bool wasGone) {
+  if (spareTemplate_ && spareTemplate_->gone() && !wasGone) {
+    DDPRUN_LOG(WARN, "launcher") << "spare template (pid " << spareTemplate_->pid() << "): "
+                                 << why << "; spare " << id << " and the later ones are "
+                                 << "started as processes";
+  } else {
+    DDPRUN_LOG(INFO, "launcher") << "spare " << id << " is started as a process: " << why;
+  }
+}
+
+void Agent::Impl::queueFork(WorkerLaunch l, int id, bool idle) {
+  forkQueue_.push_back({.launch = std::move(l), .id = id, .idle = idle});
+  sendNextFork();
+}
+
+void Agent::Impl::sendNextFork() {
+  while (!forkAsked_ && !forkQueue_.empty()) {
+    std::string why = "the spare template is gone";
+    const bool wasGone = !spareTemplate_ || spareTemplate_->gone();
+    UniqueFd watched(spareTemplate_ ? ::dup(spareTemplate_->fd()) : -1);  // what the loop waits on
+    if (spareTemplate_ && !watched) why = std::string("dup: ") + std::strerror(errno);
+    if (watched && spareTemplate_->request(forkQueue_.front().id, forkQueue_.front().idle,
+                                           forkQueue_.front().launch.spawn.env, why)) {
+      forkAsked_ = true;
+      const uint64_t epoch = ++forkEpoch_;
+      // Whichever comes first (the answer, EOF or the bound) cancels the other and calls
+      // onForkAnswer(); the other's call then finds the epoch moved on.
+      auto readable = std::make_shared<asio::posix::stream_descriptor>(io_, watched.release());
+      auto timer = std::make_shared<asio::steady_timer>(io_, SpareTemplate::kAnswerTimeout);
+      readable->async_wait(asio::posix::stream_descriptor::wait_read,
+                           [this, readable, timer, epoch](boost::system::error_code ec) {
+                             if (ec == asio::error::operation_aborted) return;
+                             timer->cancel();
+                             onForkAnswer(epoch);
+                           });
+      timer->async_wait([this, readable, timer, epoch](boost::system::error_code ec) {
+        if (ec == asio::error::operation_aborted) return;
+        readable->cancel();
+        onForkAnswer(epoch);
+      });
+      return;
+    }
+    QueuedFork f = std::move(forkQueue_.front());
+    forkQueue_.pop_front();
+    sayExecd(f.id, why, wasGone);
+    if (state_ == State::Running && group_ && group_->runningCount() > 0) {
+      group_->add(std::move(f.launch));
+    }
+  }
+}
+
+void Agent::Impl::onForkAnswer(uint64_t epoch) {
+  if (epoch != forkEpoch_ || !forkAsked_) return;  // answered already, or the group is over
+  ++forkEpoch_;  // the other handler of this request does nothing
+  forkAsked_ = false;
+  QueuedFork f = std::move(forkQueue_.front());
+  forkQueue_.pop_front();
+  std::string why = "the spare template is gone";
+  std::optional<GuardedProcess> p;
+  bool wasGone = true;
+  if (spareTemplate_ && spareTemplate_->answerOwed()) {
+    wasGone = spareTemplate_->gone();
+    // Readable, or kAnswerTimeout is over: no wait either way.
+    p = spareTemplate_->answer(std::chrono::milliseconds(0), why);
+  }
+  if (state_ == State::Running && group_ && group_->runningCount() > 0) {
+    if (p) {
+      DDPRUN_LOG(INFO, "launcher") << "spare " << f.id << " forked from the spare template (pid "
+                                   << spareTemplate_->pid() << "), guard pid " << p->guardPid;
+      f.launch.spawner = [forked = std::make_shared<GuardedProcess>(std::move(*p))](
+                             const SpawnRequest&) { return std::move(*forked); };
+    } else {
+      sayExecd(f.id, why, wasGone);
+    }
+    group_->add(std::move(f.launch));
+    publishSpares();
+  }
+  sendNextFork();
 }
 
 pid_t Agent::Impl::runningTemplatePid() const {

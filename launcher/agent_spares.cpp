@@ -57,7 +57,7 @@ void Agent::Impl::startReplacements() {
   std::string why;
   if (!growBackUsable(why) || growBackOff_) return;
   const int missing = options_.nprocPerNode - liveWorkers() -
-                      static_cast<int>(group_->waitingSpares().size());
+                      static_cast<int>(group_->waitingSpares().size()) - sparesForking();
   if (missing > 0 && waitForSpareTemplate()) return;
   for (int i = 0; i < missing; ++i) {
     // A fork of a loaded template is ready in tens of milliseconds, during which the group
@@ -228,7 +228,8 @@ void Agent::Impl::growGroup(pid_t sparePid, int spareId) {
   // A warm spare (--spares) grew the group: the next one starts in the background, as after
   // a spare took a dead rank under replace.
   if (sparesStarted_ && liveWorkers() >= options_.nprocPerNode &&
-      static_cast<int>(group_->waitingSpares().size()) + sparesOwed_ < options_.spares) {
+      static_cast<int>(group_->waitingSpares().size()) + sparesForking() + sparesOwed_ <
+          options_.spares) {
     backgroundIdle();
     ++sparesOwed_;  // started once the group has grown (startOwedSpares)
   }
@@ -429,6 +430,14 @@ void Agent::Impl::startSpare(bool idle, std::optional<bool> idleIfForked) {
                                       : nextSpareId_++;
   WorkerLaunch l = makeLaunch(round_, 0, 0, id);
   l.spawn.idlePriority = idle;
+  const bool forkIdle = idleIfForked.value_or(idle);
+  if ((forkIdle || sparesForking() > 0) && spareTemplate_ && spareTemplate_->ready()) {
+    queueFork(std::move(l), id, forkIdle);  // added to the group once the template answers
+    DDPRUN_LOG(INFO, "launcher") << "starting spare " << id
+                                 << (idle ? " in the background (SCHED_IDLE)" : "")
+                                 << ": it loads and waits for a rank";
+    return;
+  }
   l.spawner = spareSpawner(id, idleIfForked);
   group_->add(std::move(l));
   DDPRUN_LOG(INFO, "launcher") << "starting spare " << id
@@ -459,7 +468,8 @@ void Agent::Impl::onSpareExited(const WorkerResult& r) {
   const int wanted = options_.nprocPerNode + (sparesStarted_ ? options_.spares : 0);
   if (options_.recoveryPolicy == LaunchOptions::RecoveryPolicy::Shrink &&
       (growBackOff_ ||
-       liveWorkers() + static_cast<int>(group_->waitingSpares().size()) >= wanted)) {
+       liveWorkers() + static_cast<int>(group_->waitingSpares().size()) + sparesForking() >=
+           wanted)) {
     return;
   }
   events::instant("spare exit", "agent",

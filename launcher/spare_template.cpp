@@ -101,29 +101,36 @@ bool SpareTemplate::sendOutput(int fd) {
 std::optional<GuardedProcess> SpareTemplate::forkSpare(int spareId, bool idle,
                                                        const std::vector<std::string>& env,
                                                        std::string& why) {
+  if (!request(spareId, idle, env, why)) return std::nullopt;
+  return answer(kAnswerTimeout, why);
+}
+
+bool SpareTemplate::request(int spareId, bool idle, const std::vector<std::string>& env,
+                            std::string& why) {
   if (gone_) {
     why = "the spare template is gone";
-    return std::nullopt;
+    return false;
   }
-  if (!checkReady(why)) return std::nullopt;
-  auto [controlRead, controlWrite] = socketPair(true);
-  auto [statusRead, statusWrite] = pipePair();
-  auto [outRead, outWrite] = pipePair();
-  auto [errRead, errWrite] = pipePair();
+  DDPRUN_CHECK(!pending_, "one request to the spare template at a time");
+  if (!checkReady(why)) return false;
   std::string blob;
   for (const auto& e : env) {
     blob += e;
     blob.push_back('\0');
   }
+  if (blob.size() > wire::kMaxEnvBytes) {
+    why = "the spare's environment has " + std::to_string(blob.size()) + " bytes, more than " +
+          std::to_string(wire::kMaxEnvBytes) + " the template reads";
+    return false;
+  }
+  auto [controlRead, controlWrite] = socketPair(true);
+  auto [statusRead, statusWrite] = pipePair();
+  auto [outRead, outWrite] = pipePair();
+  auto [errRead, errWrite] = pipePair();
   wire::Request head;
   head.spareId = spareId;
   head.idle = idle ? 1 : 0;
   head.envBytes = static_cast<uint32_t>(blob.size());
-  if (blob.size() > wire::kMaxEnvBytes) {
-    why = "the spare's environment has " + std::to_string(blob.size()) + " bytes, more than " +
-          std::to_string(wire::kMaxEnvBytes) + " the template reads";
-    return std::nullopt;
-  }
   const int fds[4] = {controlRead.get(), statusWrite.get(), outWrite.get(), errWrite.get()};
   const ssize_t sent = sendWithFds(agent_.get(), &head, sizeof head, fds);
   if (sent < 0 || (static_cast<size_t>(sent) < sizeof head &&
@@ -132,11 +139,23 @@ std::optional<GuardedProcess> SpareTemplate::forkSpare(int spareId, bool idle,
       !sendAll(agent_.get(), blob.data(), blob.size())) {
     gone_ = true;
     why = std::string("the spare template's socket: ") + std::strerror(errno);
-    return std::nullopt;
+    return false;
   }
+  // The ends the guard and its spare hold are closed here, as spawnGuarded() does.
+  pending_ = Pending{.control = std::move(controlWrite),
+                     .status = std::move(statusRead),
+                     .out = std::move(outRead),
+                     .err = std::move(errRead)};
+  return true;
+}
+
+std::optional<GuardedProcess> SpareTemplate::answer(std::chrono::milliseconds wait,
+                                                    std::string& why) {
+  DDPRUN_CHECK(pending_, "an answer is read after a request");
+  Pending pending = std::move(*pending_);
+  pending_.reset();
   wire::Reply r;
-  const int got =
-      readReply(agent_.get(), r, static_cast<int>(kAnswerTimeout.count()));
+  const int got = readReply(agent_.get(), r, static_cast<int>(wait.count()));
   if (got <= 0 || (r.kind != wire::Reply::Forked && r.kind != wire::Reply::Failed)) {
     // A late answer would come after a request nobody waits for: the template is done with.
     // A guard it forks anyway finds its control socket closed (below) and kills its spare.
@@ -157,11 +176,11 @@ std::optional<GuardedProcess> SpareTemplate::forkSpare(int spareId, bool idle,
   ::setpgid(r.value, r.value);
   GuardedProcess p;
   p.guardPid = r.value;
-  p.control = std::move(controlWrite);
-  p.status = std::move(statusRead);
-  p.stdoutRead = std::move(outRead);
-  p.stderrRead = std::move(errRead);
-  return p;  // the ends the guard and its spare hold are closed here, as spawnGuarded() does
+  p.control = std::move(pending.control);
+  p.status = std::move(pending.status);
+  p.stdoutRead = std::move(pending.out);
+  p.stderrRead = std::move(pending.err);
+  return p;
 }
 
 }  // namespace ddprun::launcher

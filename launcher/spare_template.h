@@ -18,7 +18,9 @@
 // is never lost to it. The agent's loop thread only; the one blocking wait is the template's
 // answer to a request (a fork: 1-2 ms here; 80 ms seen at load 90), bounded by kAnswerTimeout.
 // The loop also serves the workers' store, so the agent asks for a fork after a recovery only
-// once every worker announced the new generation (Agent::Impl::startOwedSpares).
+// once every worker announced the new generation (Agent::Impl::startOwedSpares), and a spare
+// asked at idle priority, whose fork the template makes at idle priority too, is asked with
+// request() and its answer() read once the socket is readable (Agent::Impl::queueFork).
 #include <sys/types.h>
 
 #include <chrono>
@@ -53,6 +55,14 @@ class SpareTemplate {
   // the template. nullopt, with `why`, when it cannot; `gone()` then says whether it ever can.
   std::optional<GuardedProcess> forkSpare(int spareId, bool idle,
                                           const std::vector<std::string>& env, std::string& why);
+  // forkSpare() in two halves, for a caller that waits for the answer on its own loop:
+  // request() sends it (false, with `why`, when it cannot), answer() reads the answer, waiting
+  // up to `wait` (0: the socket is readable, or the caller's kAnswerTimeout is over: no answer
+  // then makes the template gone). One request at a time; fd() is the socket to wait on.
+  bool request(int spareId, bool idle, const std::vector<std::string>& env, std::string& why);
+  std::optional<GuardedProcess> answer(std::chrono::milliseconds wait, std::string& why);
+  bool answerOwed() const { return pending_.has_value(); }
+  int fd() const { return agent_.get(); }
   // Whether the template has said Ready (it forks now), reading its answer if one came.
   bool ready() {
     std::string why;
@@ -69,6 +79,11 @@ class SpareTemplate {
 
  private:
   bool checkReady(std::string& why);
+  // The agent's ends of the descriptors a request sent, until its answer came.
+  struct Pending {
+    UniqueFd control, status, out, err;
+  };
+  std::optional<Pending> pending_;
   UniqueFd agent_, child_;
   bool ready_ = false;
   bool loadingSeen_ = false;

@@ -151,8 +151,10 @@ void sendRecord(int statusFd, int32_t kind, int32_t value) {
 // In G, just forked (one thread): forks W, which returns the spare's id; G never returns.
 // `idleFork`: the spare is asked at idle priority (nobody waits for it) and G may come back
 // from SCHED_IDLE: then G forks W at idle priority too, so that the copy of the program's page
-// tables (5-12 ms here) takes only the CPU time the ranks leave, and goes back to its policy.
-int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid, bool idleFork) {
+// tables (5-12 ms here) takes only the CPU time the ranks leave, and goes back to `policy`, the
+// template's (G may have been born idle: X, which forked it, copies at idle priority too).
+int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid, bool idleFork,
+                        int policy) {
   sigset_t all, old;
   sigfillset(&all);
   ::sigprocmask(SIG_BLOCK, &all, &old);  // until each side has its dispositions
@@ -170,9 +172,9 @@ int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid, bool idle
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   ::close(templateFd);
   sched_param none{};
-  const int policy = ::sched_getscheduler(0);
   idleFork = idleFork && r.head.idle != 0 && policy != SCHED_IDLE &&
-             ::sched_setscheduler(0, SCHED_IDLE, &none) == 0;
+             (::sched_getscheduler(0) == SCHED_IDLE ||
+              ::sched_setscheduler(0, SCHED_IDLE, &none) == 0);
   const pid_t worker = ::fork();
   if (worker == 0) {
     ::prctl(PR_SET_NAME, program, 0, 0, 0);
@@ -361,7 +363,10 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
     std::fflush(nullptr);  // nothing the template buffered may come out of the spare too
     if (options.guardsAsSiblings) {
       const pid_t guard = forkAsSibling();
-      if (guard == 0) return {.id = becomeGuardAndSpare(fd, r, self, idleForks), .warm = warm};
+      if (guard == 0) {
+        return {.id = becomeGuardAndSpare(fd, r, self, idleForks, ::sched_getscheduler(0)),
+                .warm = warm};
+      }
       const int err = errno;
       r.closeFds();
       // G's own setpgid() may still be to come: the agent, its parent, sets it too on Forked.
@@ -374,10 +379,20 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
     // after a recovery slowed the group's next steps by ~35 ms in all, a third of it X's.
     // Until its _exit, X makes only system calls (a raw clone, setpgid, the reply's send):
     // nothing that writes the template's memory but its own stack below this frame.
+    // A spare asked at idle priority: X clones G under SCHED_IDLE, so that the copy of the
+    // page tables for G (4-9 ms here) also takes only what CPU time the ranks leave (a window
+    // p50 of 46 ms against 65 over 7 seeds, docs/recovery.md). Its answer may then wait:
+    // the agent reads it off its loop (launcher/spare_template.h).
+    const int policy = ::sched_getscheduler(0);
+    const bool idleClone = idleForks && r.head.idle != 0 && policy != SCHED_IDLE;
+    const sched_param idleParam{};
     const pid_t x = ::vfork();
     if (x == 0) {
+      if (idleClone) ::sched_setscheduler(0, SCHED_IDLE, &idleParam);  // X's own, not the template's
       const pid_t guard = rawFork();
-      if (guard == 0) return {.id = becomeGuardAndSpare(fd, r, self, idleForks), .warm = warm};
+      if (guard == 0) {
+        return {.id = becomeGuardAndSpare(fd, r, self, idleForks, policy), .warm = warm};
+      }
       const int err = errno;
       if (guard > 0) ::setpgid(guard, guard);  // also from this side, before the agent knows it
       reply(fd, guard > 0 ? wire::Reply::Forked : wire::Reply::Failed, guard > 0 ? guard : err);

@@ -293,9 +293,10 @@ TEST_CASE("in-process recovery: a death with no restart left ends the job with i
 
 // ---- Hot spares (ddprun --spares, docs/recovery.md#hot-spares) ----
 
-// 4 epochs (512 steps): a spare starts once both workers announced (after their first step) and
-// must be ready well before the end, however loaded the machine.
-constexpr int kSpareEpochs = 4;
+// 8 epochs (1024 steps, ~4.5 s here): a spare starts once both workers announced (after their
+// first step) and must be ready well before the end, however loaded the machine (at 512 steps
+// the job once ended as spare 0 said ready, with three tests at a time on 2 cores).
+constexpr int kSpareEpochs = 8;
 
 // The uninterrupted run of the spare tests' length (run once per test process).
 const TempDir& spareReferenceRun() {
@@ -304,7 +305,7 @@ const TempDir& spareReferenceRun() {
     const auto r = runJob(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs)), dir / "log");
     INFO(r.output);
     REQUIRE(r.code == 0);
-    REQUIRE_THAT(r.output, Contains("done: 512 steps"));
+    REQUIRE_THAT(r.output, Contains("done: 1024 steps"));
     return true;
   }();
   (void)done;
@@ -381,7 +382,7 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
   }
   CHECK_THAT(output, !Contains("attempt 1"));
   CHECK_THAT(output, !Contains("resumed from checkpoint"));
-  CHECK_THAT(output, Contains("done: 512 steps"));
+  CHECK_THAT(output, Contains("done: 1024 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
@@ -424,7 +425,7 @@ TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers 
   CHECK_THAT(output, !Contains("recovering in process"));
   CHECK_THAT(output, !Contains("restarting the worker group"));
   CHECK_THAT(output, !Contains("attempt 1"));
-  CHECK_THAT(output, Contains("done: 512 steps"));
+  CHECK_THAT(output, Contains("done: 1024 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 
@@ -470,7 +471,7 @@ TEST_CASE("hot spare: the spare SIGKILLed as it takes the rank, the next generat
   CHECK_THAT(output, !Contains("attempt 1"));
   CHECK_THAT(output, !Contains("restarting the worker group"));
   CHECK_THAT(output, !Contains("resumed from checkpoint"));
-  CHECK_THAT(output, Contains("done: 512 steps"));
+  CHECK_THAT(output, Contains("done: 1024 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
 }
 

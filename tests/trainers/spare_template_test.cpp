@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "fashion_mnist.h"
+#include "rendezvous/tcp_store.h"
 #include "job_runner.h"
 #include "trained_weights.h"
 #include "test_files.h"
@@ -33,8 +34,9 @@ constexpr auto kJobTimeout = std::chrono::seconds(120);
 // two ranks, and a 512-step job (2.3 s) once ended on a loaded CI machine before they had.
 constexpr int kEpochs = 8;
 
-std::vector<std::string> job(const std::string& dir, std::vector<std::string> flags) {
-  return standaloneJob(2, mlpCommand({.dir = dir, .batch = 16, .epochs = kEpochs, .metrics = true}),
+std::vector<std::string> job(const std::string& dir, std::vector<std::string> flags,
+                             int epochs = kEpochs) {
+  return standaloneJob(2, mlpCommand({.dir = dir, .batch = 16, .epochs = epochs, .metrics = true}),
                        flags);
 }
 
@@ -240,6 +242,92 @@ TEST_CASE("spare template: SIGKILLed, the next spare is exec'd as before and the
   CHECK_THAT(output, Contains("rank 1 joined generation 1 and healed from rank 0's memory"));
   CHECK_THAT(output, Contains("done: 1024 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  CHECK(survivors(seen, std::chrono::seconds(5)).empty());
+}
+
+// The agent asks the template for the next spare after a recovery without waiting on its loop
+// (which serves the workers' store and sees deaths) for the answer: the template forks it at
+// idle priority, which takes what CPU time the ranks leave. A stopped template never answers:
+// the store still answers every request at once, and after the answer's bound (1 s) the spare
+// is exec'd instead.
+TEST_CASE("spare template: SIGSTOPped, the agent's store keeps answering while it waits for "
+          "the template, the next spare is exec'd after 1 s and the job finishes",
+          "[elastic][recovery][spares][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  std::string output;
+  std::set<pid_t> seen;
+  pid_t next = -1;
+  int64_t slowestMs = -1, pings = 0;
+  std::string pingError;
+  {
+    // 2048 steps (~9 s here): the job must outlast the spare's load, the 1 s bound and an
+    // exec'd spare's start on a loaded machine (the weights are the other tests' to check).
+    Job j(job(dir.path(), {"--max-restarts=1", "--recovery=in-process", "--spares=1"}, 16), {},
+          dir / "log");
+    const pid_t templ = waitForPid(j, "spare template (pid ", ") ready: loaded, forks");
+    REQUIRE(showingOutput(templ > 0, j));
+    REQUIRE(showingOutput(waitForOutput(j, "ready: loaded, waiting for a rank", kJobTimeout), j));
+    const pid_t rank0 = workerPid(j.pid(), 0, "mnist_mlp");
+    const pid_t victim = workerPid(j.pid(), 1, "mnist_mlp");
+    REQUIRE(rank0 > 0);
+    REQUIRE(victim > 0);
+    const std::string port = ddprun::testing::startEnv(rank0, "MASTER_PORT");
+    REQUIRE(!port.empty());
+    ddprun::rendezvous::TcpStore store({.host = ddprun::testing::startEnv(rank0, "MASTER_ADDR"),
+                                        .port = static_cast<uint16_t>(std::stoi(port)),
+                                        .timeout = std::chrono::milliseconds(10'000),
+                                        .connectTimeout = std::chrono::milliseconds(10'000),
+                                        .tokenFromEnvironment = false});
+    REQUIRE(::kill(templ, SIGSTOP) == 0);
+    REQUIRE(::kill(victim, SIGKILL) == 0);
+    // From the death until the template's answer is given up: a store request every 10 ms.
+    const std::string givenUp = "spare template (pid " + std::to_string(templ) +
+                                "): the spare template did not answer in 1000 ms; spare 1 and "
+                                "the later ones are started as processes";
+    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+    while (std::chrono::steady_clock::now() < deadline && !j.exited() &&
+           j.output().find(givenUp) == std::string::npos) {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        store.check({"ping"});
+      } catch (const std::exception& e) {
+        pingError = e.what();
+        break;
+      }
+      slowestMs = std::max<int64_t>(
+          slowestMs, std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - start).count());
+      ++pings;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    INFO("the store request failed: " << pingError);
+    REQUIRE(showingOutput(pingError.empty(), j));
+    REQUIRE(showingOutput(j.output().find(givenUp) != std::string::npos, j));
+    while (next <= 0 && std::chrono::steady_clock::now() < deadline && !j.exited()) {
+      next = sparePid(j.pid(), 1, "mnist_mlp");  // exec'd: its environment says DDPRUN_SPARE=1
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    // Continued, it reads the request nobody waits for; the guard it forks finds its control
+    // socket closed and kills its spare.
+    REQUIRE(::kill(templ, SIGCONT) == 0);
+    for (pid_t p : descendants(j.pid())) seen.insert(p);
+    const int code = j.wait(kJobTimeout);
+    output = j.output();
+    INFO(output);
+    REQUIRE(code == 0);
+  }
+  INFO(output);
+  INFO("store requests: " << pings << ", the slowest " << slowestMs << " ms");
+  CHECK(next > 0);
+  CHECK_THAT(output, Contains("starting spare 1 in the background (SCHED_IDLE)"));
+  CHECK_THAT(output, !Contains("spare 1 forked from the spare template"));
+  // Waiting on its loop, the agent had held every request ~1 s.
+  CHECK(pings >= 20);
+  CHECK(slowestMs < 500);
+  CHECK_THAT(output, Contains("rank 1 joined generation 1 and healed from rank 0's memory"));
+  CHECK_THAT(output, !Contains("attempt 1"));
+  CHECK_THAT(output, Contains("done: 2048 steps"));
   CHECK(survivors(seen, std::chrono::seconds(5)).empty());
 }
 
