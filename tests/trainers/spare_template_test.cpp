@@ -127,6 +127,28 @@ std::vector<pid_t> survivors(const std::set<pid_t>& seen, std::chrono::seconds t
   return alive;
 }
 
+// Waits for exec'd spare `id` (its environment in /proc says DDPRUN_SPARE=<id>); its pid, or -1.
+pid_t waitForExecdSpare(Job& j, int id) {
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  pid_t pid = -1;
+  while (pid <= 0 && std::chrono::steady_clock::now() < deadline && !j.exited()) {
+    pid = sparePid(j.pid(), id, "mnist_mlp");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return pid;
+}
+
+// Adds every process of the job now (guards, workers, template, spares) to `seen`, waits for
+// the job's end and returns its output; the job must succeed.
+std::string finishJob(Job& j, std::set<pid_t>& seen) {
+  for (pid_t p : descendants(j.pid())) seen.insert(p);
+  const int code = j.wait(kJobTimeout);
+  const std::string output = j.output();
+  INFO(output);
+  REQUIRE(code == 0);
+  return output;
+}
+
 }  // namespace
 
 TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and heals, weights "
@@ -170,11 +192,7 @@ TEST_CASE("spare template: a spare forked from it takes a SIGKILLed rank and hea
     REQUIRE(showingOutput(
         waitForOutput(j, "spare 1 (pid " + std::to_string(forked) + ") takes rank 1", kJobTimeout),
         j));
-    for (pid_t p : descendants(j.pid())) seen.insert(p);  // guards, workers, template, spares
-    const int code = j.wait(kJobTimeout);
-    output = j.output();
-    INFO(output);
-    REQUIRE(code == 0);
+    output = finishJob(j, seen);
   }
   INFO(output);
   CHECK(seen.count(forked) == 1);
@@ -222,17 +240,8 @@ TEST_CASE("spare template: SIGKILLed, the next spare is exec'd as before and the
     const pid_t victim = workerPid(j.pid(), 1, "mnist_mlp");
     REQUIRE(victim > 0);
     REQUIRE(::kill(victim, SIGKILL) == 0);
-    // Spare 1 is exec'd: its environment in /proc says DDPRUN_SPARE=1.
-    const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-    while (next <= 0 && std::chrono::steady_clock::now() < deadline && !j.exited()) {
-      next = sparePid(j.pid(), 1, "mnist_mlp");
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    for (pid_t p : descendants(j.pid())) seen.insert(p);
-    const int code = j.wait(kJobTimeout);
-    output = j.output();
-    INFO(output);
-    REQUIRE(code == 0);
+    next = waitForExecdSpare(j, 1);
+    output = finishJob(j, seen);
   }
   INFO(output);
   CHECK(next > 0);
@@ -304,18 +313,11 @@ TEST_CASE("spare template: SIGSTOPped, the agent's store keeps answering while i
     INFO("the store request failed: " << pingError);
     REQUIRE(showingOutput(pingError.empty(), j));
     REQUIRE(showingOutput(j.output().find(givenUp) != std::string::npos, j));
-    while (next <= 0 && std::chrono::steady_clock::now() < deadline && !j.exited()) {
-      next = sparePid(j.pid(), 1, "mnist_mlp");  // exec'd: its environment says DDPRUN_SPARE=1
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    next = waitForExecdSpare(j, 1);
     // Continued, it reads the request nobody waits for; the guard it forks finds its control
     // socket closed and kills its spare.
     REQUIRE(::kill(templ, SIGCONT) == 0);
-    for (pid_t p : descendants(j.pid())) seen.insert(p);
-    const int code = j.wait(kJobTimeout);
-    output = j.output();
-    INFO(output);
-    REQUIRE(code == 0);
+    output = finishJob(j, seen);
   }
   INFO(output);
   INFO("store requests: " << pings << ", the slowest " << slowestMs << " ms");
