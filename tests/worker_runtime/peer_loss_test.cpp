@@ -144,7 +144,10 @@ TEST_CASE("a peer frozen mid-allreduce: the others time out, never hang", "[peer
   const auto outs = survivorsOfFreeze(ranks);
   for (int r = 0; r < P - 1; ++r) {
     INFO("rank " << r << " said: " << outs[r]);
-    CHECK_THAT(outs[r], Catch::Contains("timed out") || Catch::Contains("was closed"));
+    // Its own timeout, or the other survivor's end first: that one's connection closed, or was
+    // reset when it exited with bytes unread (CI: rank 1 at 4.03 s, after rank 0 timed out).
+    CHECK_THAT(outs[r], Catch::Contains("timed out") || Catch::Contains("was closed") ||
+                            Catch::Contains("Connection reset by peer"));
   }
 }
 
