@@ -144,10 +144,11 @@ class Agent::Impl {
   // A spare asked at idle priority from a loaded template (the next failure's, after a
   // recovery): the template forks it at idle priority, so its answer waits for CPU time the
   // ranks leave, and this loop, which serves the workers' store and sees deaths, must not wait
-  // with it (a spare asked while one is being forked queues behind it). queueFork() asks (one request at a time, the others in order), onForkAnswer()
-  // adds the spare to the group once the socket is readable or kAnswerTimeout is over (then,
-  // or on any refusal, the spare is exec'd, as spareSpawner() does). endSpareTemplate() drops
-  // what is queued: the group it was for is over.
+  // with it. queueFork() asks, one request at a time (a spare asked while one is being forked
+  // queues behind it); onForkAnswer() adds the spare to the group once the socket is readable
+  // or kAnswerTimeout is over (then, or on any refusal, the spare is exec'd, as spareSpawner()
+  // does). endSpareTemplate() drops what is queued, and so does sendNextFork() once the group
+  // stops: the group it was for is over.
   void queueFork(WorkerLaunch l, int id, bool idle);
   // The line of spare `id` exec'd instead of forked: why, and once, that the template is gone
   // (`wasGone`: it was before this spare was asked).
@@ -174,6 +175,11 @@ class Agent::Impl {
   // Whether pickSpare would find a spare to take a rank now (one waiting and exec'd: a spare
   // being forked from the template has no pid yet).
   bool spareToPick() const;
+  // The agent runs its group and at least one worker of it lives: the condition for starting
+  // spares or adding them to the group (not while it stops, ends or restarts).
+  bool groupRunning() const {
+    return state_ == State::Running && group_ && group_->runningCount() > 0;
+  }
   // Whether waiting spare `spareId` has set its ready key (it has loaded).
   bool spareReady(int spareId) const;
   // The waiting spares that are loaded (ready key set) and not exiting.

@@ -21,10 +21,7 @@
 namespace ddprun::launcher {
 
 void Agent::Impl::startSpareTemplate(bool idle) {
-  if (spareTemplate_ || spareTemplateOff_ || !group_ || group_->runningCount() == 0 ||
-      state_ != State::Running) {
-    return;
-  }
+  if (spareTemplate_ || spareTemplateOff_ || !groupRunning()) return;
   if (auto it = env_.find("DDPRUN_SPARE_TEMPLATE"); it != env_.end() && it->second == "0") {
     DDPRUN_LOG(INFO, "launcher") << "DDPRUN_SPARE_TEMPLATE=0: no spare template, every spare "
                                  << "is started as a process";
@@ -160,6 +157,10 @@ void Agent::Impl::queueFork(WorkerLaunch l, int id, bool idle) {
 }
 
 void Agent::Impl::sendNextFork() {
+  if (!groupRunning()) {  // stopping: no spare will be added, so none is asked
+    forkQueue_.clear();
+    return;
+  }
   while (!forkAsked_ && !forkQueue_.empty()) {
     std::string why = "the spare template is gone";
     const bool wasGone = !spareTemplate_ || spareTemplate_->gone();
@@ -189,9 +190,7 @@ void Agent::Impl::sendNextFork() {
     QueuedFork f = std::move(forkQueue_.front());
     forkQueue_.pop_front();
     sayExecd(f.id, why, wasGone);
-    if (state_ == State::Running && group_ && group_->runningCount() > 0) {
-      group_->add(std::move(f.launch));
-    }
+    group_->add(std::move(f.launch));  // (the group still runs: nothing above changed it)
   }
 }
 
@@ -209,7 +208,7 @@ void Agent::Impl::onForkAnswer(uint64_t epoch) {
     // Readable, or kAnswerTimeout is over: no wait either way.
     p = spareTemplate_->answer(std::chrono::milliseconds(0), why);
   }
-  if (state_ == State::Running && group_ && group_->runningCount() > 0) {
+  if (groupRunning()) {
     if (p) {
       DDPRUN_LOG(INFO, "launcher") << "spare " << f.id << " forked from the spare template (pid "
                                    << spareTemplate_->pid() << "), guard pid " << p->guardPid;
@@ -247,7 +246,7 @@ void Agent::Impl::startOwedSpares() {
 }
 
 void Agent::Impl::onSpareTemplateExited(const WorkerResult& r) {
-  if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
+  if (r.stopSignal != 0 || !groupRunning()) return;
   DDPRUN_LOG(WARN, "launcher") << "the spare template (pid " << r.pid << ") exited ("
                                << r.describe() << "): the spares started from now on are "
                                << "started as processes; the workers and the spares forked "

@@ -424,7 +424,7 @@ void Agent::Impl::maybeStartSpares() {
 }
 
 void Agent::Impl::startSpare(bool idle, std::optional<bool> idleIfForked) {
-  if (!group_ || group_->runningCount() == 0 || state_ != State::Running) return;
+  if (!groupRunning()) return;
   // Several nodes: ids unique in the job, as their keys in node 0's store are.
   const int id = round_.nodeCount > 1 ? nextSpareId_++ * round_.nodeCount + round_.nodeRank
                                       : nextSpareId_++;
@@ -461,7 +461,7 @@ void Agent::Impl::publishSpares() {
 }
 
 void Agent::Impl::onSpareExited(const WorkerResult& r) {
-  if (r.stopSignal != 0 || state_ != State::Running || group_->runningCount() == 0) return;
+  if (r.stopSignal != 0 || !groupRunning()) return;
   publishSpares();  // node rank 0 must not name it for a lost node's rank
   // Shrink: a waiting replacement is started again only while the group lacks a rank or a
   // spare (--spares).
@@ -495,10 +495,7 @@ void Agent::Impl::onSpareExited(const WorkerResult& r) {
   storeLink().run([key, ready](rendezvous::Store& s) { *ready = s.check({key}); },
                   [this, r, ready, epoch](const std::string& error) {
                     guarded([&] {
-                      if (epoch != linkEpoch_ || state_ != State::Running || !group_ ||
-                          group_->runningCount() == 0) {
-                        return;
-                      }
+                      if (epoch != linkEpoch_ || !groupRunning()) return;
                       replaceDeadSpare(r, !error.empty() ? SpareWas::Unknown
                                           : *ready       ? SpareWas::Ready
                                                          : SpareWas::NotReady,
