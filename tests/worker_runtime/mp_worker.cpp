@@ -66,7 +66,7 @@ void collectives(Runtime& rt, bool small) {
   auto input = [&](int r, int64_t n, torch::Dtype t) { return base(n, t).add_(r); };
   for (auto dtype : kDtypes) {
     const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
-    // 262147: more than one shm chunk (1 MiB slots), odd, not divisible by the rank count.
+    // 262147: more than one shm chunk (256 KiB slots) in every dtype, odd, not divisible by the rank count.
     const std::vector<int64_t> sizes =
         small ? std::vector<int64_t>{0, 1, 12347, 786433}
               : std::vector<int64_t>{0, 1, 12347, 262147, (int64_t{64} << 20) / es};

@@ -114,8 +114,8 @@ TEST_CASE("shm allreduce equals the reference bit for bit on every rank for ever
           "size and chunking", "[shm]") {
   const std::string prefix = uniquePrefix();
   for (int P : {2, 3, 4}) {
-    // 4 KiB slots: every size above goes through many chunks; 1 MiB: the default, and once more
-    // with streamed stores from the smallest message on (by default only messages of 8 MiB and
+    // 4 KiB slots: every size above goes through many chunks; 1 MiB: 4x the default, and once
+    // more with streamed stores from the smallest message on (by default only messages of 8 MiB and
     // more stream, larger than any here).
     struct Config {
       size_t slot;

@@ -36,7 +36,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 struct SegmentOptions {
   int rank = 0;   // local rank; 0 creates the segment
   int size = 1;   // local world size
-  size_t slotBytes = 1u << 20;
+  size_t slotBytes = 256u << 10;  // ShmOptions::slotBytes
   // The name is "/<namePrefix>-<32 random hex digits>". Tests give a prefix of their own to find
   // anything left behind; [A-Za-z0-9_.-], at most 64 characters.
   std::string namePrefix = "ddprun";

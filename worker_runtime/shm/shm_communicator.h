@@ -27,8 +27,12 @@ struct ShmOptions {
   int size = 1;
   Millis timeout = kDefaultCollectiveTimeout;
   // Bytes per rank and chunk: a message goes through in chunks of this size (two sets of slots,
-  // 2 * size * slotBytes of shared memory in all).
-  size_t slotBytes = 1u << 20;
+  // 2 * size * slotBytes of shared memory in all). Every generation of in-process recovery maps
+  // a new segment, and each page's first touch is on the recovery's critical path (5-10 us per
+  // page on a guest with shadow page tables): 256 KiB slots are 256 pages at 2 ranks where
+  // 1 MiB ones were 1024, with no steady-state difference (DDP's buckets are reduced in lent
+  // memory, not through the slots; docs/worker_runtime.md).
+  size_t slotBytes = 256u << 10;
   // Chunks up to this size are reduced by every rank from all slots (one synchronisation);
   // larger ones by reduce-scatter + all-gather (two, but each rank reduces only 1/size).
   size_t directMaxBytes = 16u << 10;
