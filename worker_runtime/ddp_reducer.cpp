@@ -67,6 +67,14 @@ DistributedDataParallel::Reducer::Reducer(std::vector<torch::Tensor> params,
   }
   torch::Tensor lent;
   if (options_.shareBuckets && comm_->size() > 1 && comm_->device().is_cpu() && total > 0) {
+    // A gradient from before moves into the bucket (below). It may lie in the buffer an earlier
+    // DDP lent (a generation of in-process recovery rebuilds DDP): held on the side meanwhile,
+    // so that the old buffer is free when this one is lent and the communicator can reuse it
+    // (shm/lent_carry.h).
+    torch::NoGradGuard noGrad;
+    for (auto& p : params_) {
+      if (p.grad().defined()) p.mutable_grad() = p.grad().clone();
+    }
     lent = comm_->lendSharedBuffer(total);
   }
   shared_ = lent.defined();

@@ -11,8 +11,13 @@
 // value, says what is allowed, and suggests starting the program under ddprun.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+
+namespace ddprun::runtime::shm {
+class LentCarry;
+}
 
 namespace ddprun::runtime {
 
@@ -42,6 +47,10 @@ struct WorkerEnv {
   // so later generations reuse the answer instead of asking every rank again
   // (shm::nodesOnOneHostOnce).
   std::optional<bool> onOneHost;
+  // Not from the environment: the lent buffers this process keeps for the next generation's
+  // shared-memory communicator (shm/lent_carry.h), made by the first one under in-process
+  // recovery; shared by the copies of this struct.
+  std::shared_ptr<shm::LentCarry> lentCarry;
 };
 
 // Returns the value of an environment variable, or nullopt when unset.

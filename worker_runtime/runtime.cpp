@@ -248,10 +248,16 @@ std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
                                       : std::string(),
                   .shmPrefix = shmPrefix});
     } else {
+      // Under in-process recovery the survivors' lent buffers (DDP's buckets) are carried into
+      // the next generation's communicator instead of mapped anew (shm/lent_carry.h).
+      const bool carry = inProcessRecoveryWanted(env, options);
+      if (carry && !env.lentCarry) env.lentCarry = std::make_shared<shm::LentCarry>();
       comm = shm::makeShmCommunicator(store, {.rank = env.rank,
                                               .size = env.worldSize,
                                               .timeout = timeout,
-                                              .namePrefix = shmPrefix});
+                                              .namePrefix = shmPrefix,
+                                              .lentCarry = carry ? env.lentCarry : nullptr,
+                                              .reuseLent = carry && generation > 0});
     }
   } else {
     if (env.rank == 0 && (generation == 0 || env.ranksOffNode) && env.worldSize > 1) {

@@ -10,6 +10,7 @@
 #include <sched.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -330,7 +331,8 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
   int nextPolicy = -1;
   {
     Job job(underDdprun(2, trainerArgs(dir.path(), 16, kSpareEpochs),
-                        {"--max-restarts=1", "--recovery=in-process", "--spares=1"}),
+                        {"--max-restarts=1", "--recovery=in-process", "--spares=1",
+                         "--timeline=" + (dir / "timeline.json")}),
             {}, dir / "log");
     // The spare starts once both workers announced in-process recovery; killed once it waits.
     REQUIRE(
@@ -384,6 +386,20 @@ TEST_CASE("hot spare: rank 1 SIGKILLed, the waiting spare takes the rank and hea
   CHECK_THAT(output, !Contains("resumed from checkpoint"));
   CHECK_THAT(output, Contains("done: 1024 steps"));
   CHECK(bitIdentical(loadWeights(dir / "final.pt"), loadWeights(reference / "final.pt")));
+  // DDP's buckets of generation 1 are in the buffer of generation 0 (shm/lent_carry.h): the
+  // survivor's own mapping, and the spare's opened through the survivor's /proc/<pid>/fd.
+  std::ifstream in(dir / "timeline.json");
+  REQUIRE(in);
+  const auto trace = nlohmann::json::parse(in);
+  const auto& events = trace.is_object() ? trace.at("traceEvents") : trace;
+  int lends = 0, reused = 0;
+  for (const auto& e : events) {
+    if (e.value("name", "") != "lend buffer") continue;
+    ++lends;
+    if (e.contains("args") && e["args"].value("reused", 0) == 1) ++reused;
+  }
+  CHECK(lends == 4);  // two ranks, two generations
+  CHECK(reused == 2);
 }
 
 TEST_CASE("hot spare: the waiting spare SIGKILLed is started again, the workers are not touched "

@@ -104,7 +104,14 @@ SharedMapping::SharedMapping(rendezvous::Store& store, const MappingOptions& o,
       base_ = nullptr;
       fail("mmap", o, name_, errno);
     }
-    ::close(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) fail("fstat", o, name_, errno);
+    identity_ = {.device = static_cast<uint64_t>(st.st_dev), .inode = static_cast<uint64_t>(st.st_ino)};
+    if (o.keepFd) {
+      fd_ = fd;
+    } else {
+      ::close(fd);
+    }
     fd = -1;
     if (o.rank == 0) {
       if (initialize) initialize(data());
@@ -133,6 +140,8 @@ SharedMapping::SharedMapping(rendezvous::Store& store, const MappingOptions& o,
       }
     }
     if (fd >= 0) ::close(fd);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
     if (base_) ::munmap(base_, bytes_);
     base_ = nullptr;
     throw;
@@ -140,8 +149,45 @@ SharedMapping::SharedMapping(rendezvous::Store& store, const MappingOptions& o,
   // Unlinker runs here: every rank has mapped the memory, the name can go.
 }
 
+SharedMapping::SharedMapping(const std::string& procPath, size_t bytes,
+                             const FileIdentity& expected, const std::string& what, bool keepFd)
+    : name_(procPath), bytes_(bytes) {
+  auto failWith = [&](const std::string& why) {
+    throw BackendError("shm: cannot map the " + what + " held open as " + procPath + ": " + why);
+  };
+  const int fd = ::open(procPath.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) failWith(std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    failWith(std::string("fstat: ") + std::strerror(err));
+  }
+  identity_ = {.device = static_cast<uint64_t>(st.st_dev), .inode = static_cast<uint64_t>(st.st_ino)};
+  if (!(identity_ == expected) || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) != bytes) {
+    ::close(fd);
+    failWith("it is another file now (device " + std::to_string(identity_.device) + ", inode " +
+             std::to_string(identity_.inode) + ", " + std::to_string(st.st_size) + " bytes; " +
+             "expected inode " + std::to_string(expected.inode) + ", " + std::to_string(bytes) +
+             " bytes)");
+  }
+  base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base_ == MAP_FAILED) {
+    const int err = errno;
+    base_ = nullptr;
+    ::close(fd);
+    failWith(std::string("mmap: ") + std::strerror(err));
+  }
+  if (keepFd) {
+    fd_ = fd;
+  } else {
+    ::close(fd);
+  }
+}
+
 SharedMapping::~SharedMapping() {
   if (base_) ::munmap(base_, bytes_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace ddprun::runtime::shm

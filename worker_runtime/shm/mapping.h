@@ -16,6 +16,7 @@
 // all ranks succeed together or all throw.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -31,6 +32,18 @@ struct MappingOptions {
   std::string namePrefix = "ddprun";
   std::chrono::milliseconds timeout{300'000};  // bound of the store waits
   std::string what = "segment";                // names the memory in messages
+  // The descriptor stays open (fd()), so that another process of this user can map the same
+  // memory through /proc/<pid>/fd/<fd> once the name is gone (lent buffers kept across
+  // generations: lent_carry.h).
+  bool keepFd = false;
+};
+
+// Which file a descriptor refers to: what a process that opens another's /proc/<pid>/fd/<fd>
+// checks (the pid may have been reused, the descriptor number too).
+struct FileIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  bool operator==(const FileIdentity&) const = default;
 };
 
 class SharedMapping {
@@ -42,6 +55,11 @@ class SharedMapping {
   SharedMapping(rendezvous::Store& store, const MappingOptions& options,
                 const std::function<void(char*)>& initialize = {},
                 const std::function<void(char*)>& verify = {});
+  // Maps memory another process of this node holds open, by its /proc/<pid>/fd/<fd> path: the
+  // file must be `expected` and hold `bytes`. No store, no unlink (it has no name). Throws
+  // BackendError naming the path and why (gone, not permitted, another file, another size).
+  SharedMapping(const std::string& procPath, size_t bytes, const FileIdentity& expected,
+                const std::string& what, bool keepFd);
   ~SharedMapping();
   SharedMapping(const SharedMapping&) = delete;
   SharedMapping& operator=(const SharedMapping&) = delete;
@@ -49,11 +67,15 @@ class SharedMapping {
   char* data() const { return static_cast<char*>(base_); }
   size_t bytes() const { return bytes_; }
   const std::string& name() const { return name_; }
+  int fd() const { return fd_; }  // -1 unless MappingOptions::keepFd
+  const FileIdentity& identity() const { return identity_; }
 
  private:
   std::string name_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
+  int fd_ = -1;
+  FileIdentity identity_;
 };
 
 }  // namespace ddprun::runtime::shm

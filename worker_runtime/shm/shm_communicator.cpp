@@ -89,12 +89,17 @@ class ShmCommunicator final : public QueuedCommunicator {
     rendezvous::PrefixStore scoped("lend/" + std::to_string(k), store_);
     std::shared_ptr<SharedMapping> mapping;
     try {
-      mapping = std::make_shared<SharedMapping>(
-          scoped, MappingOptions{.rank = rank(), .size = size(),
-                                 .bytes = region * static_cast<size_t>(size()),
-                                 .namePrefix = options_.namePrefix,
-                                 .timeout = options_.timeout,
-                                 .what = "lent buffer"});
+      if (options_.reuseLent && options_.lentCarry) mapping = reuseCarried(scoped, k, region);
+      span.args().add("reused", static_cast<int64_t>(mapping ? 1 : 0));
+      if (!mapping) {
+        mapping = std::make_shared<SharedMapping>(
+            scoped, MappingOptions{.rank = rank(), .size = size(),
+                                   .bytes = region * static_cast<size_t>(size()),
+                                   .namePrefix = options_.namePrefix,
+                                   .timeout = options_.timeout,
+                                   .what = "lent buffer",
+                                   .keepFd = options_.lentCarry != nullptr});
+      }
     } catch (const Error& e) {
       DDPRUN_LOG(WARN, "shm") << "no shared buffer of " << bytes << " bytes (collectives copy "
                               << "through the segment instead): " << e.what();
@@ -103,8 +108,16 @@ class ShmCommunicator final : public QueuedCommunicator {
     queue_.runInline([&] { collectives_->addLent(mapping, region); });
     if (!mapping) return {};
     char* mine = mapping->data() + static_cast<size_t>(rank()) * region;
+    // Freed, the buffer goes into the carry for the next generation's k-th lend.
     return torch::from_blob(
-        mine, {static_cast<int64_t>(region)}, [mapping](void*) mutable { mapping.reset(); },
+        mine, {static_cast<int64_t>(region)},
+        [mapping, carry = options_.lentCarry, k, region, ranks = size()](void*) mutable {
+          try {
+            if (carry) carry->keep(k, {.mapping = std::move(mapping), .regionBytes = region, .size = ranks});
+          } catch (...) {  // (no memory for the map's node: the buffer is unmapped instead)
+          }
+          mapping.reset();
+        },
         torch::TensorOptions().dtype(torch::kUInt8));
   }
 
@@ -143,6 +156,56 @@ class ShmCommunicator final : public QueuedCommunicator {
   }
 
  private:
+
+  // The k-th lend's buffer carried from an earlier generation (lent_carry.h has the protocol),
+  // or null when the ranks carry none they can all map: then every rank maps a new one. Throws
+  // BackendError (a malformed offer) or TimeoutError (a rank never answered), alike on every rank.
+  std::shared_ptr<SharedMapping> reuseCarried(rendezvous::Store& scoped, int k, size_t region) {
+    const size_t bytes = region * static_cast<size_t>(size());
+    std::optional<LentCarry::Kept> kept = options_.lentCarry->take(k);
+    std::optional<LentOffer> mine;
+    if (kept && kept->mapping->fd() >= 0) {
+      mine = LentOffer{.file = kept->mapping->identity(), .bytes = kept->mapping->bytes(),
+                       .pid = ::getpid(), .fd = kept->mapping->fd()};
+    }
+    auto everyone = [&](const std::string& what) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size(); ++r) keys.push_back(what + std::to_string(r));
+      scoped.wait(keys, options_.timeout);
+      return scoped.multiGet(keys);
+    };
+    scoped.set("offer/" + std::to_string(rank()), formatOffer(mine));
+    std::vector<std::optional<LentOffer>> offers;
+    for (const auto& text : everyone("offer/")) offers.push_back(parseOffer(text));
+    const std::optional<int> source = chooseCarried(offers, bytes);
+    if (!source) return nullptr;
+    std::shared_ptr<SharedMapping> mapping;
+    std::string failure;
+    if (offers[rank()]) {
+      mapping = kept->mapping;  // the same memory as the source's (chooseCarried)
+    } else {
+      const LentOffer& from = *offers[*source];
+      try {
+        mapping = std::make_shared<SharedMapping>(
+            "/proc/" + std::to_string(from.pid) + "/fd/" + std::to_string(from.fd), bytes,
+            from.file, "lent buffer of local rank " + std::to_string(*source), /*keepFd=*/true);
+      } catch (const BackendError& e) {
+        failure = e.what();
+      }
+    }
+    scoped.set("opened/" + std::to_string(rank()), failure.empty() ? "1" : "!" + failure);
+    const auto opened = everyone("opened/");
+    for (int r = 0; r < size(); ++r) {
+      if (!opened[r].empty() && opened[r][0] == '!') {
+        if (rank() == 0) {
+          DDPRUN_LOG(WARN, "shm") << "local rank " << r << " could not map the lent buffer the "
+                                  << "survivors carry (a new one is mapped): " << opened[r].substr(1);
+        }
+        return nullptr;
+      }
+    }
+    return mapping;
+  }
 
   // Runs one collective: refuses at once when an earlier one failed; on failure marks this rank
   // aborted in the segment (peers fail at once) and names the collective, its size and the rank.

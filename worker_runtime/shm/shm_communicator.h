@@ -13,12 +13,14 @@
 // mapped it, so nothing is left behind however the processes end.
 // lendSharedBuffer() maps one more piece of shared memory the same way, one region per rank;
 // allreduces of tensors that lie at the same place in it on every rank are reduced in place
-// (collectives.h), which is where DDP keeps its buckets.
+// (collectives.h), which is where DDP keeps its buckets. Under in-process recovery a later
+// generation reuses the buffers its survivors carry (lent_carry.h).
 #include <memory>
 #include <optional>
 
 #include "rendezvous/store.h"
 #include "worker_runtime/communicator.h"
+#include "worker_runtime/shm/lent_carry.h"
 
 namespace ddprun::runtime::shm {
 
@@ -46,6 +48,12 @@ struct ShmOptions {
   bool streamStores = true;  // CollectiveOptions::streamStores, streamMinBytes (collectives.h)
   size_t streamMinBytes = 8u << 20;
   std::string namePrefix = "ddprun";  // of the segment's name in /dev/shm (segment.h)
+  // In-process recovery (lent_carry.h): this process's carry, where a lent buffer goes once its
+  // tensor is freed (none: unmapped), and whether this communicator's lends first ask whether
+  // the ranks carry one to reuse. Every rank of a group must pass the same reuseLent (a
+  // generation after the first); the carry is the process's own.
+  std::shared_ptr<LentCarry> lentCarry;
+  bool reuseLent = false;
 };
 
 // Every rank of the group calls it with the same store (keys under "shm/"), size and slotBytes.
