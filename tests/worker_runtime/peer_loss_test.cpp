@@ -17,9 +17,12 @@
 #include "rendezvous/threaded_store_server.h"
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
+#include "tests/worker_runtime/shm_names.h"
 
 using ddprun::testing::Process;
 using ddprun::testing::TempDir;
+
+using ddprun::runtime::test::shmLeftovers;
 
 namespace {
 
@@ -59,13 +62,6 @@ bool reap(std::vector<std::unique_ptr<Process>>& ranks, const std::vector<int>& 
 }
 
 // Names in /dev/shm starting with `prefix`.
-int leftovers(const std::string& prefix) {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
-  }
-  return n;
-}
 
 std::string uniquePrefix() { return "ddprun-peerloss-" + std::to_string(::getpid()); }
 
@@ -168,7 +164,7 @@ TEST_CASE("shm: a peer SIGKILLed mid-allreduce: the others throw at once and not
       CHECK_THAT(outs[r], Catch::Contains("shm allreduce") &&
                               (Catch::Contains("died") || Catch::Contains("aborted")));
     }
-    CHECK(leftovers(prefix) == 0);
+    CHECK(shmLeftovers(prefix) == 0);
   }
 }
 
@@ -184,5 +180,5 @@ TEST_CASE("shm: a peer frozen mid-allreduce: the others time out and nothing is 
     INFO("rank " << r << " said: " << outs[r]);
     CHECK_THAT(outs[r], Catch::Contains("timed out") || Catch::Contains("aborted"));
   }
-  CHECK(leftovers(prefix) == 0);
+  CHECK(shmLeftovers(prefix) == 0);
 }

@@ -24,10 +24,13 @@
 #include "worker_runtime/shm/transport.h"
 #include "worker_runtime/hierarchical_communicator.h"
 #include "worker_runtime/reduce.h"
+#include "tests/worker_runtime/shm_names.h"
 
 using namespace ddprun::runtime;
 using ddprun::rendezvous::MemoryStore;
 using test::runRanks;
+using test::shmLeftovers;
+using test::uniqueShmPrefix;
 
 namespace {
 
@@ -61,19 +64,7 @@ torch::Tensor reference(int P, int64_t n, torch::Dtype dtype, ReduceOp op) {
   return acc;
 }
 
-std::string uniquePrefix() {
-  return "ddprun-test-" + std::to_string(::getpid()) + "-" +
-         std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-}
 
-// Names in /dev/shm that start with `prefix`.
-int leftovers(const std::string& prefix) {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
-  }
-  return n;
-}
 
 std::vector<std::shared_ptr<Communicator>> makeGroup(int P, shm::ShmOptions base) {
   auto store = std::make_shared<MemoryStore>(std::chrono::seconds(20));
@@ -112,7 +103,7 @@ TEST_CASE("streamCopy copies every byte, at any alignment, below, at and above i
 
 TEST_CASE("shm allreduce equals the reference bit for bit on every rank for every dtype op "
           "size and chunking", "[shm]") {
-  const std::string prefix = uniquePrefix();
+  const std::string prefix = uniqueShmPrefix("test");
   for (int P : {2, 3, 4}) {
     // 4 KiB slots: every size above goes through many chunks; 1 MiB: 4x the default, and once
     // more with streamed stores from the smallest message on (by default only messages of 8 MiB and
@@ -127,7 +118,7 @@ TEST_CASE("shm allreduce equals the reference bit for bit on every rank for ever
       const bool streamed = config.streamMinBytes == 0;
       auto comms = makeGroup(P, {.slotBytes = slot, .directMaxBytes = 1024,
                                  .streamMinBytes = config.streamMinBytes, .namePrefix = prefix});
-      CHECK(leftovers(prefix) == 0);  // unlinked once every rank mapped it
+      CHECK(shmLeftovers(prefix) == 0);  // unlinked once every rank mapped it
       for (auto dtype : kDtypes) {
         for (int64_t n : {0, 1, 2, 7, 1001, 65537, 300001}) {
           for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
@@ -159,17 +150,17 @@ TEST_CASE("shm allreduce equals the reference bit for bit on every rank for ever
       }
     }
   }
-  CHECK(leftovers(prefix) == 0);
+  CHECK(shmLeftovers(prefix) == 0);
 }
 
 TEST_CASE("shm allreduce in lent memory is reduced in place, with the reference's bits on every "
           "rank, and tensors elsewhere or at other offsets are copied through the segment", "[shm]") {
-  const std::string prefix = uniquePrefix();
+  const std::string prefix = uniqueShmPrefix("test");
   for (int P : {2, 3, 4}) {
     auto comms = makeGroup(P, {.slotBytes = 4096, .directMaxBytes = 1024, .namePrefix = prefix});
     std::vector<torch::Tensor> lent(P);
     runRanks(P, [&](int r) { lent[r] = comms[r]->lendSharedBuffer(1 << 20); });
-    CHECK(leftovers(prefix) == 0);  // the lent memory's name is gone too
+    CHECK(shmLeftovers(prefix) == 0);  // the lent memory's name is gone too
     for (int r = 0; r < P; ++r) {
       REQUIRE(lent[r].defined());
       CHECK(lent[r].dtype() == torch::kUInt8);
@@ -230,7 +221,7 @@ TEST_CASE("shm allreduce in lent memory is reduced in place, with the reference'
                          torch::full({8}, r + 1, torch::TensorOptions().dtype(torch::kUInt8))));
     }
   }
-  CHECK(leftovers(prefix) == 0);
+  CHECK(shmLeftovers(prefix) == 0);
 }
 
 TEST_CASE("shm broadcast from every root and allgather and barrier and async allreduces in order",
@@ -435,7 +426,7 @@ TEST_CASE("node check once per attempt: a later generation's survivors reuse the
 
 TEST_CASE("shm segment: a rank that never maps it times out the creator and nothing is left",
           "[shm]") {
-  const std::string prefix = uniquePrefix();
+  const std::string prefix = uniqueShmPrefix("test");
   MemoryStore store(std::chrono::seconds(5));
   const shm::SegmentOptions options{.rank = 0, .size = 2, .slotBytes = 4096,
                                     .namePrefix = prefix,
@@ -444,7 +435,7 @@ TEST_CASE("shm segment: a rank that never maps it times out the creator and noth
   CHECK_THROWS_AS(create(), ddprun::TimeoutError);
   // The name was published, then removed with the failure.
   CHECK_THAT(store.get("name"), Catch::StartsWith("/" + prefix + "-"));
-  CHECK(leftovers(prefix) == 0);
+  CHECK(shmLeftovers(prefix) == 0);
 }
 
 namespace {
@@ -472,12 +463,12 @@ std::vector<std::shared_ptr<Communicator>> makeHierarchical(int nodes, int local
 
 TEST_CASE("hierarchical allreduce over nodes of ranks as threads equals the reference bit for "
           "bit on every rank", "[shm][hierarchical]") {
-  const std::string prefix = uniquePrefix();
+  const std::string prefix = uniqueShmPrefix("test");
   for (auto [nodes, local] : {std::pair{2, 2}, std::pair{3, 2}}) {
     const int P = nodes * local;
     auto comms = makeHierarchical(nodes, local, prefix);
     CHECK(comms[0]->backend() == "shm+tcp");
-    CHECK(leftovers(prefix) == 0);
+    CHECK(shmLeftovers(prefix) == 0);
     for (auto dtype : kDtypes) {
       for (int64_t n : {0, 1, 7, 65537, 300001}) {
         for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max}) {
@@ -524,5 +515,5 @@ TEST_CASE("hierarchical allreduce over nodes of ranks as threads equals the refe
     for (const auto& e : errors) FAIL_CHECK(e);
     CHECK(errors.empty());
   }
-  CHECK(leftovers(prefix) == 0);
+  CHECK(shmLeftovers(prefix) == 0);
 }

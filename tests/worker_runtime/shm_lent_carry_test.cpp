@@ -16,25 +16,17 @@
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/shm/lent_carry.h"
 #include "worker_runtime/shm/shm_communicator.h"
+#include "tests/worker_runtime/shm_names.h"
 
 using namespace ddprun::runtime;
 using ddprun::rendezvous::MemoryStore;
 using test::runRanks;
+using test::shmLeftovers;
+using test::uniqueShmPrefix;
 
 namespace {
 
-std::string uniquePrefix() {
-  return "ddprun-carry-test-" + std::to_string(::getpid()) + "-" +
-         std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-}
 
-int leftovers(const std::string& prefix) {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
-  }
-  return n;
-}
 
 // One generation: P ranks as threads on a store of their own, rank r with carries[r] (null: a
 // process that carries nothing, none kept either).
@@ -126,7 +118,7 @@ TEST_CASE("lent carry: an offer round-trips, a malformed one is refused naming i
 TEST_CASE("shm lent buffer carried into the next generation: the survivors keep their memory "
           "where it was, the replacement maps the same memory, and the allreduce is in place "
           "with every rank's sum", "[shm]") {
-  const std::string prefix = uniquePrefix();
+  const std::string prefix = uniqueShmPrefix("carry-test");
   const int P = 3;
   std::vector<std::shared_ptr<shm::LentCarry>> carries;
   for (int r = 0; r < P; ++r) carries.push_back(std::make_shared<shm::LentCarry>());
@@ -144,7 +136,7 @@ TEST_CASE("shm lent buffer carried into the next generation: the survivors keep 
   carries[2] = std::make_shared<shm::LentCarry>();  // the replacement carries nothing
   comms = generation(P, carries, /*reuse=*/true, prefix);
   lent = lend(comms, 1 << 20);
-  CHECK(leftovers(prefix) == 0);
+  CHECK(shmLeftovers(prefix) == 0);
   CHECK(lent[0].data_ptr() == where[0]);  // the survivors' own mappings, not new ones
   CHECK(lent[1].data_ptr() == where[1]);
   // The replacement's region is what the dead rank left there: the same memory.
@@ -157,12 +149,12 @@ TEST_CASE("shm lent buffer carried into the next generation: the survivors keep 
   lent = lend(comms, 2 << 20);
   for (int r = 0; r < P; ++r) CHECK(int(marker(lent[r])) == 0);
   checkInPlaceSum(comms, lent);
-  CHECK(leftovers(prefix) == 0);
+  CHECK(shmLeftovers(prefix) == 0);
 }
 
 TEST_CASE("shm lent buffer carried: a replacement that cannot map what the survivors carry "
           "makes every rank map a new one", "[shm]") {
-  const std::string prefix = uniquePrefix();
+  const std::string prefix = uniqueShmPrefix("carry-test");
   const int P = 2;
   std::vector<std::shared_ptr<shm::LentCarry>> carries{std::make_shared<shm::LentCarry>(),
                                                        std::make_shared<shm::LentCarry>()};
@@ -187,5 +179,5 @@ TEST_CASE("shm lent buffer carried: a replacement that cannot map what the survi
   lent = lend(comms, 1 << 20);
   for (int r = 0; r < P; ++r) CHECK(int(marker(lent[r])) == 0);  // new memory on both
   checkInPlaceSum(comms, lent);
-  CHECK(leftovers(prefix) == 0);
+  CHECK(shmLeftovers(prefix) == 0);
 }
