@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -25,6 +27,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -146,8 +149,8 @@ class Agent::Impl {
   // ranks leave, and this loop, which serves the workers' store and sees deaths, must not wait
   // with it. queueFork() asks, one request at a time (a spare asked while one is being forked
   // queues behind it); onForkAnswer() adds the spare to the group once the socket is readable
-  // or kAnswerTimeout is over (then, or on any refusal, the spare is exec'd, as spareSpawner()
-  // does). endSpareTemplate() drops what is queued, and so does sendNextFork() once the group
+  // or its bound is over (kAnswerTimeout; an idle fork's kIdleAnswerTimeout unless the template
+  // is stopped: then, or on any refusal, the spare is exec'd, as spareSpawner() does). endSpareTemplate() drops what is queued, and so does sendNextFork() once the group
   // stops: the group it was for is over.
   void queueFork(WorkerLaunch l, int id, bool idle);
   // The line of spare `id` exec'd instead of forked: why, and once, that the template is gone
@@ -155,6 +158,10 @@ class Agent::Impl {
   void sayExecd(int id, const std::string& why, bool wasGone);
   void sendNextFork();
   void onForkAnswer(uint64_t epoch);
+  // The bound of the fork request `epoch`: checked every kAnswerTimeout while the answer may
+  // still come (SpareTemplate::answerMayStillCome), then onForkAnswer().
+  void armForkTimer(std::shared_ptr<asio::posix::stream_descriptor> readable,
+                    std::shared_ptr<asio::steady_timer> timer, uint64_t epoch);
   // Spares being forked, counted with the waiting ones wherever the agent decides how many
   // to start.
   int sparesForking() const { return static_cast<int>(forkQueue_.size()); }

@@ -173,18 +173,14 @@ void Agent::Impl::sendNextFork() {
       // Whichever comes first (the answer, EOF or the bound) cancels the other and calls
       // onForkAnswer(); the other's call then finds the epoch moved on.
       auto readable = std::make_shared<asio::posix::stream_descriptor>(io_, watched.release());
-      auto timer = std::make_shared<asio::steady_timer>(io_, SpareTemplate::kAnswerTimeout);
+      auto timer = std::make_shared<asio::steady_timer>(io_);
       readable->async_wait(asio::posix::stream_descriptor::wait_read,
                            [this, readable, timer, epoch](boost::system::error_code ec) {
                              if (ec == asio::error::operation_aborted) return;
                              timer->cancel();
                              onForkAnswer(epoch);
                            });
-      timer->async_wait([this, readable, timer, epoch](boost::system::error_code ec) {
-        if (ec == asio::error::operation_aborted) return;
-        readable->cancel();
-        onForkAnswer(epoch);
-      });
+      armForkTimer(readable, timer, epoch);
       return;
     }
     QueuedFork f = std::move(forkQueue_.front());
@@ -192,6 +188,22 @@ void Agent::Impl::sendNextFork() {
     sayExecd(f.id, why, wasGone);
     group_->add(std::move(f.launch));  // (the group still runs: nothing above changed it)
   }
+}
+
+void Agent::Impl::armForkTimer(std::shared_ptr<asio::posix::stream_descriptor> readable,
+                               std::shared_ptr<asio::steady_timer> timer, uint64_t epoch) {
+  timer->expires_after(SpareTemplate::kAnswerTimeout);
+  timer->async_wait([this, readable, timer, epoch](boost::system::error_code ec) {
+    if (ec == asio::error::operation_aborted || epoch != forkEpoch_) return;
+    // An idle fork waits for the CPU time the ranks leave: checked again every kAnswerTimeout
+    // (whether the template was stopped meanwhile) up to kIdleAnswerTimeout.
+    if (spareTemplate_ && spareTemplate_->answerOwed() && spareTemplate_->answerMayStillCome()) {
+      armForkTimer(readable, timer, epoch);
+      return;
+    }
+    readable->cancel();
+    onForkAnswer(epoch);
+  });
 }
 
 void Agent::Impl::onForkAnswer(uint64_t epoch) {
@@ -203,15 +215,22 @@ void Agent::Impl::onForkAnswer(uint64_t epoch) {
   std::string why = "the spare template is gone";
   std::optional<GuardedProcess> p;
   bool wasGone = true;
+  auto waited = std::chrono::milliseconds(0);
   if (spareTemplate_ && spareTemplate_->answerOwed()) {
     wasGone = spareTemplate_->gone();
-    // Readable, or kAnswerTimeout is over: no wait either way.
+    waited = spareTemplate_->answerWaited();
+    // Readable, or the request's bound is over: no wait either way.
     p = spareTemplate_->answer(std::chrono::milliseconds(0), why);
   }
   if (groupRunning()) {
     if (p) {
+      // How long an idle fork waited for CPU time, when that was long enough to notice.
+      const std::string slow = waited >= SpareTemplate::kAnswerTimeout
+                                   ? ", answered after " + std::to_string(waited.count()) + " ms"
+                                   : "";
       DDPRUN_LOG(INFO, "launcher") << "spare " << f.id << " forked from the spare template (pid "
-                                   << spareTemplate_->pid() << "), guard pid " << p->guardPid;
+                                   << spareTemplate_->pid() << "), guard pid " << p->guardPid
+                                   << slow;
       f.launch.spawner = [forked = std::make_shared<GuardedProcess>(std::move(*p))](
                              const SpawnRequest&) { return std::move(*forked); };
     } else {

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "base/errors.h"
 #include "base/fd_passing.h"
@@ -145,23 +146,49 @@ bool SpareTemplate::request(int spareId, bool idle, const std::vector<std::strin
   pending_ = Pending{.control = std::move(controlWrite),
                      .status = std::move(statusRead),
                      .out = std::move(outRead),
-                     .err = std::move(errRead)};
+                     .err = std::move(errRead),
+                     .idle = idle,
+                     .asked = std::chrono::steady_clock::now()};
   return true;
+}
+
+std::chrono::milliseconds SpareTemplate::answerWaited() const {
+  if (!pending_) return std::chrono::milliseconds(0);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               pending_->asked);
+}
+
+bool SpareTemplate::answerMayStillCome() const {
+  return pending_ && pending_->idle && answerWaited() < kIdleAnswerTimeout && !stopped();
+}
+
+bool SpareTemplate::stopped() const {
+  if (pid_ <= 0) return false;
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  // "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ')'.
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  const char state = stat[close + 2];
+  return state == 'T' || state == 't';
 }
 
 std::optional<GuardedProcess> SpareTemplate::answer(std::chrono::milliseconds wait,
                                                     std::string& why) {
   DDPRUN_CHECK(pending_, "an answer is read after a request");
-  Pending pending = std::move(*pending_);
-  pending_.reset();
   wire::Reply r;
   const int got = readReply(agent_.get(), r, static_cast<int>(wait.count()));
+  const bool idle = pending_->idle, isStopped = got == 0 && stopped();
+  Pending pending = std::move(*pending_);
+  pending_.reset();
   if (got <= 0 || (r.kind != wire::Reply::Forked && r.kind != wire::Reply::Failed)) {
     // A late answer would come after a request nobody waits for: the template is done with.
     // A guard it forks anyway finds its control socket closed (below) and kills its spare.
     gone_ = true;
-    why = got == 0 ? "the spare template did not answer in " +
-                         std::to_string(kAnswerTimeout.count()) + " ms"
+    const auto bound = idle && !isStopped ? kIdleAnswerTimeout : kAnswerTimeout;
+    why = got == 0 ? std::string("the spare template ") + (isStopped ? "is stopped and " : "") +
+                         "did not answer in " + std::to_string(bound.count()) + " ms"
           : got < 0 ? "the spare template exited"
                     : "the spare template answered " + std::to_string(r.kind);
     return std::nullopt;

@@ -17,6 +17,9 @@
 // -- forkSpare() says why and the caller exec's the spare as before (spawnGuarded), so a rank
 // is never lost to it. The agent's loop thread only; the one blocking wait is the template's
 // answer to a request (a fork: 1-2 ms here; 80 ms seen at load 90), bounded by kAnswerTimeout.
+// A fork asked at idle priority takes only the CPU time the ranks leave: with every CPU busy
+// training (SCHED_IDLE's share is about 0.3% of a CPU against one busy rank) its answer took
+// over 1 s on this VM, so its bound is kIdleAnswerTimeout, unless the template is stopped.
 // The loop also serves the workers' store, so the agent asks for a fork after a recovery only
 // once every worker announced the new generation (Agent::Impl::startOwedSpares), and a spare
 // asked at idle priority, whose fork the template makes at idle priority too, is asked with
@@ -40,6 +43,7 @@ inline constexpr int kSpareTemplateLaunchId = 1 << 30;
 class SpareTemplate {
  public:
   static constexpr std::chrono::milliseconds kAnswerTimeout{1000};
+  static constexpr std::chrono::milliseconds kIdleAnswerTimeout{30000};
 
   // The socket pair. Throws ddprun::Error naming socketpair when it fails.
   SpareTemplate();
@@ -57,11 +61,17 @@ class SpareTemplate {
                                           const std::vector<std::string>& env, std::string& why);
   // forkSpare() in two halves, for a caller that waits for the answer on its own loop:
   // request() sends it (false, with `why`, when it cannot), answer() reads the answer, waiting
-  // up to `wait` (0: the socket is readable, or the caller's kAnswerTimeout is over: no answer
-  // then makes the template gone). One request at a time; fd() is the socket to wait on.
+  // up to `wait` (0: the socket is readable, or the request's bound is over: no answer then
+  // makes the template gone). One request at a time; fd() is the socket to wait on.
   bool request(int spareId, bool idle, const std::vector<std::string>& env, std::string& why);
   std::optional<GuardedProcess> answer(std::chrono::milliseconds wait, std::string& why);
   bool answerOwed() const { return pending_.has_value(); }
+  // Whether the caller, kAnswerTimeout after request() and no answer yet, keeps waiting: the
+  // request is at idle priority, kIdleAnswerTimeout is not over and the template is not stopped
+  // (SIGSTOP, a debugger: it would not answer however long the agent waited).
+  bool answerMayStillCome() const;
+  // How long the owed answer has been waited for (0 when none is owed).
+  std::chrono::milliseconds answerWaited() const;
   int fd() const { return agent_.get(); }
   // Whether the template has said Ready (it forks now), reading its answer if one came.
   bool ready() {
@@ -79,9 +89,13 @@ class SpareTemplate {
 
  private:
   bool checkReady(std::string& why);
+  // Whether the template's process is stopped (state T or t in /proc/<pid>/stat).
+  bool stopped() const;
   // The agent's ends of the descriptors a request sent, until its answer came.
   struct Pending {
     UniqueFd control, status, out, err;
+    bool idle = false;
+    std::chrono::steady_clock::time_point asked;
   };
   std::optional<Pending> pending_;
   UniqueFd agent_, child_;

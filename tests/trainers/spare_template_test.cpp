@@ -257,8 +257,8 @@ TEST_CASE("spare template: SIGKILLed, the next spare is exec'd as before and the
 // The agent asks the template for the next spare after a recovery without waiting on its loop
 // (which serves the workers' store and sees deaths) for the answer: the template forks it at
 // idle priority, which takes what CPU time the ranks leave. A stopped template never answers:
-// the store still answers every request at once, and after the answer's bound (1 s) the spare
-// is exec'd instead.
+// the store still answers every request at once, and after the answer's bound (1 s for a
+// stopped template; a running one is waited for up to 30 s) the spare is exec'd instead.
 TEST_CASE("spare template: SIGSTOPped, the agent's store keeps answering while it waits for "
           "the template, the next spare is exec'd after 1 s and the job finishes",
           "[elastic][recovery][spares][slow]") {
@@ -292,7 +292,8 @@ TEST_CASE("spare template: SIGSTOPped, the agent's store keeps answering while i
     REQUIRE(::kill(victim, SIGKILL) == 0);
     // From the death until the template's answer is given up: a store request every 10 ms.
     const std::string givenUp = "spare template (pid " + std::to_string(templ) +
-                                "): the spare template did not answer in 1000 ms; spare 1 and "
+                                "): the spare template is stopped and did not answer in 1000 ms; spare "
+                                "1 and "
                                 "the later ones are started as processes";
     const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
     while (std::chrono::steady_clock::now() < deadline && !j.exited() &&

@@ -167,13 +167,13 @@ TEST_CASE("shm lent buffer carried: a replacement that cannot map what the survi
   // /proc is another file (as when the pid or the descriptor number was reused).
   auto kept = carries[0]->take(0);
   REQUIRE(kept);
-  const int fd = kept->mapping->fd();
+  const int fd = kept->fd();
   REQUIRE(fd >= 0);
   const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   REQUIRE(null >= 0);
   REQUIRE(::dup3(null, fd, O_CLOEXEC) == fd);
   ::close(null);
-  carries[0]->keep(0, std::move(*kept));
+  carries[0]->keep(0, std::move(kept));
   carries[1] = std::make_shared<shm::LentCarry>();
   comms = generation(P, carries, /*reuse=*/true, prefix);
   lent = lend(comms, 1 << 20);

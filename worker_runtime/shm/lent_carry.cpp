@@ -6,18 +6,18 @@
 
 namespace ddprun::runtime::shm {
 
-void LentCarry::keep(int lend, Kept kept) {
+void LentCarry::keep(int lend, std::shared_ptr<SharedMapping> mapping) {
   std::lock_guard lock(mutex_);
-  kept_[lend] = std::move(kept);
+  kept_[lend] = std::move(mapping);
 }
 
-std::optional<LentCarry::Kept> LentCarry::take(int lend) {
+std::shared_ptr<SharedMapping> LentCarry::take(int lend) {
   std::lock_guard lock(mutex_);
   auto it = kept_.find(lend);
-  if (it == kept_.end()) return std::nullopt;
-  Kept kept = std::move(it->second);
+  if (it == kept_.end()) return nullptr;
+  std::shared_ptr<SharedMapping> mapping = std::move(it->second);
   kept_.erase(it);
-  return kept;
+  return mapping;
 }
 
 std::string formatOffer(const std::optional<LentOffer>& offer) {

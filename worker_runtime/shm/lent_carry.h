@@ -36,18 +36,14 @@ namespace ddprun::runtime::shm {
 
 class LentCarry {
  public:
-  struct Kept {
-    std::shared_ptr<SharedMapping> mapping;  // with its descriptor open (MappingOptions::keepFd)
-    size_t regionBytes = 0;
-    int size = 0;  // ranks: mapping->bytes() == regionBytes * size
-  };
-  // Thread-safe: a tensor's deleter may run on any thread.
-  void keep(int lend, Kept kept);
-  std::optional<Kept> take(int lend);
+  // `mapping` has its descriptor open (MappingOptions::keepFd). take() returns null when
+  // nothing is kept for `lend`. Thread-safe: a tensor's deleter may run on any thread.
+  void keep(int lend, std::shared_ptr<SharedMapping> mapping);
+  std::shared_ptr<SharedMapping> take(int lend);
 
  private:
   std::mutex mutex_;
-  std::map<int, Kept> kept_;
+  std::map<int, std::shared_ptr<SharedMapping>> kept_;
 };
 
 // What a rank says it carries for a lend: its offer in the store, "-" for nothing, else

@@ -111,9 +111,9 @@ class ShmCommunicator final : public QueuedCommunicator {
     // Freed, the buffer goes into the carry for the next generation's k-th lend.
     return torch::from_blob(
         mine, {static_cast<int64_t>(region)},
-        [mapping, carry = options_.lentCarry, k, region, ranks = size()](void*) mutable {
+        [mapping, carry = options_.lentCarry, k](void*) mutable {
           try {
-            if (carry) carry->keep(k, {.mapping = std::move(mapping), .regionBytes = region, .size = ranks});
+            if (carry) carry->keep(k, std::move(mapping));
           } catch (...) {  // (no memory for the map's node: the buffer is unmapped instead)
           }
           mapping.reset();
@@ -162,11 +162,11 @@ class ShmCommunicator final : public QueuedCommunicator {
   // BackendError (a malformed offer) or TimeoutError (a rank never answered), alike on every rank.
   std::shared_ptr<SharedMapping> reuseCarried(rendezvous::Store& scoped, int k, size_t region) {
     const size_t bytes = region * static_cast<size_t>(size());
-    std::optional<LentCarry::Kept> kept = options_.lentCarry->take(k);
+    std::shared_ptr<SharedMapping> kept = options_.lentCarry->take(k);
     std::optional<LentOffer> mine;
-    if (kept && kept->mapping->fd() >= 0) {
-      mine = LentOffer{.file = kept->mapping->identity(), .bytes = kept->mapping->bytes(),
-                       .pid = ::getpid(), .fd = kept->mapping->fd()};
+    if (kept && kept->fd() >= 0) {
+      mine = LentOffer{.file = kept->identity(), .bytes = kept->bytes(),
+                       .pid = ::getpid(), .fd = kept->fd()};
     }
     auto everyone = [&](const std::string& what) {
       std::vector<std::string> keys;
@@ -182,7 +182,7 @@ class ShmCommunicator final : public QueuedCommunicator {
     std::shared_ptr<SharedMapping> mapping;
     std::string failure;
     if (offers[rank()]) {
-      mapping = kept->mapping;  // the same memory as the source's (chooseCarried)
+      mapping = kept;  // the same memory as the source's (chooseCarried)
     } else {
       const LentOffer& from = *offers[*source];
       try {
