@@ -8,7 +8,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <sys/mman.h>
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "base/errors.h"
@@ -26,17 +31,18 @@ using test::uniqueShmPrefix;
 
 namespace {
 
-
-
 // One generation: P ranks as threads on a store of their own, rank r with carries[r] (null: a
 // process that carries nothing, none kept either).
+// `view(r, store)`, when given, is the store rank r uses (what it reads of the shared one).
+using StoreView = std::function<std::shared_ptr<ddprun::rendezvous::Store>(
+    int, std::shared_ptr<ddprun::rendezvous::Store>)>;
 std::vector<std::shared_ptr<Communicator>> generation(
     int P, const std::vector<std::shared_ptr<shm::LentCarry>>& carries, bool reuse,
-    const std::string& prefix) {
+    const std::string& prefix, StoreView view = {}) {
   auto store = std::make_shared<MemoryStore>(std::chrono::seconds(20));
   std::vector<std::shared_ptr<Communicator>> comms(P);
   runRanks(P, [&](int r) {
-    comms[r] = shm::makeShmCommunicator(store, {.rank = r,
+    comms[r] = shm::makeShmCommunicator(view ? view(r, store) : store, {.rank = r,
                                                 .size = P,
                                                 .timeout = std::chrono::seconds(20),
                                                 .slotBytes = 4096,
@@ -77,7 +83,10 @@ void checkInPlaceSum(std::vector<std::shared_ptr<Communicator>>& comms,
   }
 }
 
-uint8_t marker(const torch::Tensor& lent) { return lent.data_ptr<uint8_t>()[0]; }
+// A byte of each region past the check word a carried lend writes at its start.
+constexpr int64_t kMarkerAt = 64;
+uint8_t marker(const torch::Tensor& lent) { return lent.data_ptr<uint8_t>()[kMarkerAt]; }
+void setMarker(torch::Tensor& lent, uint8_t value) { lent.narrow(0, kMarkerAt, 1).fill_(value); }
 
 }  // namespace
 
@@ -128,7 +137,7 @@ TEST_CASE("shm lent buffer carried into the next generation: the survivors keep 
   std::vector<void*> where(P);
   for (int r = 0; r < P; ++r) {
     where[r] = lent[r].data_ptr();
-    lent[r].narrow(0, 0, 1).fill_(static_cast<uint8_t>(10 + r));  // each region's first byte
+    setMarker(lent[r], static_cast<uint8_t>(10 + r));
   }
   // The recovery: the old communicators and their lent tensors go (DDP rebuilt), rank 2 died.
   comms.clear();
@@ -160,7 +169,7 @@ TEST_CASE("shm lent buffer carried: a replacement that cannot map what the survi
                                                        std::make_shared<shm::LentCarry>()};
   auto comms = generation(P, carries, /*reuse=*/false, prefix);
   auto lent = lend(comms, 1 << 20);
-  lent[0].narrow(0, 0, 1).fill_(uint8_t{77});
+  setMarker(lent[0], 77);
   comms.clear();
   lent.clear();
   // Rank 0's descriptor of the memory now names /dev/null: what the replacement opens through
@@ -180,4 +189,127 @@ TEST_CASE("shm lent buffer carried: a replacement that cannot map what the survi
   for (int r = 0; r < P; ++r) CHECK(int(marker(lent[r])) == 0);  // new memory on both
   checkInPlaceSum(comms, lent);
   CHECK(shmLeftovers(prefix) == 0);
+}
+
+namespace {
+
+// What an attacker in the store makes one rank read: every multiGet of a key that ends with
+// `suffix` returns `forged` instead (the key was rewritten after the other ranks read it).
+class ForgingView final : public ddprun::rendezvous::Store {
+ public:
+  ForgingView(std::shared_ptr<Store> inner, std::string suffix, std::string forged)
+      : Store(inner->timeout()), inner_(std::move(inner)), suffix_(std::move(suffix)),
+        forged_(std::move(forged)) {}
+  void set(const std::string& k, const std::string& v) override { inner_->set(k, v); }
+  std::string get(const std::string& k) override { return inner_->get(k); }
+  int64_t add(const std::string& k, int64_t d) override { return inner_->add(k, d); }
+  std::string compareSet(const std::string& k, const std::string& e,
+                         const std::string& d) override {
+    return inner_->compareSet(k, e, d);
+  }
+  bool check(const std::vector<std::string>& k) override { return inner_->check(k); }
+  void wait(const std::vector<std::string>& k, Millis t) override { inner_->wait(k, t); }
+  bool deleteKey(const std::string& k) override { return inner_->deleteKey(k); }
+  int64_t numKeys() override { return inner_->numKeys(); }
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override {
+    auto values = inner_->multiGet(keys);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i].ends_with(suffix_)) {
+        values[i] = forged_;
+        ++forgedReads;
+      }
+    }
+    return values;
+  }
+  void multiSet(const std::vector<std::string>& k, const std::vector<std::string>& v) override {
+    inner_->multiSet(k, v);
+  }
+  void append(const std::string& k, const std::string& v) override { inner_->append(k, v); }
+  int forgedReads = 0;
+
+ private:
+  std::shared_ptr<Store> inner_;
+  std::string suffix_, forged_;
+};
+
+// Memory outside the job: a memfd of `bytes` zeros, offered as the attacker's.
+struct OutsideMemory {
+  explicit OutsideMemory(size_t bytes) : fd(::memfd_create("outside", MFD_CLOEXEC)), bytes(bytes) {
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+  }
+  ~OutsideMemory() { ::close(fd); }
+  std::string offer(int64_t pid) const {
+    struct stat st {};
+    REQUIRE(::fstat(fd, &st) == 0);
+    return shm::formatOffer(shm::LentOffer{
+        .file = {.device = static_cast<uint64_t>(st.st_dev), .inode = static_cast<uint64_t>(st.st_ino)},
+        .bytes = bytes, .pid = pid, .fd = fd});
+  }
+  // Whether every byte is still 0 but the `n` from `at`: nothing else of the job was written.
+  bool zeroBut(size_t at, size_t n) const {
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    REQUIRE(p != MAP_FAILED);
+    const auto* b = static_cast<const uint8_t*>(p);
+    bool zero = true;
+    for (size_t i = 0; i < bytes && zero; ++i) zero = b[i] == 0 || (i >= at && i < at + n);
+    ::munmap(p, bytes);
+    return zero;
+  }
+  int fd;
+  size_t bytes;
+};
+
+}  // namespace
+
+TEST_CASE("shm lent buffer carried: forged offers (another memory of the right size, another "
+          "pid, a rank's own offer replaced) make every rank map a new buffer, and the job's "
+          "data never goes to the forged memory", "[shm][security]") {
+  const std::string prefix = uniqueShmPrefix("carry-test");
+  const int P = 2;
+  const size_t region = 1 << 20;
+  OutsideMemory outside(region * P);
+  struct Forgery {
+    const char* what;
+    std::string suffix, value;
+  };
+  // Rank 0 carries the buffer, rank 1 is the replacement; what rank 1 reads is forged.
+  const std::vector<Forgery> forgeries = {
+      // The memfd's own pid and identity: it opens and passes every check the offer allows
+      // (threads share the pid the segment records); only the check through the memory fails.
+      {"rank 0's offer names outside memory", "lend/0/offer/0", outside.offer(::getpid())},
+      {"rank 0's offer names another pid", "lend/0/offer/0", outside.offer(1)},
+      {"rank 1's own offer replaced", "lend/0/offer/1", outside.offer(::getpid())},
+  };
+  for (const auto& forgery : forgeries) {
+    DYNAMIC_SECTION(forgery.what) {
+      std::vector<std::shared_ptr<shm::LentCarry>> carries{std::make_shared<shm::LentCarry>(),
+                                                           std::make_shared<shm::LentCarry>()};
+      auto comms = generation(P, carries, /*reuse=*/false, prefix);
+      auto lent = lend(comms, region);
+      setMarker(lent[0], 77);
+      comms.clear();
+      lent.clear();
+      carries[1] = std::make_shared<shm::LentCarry>();
+      std::shared_ptr<ForgingView> view;
+      comms = generation(P, carries, /*reuse=*/true, prefix,
+                         [&](int r, std::shared_ptr<ddprun::rendezvous::Store> store)
+                             -> std::shared_ptr<ddprun::rendezvous::Store> {
+                           if (r != 1) return store;
+                           view = std::make_shared<ForgingView>(store, forgery.suffix,
+                                                                forgery.value);
+                           return view;
+                         });
+      lent = lend(comms, region);
+      REQUIRE(view);
+      CHECK(view->forgedReads == 1);
+      for (int r = 0; r < P; ++r) CHECK(int(marker(lent[r])) == 0);  // new memory on both
+      checkInPlaceSum(comms, lent);
+      // At most the replacement's check word (8 random bytes) reached the outside memory.
+      CHECK(outside.zeroBut(region, 8));
+      comms.clear();
+      lent.clear();
+      CHECK(shmLeftovers(prefix) == 0);
+    }
+  }
 }

@@ -30,6 +30,9 @@ struct alignas(128) RankControl {
   // (lend number + 1) << 40 | offset in its region, 0 when it is not in lent memory; its bytes.
   std::atomic<uint64_t> lentAt;
   std::atomic<uint64_t> lentBytes;
+  // A random value this rank also wrote at the start of its region of a carried lent buffer
+  // (lent_carry.h): a peer that reads another value there maps other memory.
+  std::atomic<uint64_t> lentCheck;
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 

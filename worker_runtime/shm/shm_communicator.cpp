@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -159,7 +160,16 @@ class ShmCommunicator final : public QueuedCommunicator {
 
   // The k-th lend's buffer carried from an earlier generation (lent_carry.h has the protocol),
   // or null when the ranks carry none they can all map: then every rank maps a new one. Throws
-  // BackendError (a malformed offer) or TimeoutError (a rank never answered), alike on every rank.
+  // TimeoutError (a rank never answered).
+  //
+  // The store is not trusted with the memory (docs/security.md): every rank goes through both
+  // rounds whatever it read, so that ranks shown different offers still meet; a rank uses what
+  // it carries by its own record, never by its offer as the store returns it (a replaced one is
+  // a failure); a replacement opens only the pid the source rank wrote into this generation's
+  // segment; and before any rank uses the buffer, every rank checks that it is the same memory
+  // on all: each writes a random value at the start of its region and into its control in the
+  // segment, and reads everyone's back through its own mapping. Another memory anywhere
+  // (whoever's doing) fails the check on every rank, and every rank maps a new buffer.
   std::shared_ptr<SharedMapping> reuseCarried(rendezvous::Store& scoped, int k, size_t region) {
     const size_t bytes = region * static_cast<size_t>(size());
     std::shared_ptr<SharedMapping> kept = options_.lentCarry->take(k);
@@ -174,17 +184,34 @@ class ShmCommunicator final : public QueuedCommunicator {
       scoped.wait(keys, options_.timeout);
       return scoped.multiGet(keys);
     };
-    scoped.set("offer/" + std::to_string(rank()), formatOffer(mine));
-    std::vector<std::optional<LentOffer>> offers;
-    for (const auto& text : everyone("offer/")) offers.push_back(parseOffer(text));
-    const std::optional<int> source = chooseCarried(offers, bytes);
-    if (!source) return nullptr;
-    std::shared_ptr<SharedMapping> mapping;
+    const std::string myOffer = formatOffer(mine);
+    scoped.set("offer/" + std::to_string(rank()), myOffer);
+    const std::vector<std::string> texts = everyone("offer/");
+    // This rank's answer in the second round: "1" mapped, "-" nothing to reuse, "!why" failed.
     std::string failure;
-    if (offers[rank()]) {
-      mapping = kept;  // the same memory as the source's (chooseCarried)
+    std::optional<int> source;
+    std::vector<std::optional<LentOffer>> offers;
+    try {
+      for (const auto& text : texts) offers.push_back(parseOffer(text));
+      source = chooseCarried(offers, bytes);
+    } catch (const BackendError& e) {
+      failure = e.what();
+    }
+    std::shared_ptr<SharedMapping> mapping;
+    RankControl* control = segment_->control();
+    if (!failure.empty()) {
+    } else if (texts[rank()] != myOffer) {
+      failure = "its offer in the store was replaced by '" + texts[rank()] + "' (it wrote '" +
+                myOffer + "')";
+    } else if (!source) {
+    } else if (mine) {
+      mapping = kept;
+    } else if (const LentOffer& from = *offers[*source];
+               from.pid != control[*source].pid.load(std::memory_order_relaxed)) {
+      failure = "local rank " + std::to_string(*source) + "'s offer names pid " +
+                std::to_string(from.pid) + ", not the rank's pid " +
+                std::to_string(control[*source].pid.load(std::memory_order_relaxed));
     } else {
-      const LentOffer& from = *offers[*source];
       try {
         mapping = std::make_shared<SharedMapping>(
             "/proc/" + std::to_string(from.pid) + "/fd/" + std::to_string(from.fd), bytes,
@@ -193,16 +220,55 @@ class ShmCommunicator final : public QueuedCommunicator {
         failure = e.what();
       }
     }
-    scoped.set("opened/" + std::to_string(rank()), failure.empty() ? "1" : "!" + failure);
+    auto checkWord = [&](int r) {
+      return reinterpret_cast<std::atomic<uint64_t>*>(mapping->data() +
+                                                      static_cast<size_t>(r) * region);
+    };
+    // Never 0: a rank that mapped nothing, or gave up below, leaves 0 in its control.
+    uint64_t check = 0;
+    if (mapping) {
+      check = (uint64_t{std::random_device{}()} << 32) | std::random_device{}() | 1;
+      checkWord(rank())->store(check, std::memory_order_release);
+    }
+    control[rank()].lentCheck.store(check, std::memory_order_release);
+    scoped.set("opened/" + std::to_string(rank()),
+               !failure.empty() ? "!" + failure : mapping ? "1" : "-");
     const auto opened = everyone("opened/");
+    auto giveUp = [&] {
+      control[rank()].lentCheck.store(0, std::memory_order_release);
+      return nullptr;
+    };
     for (int r = 0; r < size(); ++r) {
-      if (!opened[r].empty() && opened[r][0] == '!') {
-        if (rank() == 0) {
-          DDPRUN_LOG(WARN, "shm") << "local rank " << r << " could not map the lent buffer the "
-                                  << "survivors carry (a new one is mapped): " << opened[r].substr(1);
-        }
-        return nullptr;
+      if (opened[r] == "1") continue;
+      if (rank() == 0 && !opened[r].empty() && opened[r][0] == '!') {
+        DDPRUN_LOG(WARN, "shm") << "local rank " << r << " could not map the lent buffer the "
+                                << "survivors carry (a new one is mapped): " << opened[r].substr(1);
       }
+      return giveUp();
+    }
+    // (Only a forged "opened" lets a rank without a mapping get here: its peers find its 0.)
+    // A third round, because a rank that returns writes into its region at once.
+    std::string mismatch;
+    for (int r = 0; r < size() && mapping && mismatch.empty(); ++r) {
+      const uint64_t want = control[r].lentCheck.load(std::memory_order_acquire);
+      const uint64_t seen = checkWord(r)->load(std::memory_order_acquire);
+      if (want == 0 || seen != want) {
+        mismatch = "local rank " + std::to_string(r) + "'s region holds " +
+                   std::to_string(seen) + " in local rank " + std::to_string(rank()) +
+                   "'s mapping, it wrote " + std::to_string(want);
+      }
+    }
+    if (!mapping) mismatch = "local rank " + std::to_string(rank()) + " mapped nothing";
+    scoped.set("checked/" + std::to_string(rank()), mismatch.empty() ? "1" : "!" + mismatch);
+    const auto checked = everyone("checked/");
+    for (int r = 0; r < size(); ++r) {
+      if (checked[r] == "1") continue;
+      if (rank() == 0) {
+        DDPRUN_LOG(WARN, "shm") << "the lent buffer the survivors carry is not the same memory "
+                                << "on every local rank (" << checked[r].substr(1) << "): a new "
+                                << "one is mapped; was an offer in the store forged?";
+      }
+      return giveUp();
     }
     return mapping;
   }
