@@ -11,16 +11,20 @@
 //
 // How: when a lent tensor is freed (the old DDP destroyed), its mapping goes into this process's
 // carry under its lend number instead of being unmapped. The k-th lend of a later generation's
-// communicator (ShmOptions::reuseLent) first asks every rank what it carries for k (one store
-// round trip): when every rank that carries one carries the same memory, of the size asked,
-// those ranks use it as it is and the others open it through the lowest such rank's
-// /proc/<pid>/fd/<fd> (checked by device and inode); should any of them fail, every rank maps a
-// new buffer as before. The carry holds at most one mapping per lend number, and only the newest.
+// communicator (ShmOptions::reuseLent) first asks every rank what it carries for k (round
+// "offer"): when every rank that carries one carries the same memory, of the size asked, those
+// ranks use it as it is and the others open it through the lowest such rank's
+// /proc/<pid>/fd/<fd> (checked by device, inode and the pid in the segment; round "opened");
+// then every rank checks, through its own mapping, the random value each rank wrote at the start
+// of its region (round "checked"). Should anything fail on any rank, every rank maps a new
+// buffer as before. The carry holds at most one mapping per lend number, and only the newest.
+// (The store is not trusted with the memory: ShmCommunicator::reuseCarried, docs/security.md.)
 //
 // Safety: a carried buffer is used only once its tensor was freed, so no job of the old
 // communicator holds it; the dead rank's process is gone (killed by its agent) before a
 // generation forms, so nobody of the old generation writes into it; DDP writes every bucket
-// before each allreduce, so what the old generation left there is never read.
+// before each allreduce, so what the old generation left there (and the check values written
+// at the start of each region) is never read.
 #include <cstddef>
 #include <cstdint>
 #include <map>
