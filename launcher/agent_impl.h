@@ -150,8 +150,9 @@ class Agent::Impl {
   // with it. queueFork() asks, one request at a time (a spare asked while one is being forked
   // queues behind it); onForkAnswer() adds the spare to the group once the socket is readable
   // or its bound is over (kAnswerTimeout; an idle fork's kIdleAnswerTimeout unless the template
-  // is stopped: then, or on any refusal, the spare is exec'd, as spareSpawner() does). endSpareTemplate() drops what is queued, and so does sendNextFork() once the group
-  // stops: the group it was for is over.
+  // is stopped: then, or on any refusal, the spare is exec'd, as spareSpawner() does).
+  // endSpareTemplate() drops what is queued, and so does sendNextFork() once the group stops:
+  // the group it was for is over.
   void queueFork(WorkerLaunch l, int id, bool idle);
   // The line of spare `id` exec'd instead of forked: why, and once, that the template is gone
   // (`wasGone`: it was before this spare was asked).

@@ -162,8 +162,8 @@ class ShmCommunicator final : public QueuedCommunicator {
   // or null when the ranks carry none they can all map: then every rank maps a new one. Throws
   // TimeoutError (a rank never answered).
   //
-  // The store is not trusted with the memory (docs/security.md): every rank goes through both
-  // rounds whatever it read, so that ranks shown different offers still meet; a rank uses what
+  // The store is not trusted with the memory (docs/security.md): every rank goes through the
+  // same rounds whatever it read, so that ranks shown different offers still meet; a rank uses what
   // it carries by its own record, never by its offer as the store returns it (a replaced one is
   // a failure); a replacement opens only the pid the source rank wrote into this generation's
   // segment; and before any rank uses the buffer, every rank checks that it is the same memory
@@ -200,10 +200,12 @@ class ShmCommunicator final : public QueuedCommunicator {
     std::shared_ptr<SharedMapping> mapping;
     RankControl* control = segment_->control();
     if (!failure.empty()) {
+      // (a malformed offer: answered below)
     } else if (texts[rank()] != myOffer) {
       failure = "its offer in the store was replaced by '" + texts[rank()] + "' (it wrote '" +
                 myOffer + "')";
     } else if (!source) {
+      // (nothing all can reuse: "-")
     } else if (mine) {
       mapping = kept;
     } else if (const LentOffer& from = *offers[*source];
