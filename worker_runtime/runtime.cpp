@@ -175,6 +175,22 @@ bool inProcessRecoveryWanted(const WorkerEnv& env, const InitOptions& options) {
 // The communicator of `generation` over `store` (the attempt's store; generation g > 0: its keys
 // under gen/<g>/, recovery_keys.h), as the environment and options choose it (runtime.h).
 // Records in `env` what it learns of the placement (WorkerEnv::onOneHost).
+// The GPUs this process may give NCCL: 0 when built without it. Asked once per process: the
+// first ask is the CUDA runtime's driver probe, which in a spare forked from the spare template
+// took 11-18 ms (about 255 page faults of memory the template shares) here, inside the
+// communicator set-up of a grow back that every survivor waits for. A spare asks before it says
+// ready (becomeRank), off that path; a rank's later generations reuse the answer. Never asked in
+// a process that forks a spare afterwards (the spare template, a rank before it forks the
+// template): CUDA does not survive a fork, and this reaches no further than the driver's probe.
+int usableGpus() {
+  static const int gpus = [] {
+    if (!ncclBuilt()) return 0;
+    const int visible = visibleGpuCount();
+    return visible > 0 ? std::min<int>(visible, torch::cuda::device_count()) : 0;
+  }();
+  return gpus;
+}
+
 std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
                                                std::shared_ptr<rendezvous::Store> attemptStore,
                                                const InitOptions& options, int generation) {
@@ -192,8 +208,7 @@ std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
                             std::make_shared<rendezvous::PrefixStore>(
                                 rendezvous::recovery::generationScope(generation), attemptStore),
                             attemptStore, generation);
-  int gpus = 0;
-  if (ncclBuilt()) gpus = std::min<int>(visibleGpuCount(), torch::cuda::device_count());
+  const int gpus = usableGpus();
   const BackendChoice choice = chooseBackend(requested, ncclBuilt(), gpus);
   if (env.rank == 0 && generation == 0) {
     DDPRUN_LOG(INFO, "runtime") << "backend " << toString(choice.backend) << " (" << choice.reason
@@ -364,6 +379,8 @@ TakenRank becomeRank(const std::string& spareText, const InitOptions& options, b
   auto connection = connectAgentStore(env, timeoutFrom(options), base);
   rendezvous::PrefixStore store(keys::attemptPrefix(env.restartCount), connection);
   if (warmUp && options.spareWarmup) warmUpSpare(self, options);
+  // What the rank's communicator set-up asks first, asked while the group does not wait for it.
+  (void)usableGpus();
   store.set(keys::spareReadyKey(static_cast<int>(id)), std::to_string(::getpid()));
   DDPRUN_LOG(INFO, "runtime") << self << " ready: loaded, waiting for a rank";
   const std::string key = keys::spareAssignKey(static_cast<int>(id));
