@@ -18,6 +18,8 @@
 
 #include "base/errors.h"
 #include "rendezvous/memory_store.h"
+#include "tests/support/forwarding_store.h"
+#include "tests/support/temp_dir.h"
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/shm/lent_carry.h"
 #include "worker_runtime/shm/shm_communicator.h"
@@ -121,7 +123,8 @@ TEST_CASE("lent carry: an offer round-trips, a malformed one is refused naming i
   CHECK(shm::chooseCarried(Offers{a, a}, 8192) == 0);
   CHECK_FALSE(shm::chooseCarried(Offers{a, other, std::nullopt}, 8192));  // different memories
   CHECK_FALSE(shm::chooseCarried(Offers{a, std::nullopt}, 16384));        // another size asked
-  CHECK_FALSE(shm::chooseCarried(Offers{bigger, bigger}, 8192));
+  CHECK(shm::chooseCarried(Offers{bigger, bigger}, 8192) == 0);  // larger: a shrunk group's
+  CHECK_FALSE(shm::chooseCarried(Offers{a, bigger}, 8192));  // one memory, two sizes: forged
 }
 
 TEST_CASE("shm lent buffer carried into the next generation: the survivors keep their memory "
@@ -161,6 +164,44 @@ TEST_CASE("shm lent buffer carried into the next generation: the survivors keep 
   CHECK(shmLeftovers(prefix) == 0);
 }
 
+TEST_CASE("shm lent buffer carried through a shrink and a grow back: the shrunk group keeps "
+          "the larger buffer, and the replacement that grows it back maps that memory", "[shm]") {
+  const std::string prefix = uniqueShmPrefix("carry-test");
+  const size_t region = 1 << 20;
+  std::vector<std::shared_ptr<shm::LentCarry>> carries;
+  for (int r = 0; r < 3; ++r) carries.push_back(std::make_shared<shm::LentCarry>());
+  auto comms = generation(3, carries, /*reuse=*/false, prefix);
+  auto lent = lend(comms, region);
+  std::vector<char*> where(3);
+  for (int r = 0; r < 3; ++r) {
+    where[r] = static_cast<char*>(lent[r].data_ptr());
+    setMarker(lent[r], static_cast<uint8_t>(10 + r));
+  }
+  // Rank 1 dies, the group shrinks: ranks 0 and 2 are ranks 0 and 1 of two, and each uses the
+  // region of its new rank in the three-region buffer it carries.
+  comms.clear();
+  lent.clear();
+  comms = generation(2, {carries[0], carries[2]}, /*reuse=*/true, prefix);
+  lent = lend(comms, region);
+  CHECK(shmLeftovers(prefix) == 0);
+  CHECK(static_cast<char*>(lent[0].data_ptr()) == where[0]);
+  CHECK(static_cast<char*>(lent[1].data_ptr()) == where[2] - region);  // its mapping, region 1
+  CHECK(int(marker(lent[0])) == 10);
+  CHECK(int(marker(lent[1])) == 11);  // what the dead rank left in region 1: the same memory
+  checkInPlaceSum(comms, lent);
+  // The group grows back: the replacement takes rank 1 and maps the buffer the survivors kept.
+  comms.clear();
+  lent.clear();
+  comms = generation(3, {carries[0], std::make_shared<shm::LentCarry>(), carries[2]},
+                     /*reuse=*/true, prefix);
+  lent = lend(comms, region);
+  CHECK(shmLeftovers(prefix) == 0);
+  CHECK(static_cast<char*>(lent[0].data_ptr()) == where[0]);
+  CHECK(static_cast<char*>(lent[2].data_ptr()) == where[2]);
+  for (int r = 0; r < 3; ++r) CHECK(int(marker(lent[r])) == 10 + r);
+  checkInPlaceSum(comms, lent);
+}
+
 TEST_CASE("shm lent buffer carried: a replacement that cannot map what the survivors carry "
           "makes every rank map a new one", "[shm]") {
   const std::string prefix = uniqueShmPrefix("carry-test");
@@ -195,24 +236,12 @@ namespace {
 
 // What an attacker in the store makes one rank read: every multiGet of a key that ends with
 // `suffix` returns `forged` instead (the key was rewritten after the other ranks read it).
-class ForgingView final : public ddprun::rendezvous::Store {
+class ForgingView final : public ddprun::testing::ForwardingStore {
  public:
   ForgingView(std::shared_ptr<Store> inner, std::string suffix, std::string forged)
-      : Store(inner->timeout()), inner_(std::move(inner)), suffix_(std::move(suffix)),
-        forged_(std::move(forged)) {}
-  void set(const std::string& k, const std::string& v) override { inner_->set(k, v); }
-  std::string get(const std::string& k) override { return inner_->get(k); }
-  int64_t add(const std::string& k, int64_t d) override { return inner_->add(k, d); }
-  std::string compareSet(const std::string& k, const std::string& e,
-                         const std::string& d) override {
-    return inner_->compareSet(k, e, d);
-  }
-  bool check(const std::vector<std::string>& k) override { return inner_->check(k); }
-  void wait(const std::vector<std::string>& k, Millis t) override { inner_->wait(k, t); }
-  bool deleteKey(const std::string& k) override { return inner_->deleteKey(k); }
-  int64_t numKeys() override { return inner_->numKeys(); }
+      : ForwardingStore(std::move(inner)), suffix_(std::move(suffix)), forged_(std::move(forged)) {}
   std::vector<std::string> multiGet(const std::vector<std::string>& keys) override {
-    auto values = inner_->multiGet(keys);
+    auto values = inner().multiGet(keys);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (keys[i].ends_with(suffix_)) {
         values[i] = forged_;
@@ -221,20 +250,19 @@ class ForgingView final : public ddprun::rendezvous::Store {
     }
     return values;
   }
-  void multiSet(const std::vector<std::string>& k, const std::vector<std::string>& v) override {
-    inner_->multiSet(k, v);
-  }
-  void append(const std::string& k, const std::string& v) override { inner_->append(k, v); }
   int forgedReads = 0;
 
  private:
-  std::shared_ptr<Store> inner_;
   std::string suffix_, forged_;
 };
 
-// Memory outside the job: a memfd of `bytes` zeros, offered as the attacker's.
+// Memory outside the job, offered as the attacker's: a memfd of `bytes` zeros, or with `path` a
+// file of that name (as a checkpoint being written is: it has a name, unlike any lent buffer).
 struct OutsideMemory {
-  explicit OutsideMemory(size_t bytes) : fd(::memfd_create("outside", MFD_CLOEXEC)), bytes(bytes) {
+  explicit OutsideMemory(size_t bytes, const std::string& path = "")
+      : fd(path.empty() ? ::memfd_create("outside", MFD_CLOEXEC)
+                        : ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600)),
+        bytes(bytes) {
     REQUIRE(fd >= 0);
     REQUIRE(::ftruncate(fd, static_cast<off_t>(bytes)) == 0);
   }
@@ -263,23 +291,31 @@ struct OutsideMemory {
 }  // namespace
 
 TEST_CASE("shm lent buffer carried: forged offers (another memory of the right size, another "
-          "pid, a rank's own offer replaced) make every rank map a new buffer, and the job's "
+          "pid, a rank's own offer replaced, a larger file with a name) make every rank map a new buffer, and the job's "
           "data never goes to the forged memory", "[shm][security]") {
   const std::string prefix = uniqueShmPrefix("carry-test");
   const int P = 2;
   const size_t region = 1 << 20;
   OutsideMemory outside(region * P);
+  ddprun::testing::TempDir dir;
+  OutsideMemory named(region * 4, dir / "checkpoint.pt");  // larger than asked
   struct Forgery {
     const char* what;
     std::string suffix, value;
+    const OutsideMemory& memory;
+    size_t written;  // what may reach it: the replacement's check word, or nothing
   };
   // Rank 0 carries the buffer, rank 1 is the replacement; what rank 1 reads is forged.
   const std::vector<Forgery> forgeries = {
       // The memfd's own pid and identity: it opens and passes every check the offer allows
       // (threads share the pid the segment records); only the check through the memory fails.
-      {"rank 0's offer names outside memory", "lend/0/offer/0", outside.offer(::getpid())},
-      {"rank 0's offer names another pid", "lend/0/offer/0", outside.offer(1)},
-      {"rank 1's own offer replaced", "lend/0/offer/1", outside.offer(::getpid())},
+      {"rank 0's offer names outside memory", "lend/0/offer/0", outside.offer(::getpid()),
+       outside, 8},
+      {"rank 0's offer names another pid", "lend/0/offer/0", outside.offer(1), outside, 8},
+      {"rank 1's own offer replaced", "lend/0/offer/1", outside.offer(::getpid()), outside, 8},
+      // Larger than asked, as a shrunk group's buffer is, but a file with a name: never mapped.
+      {"rank 0's offer names a file with a name", "lend/0/offer/0", named.offer(::getpid()),
+       named, 0},
   };
   for (const auto& forgery : forgeries) {
     DYNAMIC_SECTION(forgery.what) {
@@ -306,7 +342,7 @@ TEST_CASE("shm lent buffer carried: forged offers (another memory of the right s
       for (int r = 0; r < P; ++r) CHECK(int(marker(lent[r])) == 0);  // new memory on both
       checkInPlaceSum(comms, lent);
       // At most the replacement's check word (8 random bytes) reached the outside memory.
-      CHECK(outside.zeroBut(region, 8));
+      CHECK(forgery.memory.zeroBut(region, forgery.written));
       comms.clear();
       lent.clear();
       CHECK(shmLeftovers(prefix) == 0);

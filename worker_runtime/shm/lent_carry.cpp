@@ -45,10 +45,11 @@ std::optional<int> chooseCarried(const std::vector<std::optional<LentOffer>>& of
   std::optional<int> source;
   for (size_t r = 0; r < offers.size(); ++r) {
     if (!offers[r]) continue;
-    if (offers[r]->bytes != bytes) return std::nullopt;
+    if (offers[r]->bytes < bytes) return std::nullopt;
     if (!source) {
       source = static_cast<int>(r);
-    } else if (!(offers[r]->file == offers[*source]->file)) {
+    } else if (!(offers[r]->file == offers[*source]->file) ||
+               offers[r]->bytes != offers[*source]->bytes) {
       return std::nullopt;
     }
   }

@@ -12,8 +12,8 @@
 // How: when a lent tensor is freed (the old DDP destroyed), its mapping goes into this process's
 // carry under its lend number instead of being unmapped. The k-th lend of a later generation's
 // communicator (ShmOptions::reuseLent) first asks every rank what it carries for k (round
-// "offer"): when every rank that carries one carries the same memory, of the size asked, those
-// ranks use it as it is and the others open it through the lowest such rank's
+// "offer"): when every rank that carries one carries the same memory, of at least the size
+// asked (a shrunk group keeps its larger buffer for when it grows back), those ranks use it as it is and the others open it through the lowest such rank's
 // /proc/<pid>/fd/<fd> (checked by device, inode and the pid in the segment; round "opened");
 // then every rank checks, through its own mapping, the random value each rank wrote at the start
 // of its region (round "checked"). Should anything fail on any rank, every rank maps a new
@@ -63,8 +63,10 @@ std::string formatOffer(const std::optional<LentOffer>& offer);
 std::optional<LentOffer> parseOffer(const std::string& text);
 
 // Every rank's offers (index = local rank) -> the rank whose memory the group reuses, or nothing
-// (no rank carries any, they carry different memories, or of another size than `bytes`). The
-// same on every rank: it depends on the offers alone.
+// (no rank carries any, they carry different memories, or one smaller than `bytes`). A larger
+// one is reused whole: a group that shrank keeps the buffer of its former size (its regions past
+// the new world size unused), which fits again when the group grows back. The same on every
+// rank: it depends on the offers alone.
 std::optional<int> chooseCarried(const std::vector<std::optional<LentOffer>>& offers, size_t bytes);
 
 }  // namespace ddprun::runtime::shm

@@ -171,6 +171,13 @@ SharedMapping::SharedMapping(const std::string& procPath, size_t bytes,
              "expected inode " + std::to_string(expected.inode) + ", " + std::to_string(bytes) +
              " bytes)");
   }
+  // Every shared mapping's name is unlinked once all ranks mapped it: a file that still has one
+  // (a checkpoint being written, say) is none of ours, whatever an offer in the store says.
+  if (st.st_nlink != 0) {
+    ::close(fd);
+    failWith("it is a file with a name (" + std::to_string(st.st_nlink) + " link(s)), not a "
+             "shared buffer of the job");
+  }
   base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (base_ == MAP_FAILED) {
     const int err = errno;

@@ -56,8 +56,9 @@ class SharedMapping {
                 const std::function<void(char*)>& initialize = {},
                 const std::function<void(char*)>& verify = {});
   // Maps memory another process of this node holds open, by its /proc/<pid>/fd/<fd> path: the
-  // file must be `expected` and hold `bytes`. No store, no unlink (it has no name). Throws
-  // BackendError naming the path and why (gone, not permitted, another file, another size).
+  // file must be `expected`, hold `bytes` and have no name left (as every mapping of the first
+  // kind, once all ranks mapped it). No store, no unlink. Throws BackendError naming the path and
+  // why (gone, not permitted, another file, another size, a file with a name).
   SharedMapping(const std::string& procPath, size_t bytes, const FileIdentity& expected,
                 const std::string& what, bool keepFd);
   ~SharedMapping();

@@ -171,108 +171,134 @@ class ShmCommunicator final : public QueuedCommunicator {
   // segment, and reads everyone's back through its own mapping. Another memory anywhere
   // (whoever's doing) fails the check on every rank, and every rank maps a new buffer.
   std::shared_ptr<SharedMapping> reuseCarried(rendezvous::Store& scoped, int k, size_t region) {
-    const size_t bytes = region * static_cast<size_t>(size());
+    Opened opened = openCarried(scoped, k, region * static_cast<size_t>(size()));
+    // Never 0: a rank that mapped nothing, or gave up, leaves 0 in its control.
+    uint64_t check = 0;
+    if (opened.mapping) {
+      check = (uint64_t{std::random_device{}()} << 32) | std::random_device{}() | 1;
+      checkWord(*opened.mapping, rank(), region)->store(check, std::memory_order_release);
+    }
+    RankControl& mine = segment_->control()[rank()];
+    mine.lentCheck.store(check, std::memory_order_release);
+    if (everyoneOpened(scoped, opened) && everyoneSees(scoped, opened.mapping.get(), region)) {
+      return opened.mapping;
+    }
+    mine.lentCheck.store(0, std::memory_order_release);
+    return nullptr;
+  }
+
+  // What round 1 left this rank: the buffer it maps (null: none), or why it could not.
+  struct Opened {
+    std::shared_ptr<SharedMapping> mapping;
+    std::string failure;
+  };
+
+  // Round 1 (offer/): each rank offers the buffer it carries (its file, size, pid and fd) and
+  // reads every offer; all choose the same source (lent_carry.h, chooseCarried). A survivor maps
+  // its own carried buffer by its own record; a rank that carries none (the replacement) opens
+  // the source's fd through /proc, but only for the pid the source wrote into this generation's
+  // segment. What the store said wrong (a malformed offer, this rank's own offer replaced,
+  // another pid) is the failure returned, never thrown: the ranks must all reach round 2.
+  Opened openCarried(rendezvous::Store& scoped, int k, size_t bytes) {
     std::shared_ptr<SharedMapping> kept = options_.lentCarry->take(k);
     std::optional<LentOffer> mine;
     if (kept && kept->fd() >= 0) {
       mine = LentOffer{.file = kept->identity(), .bytes = kept->bytes(),
                        .pid = ::getpid(), .fd = kept->fd()};
     }
-    auto everyone = [&](const std::string& what) {
-      std::vector<std::string> keys;
-      for (int r = 0; r < size(); ++r) keys.push_back(what + std::to_string(r));
-      scoped.wait(keys, options_.timeout);
-      return scoped.multiGet(keys);
-    };
     const std::string myOffer = formatOffer(mine);
     scoped.set("offer/" + std::to_string(rank()), myOffer);
-    const std::vector<std::string> texts = everyone("offer/");
-    // This rank's answer in the second round: "1" mapped, "-" nothing to reuse, "!why" failed.
-    std::string failure;
+    const std::vector<std::string> texts = everyone(scoped, "offer/");
     std::optional<int> source;
     std::vector<std::optional<LentOffer>> offers;
     try {
       for (const auto& text : texts) offers.push_back(parseOffer(text));
       source = chooseCarried(offers, bytes);
     } catch (const BackendError& e) {
-      failure = e.what();
+      return {.failure = e.what()};
     }
-    std::shared_ptr<SharedMapping> mapping;
-    RankControl* control = segment_->control();
-    if (!failure.empty()) {
-      // (a malformed offer: answered below)
-    } else if (texts[rank()] != myOffer) {
-      failure = "its offer in the store was replaced by '" + texts[rank()] + "' (it wrote '" +
-                myOffer + "')";
-    } else if (!source) {
-      // (nothing all can reuse: "-")
-    } else if (mine) {
-      mapping = kept;
-    } else if (const LentOffer& from = *offers[*source];
-               from.pid != control[*source].pid.load(std::memory_order_relaxed)) {
-      failure = "local rank " + std::to_string(*source) + "'s offer names pid " +
-                std::to_string(from.pid) + ", not the rank's pid " +
-                std::to_string(control[*source].pid.load(std::memory_order_relaxed));
-    } else {
-      try {
-        mapping = std::make_shared<SharedMapping>(
-            "/proc/" + std::to_string(from.pid) + "/fd/" + std::to_string(from.fd), bytes,
-            from.file, "lent buffer of local rank " + std::to_string(*source), /*keepFd=*/true);
-      } catch (const BackendError& e) {
-        failure = e.what();
-      }
+    if (texts[rank()] != myOffer) {
+      return {.failure = "its offer in the store was replaced by '" + texts[rank()] +
+                         "' (it wrote '" + myOffer + "')"};
     }
-    auto checkWord = [&](int r) {
-      return reinterpret_cast<std::atomic<uint64_t>*>(mapping->data() +
-                                                      static_cast<size_t>(r) * region);
-    };
-    // Never 0: a rank that mapped nothing, or gave up below, leaves 0 in its control.
-    uint64_t check = 0;
-    if (mapping) {
-      check = (uint64_t{std::random_device{}()} << 32) | std::random_device{}() | 1;
-      checkWord(rank())->store(check, std::memory_order_release);
+    if (!source) return {};  // nothing all can reuse
+    if (mine) return {.mapping = kept};
+    const LentOffer& from = *offers[*source];
+    const int32_t pid = segment_->control()[*source].pid.load(std::memory_order_relaxed);
+    if (from.pid != pid) {
+      return {.failure = "local rank " + std::to_string(*source) + "'s offer names pid " +
+                         std::to_string(from.pid) + ", not the rank's pid " + std::to_string(pid)};
     }
-    control[rank()].lentCheck.store(check, std::memory_order_release);
+    try {
+      return {.mapping = std::make_shared<SharedMapping>(
+                  "/proc/" + std::to_string(from.pid) + "/fd/" + std::to_string(from.fd), from.bytes,
+                  from.file, "lent buffer of local rank " + std::to_string(*source),
+                  /*keepFd=*/true)};
+    } catch (const BackendError& e) {
+      return {.failure = e.what()};
+    }
+  }
+
+  // Round 2 (opened/): "1" mapped, "-" nothing to reuse, "!why" failed. True when every rank
+  // mapped the buffer; rank 0 logs another rank's failure.
+  bool everyoneOpened(rendezvous::Store& scoped, const Opened& opened) {
     scoped.set("opened/" + std::to_string(rank()),
-               !failure.empty() ? "!" + failure : mapping ? "1" : "-");
-    const auto opened = everyone("opened/");
-    auto giveUp = [&] {
-      control[rank()].lentCheck.store(0, std::memory_order_release);
-      return nullptr;
-    };
+               !opened.failure.empty() ? "!" + opened.failure : opened.mapping ? "1" : "-");
+    const auto answers = everyone(scoped, "opened/");
     for (int r = 0; r < size(); ++r) {
-      if (opened[r] == "1") continue;
-      if (rank() == 0 && !opened[r].empty() && opened[r][0] == '!') {
+      if (answers[r] == "1") continue;
+      if (rank() == 0 && !answers[r].empty() && answers[r][0] == '!') {
         DDPRUN_LOG(WARN, "shm") << "local rank " << r << " could not map the lent buffer the "
-                                << "survivors carry (a new one is mapped): " << opened[r].substr(1);
+                                << "survivors carry (a new one is mapped): " << answers[r].substr(1);
       }
-      return giveUp();
+      return false;
     }
+    return true;
+  }
+
+  // Round 3 (checked/): through its own mapping, this rank reads the check value every rank
+  // wrote at the start of its region, against the one in that rank's control. A round of its
+  // own, after round 2, because a rank that returns writes into its region at once. True when
+  // every rank saw every value; rank 0 logs what one did not.
+  bool everyoneSees(rendezvous::Store& scoped, const SharedMapping* mapping, size_t region) {
     // (Only a forged "opened" lets a rank without a mapping get here: its peers find its 0.)
-    // A third round, because a rank that returns writes into its region at once.
-    std::string mismatch;
+    std::string mismatch =
+        mapping ? std::string() : "local rank " + std::to_string(rank()) + " mapped nothing";
+    const RankControl* control = segment_->control();
     for (int r = 0; r < size() && mapping && mismatch.empty(); ++r) {
       const uint64_t want = control[r].lentCheck.load(std::memory_order_acquire);
-      const uint64_t seen = checkWord(r)->load(std::memory_order_acquire);
+      const uint64_t seen = checkWord(*mapping, r, region)->load(std::memory_order_acquire);
       if (want == 0 || seen != want) {
         mismatch = "local rank " + std::to_string(r) + "'s region holds " +
                    std::to_string(seen) + " in local rank " + std::to_string(rank()) +
                    "'s mapping, it wrote " + std::to_string(want);
       }
     }
-    if (!mapping) mismatch = "local rank " + std::to_string(rank()) + " mapped nothing";
     scoped.set("checked/" + std::to_string(rank()), mismatch.empty() ? "1" : "!" + mismatch);
-    const auto checked = everyone("checked/");
+    const auto answers = everyone(scoped, "checked/");
     for (int r = 0; r < size(); ++r) {
-      if (checked[r] == "1") continue;
+      if (answers[r] == "1") continue;
       if (rank() == 0) {
         DDPRUN_LOG(WARN, "shm") << "the lent buffer the survivors carry is not the same memory "
-                                << "on every local rank (" << checked[r].substr(1) << "): a new "
+                                << "on every local rank (" << answers[r].substr(1) << "): a new "
                                 << "one is mapped; was an offer in the store forged?";
       }
-      return giveUp();
+      return false;
     }
-    return mapping;
+    return true;
+  }
+
+  // Every rank's value of `what`<rank>, once all are there (bounded by the timeout).
+  std::vector<std::string> everyone(rendezvous::Store& scoped, const std::string& what) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) keys.push_back(what + std::to_string(r));
+    scoped.wait(keys, options_.timeout);
+    return scoped.multiGet(keys);
+  }
+
+  // The check word at the start of rank r's region of a lent buffer.
+  static std::atomic<uint64_t>* checkWord(const SharedMapping& mapping, int r, size_t region) {
+    return reinterpret_cast<std::atomic<uint64_t>*>(mapping.data() + static_cast<size_t>(r) * region);
   }
 
   // Runs one collective: refuses at once when an earlier one failed; on failure marks this rank
