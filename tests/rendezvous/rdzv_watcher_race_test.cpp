@@ -6,6 +6,7 @@
 
 #include "rdzv_agents.h"
 #include "rendezvous/rendezvous_backend.h"
+#include "tests/support/forwarding_store.h"
 
 using namespace rdzvtest;
 
@@ -39,63 +40,23 @@ struct Gate {
 // Passes every call through; a compare-set-and-set that wrote (a state log version) returns only
 // once the watcher let go while the gate holds writes: the write is on the store, the agent not
 // yet back.
-class HoldingStore final : public Store {
+class HoldingStore final : public ddprun::testing::ForwardingStore {
  public:
   HoldingStore(std::shared_ptr<Store> inner, std::shared_ptr<Gate> gate)
-      : Store(inner->timeout()), inner_(std::move(inner)), gate_(std::move(gate)) {}
+      : ForwardingStore(std::move(inner)), gate_(std::move(gate)) {}
 
-  void set(const std::string& k, const std::string& v) override { inner_->set(k, v); }
-  std::string get(const std::string& k) override { return inner_->get(k); }
-  int64_t add(const std::string& k, int64_t d) override { return inner_->add(k, d); }
-  std::string compareSet(const std::string& k, const std::string& e,
-                         const std::string& d) override {
-    return inner_->compareSet(k, e, d);
-  }
-  bool check(const std::vector<std::string>& k) override { return inner_->check(k); }
-  void wait(const std::vector<std::string>& k, Millis t) override { inner_->wait(k, t); }
-  std::optional<std::string> waitGet(const std::string& k, Millis t) override {
-    return inner_->waitGet(k, t);
-  }
-  bool deleteKey(const std::string& k) override { return inner_->deleteKey(k); }
-  int64_t numKeys() override { return inner_->numKeys(); }
-  std::vector<std::string> multiGet(const std::vector<std::string>& k) override {
-    return inner_->multiGet(k);
-  }
-  void multiSet(const std::vector<std::string>& k, const std::vector<std::string>& v) override {
-    inner_->multiSet(k, v);
-  }
-  void append(const std::string& k, const std::string& v) override { inner_->append(k, v); }
-  bool hasTickets() const override { return inner_->hasTickets(); }
-  int64_t takeTicket(const std::string& c, const std::string& m) override {
-    return inner_->takeTicket(c, m);
-  }
-  int64_t ticketCount(const std::string& c) override { return inner_->ticketCount(c); }
-  Ticket takeWeightedTicket(const std::string& c, const std::string& m, int64_t w) override {
-    return inner_->takeWeightedTicket(c, m, w);
-  }
-  void createAll(const std::vector<std::string>& k, const std::vector<std::string>& v) override {
-    inner_->createAll(k, v);
-  }
-  std::vector<std::optional<std::string>> readAll(const std::vector<std::string>& k) override {
-    return inner_->readAll(k);
-  }
   std::string compareSetAndSet(const std::string& k, const std::string& e, const std::string& d,
                                const std::vector<std::string>& keys,
                                const std::vector<std::string>& values) override {
-    std::string got = inner_->compareSetAndSet(k, e, d, keys, values);
+    std::string got = inner().compareSetAndSet(k, e, d, keys, values);
     // Only a write that won: a lost compare-set (the agent's state was older) wakes nobody.
     if (got == d && gate_->get(&Gate::holdWrites)) {
       gate_->waitFor(&Gate::watcherDisarmed, Millis(5'000));
     }
     return got;
   }
-  void setTimeout(Millis t) override {
-    Store::setTimeout(t);
-    inner_->setTimeout(t);
-  }
 
  private:
-  std::shared_ptr<Store> inner_;
   std::shared_ptr<Gate> gate_;
 };
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "launcher/worker_lookup.h"
+#include "rendezvous/tcp_store.h"
 #include "tests/support/catch_torch.h"
 #include "tests/support/process.h"
 
@@ -44,6 +45,21 @@ using launcher::lookup::rankTemplatePid;
 using launcher::lookup::workerPid;
 
 inline pid_t procParent(pid_t p) { return launcher::lookup::procStat(p).parent; }
+
+// The agent's store as `worker` sees it: a client of the MASTER_ADDR and MASTER_PORT it was
+// started with, for a test that reads or writes the workers' keys from outside, as a peer of the
+// job would (these jobs have no token). Requests wait up to 10 s.
+inline std::unique_ptr<rendezvous::TcpStore> workerStore(pid_t worker) {
+  const std::string port = ddprun::testing::startEnv(worker, "MASTER_PORT");
+  REQUIRE(!port.empty());
+  REQUIRE(port != "?");
+  return std::make_unique<rendezvous::TcpStore>(
+      rendezvous::TcpStoreOptions{.host = ddprun::testing::startEnv(worker, "MASTER_ADDR"),
+                                  .port = static_cast<uint16_t>(std::stoi(port)),
+                                  .timeout = std::chrono::milliseconds(10'000),
+                                  .connectTimeout = std::chrono::milliseconds(10'000),
+                                  .tokenFromEnvironment = false});
+}
 
 // Hot spare `id` (ddprun --spares: DDPRUN_SPARE=<id>, no RANK), or -1. A spare that took a
 // rank keeps this environment in /proc.

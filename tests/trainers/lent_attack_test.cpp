@@ -128,14 +128,8 @@ TEST_CASE("a hostile store client rewrites the survivor's lent-buffer offer to n
     const pid_t victim = workerPid(j.pid(), 1, "mnist_mlp");
     REQUIRE(rank0 > 0);
     REQUIRE(victim > 0);
-    const std::string host = ddprun::testing::startEnv(rank0, "MASTER_ADDR");
-    const std::string port = ddprun::testing::startEnv(rank0, "MASTER_PORT");
-    REQUIRE(!port.empty());
-    ddprun::rendezvous::TcpStore store({.host = host,
-                                        .port = static_cast<uint16_t>(std::stoi(port)),
-                                        .timeout = std::chrono::milliseconds(10'000),
-                                        .connectTimeout = std::chrono::milliseconds(10'000),
-                                        .tokenFromEnvironment = false});
+    const auto client = workerStore(rank0);
+    ddprun::rendezvous::TcpStore& store = *client;
     // Written before the generation exists: a spare that offers first reads it at once. Then
     // the survivor's own offer, each time it appears, is replaced as fast as the store answers.
     // The survivor writes its offer once: the attacker is done once it replaced it.

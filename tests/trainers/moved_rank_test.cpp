@@ -71,13 +71,9 @@ int killUnreadySpares(ThreeNodes& job, int id, int row) {
 // node rank 0's own worker) was started with.
 bool spareReadyKeySet(pid_t rank0, int id) {
   using namespace ddprun::rendezvous;
-  const std::string port = startEnv(rank0, "MASTER_PORT");
-  REQUIRE(!port.empty());
-  TcpStore store({.host = startEnv(rank0, "MASTER_ADDR"),
-                  .port = static_cast<uint16_t>(std::stoi(port)), .timeout = Millis(10'000),
-                  .connectTimeout = Millis(10'000), .tokenFromEnvironment = false});
+  const auto store = workerStore(rank0);
   const int attempt = std::stoi(startEnv(rank0, "TORCHELASTIC_RESTART_COUNT"));
-  return store.check({recovery::attemptPrefix(attempt) + "/" + recovery::spareReadyKey(id)});
+  return store->check({recovery::attemptPrefix(attempt) + "/" + recovery::spareReadyKey(id)});
 }
 
 }  // namespace

@@ -281,13 +281,8 @@ TEST_CASE("spare template: SIGSTOPped, the agent's store keeps answering while i
     const pid_t victim = workerPid(j.pid(), 1, "mnist_mlp");
     REQUIRE(rank0 > 0);
     REQUIRE(victim > 0);
-    const std::string port = ddprun::testing::startEnv(rank0, "MASTER_PORT");
-    REQUIRE(!port.empty());
-    ddprun::rendezvous::TcpStore store({.host = ddprun::testing::startEnv(rank0, "MASTER_ADDR"),
-                                        .port = static_cast<uint16_t>(std::stoi(port)),
-                                        .timeout = std::chrono::milliseconds(10'000),
-                                        .connectTimeout = std::chrono::milliseconds(10'000),
-                                        .tokenFromEnvironment = false});
+    const auto client = workerStore(rank0);
+    ddprun::rendezvous::TcpStore& store = *client;
     REQUIRE(::kill(templ, SIGSTOP) == 0);
     REQUIRE(::kill(victim, SIGKILL) == 0);
     // From the death until the template's answer is given up: a store request every 10 ms.
