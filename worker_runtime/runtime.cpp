@@ -172,9 +172,6 @@ bool inProcessRecoveryWanted(const WorkerEnv& env, const InitOptions& options) {
   return env.useAgentStore && env.worldSize > 1;
 }
 
-// The communicator of `generation` over `store` (the attempt's store; generation g > 0: its keys
-// under gen/<g>/, recovery_keys.h), as the environment and options choose it (runtime.h).
-// Records in `env` what it learns of the placement (WorkerEnv::onOneHost).
 // The GPUs this process may give NCCL: 0 when built without it. Asked once per process: the
 // first ask is the CUDA runtime's driver probe, which in a spare forked from the spare template
 // took 11-18 ms (about 255 page faults of memory the template shares) here, inside the
@@ -191,6 +188,9 @@ int usableGpus() {
   return gpus;
 }
 
+// The communicator of `generation` over `store` (the attempt's store; generation g > 0: its keys
+// under gen/<g>/, recovery_keys.h), as the environment and options choose it (runtime.h).
+// Records in `env` what it learns of the placement (WorkerEnv::onOneHost).
 std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
                                                std::shared_ptr<rendezvous::Store> attemptStore,
                                                const InitOptions& options, int generation) {

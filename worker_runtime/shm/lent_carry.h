@@ -13,8 +13,9 @@
 // carry under its lend number instead of being unmapped. The k-th lend of a later generation's
 // communicator (ShmOptions::reuseLent) first asks every rank what it carries for k (round
 // "offer"): when every rank that carries one carries the same memory, of at least the size
-// asked (a shrunk group keeps its larger buffer for when it grows back), those ranks use it as it is and the others open it through the lowest such rank's
-// /proc/<pid>/fd/<fd> (checked by device, inode and the pid in the segment; round "opened");
+// asked (a shrunk group keeps its larger buffer for when it grows back), those ranks use it as
+// it is and the others open it through the lowest such rank's /proc/<pid>/fd/<fd> (checked by
+// device, inode, no name left and the pid in the segment; round "opened");
 // then every rank checks, through its own mapping, the random value each rank wrote at the start
 // of its region (round "checked"). Should anything fail on any rank, every rank maps a new
 // buffer as before. The carry holds at most one mapping per lend number, and only the newest.

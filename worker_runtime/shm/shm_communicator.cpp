@@ -230,10 +230,11 @@ class ShmCommunicator final : public QueuedCommunicator {
                          std::to_string(from.pid) + ", not the rank's pid " + std::to_string(pid)};
     }
     try {
+      const std::string path =
+          "/proc/" + std::to_string(from.pid) + "/fd/" + std::to_string(from.fd);
       return {.mapping = std::make_shared<SharedMapping>(
-                  "/proc/" + std::to_string(from.pid) + "/fd/" + std::to_string(from.fd), from.bytes,
-                  from.file, "lent buffer of local rank " + std::to_string(*source),
-                  /*keepFd=*/true)};
+                  path, from.bytes, from.file,
+                  "lent buffer of local rank " + std::to_string(*source), /*keepFd=*/true)};
     } catch (const BackendError& e) {
       return {.failure = e.what()};
     }
