@@ -6,6 +6,12 @@
 // come. The wait then throws BackendError, which the elastic run answers by moving on to the
 // newest generation, instead of waiting the whole collective timeout for a dead peer.
 //
+// A wait also gives up after `bound` (the runtime passes DDPRUN_RECOVERY_TIMEOUT) when that is
+// shorter than the wait's own timeout (the collective timeout, 30 min by default): a peer that
+// never comes while no newer generation is published (stuck, not dead) ends the set-up with a
+// TimeoutError naming the keys and the bound, and the elastic run moves on to the next
+// generation, or fails, within its own bound.
+//
 // Waits are cut into slices of kSlice; between two, one CHECK of the next generation's key in
 // the attempt's store (the ddprun store cancels a timed-out WAIT cleanly). Everything else is
 // passed through.
@@ -22,12 +28,15 @@ class SupersededStore final : public Store {
  public:
   static constexpr Millis kSlice{200};
 
-  // `inner`: generation `generation`'s keys; `attempt`: where the agent publishes generations.
-  SupersededStore(std::shared_ptr<Store> inner, std::shared_ptr<Store> attempt, int generation)
+  // `inner`: generation `generation`'s keys; `attempt`: where the agent publishes generations;
+  // `bound`: the longest any wait lasts.
+  SupersededStore(std::shared_ptr<Store> inner, std::shared_ptr<Store> attempt, int generation,
+                  Millis bound = Millis::max())
       : Store(inner->timeout()),
         inner_(std::move(inner)),
         attempt_(std::move(attempt)),
-        generation_(generation) {}
+        generation_(generation),
+        bound_(bound) {}
 
   void set(const std::string& key, const std::string& value) override { inner_->set(key, value); }
   std::string get(const std::string& key) override {
@@ -42,7 +51,8 @@ class SupersededStore final : public Store {
   bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
   using Store::wait;
   void wait(const std::vector<std::string>& keys, Millis timeout) override {
-    const auto deadline = Clock::now() + timeout;
+    const bool bounded = bound_ < timeout;
+    const auto deadline = Clock::now() + std::min(timeout, bound_);
     for (;;) {
       const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
       try {
@@ -55,7 +65,13 @@ class SupersededStore final : public Store {
                              std::to_string(generation_) + "'s communicator (a peer of it died "
                              "before it joined): moving on to the newest");
         }
-        if (Clock::now() >= deadline) throw;
+        if (Clock::now() < deadline) continue;
+        if (!bounded) throw;
+        throw TimeoutError("generation " + std::to_string(generation_) + "'s set-up waited " +
+                           std::to_string(bound_.count() / 1000.0).substr(0, 5) +
+                           " s (DDPRUN_RECOVERY_TIMEOUT) for " + describe(keys) +
+                           ", and no newer generation was published: a peer of this generation "
+                           "is alive but not joining it");
       }
     }
   }
@@ -79,9 +95,16 @@ class SupersededStore final : public Store {
   void giveUpWhenRefused() override { inner_->giveUpWhenRefused(); }
 
  private:
+  static std::string describe(const std::vector<std::string>& keys) {
+    std::string out = keys.size() == 1 ? "key '" : "keys '";
+    for (size_t i = 0; i < keys.size(); ++i) out += (i ? "', '" : "") + keys[i];
+    return out + "'";
+  }
+
   std::shared_ptr<Store> inner_;
   std::shared_ptr<Store> attempt_;
   int generation_;
+  Millis bound_;
 };
 
 }  // namespace ddprun::rendezvous

@@ -84,10 +84,10 @@ class Communicator {
 
   // Gives up on this communicator from the thread that uses it, after a collective failed (in-process
   // recovery, docs/recovery.md): peers still waiting on this rank fail at once instead of at
-  // their timeout (the TCP mesh is shut down, the shm segment marks this rank aborted), and
-  // every later call throws. Never blocks. Gloo's own collectives (broadcast, allgather,
-  // barrier on the tcp transport) and NCCL are not interrupted by it: a peer's death still ends
-  // them (a closed connection), a frozen peer only at the timeout.
+  // their timeout (the TCP mesh is shut down, the shm segment marks this rank aborted, Gloo's
+  // connections are closed), and every later call throws. Never blocks. NCCL peers are not
+  // woken by it: they learn of a peer's death from the peer watch, of a frozen peer only at
+  // the timeout.
   virtual void abort() {}
 
   virtual ThreadCounts threadCounts() const { return {}; }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include <gloo/allgather.h>
 #include <gloo/barrier.h>
@@ -109,7 +110,10 @@ class GlooCommunicator final : public QueuedCommunicator {
     }
   }
 
-  ~GlooCommunicator() override { queue_.drain(); }
+  ~GlooCommunicator() override {
+    queue_.drain();
+    if (closer_.joinable()) closer_.join();
+  }
 
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
@@ -117,9 +121,25 @@ class GlooCommunicator final : public QueuedCommunicator {
   torch::Device device() const override { return torch::kCPU; }
   Millis timeout() const override { return options_.timeout; }
 
+  // Gloo's collectives (barrier, broadcast, allgather) cannot be cancelled, but a peer waiting
+  // in one on this rank fails once this rank's side of their pair is closed: without that, a
+  // peer that was a step behind (in a barrier this rank left when another peer died) waited on
+  // this live rank for the whole collective timeout, while this rank waited for it in the next
+  // generation's set-up (nodes_recovery_test.cpp, "ready spares SIGKILLed three times").
+  // Closing a pair waits for a tick of Gloo's event loop (10-20 ms for 1-3 peers here), so it
+  // runs on a thread of its own instead of in the recovery; the destructor joins it.
   void abort() override {
     fail("aborted by this rank (in-process recovery)");
     if (allreduce_) allreduce_->abort();
+    if (!closer_.joinable()) {
+      closer_ = std::thread([context = context_] {
+        try {
+          context->closeConnections();
+        } catch (const std::exception& e) {  // a failed epoll_ctl: the pairs close with the context
+          DDPRUN_LOG(WARN, "gloo") << "closing the aborted communicator's connections: " << e.what();
+        }
+      });
+    }
   }
 
   torch::Tensor allgather(const torch::Tensor& input) override {
@@ -248,6 +268,7 @@ class GlooCommunicator final : public QueuedCommunicator {
   GlooOptions options_;
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<MeshAllreduce> allreduce_;
+  std::thread closer_;  // abort()'s: closes context_'s connections
   uint32_t nextTag_ = 1;  // only touched by the one thread running collectives
   BrokenLatch broken_;
   WorkQueue queue_;  // last member: its thread stops before the rest is destroyed

@@ -66,6 +66,20 @@ Millis timeoutFrom(const InitOptions& o) {
   return Millis(static_cast<int64_t>(s * 1000));
 }
 
+// DDPRUN_RECOVERY_TIMEOUT (Runtime::recoveryTimeout).
+Millis recoveryTimeoutFrom(const InitOptions& o) {
+  const auto v = o.env("DDPRUN_RECOVERY_TIMEOUT");
+  if (!v || v->empty()) return Millis(60'000);
+  errno = 0;
+  char* end = nullptr;
+  const double s = std::strtod(v->c_str(), &end);
+  if (errno != 0 || *end != '\0' || !(s > 0) || s > 24 * 3600.0) {
+    throw ConfigError("DDPRUN_RECOVERY_TIMEOUT='" + *v +
+                      "' is not valid: expected a number of seconds > 0 (default 60)");
+  }
+  return Millis(static_cast<int64_t>(s * 1000));
+}
+
 // DDPRUN_TRANSPORT (shm/transport.h), auto when unset.
 shm::Transport transportFrom(const InitOptions& o) {
   const auto v = o.env("DDPRUN_TRANSPORT");
@@ -201,13 +215,14 @@ std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
   const std::string secretScope =
       generation == 0 ? env.runId : env.runId + "/gen" + std::to_string(generation);
   // Generation g > 0: its set-up gives up when generation g+1 is published (a peer of g died
-  // before it joined; superseded_store.h), instead of waiting the collective timeout.
+  // before it joined; superseded_store.h), instead of waiting the collective timeout, and each
+  // of its waits after DDPRUN_RECOVERY_TIMEOUT at most (a peer alive but not joining).
   std::shared_ptr<rendezvous::Store> store =
       generation == 0 ? attemptStore
                       : std::make_shared<rendezvous::SupersededStore>(
                             std::make_shared<rendezvous::PrefixStore>(
                                 rendezvous::recovery::generationScope(generation), attemptStore),
-                            attemptStore, generation);
+                            attemptStore, generation, recoveryTimeoutFrom(options));
   const int gpus = usableGpus();
   const BackendChoice choice = chooseBackend(requested, ncclBuilt(), gpus);
   if (env.rank == 0 && generation == 0) {
@@ -517,18 +532,7 @@ bool Runtime::inProcessRecovery() const {
   return inProcessRecoveryWanted(env_, options_) && store_;
 }
 
-Millis Runtime::recoveryTimeout() const {
-  const auto v = options_.env("DDPRUN_RECOVERY_TIMEOUT");
-  if (!v || v->empty()) return Millis(60'000);
-  errno = 0;
-  char* end = nullptr;
-  const double s = std::strtod(v->c_str(), &end);
-  if (errno != 0 || *end != '\0' || !(s > 0) || s > 24 * 3600.0) {
-    throw ConfigError("DDPRUN_RECOVERY_TIMEOUT='" + *v +
-                      "' is not valid: expected a number of seconds > 0 (default 60)");
-  }
-  return Millis(static_cast<int64_t>(s * 1000));
-}
+Millis Runtime::recoveryTimeout() const { return recoveryTimeoutFrom(options_); }
 
 int Runtime::awaitNextGeneration(Millis bound) {
   namespace keys = rendezvous::recovery;

@@ -343,3 +343,93 @@ TEST_CASE("a superseded generation's gloo set-up: a rank that comes after a peer
     CHECK(Clock::now() - start < std::chrono::seconds(2));
   }
 }
+
+TEST_CASE("abort() wakes the peers waiting on this rank in a Gloo collective: they fail at "
+          "once (a closed connection), not at the collective timeout",
+          "[collectives][gloo][recovery]") {
+  // Rank 0 left the collective (in-process recovery: another peer died while it waited on that
+  // one) and aborts; the others are still inside the same Gloo collective, waiting on rank 0 or
+  // on each other. Each that fails aborts too, as runElastic does. Before, a peer that waited on
+  // rank 0 waited the whole timeout: rank 0 was alive and its connections open (two nodes, a
+  // rank a step behind in the first barrier; nodes_recovery_test.cpp). The timeout here is 20 s:
+  // a TimeoutError, not a BackendError, is what that bug looked like.
+  using Clock = std::chrono::steady_clock;
+  const char* const kinds[] = {"barrier", "broadcast", "allgather"};
+  for (const int P : {2, 3, 4}) {
+    for (const std::string kind : kinds) {
+      auto comms = makeGroup(P, {.timeout = std::chrono::seconds(20)});
+      std::vector<std::string> errors(P);
+      std::vector<double> abortMs(P, -1);
+      auto abortTimed = [&](int r) {
+        const auto start = Clock::now();
+        comms[r]->abort();
+        abortMs[r] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+      };
+      runRanks(P, [&](int r) {
+        if (r == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others wait first
+          abortTimed(0);
+          return;
+        }
+        try {
+          if (kind == "barrier") comms[r]->barrier();
+          if (kind == "broadcast") comms[r]->broadcast(torch::ones({1000}), 0);
+          if (kind == "allgather") comms[r]->allgather(torch::ones({1000}));
+          errors[r] = "no error";
+        } catch (const ddprun::BackendError& e) {
+          errors[r] = e.what();
+          abortTimed(r);
+        } catch (const ddprun::Error& e) {
+          errors[r] = std::string("not a BackendError: ") + e.what();
+        }
+      });
+      for (int r = 1; r < P; ++r) {
+        INFO(P << " ranks, " << kind << ", rank " << r << ": " << errors[r]);
+        CHECK_THAT(errors[r], Catch::StartsWith("gloo " + kind) &&
+                                  (Catch::Contains("did a peer exit?") ||
+                                   Catch::Contains("aborted by this rank")));
+      }
+      // What abort() costs a recovery (Gloo unregisters each pair from its event loop).
+      for (int r = 0; r < P; ++r) UNSCOPED_INFO("abort() on rank " << r << ": " << abortMs[r] << " ms");
+      // Every later call on an aborted communicator fails at once.
+      CHECK_THROWS_AS(comms[0]->barrier(), ddprun::BackendError);
+    }
+  }
+}
+
+TEST_CASE("a generation's set-up waits DDPRUN_RECOVERY_TIMEOUT at most for a peer that never "
+          "joins, though no newer generation comes, and says so naming the keys",
+          "[collectives][gloo][recovery]") {
+  namespace keys = ddprun::rendezvous::recovery;
+  using Clock = std::chrono::steady_clock;
+  // Rank 1 of generation 1 never writes its addresses (alive elsewhere: stuck in an old
+  // generation's collective), and generation 2 is never published. The collective timeout (20 s
+  // here, 30 min by default) is not what bounds rank 0's wait: the recovery bound is.
+  auto attempt = std::make_shared<MemoryStore>(std::chrono::seconds(20));
+  auto generation = std::make_shared<ddprun::rendezvous::SupersededStore>(
+      std::make_shared<ddprun::rendezvous::PrefixStore>(keys::generationScope(1), attempt),
+      attempt, 1, std::chrono::milliseconds(600));
+  const auto start = Clock::now();
+  std::string error;
+  try {
+    makeGlooCommunicator(generation, {.rank = 0, .size = 2, .timeout = std::chrono::seconds(20),
+                                      .hostname = "127.0.0.1"});
+  } catch (const ddprun::TimeoutError& e) {
+    error = e.what();
+  }
+  INFO(error);
+  CHECK_THAT(error, Catch::Contains("generation 1's set-up waited 0.600 s "
+                                    "(DDPRUN_RECOVERY_TIMEOUT) for key 'gloo/1/1'") &&
+                        Catch::Contains("a peer of this generation is alive but not joining it"));
+  CHECK(Clock::now() - start < std::chrono::seconds(10));
+  // A bound longer than the wait's own timeout leaves the store's own TimeoutError.
+  auto loose = std::make_shared<ddprun::rendezvous::SupersededStore>(
+      std::make_shared<ddprun::rendezvous::PrefixStore>(keys::generationScope(1), attempt),
+      attempt, 1, std::chrono::seconds(60));
+  try {
+    loose->wait({"never"}, std::chrono::milliseconds(300));
+    FAIL("the wait for a key nobody writes returned");
+  } catch (const ddprun::TimeoutError& e) {
+    CHECK_THAT(e.what(), !Catch::Contains("DDPRUN_RECOVERY_TIMEOUT"));
+  }
+}
