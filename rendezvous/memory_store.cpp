@@ -4,22 +4,11 @@
 
 namespace ddprun::rendezvous {
 
-namespace {
-std::string joinKeys(const std::vector<std::string>& keys) {
-  std::string s;
-  for (const auto& k : keys) {
-    if (!s.empty()) s += ", ";
-    s += "'" + k + "'";
-  }
-  return s;
-}
-}  // namespace
-
 void MemoryStore::waitLocked(std::unique_lock<std::mutex>& lock,
                              const std::vector<std::string>& keys, Millis timeout) {
   if (!changed_.wait_for(lock, timeout, [&] { return table_.check(keys); })) {
     throw TimeoutError("memory store: timed out after " + std::to_string(timeout.count()) +
-                       " ms waiting for " + joinKeys(keys));
+                       " ms waiting for " + quoteKeys(keys));
   }
 }
 

@@ -177,4 +177,15 @@ inline std::string Store::compareSetAndSet(const std::string& key, const std::st
 // The default per-call timeout, as PyTorch's (300 s).
 inline constexpr Millis kDefaultStoreTimeout{300'000};
 
+// `keys` for an error message: each quoted, at most four, then how many there are.
+inline std::string quoteKeys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (size_t i = 0; i < keys.size() && i < 4; ++i) {
+    if (i) s += ", ";
+    s += "'" + keys[i] + "'";
+  }
+  if (keys.size() > 4) s += ", ... (" + std::to_string(keys.size()) + " keys)";
+  return s;
+}
+
 }  // namespace ddprun::rendezvous

@@ -69,7 +69,8 @@ class SupersededStore final : public Store {
         if (!bounded) throw;
         throw TimeoutError("generation " + std::to_string(generation_) + "'s set-up waited " +
                            std::to_string(bound_.count() / 1000.0).substr(0, 5) +
-                           " s (DDPRUN_RECOVERY_TIMEOUT) for " + describe(keys) +
+                           " s (DDPRUN_RECOVERY_TIMEOUT) for " +
+                           (keys.size() == 1 ? "key " : "keys ") + quoteKeys(keys) +
                            ", and no newer generation was published: a peer of this generation "
                            "is alive but not joining it");
       }
@@ -95,12 +96,6 @@ class SupersededStore final : public Store {
   void giveUpWhenRefused() override { inner_->giveUpWhenRefused(); }
 
  private:
-  static std::string describe(const std::vector<std::string>& keys) {
-    std::string out = keys.size() == 1 ? "key '" : "keys '";
-    for (size_t i = 0; i < keys.size(); ++i) out += (i ? "', '" : "") + keys[i];
-    return out + "'";
-  }
-
   std::shared_ptr<Store> inner_;
   std::shared_ptr<Store> attempt_;
   int generation_;

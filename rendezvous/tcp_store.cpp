@@ -24,16 +24,6 @@ using protocol::Op;
 
 namespace {
 
-std::string quoteKeys(const std::vector<std::string>& keys) {
-  std::string s;
-  for (size_t i = 0; i < keys.size() && i < 4; ++i) {
-    if (i) s += ", ";
-    s += "'" + keys[i] + "'";
-  }
-  if (keys.size() > 4) s += ", ... (" + std::to_string(keys.size()) + " keys)";
-  return s;
-}
-
 constexpr uint64_t kMaxReply = uint64_t{1} << 30;
 constexpr Millis kHandshakeTimeout{10'000};
 

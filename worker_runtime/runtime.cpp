@@ -52,32 +52,30 @@ using rendezvous::StoreDialect;
 using rendezvous::TcpStore;
 using rendezvous::TcpStoreOptions;
 
-Millis timeoutFrom(const InitOptions& o) {
-  if (o.timeout) return *o.timeout;
-  const auto v = o.env("DDPRUN_TIMEOUT");
-  if (!v || v->empty()) return kDefaultCollectiveTimeout;
+// The environment variable `name`, a number of seconds in (0, maxSeconds]: `fallback` when unset
+// or empty, a ConfigError naming the variable and the value otherwise.
+Millis secondsFromEnv(const InitOptions& o, const char* name, Millis fallback, double maxSeconds) {
+  const auto v = o.env(name);
+  if (!v || v->empty()) return fallback;
   errno = 0;
   char* end = nullptr;
   const double s = std::strtod(v->c_str(), &end);
-  if (errno != 0 || *end != '\0' || !(s > 0) || s > 7 * 24 * 3600.0) {
-    throw ConfigError("DDPRUN_TIMEOUT='" + *v +
-                      "' is not valid: expected a number of seconds > 0 (default 1800)");
+  if (errno != 0 || *end != '\0' || !(s > 0) || s > maxSeconds) {
+    throw ConfigError(std::string(name) + "='" + *v +
+                      "' is not valid: expected a number of seconds > 0 (default " +
+                      std::to_string(fallback.count() / 1000) + ")");
   }
   return Millis(static_cast<int64_t>(s * 1000));
 }
 
+Millis timeoutFrom(const InitOptions& o) {
+  if (o.timeout) return *o.timeout;
+  return secondsFromEnv(o, "DDPRUN_TIMEOUT", kDefaultCollectiveTimeout, 7 * 24 * 3600.0);
+}
+
 // DDPRUN_RECOVERY_TIMEOUT (Runtime::recoveryTimeout).
 Millis recoveryTimeoutFrom(const InitOptions& o) {
-  const auto v = o.env("DDPRUN_RECOVERY_TIMEOUT");
-  if (!v || v->empty()) return Millis(60'000);
-  errno = 0;
-  char* end = nullptr;
-  const double s = std::strtod(v->c_str(), &end);
-  if (errno != 0 || *end != '\0' || !(s > 0) || s > 24 * 3600.0) {
-    throw ConfigError("DDPRUN_RECOVERY_TIMEOUT='" + *v +
-                      "' is not valid: expected a number of seconds > 0 (default 60)");
-  }
-  return Millis(static_cast<int64_t>(s * 1000));
+  return secondsFromEnv(o, "DDPRUN_RECOVERY_TIMEOUT", Millis(60'000), 24 * 3600.0);
 }
 
 // DDPRUN_TRANSPORT (shm/transport.h), auto when unset.
