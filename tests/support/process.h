@@ -53,22 +53,26 @@ bool waitUntil(Pred pred, std::chrono::milliseconds timeout = std::chrono::secon
   return pred();
 }
 
-// True while `pid` exists and is not a zombie (PID 1 of a sandbox may reap orphans late).
-inline bool processRunning(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return false;
-  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const auto close = content.rfind(')');
-  return close != std::string::npos && close + 2 < content.size() && content[close + 2] != 'Z';
-}
-
 // The state letter of `pid` in /proc/<pid>/stat (R, S, T for stopped, Z, ...), or 0 when gone.
+// Read with read(2): a process that exits between the open and the read makes the read fail
+// (ESRCH), which an ifstream turned into an exception (a CI failure of "nothing a worker
+// started survives ddprun's SIGKILL").
 inline char processState(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return 0;
-  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  if (n <= 0) return 0;
+  const std::string content(buf, static_cast<size_t>(n));
   const auto close = content.rfind(')');
   return close != std::string::npos && close + 2 < content.size() ? content[close + 2] : 0;
+}
+
+// True while `pid` exists and is not a zombie (PID 1 of a sandbox may reap orphans late).
+inline bool processRunning(pid_t pid) {
+  const char state = processState(pid);
+  return state != 0 && state != 'Z';
 }
 
 // The value of `name` in the environment `pid` was started with ("" when absent; "?" when
