@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "base/process.h"
 #include "base/sweep.h"
 #include "rendezvous/spare_fork.h"
+#include "worker_runtime/written_pages.h"
 
 namespace ddprun::runtime {
 
@@ -95,6 +97,11 @@ int receiveOutput(int fd) {
   }
   if (got == 1) ::close(out[0]);
   return -1;
+}
+
+int64_t millisSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               start).count();
 }
 
 void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
@@ -344,6 +351,19 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
   exitUnlessOneThread(self, "the program has ", " threads when it calls init()");
   const bool warm = warmUp();
   exitUnlessOneThread(self, "the program's spare warm-up left ", " threads");
+  // A template forked from a rank: what its warm-up wrote, which each spare it forks copies
+  // before it says ready (written_pages.h). An exec'd template shares no page with anyone.
+  WrittenPages written;
+  if (warm && options.guardsAsSiblings) {
+    const auto start = std::chrono::steady_clock::now();
+    written = exclusivePages();
+    DDPRUN_LOG(INFO, "runtime") << "spare template (pid " << self << "): its warm-up wrote "
+                                << written.pages << " of its " << written.present << " pages ("
+                                << written.runs.size() << " runs; found in " << millisSince(start)
+                                << " ms)";
+    // Most of them its own: the rank it shared them with is gone, and they tell nothing.
+    if (written.pages * 2 > written.present) written = {};
+  }
   // Whether a guard may fork its spare at idle priority: only if it can come back from it.
   std::string notIdle;
   const bool idleForks = canLeaveIdlePriority(notIdle);
@@ -364,8 +384,15 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
     if (options.guardsAsSiblings) {
       const pid_t guard = forkAsSibling();
       if (guard == 0) {
-        return {.id = becomeGuardAndSpare(fd, r, self, idleForks, ::sched_getscheduler(0)),
-                .warm = warm};
+        const int id = becomeGuardAndSpare(fd, r, self, idleForks, ::sched_getscheduler(0));
+        if (written.pages > 0) {  // W, still of one thread
+          const auto start = std::chrono::steady_clock::now();
+          const size_t touched = touchPages(written);
+          DDPRUN_LOG(INFO, "runtime") << "spare " << id << ": copied " << touched << " of the "
+                                      << written.pages << " pages the template's warm-up wrote "
+                                      << "in " << millisSince(start) << " ms";
+        }
+        return {.id = id, .warm = warm};
       }
       const int err = errno;
       r.closeFds();
@@ -384,7 +411,9 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
     // p50 of 46 ms against 65 over 7 seeds, docs/recovery.md). Its answer may then wait:
     // the agent reads it off its loop (launcher/spare_template.h).
     const int policy = ::sched_getscheduler(0);
-    const bool idleClone = idleForks && r.head.idle != 0 && policy != SCHED_IDLE;
+    // volatile: not kept in a register that X, running on the template's stack, could clobber
+    // (GCC's -Wclobbered)
+    const volatile bool idleClone = idleForks && r.head.idle != 0 && policy != SCHED_IDLE;
     const sched_param idleParam{};
     const pid_t x = ::vfork();
     if (x == 0) {

@@ -39,6 +39,10 @@
 // thread, as the program had; one that leaves more makes it exit 3, like a threaded program.
 // The caller may skip it (a death already waits for the template: runtime.cpp); the spares it
 // forks then run their own.
+//
+// A template forked from a rank also records the pages its warm-up wrote (the ones it no longer
+// shares with the rank), and each spare it forks copies them before it says ready, so that its
+// heal and first steps do not fault them in while the group waits (written_pages.h).
 #include <functional>
 
 namespace ddprun::runtime {

@@ -386,6 +386,18 @@ TEST_CASE("shrink without spares: the spare template is a fork of rank 0 made at
                            ") is ready and takes rank 0"));
   CHECK_THAT(out, !Contains("is started as a process"));
   CHECK_THAT(out, !Contains("restarting the worker group"));
+  {
+    // The pages the template's warm-up wrote (a minority of its own: the rest it still shares
+    // with rank 0's image), and the replacement copied every one before it said ready.
+    std::smatch m;
+    const std::regex wrote(R"(its warm-up wrote (\d+) of its (\d+) pages)");
+    REQUIRE(std::regex_search(out, m, wrote));
+    const long pages = std::stol(m[1]), present = std::stol(m[2]);
+    CHECK(pages > 0);
+    CHECK(pages * 2 <= present);
+    CHECK_THAT(out, Contains("spare 0: copied " + std::to_string(pages) + " of the " +
+                             std::to_string(pages) + " pages the template's warm-up wrote"));
+  }
   // Ended with the group (killed and reaped by ddprun, its parent).
   CHECK_FALSE(ddprun::testing::processRunning(templ));
   const std::string log = dir / "samples";
