@@ -4,9 +4,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "base/unique_fd.h"
@@ -54,17 +55,13 @@ WrittenPages exclusivePages() {
   const UniqueFd pagemap(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
   if (maps.empty() || !pagemap) return out;
   std::vector<uint64_t> entries(8192);
-  for (size_t at = 0; at < maps.size();) {
-    size_t eol = maps.find('\n', at);
-    if (eol == std::string::npos) eol = maps.size();
-    const std::string line = maps.substr(at, eol - at);
-    at = eol + 1;
+  for (size_t at = 0; at < maps.size(); at = std::min(maps.find('\n', at), maps.size()) + 1) {
     unsigned long start = 0, end = 0;
     char perms[5] = {};
     // "start-end perms offset dev inode [path]": private writable mappings only (rw-p); a
     // shared one is written in place, without a copy.
-    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &start, &end, perms) != 3) continue;
-    if (std::string(perms) != "rw-p" || end <= start) continue;
+    if (std::sscanf(maps.c_str() + at, "%lx-%lx %4s", &start, &end, perms) != 3) continue;
+    if (std::strcmp(perms, "rw-p") != 0 || end <= start) continue;
     for (uintptr_t page = start; page < end;) {
       const size_t want = std::min(entries.size(), (end - page) / pageSize);
       const ssize_t got = ::pread(pagemap.get(), entries.data(), want * sizeof(uint64_t),
@@ -72,10 +69,9 @@ WrittenPages exclusivePages() {
       if (got <= 0) break;
       const size_t n = static_cast<size_t>(got) / sizeof(uint64_t);
       for (size_t i = 0; i < n; ++i) {
-        if (entries[i] & kPresent) ++out.present;
-        if ((entries[i] & kPresent) && (entries[i] & kExclusive)) {
-          addPage(out, page + i * pageSize, pageSize);
-        }
+        if (!(entries[i] & kPresent)) continue;
+        ++out.present;
+        if (entries[i] & kExclusive) addPage(out, page + i * pageSize, pageSize);
       }
       page += n * pageSize;
     }

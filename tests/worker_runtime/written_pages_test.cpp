@@ -8,8 +8,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <set>
-#include <string>
 
 #include "worker_runtime/written_pages.h"
 
