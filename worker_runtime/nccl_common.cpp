@@ -2,9 +2,18 @@
 // anywhere) and, when ddprun is built without NCCL, the factories that say so.
 #include "worker_runtime/nccl_communicator.h"
 
+#include <unistd.h>
+
 #include "base/errors.h"
 
 namespace ddprun::runtime {
+
+bool nvidiaDriverPresent(const std::string& root) {
+  for (const char* path : {"/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg"}) {
+    if (::access((root + path).c_str(), F_OK) == 0) return true;
+  }
+  return false;
+}
 
 std::string exchangeUniqueId(rendezvous::Store& store, const std::string& key, int rank,
                              const std::function<std::string()>& generate, Millis timeout,

@@ -325,6 +325,7 @@ class NcclCommunicator final : public Communicator {
 bool ncclBuilt() { return true; }
 
 int visibleGpuCount() {
+  if (!nvidiaDriverPresent()) return 0;
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no driver" error

@@ -41,7 +41,14 @@ struct NcclOptions {
 // True when this build contains the NCCL communicator.
 bool ncclBuilt();
 // The number of CUDA devices this process can use; 0 when built without CUDA or without a driver.
+// Without an NVIDIA driver (nvidiaDriverPresent) it asks no CUDA runtime: there, on a machine
+// that has the toolkit, the runtime's failed search for the driver cost a forked spare 26-30 ms
+// on the way to its ready key (a grow back's path), and every worker's init as much.
 int visibleGpuCount();
+// Whether an NVIDIA driver a CUDA runtime could reach is on this machine, looked up under `root`
+// ("" for the machine's own /): its kernel module (proc/driver/nvidia) or its device nodes
+// (dev/nvidiactl, which containers are given; WSL's dev/dxg). CUDA finds no device without one.
+bool nvidiaDriverPresent(const std::string& root = "");
 // ncclGetUniqueId's 128 bytes. Works without a GPU. Throws ConfigError when built without NCCL,
 // BackendError when NCCL fails.
 std::string generateNcclUniqueId();

@@ -387,10 +387,12 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
         const int id = becomeGuardAndSpare(fd, r, self, idleForks, ::sched_getscheduler(0));
         if (written.pages > 0) {  // W, still of one thread
           const auto start = std::chrono::steady_clock::now();
-          const size_t touched = touchPages(written);
-          DDPRUN_LOG(INFO, "runtime") << "spare " << id << ": copied " << touched << " of the "
-                                      << written.pages << " pages the template's warm-up wrote "
-                                      << "in " << millisSince(start) << " ms";
+          const Touched touched = touchPages(written);
+          DDPRUN_LOG(INFO, "runtime") << "spare " << id << ": copied " << touched.pages
+                                      << " of the " << written.pages << " pages the template's "
+                                      << "warm-up wrote in " << millisSince(start) << " ms ("
+                                      << touched.hugePages << " of them in " << touched.huge
+                                      << " huge pages)";
         }
         return {.id = id, .warm = warm};
       }

@@ -3,9 +3,13 @@
 // the others fetch it, as NCCL requires).
 #include "tests/support/catch_torch.h"
 
+#include <filesystem>
+#include <fstream>
+
 #include "base/errors.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/threaded_store_server.h"
+#include "tests/support/temp_dir.h"
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/nccl_communicator.h"
 
@@ -42,6 +46,25 @@ TEST_CASE("a wrong-size id and a missing rank 0 are errors, not hangs", "[nccl]"
                     Catch::Contains("has 5 bytes, expected 128"));
   CHECK_THROWS_AS(exchangeUniqueId(store, "never", 1, nullptr, std::chrono::milliseconds(300)),
                   ddprun::TimeoutError);
+}
+
+TEST_CASE("the GPU count asks CUDA only where an NVIDIA driver's module or device node is",
+          "[nccl]") {
+  // A machine root made here: nothing of a driver, then each of the three signs alone.
+  ddprun::testing::TempDir root;
+  CHECK_FALSE(nvidiaDriverPresent(root.path()));
+  for (const std::string sign : {"proc/driver/nvidia", "dev/nvidiactl", "dev/dxg"}) {
+    INFO(sign);
+    ddprun::testing::TempDir machine;
+    const auto path = std::filesystem::path(machine.path()) / sign;
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path.string()) << "";
+    CHECK(nvidiaDriverPresent(machine.path()));
+    std::filesystem::remove(path);
+    CHECK_FALSE(nvidiaDriverPresent(machine.path()));
+  }
+  // This machine: no driver, no GPU counted (whatever CUDA toolkit it has).
+  if (!nvidiaDriverPresent()) CHECK(visibleGpuCount() == 0);
 }
 
 TEST_CASE("the NCCL communicator follows the GPU count: refused with the reason without a GPU",
