@@ -146,7 +146,7 @@ Touched touchPages(const WrittenPages& pages) {
     return ::madvise(reinterpret_cast<void*>(start), bytes, MADV_COLLAPSE) == 0;
   };
   const auto& chunks = pages.chunks;
-  for (size_t i = 0; i < chunks.size() && pages.chunkBytes > 0;) {
+  for (size_t i = 0; i < chunks.size();) {  // none when the huge page's size is unknown
     if (chunks[i].pages < kMinPagesToCollapse) {
       ++i;
       continue;
