@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
@@ -88,24 +89,32 @@ class GlooCommunicator final : public QueuedCommunicator {
     const int64_t n = store->add("gloo/count/" + std::to_string(options_.rank), 1);
     const std::string prefix = "gloo/" + std::to_string(n);
     auto scoped = std::make_shared<rendezvous::PrefixStore>(prefix, std::move(store));
-    GlooStoreAdapter adapter(*scoped, options_.rank, options_.size);  // its wait(): why
+    GlooStoreAdapter adapter(*scoped, options_.rank, options_.size, options_.timeout);
     const std::string host = chooseHost(options_);
     auto device = makeDevice(host);
     auto context = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.size);
-    context->setTimeout(options_.timeout);
+    // Gloo gives each pair the context's timeout when it creates it, and a pair waits up to five
+    // times that for its connection (the listening side: for the peer to connect). So the pairs
+    // are made with a fifth of the set-up bound, then the collectives get the collective timeout
+    // (ours pass it explicitly too). A pair keeps its timeout after, but it bounds only Gloo's
+    // sync mode and its old bound buffers, neither used here (the sockets are non-blocking).
+    const Millis setup = setupTimeout();
+    context->setTimeout(std::max(Millis(1), setup / 5));
     try {
       context->connectFullMesh(adapter, device);
+      context->setTimeout(options_.timeout);
     } catch (const ddprun::Error&) {
       throw;  // the store's own error names the key and the address
     } catch (const std::exception& e) {
       throw BackendError("gloo: rank " + std::to_string(options_.rank) + " of " +
-                         std::to_string(options_.size) +
-                         " could not connect to its peers: " + e.what());
+                         std::to_string(options_.size) + " could not connect to its peers (" +
+                         "bound " + std::to_string(setup.count() / 1000.0).substr(0, 5) +
+                         " s): " + e.what());
     }
     context_ = context;
     if (options_.size > 1) {
       allreduce_ = std::make_unique<MeshAllreduce>(std::make_unique<TcpMesh>(
-          *scoped, "mesh", options_.rank, options_.size, host, options_.timeout,
+          *scoped, "mesh", options_.rank, options_.size, host, setup,
           options_.meshSecret));
     }
   }
@@ -118,6 +127,9 @@ class GlooCommunicator final : public QueuedCommunicator {
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
   std::string_view backend() const override { return "gloo"; }
+  Millis setupTimeout() const {
+    return options_.setupTimeout > Millis(0) ? options_.setupTimeout : options_.timeout;
+  }
   torch::Device device() const override { return torch::kCPU; }
   Millis timeout() const override { return options_.timeout; }
 

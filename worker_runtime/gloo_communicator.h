@@ -24,6 +24,13 @@ struct GlooOptions {
   int rank = 0;
   int size = 1;
   Millis timeout = kDefaultCollectiveTimeout;
+  // The bound of connecting to the peers (Gloo's pairs, then the allreduce mesh), once every
+  // rank has published its addresses; zero: `timeout`. A live peer connects within moments of
+  // reading them, so this matters only when a peer died after publishing and before connecting:
+  // without it, a rank whose side waits for that peer's connection waited Gloo's connect bound
+  // (five times the collective timeout) or the mesh's (the collective timeout). The runtime
+  // passes DDPRUN_RECOVERY_TIMEOUT for the generations of an in-process recovery.
+  Millis setupTimeout{0};
   // Address (name or IP) other ranks use to reach this one. Empty: GLOO_SOCKET_IFNAME's IPv4
   // address when that variable is set, else this host's name when it resolves, else 127.0.0.1.
   std::string hostname;
@@ -44,7 +51,9 @@ struct GlooOptions {
 };
 
 // Connects the full mesh (every rank must call it with the same store and size). The store may be
-// shared with other users: the n-th Gloo communicator of a rank writes only keys under "gloo/". Throws BackendError when the mesh cannot be built within options.timeout.
+// shared with other users: the n-th Gloo communicator of a rank writes only keys under "gloo/".
+// Throws BackendError when Gloo's pairs cannot be connected, TimeoutError when the allreduce
+// mesh's peers do not connect within options.setupTimeout (store waits: the store's own bounds).
 std::shared_ptr<Communicator> makeGlooCommunicator(std::shared_ptr<rendezvous::Store> store,
                                                    GlooOptions options);
 

@@ -3,6 +3,7 @@
 // Gloo's full-mesh connection setup exchanges its addresses through the ddprun store.
 #include <gloo/rendezvous/store.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,13 @@ namespace ddprun::runtime {
 
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
  public:
-  // `rank` of `size` (size 0: every call passes through): see wait().
-  explicit GlooStoreAdapter(rendezvous::Store& store, int rank = 0, int size = 0)
-      : store_(store), rank_(rank), size_(size) {}
+  // `rank` of `size` (size 0: every call passes through): see wait(). `waitTimeout`: the bound
+  // of every wait, whatever Gloo passes (zero: Gloo's). Gloo passes its context's timeout, which
+  // the communicator sets to the pairs' connect bound (a fifth of its set-up bound), not to how
+  // long a peer may take to publish its addresses.
+  explicit GlooStoreAdapter(rendezvous::Store& store, int rank = 0, int size = 0,
+                            std::chrono::milliseconds waitTimeout = {})
+      : store_(store), rank_(rank), size_(size), waitTimeout_(waitTimeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(key, std::string(data.begin(), data.end()));
@@ -34,7 +39,8 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   // connected before every rank has written its addresses, and a rank gives up only in a store
   // wait, before all of them are there (a rank of the generation that never came, or died).
   void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
+            const std::chrono::milliseconds& glooTimeout) override {
+    const auto timeout = waitTimeout_.count() > 0 ? waitTimeout_ : glooTimeout;
     if (size_ > 1 && !allAddressesSeen_ && keys.size() == 1 && isPeer(keys[0])) {
       std::vector<std::string> all;
       for (int r = 0; r < size_; ++r) {
@@ -60,6 +66,7 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   rendezvous::Store& store_;
   int rank_;
   int size_;
+  std::chrono::milliseconds waitTimeout_;
   bool allAddressesSeen_ = false;
 };
 

@@ -26,6 +26,7 @@ class HierarchicalCommunicator final : public QueuedCommunicator {
     world_ = makeGlooCommunicator(scoped("world"), {.rank = options_.rank,
                                                     .size = options_.size,
                                                     .timeout = options_.timeout,
+                                                    .setupTimeout = options_.setupTimeout,
                                                     .hostname = options_.hostname,
                                                     .meshSecret = options_.meshSecret});
     if (options_.localSize > 1) {
@@ -39,8 +40,9 @@ class HierarchicalCommunicator final : public QueuedCommunicator {
       leaders_ = makeGlooCommunicator(scoped("leaders"), {.rank = options_.node,
                                                           .size = options_.nodes,
                                                           .timeout = options_.timeout,
+                                                          .setupTimeout = options_.setupTimeout,
                                                           .hostname = options_.hostname,
-                                                    .meshSecret = options_.meshSecret});
+                                                          .meshSecret = options_.meshSecret});
     }
   }
 

@@ -36,6 +36,7 @@ struct HierarchicalOptions {
   int localRank = 0;  // LOCAL_RANK: 0..localSize-1; 0 is the node's leader
   int localSize = 1;
   Millis timeout = kDefaultCollectiveTimeout;
+  Millis setupTimeout{0};               // of both Gloo communicators (GlooOptions::setupTimeout)
   std::string hostname;                 // where the TCP meshes listen (GlooOptions::hostname)
   std::string meshSecret;               // of both TCP meshes (GlooOptions::meshSecret)
   std::string shmPrefix = "ddprun";     // of the segments' names in /dev/shm (ShmOptions)

@@ -221,6 +221,9 @@ std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
                             std::make_shared<rendezvous::PrefixStore>(
                                 rendezvous::recovery::generationScope(generation), attemptStore),
                             attemptStore, generation, recoveryTimeoutFrom(options));
+  // And its peers' connections (Gloo's pairs, the TCP mesh) within the same bound: a peer that
+  // died after publishing its addresses is not waited for the whole collective timeout.
+  const Millis setupTimeout = generation == 0 ? Millis(0) : recoveryTimeoutFrom(options);
   const int gpus = usableGpus();
   const BackendChoice choice = chooseBackend(requested, ncclBuilt(), gpus);
   if (env.rank == 0 && generation == 0) {
@@ -271,6 +274,7 @@ std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
                   .localRank = env.localRank,
                   .localSize = env.localWorldSize,
                   .timeout = timeout,
+                  .setupTimeout = setupTimeout,
                   .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : "",
                   .meshSecret = token ? meshSecret(*token, secretScope, env.restartCount)
                                       : std::string(),
@@ -294,6 +298,7 @@ std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
     comm = makeGlooCommunicator(store, {.rank = env.rank,
                                         .size = env.worldSize,
                                         .timeout = timeout,
+                                        .setupTimeout = setupTimeout,
                                         .hostname = isLoopback(env.masterAddr) ? "127.0.0.1" : "",
                                         .meshSecret = token ? meshSecret(*token, secretScope,
                                                                          env.restartCount)

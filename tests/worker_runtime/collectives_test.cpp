@@ -2,14 +2,20 @@
 // ranks as threads on one MemoryStore (real Gloo TCP connections over loopback).
 #include "tests/support/catch_torch.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <chrono>
 #include <thread>
+
+#include <gloo/transport/tcp/address.h>
 
 #include "base/errors.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/recovery_keys.h"
 #include "rendezvous/superseded_store.h"
+#include "tests/support/forwarding_store.h"
 #include "tests/worker_runtime/caller_thread.h"
 #include "tests/worker_runtime/rank_threads.h"
 #include "worker_runtime/gloo_communicator.h"
@@ -341,6 +347,74 @@ TEST_CASE("a superseded generation's gloo set-up: a rank that comes after a peer
     INFO("round " << round << ": " << error1);
     CHECK_THAT(error1, Catch::Contains("generation 2 was published"));
     CHECK(Clock::now() - start < std::chrono::seconds(2));
+  }
+}
+
+TEST_CASE("a gloo set-up whose peer published its addresses and died before connecting gives "
+          "up within its set-up bound, not at the collective timeout",
+          "[collectives][gloo][recovery]") {
+  using Clock = std::chrono::steady_clock;
+  auto store = std::make_shared<MemoryStore>(std::chrono::seconds(60));
+  const GlooOptions options{.rank = 0, .size = 2, .timeout = std::chrono::seconds(60),
+                            .setupTimeout = std::chrono::seconds(1), .hostname = "127.0.0.1"};
+  SECTION("Gloo's pair: this rank's side listens for a peer that never connects") {
+    // Rank 1's address as Gloo writes it (one per peer, under "<rank>"), on 127.0.0.2: it
+    // compares above 127.0.0.1, so rank 0's side of the pair is the listening one. Nothing
+    // ever connects from there: rank 1 died right after writing it.
+    sockaddr_storage ss{};
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(9);
+    in->sin_addr.s_addr = htonl(0x7f000002);
+    const auto bytes = gloo::transport::tcp::Address(ss, 0).bytes();
+    store->set("gloo/1/rank_1", "host");
+    store->set("gloo/1/1", std::string(bytes.begin(), bytes.end()));
+    const auto start = Clock::now();
+    std::string error;
+    try {
+      makeGlooCommunicator(store, options);
+    } catch (const ddprun::BackendError& e) {
+      error = e.what();
+    }
+    const auto took = Clock::now() - start;
+    INFO(error);
+    CHECK_THAT(error,
+               Catch::Contains("rank 0 of 2 could not connect to its peers (bound 1.000 s)"));
+    CHECK(took >= std::chrono::milliseconds(900));
+    CHECK(took < std::chrono::seconds(10));
+  }
+  SECTION("the allreduce mesh: the peer connected Gloo's pairs, then died before the mesh") {
+    // Rank 1 is real; its store fails its read of rank 0's mesh address, so it leaves (its
+    // side of Gloo closed) after publishing its own and before connecting to rank 0's.
+    struct DiesBeforeMesh final : ddprun::testing::ForwardingStore {
+      using ForwardingStore::ForwardingStore;
+      std::string get(const std::string& k) override {
+        if (k == "gloo/1/mesh/0") throw ddprun::BackendError("rank 1 died (test)");
+        return ForwardingStore::get(k);
+      }
+    };
+    std::string error0;
+    std::string error1;
+    Clock::duration took0{};
+    runRanks(2, [&](int r) {
+      const auto start = Clock::now();
+      try {
+        if (r == 0) {
+          makeGlooCommunicator(store, options);
+        } else {
+          GlooOptions o = options;
+          o.rank = 1;
+          makeGlooCommunicator(std::make_shared<DiesBeforeMesh>(store), o);
+        }
+      } catch (const ddprun::Error& e) {
+        (r == 0 ? error0 : error1) = e.what();
+      }
+      if (r == 0) took0 = Clock::now() - start;
+    });
+    CHECK_THAT(error1, Catch::Contains("rank 1 died (test)"));
+    INFO(error0);
+    CHECK_THAT(error0, Catch::Contains("mesh: rank 0 waited in vain for 1 higher rank(s)"));
+    CHECK(took0 < std::chrono::seconds(10));
   }
 }
 
