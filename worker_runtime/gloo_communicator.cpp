@@ -127,9 +127,6 @@ class GlooCommunicator final : public QueuedCommunicator {
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
   std::string_view backend() const override { return "gloo"; }
-  Millis setupTimeout() const {
-    return options_.setupTimeout > Millis(0) ? options_.setupTimeout : options_.timeout;
-  }
   torch::Device device() const override { return torch::kCPU; }
   Millis timeout() const override { return options_.timeout; }
 
@@ -215,6 +212,10 @@ class GlooCommunicator final : public QueuedCommunicator {
   }
 
  private:
+  // The bound of connecting to the peers (GlooOptions::setupTimeout; zero: the collective's).
+  Millis setupTimeout() const {
+    return options_.setupTimeout > Millis(0) ? options_.setupTimeout : options_.timeout;
+  }
   AllreduceAlgorithm algorithmFor(size_t bytes) const {
     const bool powerOfTwo = (size() & (size() - 1)) == 0;
     if (options_.allreduce == AllreduceAlgorithm::HalvingDoubling && !powerOfTwo) {
