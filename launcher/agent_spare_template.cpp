@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
+#include <thread>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -118,9 +120,25 @@ void Agent::Impl::endSpareTemplate() {
   if (forked <= 0) return;
   // This process's child (re-parented when the rank's fork between exited), so the pid is not
   // reused before it is reaped here. Killed, not waited for: it may be stopped or warming up.
+  // Its process group (its own, made by the rank's fork between) also holds the guard and spare
+  // it forked ahead of a request, if any (worker_runtime/spare_guard.h): the guard is this
+  // process's child too, and the spare becomes one when its guard dies first. Both killed and
+  // reaped with it; a spare handed over left the group.
+  const pid_t group = ::getpgid(forked);
   ::kill(forked, SIGKILL);
   int st;
   while (::waitpid(forked, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (group <= 0 || group == ::getpgrp()) return;
+  ::kill(-group, SIGKILL);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < until) {
+    const pid_t r = ::waitpid(-group, &st, WNOHANG);
+    if (r < 0 && errno != EINTR) return;  // ECHILD: none of this process's children is left
+    if (r == 0) {
+      ::kill(-group, SIGKILL);  // a spare re-parented here after the first kill
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 }
 

@@ -765,6 +765,16 @@ int descriptorVariable(const InitOptions& options, const char* name) {
   return static_cast<int>(n);
 }
 
+// DDPRUN_SPARE_TEMPLATE_AHEAD: "0" makes a template forked from a rank fork every spare on
+// request (ServeOptions::forkAhead); unset or "1" keeps one forked ahead.
+bool forkAhead(const InitOptions& options) {
+  const auto v = options.env("DDPRUN_SPARE_TEMPLATE_AHEAD");
+  if (!v || v->empty() || *v == "1") return true;
+  if (*v == "0") return false;
+  throw ConfigError("DDPRUN_SPARE_TEMPLATE_AHEAD='" + *v + "' is not valid: expected 0 (fork "
+                    "each spare on request) or 1 (keep one forked ahead, the default)");
+}
+
 }  // namespace
 
 std::unique_ptr<Runtime> init(InitOptions options) {
@@ -781,6 +791,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   // It is a process ddprun exec'd for it, or a fork of local rank 0 made right here.
   int templateFd = descriptorVariable(options, rendezvous::spare_fork::kTemplateFdVariable);
   bool forkedFromRank = false;
+  const bool ahead = forkAhead(options);  // read here: a bad value stops the rank, not its fork
   if (const int fd = descriptorVariable(options, rendezvous::spare_fork::kTemplateForkFdVariable);
       fd >= 0 && templateFd < 0) {
     const auto idle = options.env(rendezvous::spare_fork::kTemplateIdleVariable);
@@ -809,7 +820,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
         return false;
       }
       return warmUpSpare(self, options);
-    }, {.guardsAsSiblings = forkedFromRank});
+    }, {.guardsAsSiblings = forkedFromRank, .forkAhead = ahead});
     // The template ran with one thread per pool (thread_pools.h); a rank's process would not.
     DDPRUN_LOG(INFO, "runtime") << "spare " << forked.id << " (pid " << ::getpid()
                                 << "): thread pools as a process started with its environment: "

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -16,15 +15,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
-#include <vector>
 
 #include "base/errors.h"
 #include "base/fd_passing.h"
 #include "base/log.h"
 #include "base/process.h"
-#include "base/sweep.h"
 #include "rendezvous/spare_fork.h"
+#include "worker_runtime/spare_guard.h"
 #include "worker_runtime/written_pages.h"
 
 namespace ddprun::runtime {
@@ -36,47 +35,6 @@ namespace wire = rendezvous::spare_fork;
 void reply(int fd, int32_t kind, int32_t value) {
   const wire::Reply r{kind, value};
   sendAll(fd, &r, sizeof r);
-}
-
-// One request: the header with its four descriptors, then the environment.
-struct Request {
-  wire::Request head;
-  int fds[4] = {-1, -1, -1, -1};  // control (read), status (write), stdout, stderr
-  std::vector<char> env;
-  void closeFds() {
-    for (int& f : fds) {
-      if (f >= 0) ::close(f);
-      f = -1;
-    }
-  }
-};
-
-// False on EOF (the agent closed the socket) or a malformed request (logged).
-bool receive(int fd, Request& r) {
-  size_t got = 0;
-  const ssize_t n = receiveWithFds(fd, &r.head, sizeof r.head, r.fds, got);
-  if (n <= 0) {
-    r.closeFds();
-    return false;
-  }
-  if (static_cast<size_t>(n) < sizeof r.head &&
-      !readAll(fd, reinterpret_cast<char*>(&r.head) + n, sizeof r.head - static_cast<size_t>(n))) {
-    r.closeFds();
-    return false;
-  }
-  if (got != 4 || r.head.magic != wire::kRequestMagic || r.head.envBytes > wire::kMaxEnvBytes) {
-    DDPRUN_LOG(ERROR, "runtime") << "spare template: a request it cannot read (" << got
-                                 << " descriptors, magic " << r.head.magic << ", "
-                                 << r.head.envBytes << " bytes of environment); exiting";
-    r.closeFds();
-    return false;
-  }
-  r.env.resize(r.head.envBytes);
-  if (!readAll(fd, r.env.data(), r.env.size())) {
-    r.closeFds();
-    return false;
-  }
-  return true;
 }
 
 // The descriptor the launcher sends first to a template forked from a rank (its output), or
@@ -104,141 +62,6 @@ int64_t millisSince(std::chrono::steady_clock::time_point start) {
                                                                start).count();
 }
 
-void onChild(int) {}  // SIGCHLD only has to interrupt ppoll()
-
-void sendRecord(int statusFd, int32_t kind, int32_t value) {
-  const wire::StatusRecord r{kind, value};
-  ssize_t w;
-  do {
-    w = ::write(statusFd, &r, sizeof r);
-  } while (w < 0 && errno == EINTR);
-}
-
-// The guard G of spare W, from W's start to the sweep (launcher/guarded_process.cpp's runGuard,
-// steps 4-5, without the job cgroup: the launcher's own guards sweep that when it dies).
-[[noreturn]] void guardSpare(int controlFd, int statusFd, pid_t worker) {
-  takeGuardSignals(onChild);
-  sigset_t waitMask;
-  sigemptyset(&waitMask);
-  bool running = worker > 0;
-  auto reapAll = [&](int flags) {
-    int status = 0;
-    pid_t r;
-    while ((r = ::waitpid(-1, &status, flags)) > 0 || (r < 0 && errno == EINTR)) {
-      if (r == worker && running) {
-        sendRecord(statusFd, wire::StatusRecord::Exited, status);
-        running = false;
-      }
-      flags |= WNOHANG;
-    }
-    return r;
-  };
-  while (true) {
-    reapAll(WNOHANG);
-    pollfd p{controlFd, POLLIN, 0};
-    if (::ppoll(&p, 1, nullptr, &waitMask) > 0) {
-      char byte;
-      const ssize_t n = ::read(controlFd, &byte, 1);
-      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
-    }
-  }
-  while (reapAll(WNOHANG) >= 0) {
-    const size_t alive = killDescendants();
-    const pid_t r = reapAll(alive > 0 ? 0 : WNOHANG);
-    if (r < 0) break;
-    if (r == 0 && alive == 0) {
-      const timespec ms{0, 1000000};
-      ::nanosleep(&ms, nullptr);
-    }
-  }
-  ::kill(0, SIGKILL);  // whatever joined the group, the guard included
-  ::_exit(137);
-}
-
-// In G, just forked (one thread): forks W, which returns the spare's id; G never returns.
-// `idleFork`: the spare is asked at idle priority (nobody waits for it) and G may come back
-// from SCHED_IDLE: then G forks W at idle priority too, so that the copy of the program's page
-// tables (5-12 ms here) takes only the CPU time the ranks leave, and goes back to `policy`, the
-// template's (G may have been born idle: X, which forked it, copies at idle priority too).
-int becomeGuardAndSpare(int templateFd, Request& r, pid_t templatePid, bool idleFork,
-                        int policy) {
-  sigset_t all, old;
-  sigfillset(&all);
-  ::sigprocmask(SIG_BLOCK, &all, &old);  // until each side has its dispositions
-  const int control = r.fds[0], status = r.fds[1], out = r.fds[2], err = r.fds[3];
-  // kill(0, ...) in the sweep must hit the spare's group, never the template's: without a
-  // group of its own there is nothing safe to do.
-  if (::setpgid(0, 0) != 0 || ::getpgrp() != ::getpid()) {
-    sendRecord(status, wire::StatusRecord::ExecFailed, errno ? errno : EPERM);
-    sendRecord(status, wire::StatusRecord::Exited, 126 << 8);
-    ::_exit(126);
-  }
-  char program[16] = {};  // the program's name, for the spare (ps, pgrep, /proc/<pid>/comm)
-  ::prctl(PR_GET_NAME, program, 0, 0, 0);
-  ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  ::close(templateFd);
-  sched_param none{};
-  idleFork = idleFork && r.head.idle != 0 && policy != SCHED_IDLE &&
-             (::sched_getscheduler(0) == SCHED_IDLE ||
-              ::sched_setscheduler(0, SCHED_IDLE, &none) == 0);
-  const pid_t worker = ::fork();
-  if (worker == 0) {
-    ::prctl(PR_SET_NAME, program, 0, 0, 0);
-    ::close(control);
-    ::close(status);
-    ::dup2(out, STDOUT_FILENO);
-    ::dup2(err, STDERR_FILENO);
-    ::close(out);
-    ::close(err);
-    // The spare's environment, as the agent made it for an exec'd spare.
-    ::clearenv();
-    for (size_t at = 0; at < r.env.size();) {
-      const char* entry = r.env.data() + at;
-      const size_t len = ::strnlen(entry, r.env.size() - at);
-      if (len > 0 && std::memchr(entry, '=', len) != nullptr) {
-        ::putenv(::strndup(entry, len));  // the environment keeps the string
-      }
-      at += len + 1;
-    }
-    std::string priority;
-    if (r.head.idle != 0) {
-      if (::sched_setscheduler(0, SCHED_IDLE, &none) != 0) priority = std::strerror(errno);
-    } else if (::sched_getscheduler(0) == SCHED_IDLE &&
-               ::sched_setscheduler(0, SCHED_OTHER, &none) != 0) {
-      priority = std::string("it stays at idle priority: ") + std::strerror(errno);
-    }
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
-    log::setIdentity("spare " + std::to_string(r.head.spareId));
-    DDPRUN_LOG(INFO, "runtime") << "spare " << r.head.spareId << " (pid " << ::getpid()
-                                << ") forked from the spare template (pid " << templatePid << ")"
-                                << (r.head.idle != 0 ? ", SCHED_IDLE" : "")
-                                << (priority.empty() ? "" : "; priority: " + priority);
-    return r.head.spareId;
-  }
-  const int forkErrno = errno;
-  // A guard at idle priority would report its spare's exit late under load. It may come back
-  // (canLeaveIdlePriority, asked by the template); should the kernel refuse anyway, the agent
-  // moves the spare, not its guard, out of SCHED_IDLE when the spare takes a rank.
-  if (idleFork) ::sched_setscheduler(0, policy, &none);
-  // Only the spare holds its output pipes: G writes nowhere but the status pipe.
-  const int null = ::open("/dev/null", O_RDWR);
-  if (null >= 0) {
-    ::dup2(null, STDOUT_FILENO);
-    ::dup2(null, STDERR_FILENO);
-    ::close(null);
-  }
-  ::close(out);
-  ::close(err);
-  if (worker < 0) {
-    sendRecord(status, wire::StatusRecord::ExecFailed, forkErrno);
-    sendRecord(status, wire::StatusRecord::Exited, 127 << 8);
-  } else {
-    sendRecord(status, wire::StatusRecord::Started, worker);
-  }
-  guardSpare(control, status, worker);  // sets G's dispositions, then unblocks in ppoll
-}
-
 }  // namespace
 
 int threadCount() {
@@ -251,16 +74,6 @@ int threadCount() {
 }
 
 namespace {
-
-// fork(), but the child's parent is this process's parent (CLONE_PARENT), which reaps it; glibc
-// has no wrapper for that. Raw clone skips glibc's fork bookkeeping: fine in a process of one
-// thread holding no lock (the template between requests), and the child's cached thread id
-// (still the template's) is read by nothing the guard does -- glibc signals its own thread by
-// gettid(), and the guard's fork() of the spare sets the spare's own.
-pid_t forkAsSibling() {
-  return static_cast<pid_t>(
-      ::syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, nullptr));
-}
 
 // fork() as a raw clone, for X below: X shares the template's memory (vfork), where glibc's
 // fork handlers must not run (they lock and reset the allocator's state of the template, which
@@ -367,34 +180,72 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
   // Whether a guard may fork its spare at idle priority: only if it can come back from it.
   std::string notIdle;
   const bool idleForks = canLeaveIdlePriority(notIdle);
+  // A spare forked ahead of the request (spare_guard.h), before Ready: a death that finds the
+  // template ready finds that spare too. The next one once a second has passed without another
+  // request (not during the grow back that took this one), at the template's first priority.
+  // (volatile: the vfork below runs on this stack; GCC's -Wclobbered)
+  const volatile bool ahead = options.guardsAsSiblings && options.forkAhead;
+  const int startPolicy = ::sched_getscheduler(0);
+  spare::Prepared prepared;
+  auto prepareNext = [&](bool first) -> std::optional<ForkedSpare> {
+    DDPRUN_CHECK(threadCount() == 1, "the spare template forks from its only thread");
+    const sched_param none{};
+    if (startPolicy == SCHED_IDLE && idleForks && ::sched_getscheduler(0) != SCHED_IDLE) {
+      ::sched_setscheduler(0, SCHED_IDLE, &none);  // the agent moves it out for a grow back
+    }
+    if (auto s = spare::prepare(fd, self, written, idleForks, prepared)) return ForkedSpare{s->id, warm};
+    if (!first && prepared.guard > 0) {
+      DDPRUN_LOG(INFO, "runtime") << "spare template (pid " << self << "): the next spare "
+                                  << "forked ahead of its request, guard pid " << prepared.guard;
+    }
+    return std::nullopt;
+  };
+  if (ahead) {
+    if (auto s = prepareNext(true)) return *s;
+  }
   reply(fd, wire::Reply::Ready, self);
   DDPRUN_LOG(INFO, "runtime") << "spare template (pid " << self << ") ready: loaded, forks "
                               << "the spares started from now on"
+                              << (prepared.guard > 0 ? " (one forked ahead, guard pid " +
+                                                           std::to_string(prepared.guard) + ")"
+                                                     : "")
                               << (idleForks ? "" : " (a spare asked at idle priority is forked at "
                                                    "normal priority: this process has " + notIdle + ")");
   for (;;) {
-    Request r;
-    if (!receive(fd, r)) {
+    if (ahead && prepared.guard < 0) {
+      pollfd p{fd, POLLIN, 0};
+      int rc;
+      do {
+        rc = ::poll(&p, 1, kForkAheadDelayMs);
+      } while (rc < 0 && errno == EINTR);
+      if (rc == 0) {
+        if (auto s = prepareNext(false)) return *s;
+      }
+    }
+    spare::Request r;
+    if (!spare::receive(fd, r)) {
       std::fflush(nullptr);
       ::_exit(0);  // the launcher closed the socket: the group ended (no static destructors)
     }
     // Nothing in this loop starts a thread: it is the invariant the fork stands on.
     DDPRUN_CHECK(threadCount() == 1, "the spare template forks from its only thread");
+    if (prepared.guard > 0) {
+      const pid_t guard = prepared.guard;
+      if (spare::handOver(prepared, r)) {
+        r.closeFds();
+        reply(fd, wire::Reply::Forked, guard);
+        continue;
+      }
+      DDPRUN_LOG(WARN, "runtime") << "spare template (pid " << self << "): the spare forked "
+                                  << "ahead (guard pid " << guard << ") is gone; forking one";
+    }
     std::fflush(nullptr);  // nothing the template buffered may come out of the spare too
     if (options.guardsAsSiblings) {
-      const pid_t guard = forkAsSibling();
+      const pid_t guard = spare::forkAsSibling();
       if (guard == 0) {
-        const int id = becomeGuardAndSpare(fd, r, self, idleForks, ::sched_getscheduler(0));
-        if (written.pages > 0) {  // W, still of one thread
-          const auto start = std::chrono::steady_clock::now();
-          const Touched touched = touchPages(written);
-          DDPRUN_LOG(INFO, "runtime") << "spare " << id << ": copied " << touched.pages
-                                      << " of the " << written.pages << " pages the template's "
-                                      << "warm-up wrote in " << millisSince(start) << " ms ("
-                                      << touched.hugePages << " of them in " << touched.huge
-                                      << " huge pages)";
-        }
-        return {.id = id, .warm = warm};
+        const spare::Spare s = spare::becomeGuardAndSpare(fd, r, self, idleForks,
+                                                          ::sched_getscheduler(0), written);
+        return {.id = s.id, .warm = warm};
       }
       const int err = errno;
       r.closeFds();
@@ -422,7 +273,8 @@ ForkedSpare serveSpareForks(int fd, const std::function<bool()>& warmUp,
       if (idleClone) ::sched_setscheduler(0, SCHED_IDLE, &idleParam);  // X's own, not the template's
       const pid_t guard = rawFork();
       if (guard == 0) {
-        return {.id = becomeGuardAndSpare(fd, r, self, idleForks, policy), .warm = warm};
+        return {.id = spare::becomeGuardAndSpare(fd, r, self, idleForks, policy, written).id,
+                .warm = warm};
       }
       const int err = errno;
       if (guard > 0) ::setpgid(guard, guard);  // also from this side, before the agent knows it

@@ -35,6 +35,7 @@
 #include "fashion_mnist.h"
 #include "job_runner.h"
 #include "sample_log_check.h"
+#include "shrink_job.h"
 #include "test_files.h"
 #include "tests/support/process.h"
 #include "tests/support/skip.h"
@@ -45,108 +46,6 @@ using namespace ddprun::trainers;
 using namespace ddprun::trainers::testing;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
-
-namespace {
-
-constexpr auto kJobTimeout = std::chrono::seconds(180);
-constexpr int64_t kExamples = 4096;
-constexpr int64_t kBatch = 16;
-constexpr int kEpochs = 2;
-constexpr uint64_t kSeed = 11;
-
-// 4096 examples, ranks x 16, `epochs` epochs (job_runner.h's MlpRun).
-std::vector<std::string> underDdprun(int nproc, const std::string& dir,
-                                     std::vector<std::string> launcherFlags,
-                                     int epochs = kEpochs) {
-  return standaloneJob(nproc,
-                       mlpCommand({.dir = dir, .batch = kBatch, .epochs = epochs,
-                                   .examples = kExamples, .seed = kSeed}),
-                       launcherFlags);
-}
-
-std::map<std::string, std::string> sampleLogEnv(const TempDir& dir) {
-  return {{"DDPRUN_SAMPLE_LOG", dir / "samples"}};
-}
-
-// The spare template exec'd once every rank announced (DDPRUN_SPARE_TEMPLATE=exec), not forked
-// from rank 0 at its init(): what rank 0 falls back to, and the one a test can hold while it
-// loads.
-std::map<std::string, std::string> execTemplateEnv(const TempDir& dir) {
-  auto env = sampleLogEnv(dir);
-  env["DDPRUN_SPARE_TEMPLATE"] = "exec";
-  return env;
-}
-
-int finish(Job& job) {
-  const int code = job.wait(kJobTimeout);
-  INFO(job.output());
-  return code;
-}
-
-// The job's end (bounded), required to exit 0 (its output in the failure's message); its output.
-std::string finishOk(Job& job) {
-  const int code = finish(job);
-  const std::string out = job.output();
-  INFO(out);
-  REQUIRE(code == 0);
-  return out;
-}
-
-void checkExactlyOnce(const std::string& log, int64_t epoch, int finalWorld) {
-  checkEpochExactlyOnce(log, epoch, finalWorld, {.examples = kExamples, .batch = kBatch,
-                                                 .seed = kSeed});
-}
-
-// The world size of every step of the job, in order, with repeats collapsed: {3, 2, 3} for a
-// job that shrank and grew back.
-std::vector<int> worldSequence(const std::string& log, int epochs) {
-  std::vector<int> seq;
-  for (int e = 0; e < epochs; ++e) {
-    for (int w : epochSamples(log, e).stepWorlds) {
-      if (seq.empty() || seq.back() != w) seq.push_back(w);
-    }
-  }
-  return seq;
-}
-
-// The pids of ranks 0..n-1 now, each required found.
-std::vector<pid_t> ranksNow(Job& job, int n) {
-  const auto pids = workerPids(job.pid(), n, "mnist_mlp");
-  for (int r = 0; r < n; ++r) {
-    INFO("rank " << r);
-    REQUIRE(pids[r] > 0);
-  }
-  return pids;
-}
-
-// The pids of ranks 0..n-1 (each found), once the job has checkpointed step 20: every rank
-// holds the training state by then.
-std::vector<pid_t> ranksOf(Job& job, const TempDir& dir, int n) {
-  REQUIRE(showingOutput(waitForCheckpoint(job, dir / "ckpt", 20, kJobTimeout), job));
-  return ranksNow(job, n);
-}
-
-// The spare template of a shrink job without spares, SIGSTOPped as soon as its process exists.
-// It starts once every rank announced the elastic loop, and LibTorch's start-up alone takes
-// hundreds of ms, so a death after the first checkpoint finds it loading whatever the
-// machine's speed.
-pid_t heldTemplate(Job& job) {
-  pid_t templ = -1;
-  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  while ((templ = spareTemplatePid(job.pid(), "mnist_mlp")) <= 0 && !job.exited() &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  REQUIRE(templ > 0);
-  REQUIRE(::kill(templ, SIGSTOP) == 0);
-  return templ;
-}
-
-// Long enough at two ranks (24 epochs of ~0.5 s here) for the replacement, which starts under
-// SCHED_IDLE, to load on a busy 2-core machine.
-constexpr int kGrowEpochs = 24;
-
-}  // namespace
 
 // The checker itself, on written logs: what the grow back's rolled-back step looks like, and two
 // logs that must fail (a rank that skipped a step, and the same partial step with no generation
