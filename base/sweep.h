@@ -1,6 +1,6 @@
 #pragma once
 // What every process guard does (launcher/guarded_process.h; the guards the spare template
-// forks, worker_runtime/spare_template.h): take its signals from the parent it was forked
+// forks, worker_runtime/spare/spare_template.h): take its signals from the parent it was forked
 // from, and at the end kill every descendant of the calling process, wherever it went.
 //
 // A descendant can leave the guard's process group (setsid, setpgid), and a double fork

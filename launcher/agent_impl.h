@@ -133,7 +133,7 @@ class Agent::Impl {
   // `idle`: under SCHED_IDLE (alone, in the background of a training that runs).
   void startSpareTemplate(bool idle);
   // Shrink without spares on one node: the template is a fork of local rank 0, made at its
-  // init() (worker_runtime/spare_template.h), not a process loading the program again. Returns
+  // init() (worker_runtime/spare/spare_template.h), not a process loading the program again. Returns
   // the template's socket, its end already given to `rank0` (nullptr: not wanted or not
   // possible; then maybeStartSpares() exec's one as before).
   std::unique_ptr<SpareTemplate> templateFromRank(WorkerLaunch& rank0);

@@ -121,7 +121,7 @@ void Agent::Impl::endSpareTemplate() {
   // This process's child (re-parented when the rank's fork between exited), so the pid is not
   // reused before it is reaped here. Killed, not waited for: it may be stopped or warming up.
   // Its process group (its own, made by the rank's fork between) also holds the guard and spare
-  // it forked ahead of a request, if any (worker_runtime/spare_guard.h): the guard is this
+  // it forked ahead of a request, if any (worker_runtime/spare/spare_guard.h): the guard is this
   // process's child too, and the spare becomes one when its guard dies first. Both killed and
   // reaped with it; a spare handed over left the group.
   const pid_t group = ::getpgid(forked);

@@ -1,6 +1,6 @@
 #pragma once
 // The agent's side of the spare template (docs/recovery.md#spare-template; the template's side,
-// and why, in worker_runtime/spare_template.h; the wire format in rendezvous/spare_fork.h).
+// and why, in worker_runtime/spare/spare_template.h; the wire format in rendezvous/spare_fork.h).
 //
 // With --spares the agent starts, beside the first spares, one more process of the worker
 // program: the template (SpawnRequest::passFd carries its end of a socket pair, as fd
@@ -9,7 +9,7 @@
 // pipe, output pipes) with the spare's environment, and gets back the pid of the spare's guard,
 // forked by the template and re-parented to the agent -- which must therefore be a child
 // subreaper (enableSubreaper()) -- or, by a template forked from a rank (the agent's child
-// already), made its sibling: the agent's child at once (worker_runtime/spare_template.h). The result is a GuardedProcess like spawnGuarded()'s: the
+// already), made its sibling: the agent's child at once (worker_runtime/spare/spare_template.h). The result is a GuardedProcess like spawnGuarded()'s: the
 // WorkerGroup supervises a forked spare as any worker (status records, kill through the
 // control socket, reaping of its guard, output), and the guard sweeps what the spare left.
 //

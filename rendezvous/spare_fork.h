@@ -1,6 +1,6 @@
 #pragma once
 // The spare template's wire format (docs/recovery.md#spare-template): what the agent
-// (launcher/spare_template.h) and the template process (worker_runtime/spare_template.h) say
+// (launcher/spare_template.h) and the template process (worker_runtime/spare/spare_template.h) say
 // on the socket pair between them. Here because both sides use it and both depend on
 // rendezvous/, never on each other.
 //
@@ -24,7 +24,7 @@ namespace ddprun::rendezvous::spare_fork {
 // end of the socket.
 inline constexpr const char* kTemplateFdVariable = "DDPRUN_SPARE_TEMPLATE_FD";
 // Instead, to local rank 0 (shrink without spares): the descriptor of the template's socket,
-// on which rank 0 forks the template at its init() (worker_runtime/spare_template.h).
+// on which rank 0 forks the template at its init() (worker_runtime/spare/spare_template.h).
 inline constexpr const char* kTemplateForkFdVariable = "DDPRUN_SPARE_TEMPLATE_FORK_FD";
 // "1" when the agent started the template under SCHED_IDLE (a background template: shrink
 // without spares), so that out of SCHED_IDLE it knows a grow back waits for it.

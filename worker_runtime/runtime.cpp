@@ -40,7 +40,7 @@
 #include "worker_runtime/progress.h"
 #include "worker_runtime/shm/shm_communicator.h"
 #include "worker_runtime/shm/transport.h"
-#include "worker_runtime/spare_template.h"
+#include "worker_runtime/spare/spare_template.h"
 #include "worker_runtime/thread_pools.h"
 #include "worker_runtime/tcp_mesh.h"
 #include "worker_runtime/traced_communicator.h"
@@ -787,7 +787,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
                                 << "memory may be given back to the kernel and faulted in again "
                                 << "every step";
   }
-  // The spare template (spare_template.h) stays here; each spare it forks goes on as a spare.
+  // The spare template (spare/spare_template.h) stays here; each spare it forks goes on as a spare.
   // It is a process ddprun exec'd for it, or a fork of local rank 0 made right here.
   int templateFd = descriptorVariable(options, rendezvous::spare_fork::kTemplateFdVariable);
   bool forkedFromRank = false;
@@ -804,7 +804,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   }
   TakenRank taken;  // a hot spare's, once it has taken a rank
   if (templateFd >= 0) {
-    // The template runs the program's warm-up once, before its first fork (spare_template.h):
+    // The template runs the program's warm-up once, before its first fork (spare/spare_template.h):
     // every spare it forks starts warm. Unless a death already waits for it: started under
     // SCHED_IDLE (DDPRUN_SPARE_TEMPLATE_IDLE=1, shrink without spares), it is out of it only
     // once the agent moved it for a grow back that waits (agent_spares.cpp); that replacement

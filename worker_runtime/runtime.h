@@ -40,7 +40,7 @@ struct InitOptions {
   EnvLookup env = processEnv;      // tests inject their own environment
   // A hot spare's warm-up (ddprun --spares; docs/recovery.md#warm-up). init() of a spare calls
   // it once, after connecting to the agent's store and before telling the agent it is ready;
-  // init() of a rank never does. In the spare template (worker_runtime/spare_template.h) it runs
+  // init() of a rank never does. In the spare template (worker_runtime/spare/spare_template.h) it runs
   // once, before the template's first fork, with one thread per pool (OMP_NUM_THREADS=1), and
   // the spares forked from it inherit its effect and do not run it again: there it must leave
   // no thread running (join what it starts), or the template cannot fork. It is the program's chance to run its training step once in

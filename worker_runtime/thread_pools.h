@@ -22,7 +22,7 @@ namespace ddprun::runtime {
 // it needs more than one. Returns one line for the log ("LibTorch 2 threads, OpenBLAS 2").
 std::string matchThreadPools();
 
-// A template forked from a rank (spare_template.h) keeps the rank's pool sizes: LibTorch's back
+// A template forked from a rank (spare/spare_template.h) keeps the rank's pool sizes: LibTorch's back
 // to one thread, as an exec'd template's environment sets it, so its warm-up starts no thread.
 // (OpenBLAS starts its pool as it loads: a rank with more than one thread forks no template.)
 void oneThreadPerPool();

@@ -1,5 +1,5 @@
 // End to end: the spare forked ahead of its request (docs/recovery.md#spare-template;
-// worker_runtime/spare_guard.h) -- the real mnist_mlp under the real ddprun, shrink without
+// worker_runtime/spare/spare_guard.h) -- the real mnist_mlp under the real ddprun, shrink without
 // spares, real SIGKILLs:
 //   - the template forks a guard and a spare before it says ready; they wait in the template's
 //     process group; rank 1 SIGKILLed, that very pair becomes the replacement (no fork on the
@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <regex>
 #include <string>
 #include <thread>
@@ -51,23 +52,31 @@ pid_t onlyChild(pid_t parent) {
   return n == 1 ? found : -1;
 }
 
+// Whether `ok()` holds within 30 s (polled): the pair is forked at the template's idle priority
+// and names itself a moment after the template's ready line.
+template <typename Pred>
+bool eventually(Pred ok) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!ok() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return ok();
+}
+
 // The guard and spare the template forked ahead, per its ready line, checked where they wait:
 // the guard ddprun's child named ddprun-guard, the spare its child running the program, both in
 // the template's process group.
 std::pair<pid_t, pid_t> aheadPair(const Job& job, pid_t templ) {
+  namespace lookup = ddprun::launcher::lookup;
   const pid_t guard = capturedPid(job.output(), R"(ready: loaded, forks the spares started from )"
                                                 R"(now on \(one forked ahead, guard pid (\d+)\))");
   REQUIRE(guard > 0);
   CHECK(procParent(guard) == job.pid());
-  CHECK(ddprun::launcher::lookup::procComm(guard) == "ddprun-guard");
   CHECK(::getpgid(guard) == ::getpgid(templ));
+  CHECK(eventually([&] { return lookup::procComm(guard) == "ddprun-guard"; }));
   pid_t spare = -1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while ((spare = onlyChild(guard)) <= 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  REQUIRE(spare > 0);
-  CHECK(ddprun::launcher::lookup::procComm(spare) == "mnist_mlp");
+  REQUIRE(eventually([&] { return (spare = onlyChild(guard)) > 0; }));
+  CHECK(eventually([&] { return lookup::procComm(spare) == "mnist_mlp"; }));
   CHECK(::getpgid(spare) == ::getpgid(templ));
   return {guard, spare};
 }

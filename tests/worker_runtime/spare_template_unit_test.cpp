@@ -1,4 +1,4 @@
-// The spare template's side (worker_runtime/spare_template.h), in a real forked process on a real
+// The spare template's side (worker_runtime/spare/spare_template.h), in a real forked process on a real
 // socket pair, without ddprun: it runs the program's warm-up once before it says Ready, a
 // warm-up that leaves a thread running makes it exit 3 with one line, never saying Ready (a fork
 // of it would lack that thread), and a malformed request forks nothing. The agent's side and whole jobs: tests/trainers.
@@ -17,7 +17,7 @@
 
 #include "base/fd_passing.h"
 #include "rendezvous/spare_fork.h"
-#include "worker_runtime/spare_template.h"
+#include "worker_runtime/spare/spare_template.h"
 
 using Catch::Matchers::Contains;
 namespace wire = ddprun::rendezvous::spare_fork;

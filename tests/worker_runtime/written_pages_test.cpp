@@ -1,4 +1,4 @@
-// The pages a fork wrote (worker_runtime/written_pages.h), in real forked processes: a child
+// The pages a fork wrote (worker_runtime/spare/written_pages.h), in real forked processes: a child
 // finds exactly the pages it wrote since its fork among those it shares with its parent, and a
 // fork of that child, touching them, makes them its own without changing a byte -- page by page,
 // or as whole huge pages where enough of them share a 2 MB-aligned chunk of an anonymous mapping.
@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "tests/support/skip.h"
-#include "worker_runtime/written_pages.h"
+#include "worker_runtime/spare/written_pages.h"
 
 using ddprun::runtime::exclusivePages;
 using ddprun::runtime::kMinPagesToCollapse;

@@ -1,4 +1,4 @@
-#include "worker_runtime/written_pages.h"
+#include "worker_runtime/spare/written_pages.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

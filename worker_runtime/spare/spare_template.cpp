@@ -1,4 +1,4 @@
-#include "worker_runtime/spare_template.h"
+#include "worker_runtime/spare/spare_template.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -23,8 +23,8 @@
 #include "base/log.h"
 #include "base/process.h"
 #include "rendezvous/spare_fork.h"
-#include "worker_runtime/spare_guard.h"
-#include "worker_runtime/written_pages.h"
+#include "worker_runtime/spare/spare_guard.h"
+#include "worker_runtime/spare/written_pages.h"
 
 namespace ddprun::runtime {
 

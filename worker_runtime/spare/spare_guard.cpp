@@ -1,4 +1,4 @@
-#include "worker_runtime/spare_guard.h"
+#include "worker_runtime/spare/spare_guard.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "rendezvous/spare_fork.h"
-#include "worker_runtime/written_pages.h"
+#include "worker_runtime/spare/written_pages.h"
 
 namespace ddprun::runtime::spare {
 
