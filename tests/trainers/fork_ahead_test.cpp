@@ -52,17 +52,6 @@ pid_t onlyChild(pid_t parent) {
   return n == 1 ? found : -1;
 }
 
-// Whether `ok()` holds within 30 s (polled): the pair is forked at the template's idle priority
-// and names itself a moment after the template's ready line.
-template <typename Pred>
-bool eventually(Pred ok) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!ok() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return ok();
-}
-
 // The guard and spare the template forked ahead, per its ready line, checked where they wait:
 // the guard ddprun's child named ddprun-guard, the spare its child running the program, both in
 // the template's process group.
@@ -73,10 +62,13 @@ std::pair<pid_t, pid_t> aheadPair(const Job& job, pid_t templ) {
   REQUIRE(guard > 0);
   CHECK(procParent(guard) == job.pid());
   CHECK(::getpgid(guard) == ::getpgid(templ));
-  CHECK(eventually([&] { return lookup::procComm(guard) == "ddprun-guard"; }));
+  // (forked at the template's idle priority, they name themselves a moment after its line)
+  using ddprun::testing::waitUntil;
+  constexpr std::chrono::seconds kSetUp(30);
+  CHECK(waitUntil([&] { return lookup::procComm(guard) == "ddprun-guard"; }, kSetUp));
   pid_t spare = -1;
-  REQUIRE(eventually([&] { return (spare = onlyChild(guard)) > 0; }));
-  CHECK(eventually([&] { return lookup::procComm(spare) == "mnist_mlp"; }));
+  REQUIRE(waitUntil([&] { return (spare = onlyChild(guard)) > 0; }, kSetUp));
+  CHECK(waitUntil([&] { return lookup::procComm(spare) == "mnist_mlp"; }, kSetUp));
   CHECK(::getpgid(spare) == ::getpgid(templ));
   return {guard, spare};
 }
@@ -95,13 +87,9 @@ TEST_CASE("shrink without spares: the template forks a spare ahead before it say
           "[recovery][shrink][grow][template][ahead][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
-                                      "--recovery-policy=shrink"}, kGrowEpochs),
-          sampleLogEnv(dir), dir / "log");
+  Job job(rankTemplateJob(dir), sampleLogEnv(dir), dir / "log");
   const auto pids = ranksOf(job, dir, 3);
-  REQUIRE(showingOutput(waitForOutput(job, ") ready: loaded, forks", kJobTimeout), job));
-  const pid_t templ = rankTemplatePid(job.pid(), "mnist_mlp");
-  REQUIRE(templ > 0);
+  const pid_t templ = readyRankTemplate(job);
   const auto [guard, spare] = aheadPair(job, templ);
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
   REQUIRE(showingOutput(waitForOutput(job, "the group grew", kJobTimeout), job));
@@ -139,13 +127,9 @@ TEST_CASE("shrink without spares: the spare forked ahead SIGKILLed while it wait
           "once", "[recovery][shrink][grow][template][ahead][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
-                                      "--recovery-policy=shrink"}, kGrowEpochs),
-          sampleLogEnv(dir), dir / "log");
+  Job job(rankTemplateJob(dir), sampleLogEnv(dir), dir / "log");
   const auto pids = ranksOf(job, dir, 3);
-  REQUIRE(showingOutput(waitForOutput(job, ") ready: loaded, forks", kJobTimeout), job));
-  const pid_t templ = rankTemplatePid(job.pid(), "mnist_mlp");
-  REQUIRE(templ > 0);
+  const pid_t templ = readyRankTemplate(job);
   const auto [guard, spare] = aheadPair(job, templ);
   REQUIRE(::kill(spare, SIGKILL) == 0);
   // Its guard sees it go and leaves (a zombie of ddprun's until the template's group is reaped).

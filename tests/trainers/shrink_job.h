@@ -116,4 +116,19 @@ inline pid_t heldTemplate(Job& job) {
 // SCHED_IDLE, to load on a busy 2-core machine.
 inline constexpr int kGrowEpochs = 24;
 
+// The job of the tests of the spare template forked from rank 0: 3 ranks, shrink without
+// spares, long enough for a grow back (kGrowEpochs).
+inline std::vector<std::string> rankTemplateJob(const TempDir& dir) {
+  return underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
+                                     "--recovery-policy=shrink"}, kGrowEpochs);
+}
+
+// That job's spare template, once it said ready (required found).
+inline pid_t readyRankTemplate(Job& job) {
+  REQUIRE(showingOutput(waitForOutput(job, ") ready: loaded, forks", kJobTimeout), job));
+  const pid_t templ = rankTemplatePid(job.pid(), "mnist_mlp");
+  REQUIRE(templ > 0);
+  return templ;
+}
+
 }  // namespace ddprun::trainers::testing

@@ -241,13 +241,9 @@ TEST_CASE("shrink without spares: the spare template is a fork of rank 0 made at
           "[recovery][shrink][grow][template][slow]") {
   if (!haveData()) return skipWithoutData();
   TempDir dir;
-  Job job(underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
-                                      "--recovery-policy=shrink"}, kGrowEpochs),
-          sampleLogEnv(dir), dir / "log");
+  Job job(rankTemplateJob(dir), sampleLogEnv(dir), dir / "log");
   const auto pids = ranksOf(job, dir, 3);
-  REQUIRE(showingOutput(waitForOutput(job, ") ready: loaded, forks", kJobTimeout), job));
-  const pid_t templ = rankTemplatePid(job.pid(), "mnist_mlp");
-  REQUIRE(templ > 0);
+  const pid_t templ = readyRankTemplate(job);
   CHECK(templ != pids[0]);
   CHECK(procParent(templ) == job.pid());  // out of rank 0's tree: its guard's sweep misses it
   // and out of its process group, but in its session: the scheduler's autogroups are per
