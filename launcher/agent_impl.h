@@ -144,10 +144,10 @@ class Agent::Impl {
   // the newest generation (the recovery is over: the store is not needed for it any more).
   void startOwedSpares();
   void onSpareTemplateExited(const WorkerResult& r);
-  // A spare asked at idle priority from a loaded template (the next failure's, after a
-  // recovery): the template forks it at idle priority, so its answer waits for CPU time the
-  // ranks leave, and this loop, which serves the workers' store and sees deaths, must not wait
-  // with it. queueFork() asks, one request at a time (a spare asked while one is being forked
+  // A spare asked from a loaded template: this loop, which serves the workers' store and sees
+  // deaths, must not wait for the answer (a fork at idle priority waits for CPU time the ranks
+  // leave; a grow back's replacement is asked while the survivors re-form through the store).
+  // queueFork() asks, one request at a time (a spare asked while one is being forked
   // queues behind it); onForkAnswer() adds the spare to the group once the socket is readable
   // or its bound is over (kAnswerTimeout; an idle fork's kIdleAnswerTimeout unless the template
   // is stopped: then, or on any refusal, the spare is exec'd, as spareSpawner() does).
@@ -241,8 +241,9 @@ class Agent::Impl {
   // ---- Grow back (--recovery-policy=shrink, docs/recovery.md#grow-back) ----
   // Whether a shrunk group may take replacements back in; else `why`.
   bool growBackUsable(std::string& why) const;
-  // Starts a replacement in the background (a hot spare under SCHED_IDLE) for each rank the
-  // group lacks and that no waiting one stands for (tryGrow: once the survivors re-formed).
+  // Starts a replacement for each rank the group lacks and that no waiting or forking one
+  // stands for: a fork of a loaded template, asked at the shrink itself (shrinkGroup), else a
+  // hot spare in the background (SCHED_IDLE), once the survivors re-formed (tryGrow).
   void startReplacements();
   // Grow back with a spare template still loading: true while the replacement waits for it
   // (a fork once it is loaded; up to kTemplateLoadWait, polled in 5 ms turns through

@@ -464,8 +464,13 @@ void Agent::Impl::shrinkGroup(const std::vector<WorkerResult>& dead, const JobDe
                         std::to_string(after) + " rank(s), the others keep running",
                     d, budgetSpent);
   watchProgress();  // the dead ranks' slots are no longer watched; the others by their new ranks
-  // The replacement starts once the survivors have re-formed (tryGrow, on their announcements):
-  // starting a process takes this loop, which serves the store their re-form goes through.
+  // A loaded template is asked for the replacement now, while the survivors re-form: the
+  // request is one write and its answer is read on this loop (queueFork), and a pair forked
+  // ahead is ready in a few milliseconds, so the grow back can be published as soon as the
+  // survivors announced this generation (tryGrow). Otherwise the replacement starts once they
+  // have (tryGrow): an exec'd process, or the wait for a template still loading, takes this
+  // loop, which serves the store their re-form goes through.
+  if (spareTemplate_ && spareTemplate_->ready()) startReplacements();
 }
 
 }  // namespace ddprun::launcher

@@ -11,10 +11,11 @@ namespace ddprun::launcher {
 
 // ---- Grow back ----
 //
-// After a shrink, once the survivors have re-formed (each announced the new generation), the
-// agent starts a replacement as it starts a hot spare in the background
-// (hot_spares.h: loaded, connected, waiting in the store, under SCHED_IDLE so that the
-// survivors' steps are not slowed). Nothing waits for it. When its ready key is set and every
+// After a shrink the agent starts a replacement as it starts a hot spare (hot_spares.h: loaded,
+// connected, waiting in the store): a fork of the spare template, asked at the shrink itself
+// (the template forked it ahead of the request), or, without a loaded template, once the
+// survivors have re-formed (each announced the new generation), in the background (under
+// SCHED_IDLE so that the survivors' steps are not slowed). Nothing waits for it. When its ready key is set and every
 // worker has announced the newest generation (no recovery in flight), the agent publishes the
 // grow record (rendezvous/grow_record.h) and the spare's assignment in one turn of its loop; each
 // worker's runtime sees the record through its watch thread and takes it at its next commit
@@ -431,10 +432,10 @@ void Agent::Impl::startSpare(bool idle, std::optional<bool> idleIfForked) {
   WorkerLaunch l = makeLaunch(round_, 0, 0, id);
   l.spawn.idlePriority = idle;
   const bool forkIdle = idleIfForked.value_or(idle);
-  if ((forkIdle || sparesForking() > 0) && spareTemplate_ && spareTemplate_->ready()) {
+  if (spareTemplate_ && spareTemplate_->ready()) {
     queueFork(std::move(l), id, forkIdle);  // added to the group once the template answers
     DDPRUN_LOG(INFO, "launcher") << "starting spare " << id
-                                 << (idle ? " in the background (SCHED_IDLE)" : "")
+                                 << (forkIdle ? " in the background (SCHED_IDLE)" : "")
                                  << ": it loads and waits for a rank";
     return;
   }

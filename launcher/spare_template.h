@@ -20,10 +20,12 @@
 // A fork asked at idle priority takes only the CPU time the ranks leave: with every CPU busy
 // training (SCHED_IDLE's share is about 0.3% of a CPU against one busy rank) its answer took
 // over 1 s on this VM, so its bound is kIdleAnswerTimeout, unless the template is stopped.
-// The loop also serves the workers' store, so the agent asks for a fork after a recovery only
-// once every worker announced the new generation (Agent::Impl::startOwedSpares), and a spare
-// asked at idle priority, whose fork the template makes at idle priority too, is asked with
-// request() and its answer() read once the socket is readable (Agent::Impl::queueFork).
+// The loop also serves the workers' store, so a loaded template is asked with request() and
+// its answer() read once the socket is readable (Agent::Impl::queueFork), never waited for;
+// and the agent asks for the next failure's spare after a recovery only once every worker
+// announced the new generation (Agent::Impl::startOwedSpares): its fork copies page tables on
+// the cores they re-form on. A grow back's replacement is asked at the shrink itself: the
+// template has one forked ahead of the request (worker_runtime/spare/spare_guard.h).
 #include <sys/types.h>
 
 #include <chrono>

@@ -6,7 +6,9 @@
 //     grow back's path), moves to a group of its own, and the template forks the next pair a
 //     second later, which ddprun kills and reaps with the template at the end;
 //   - the waiting spare SIGKILLed first: its guard leaves, and the template forks the
-//     replacement on request, one line saying so; every sample still once.
+//     replacement on request, one line saying so; every sample still once;
+//   - the replacement asked for at the shrink itself: with a survivor SIGSTOPped (it cannot
+//     re-form) it is forked all the same, and the group grows back once the survivor goes on.
 #include "tests/support/catch_torch.h"
 
 #include <signal.h>
@@ -148,6 +150,38 @@ TEST_CASE("shrink without spares: the spare forked ahead SIGKILLed while it wait
   CHECK(replacement != spare);
   CHECK_THAT(out, !Contains("spare 0 (pid " + std::to_string(replacement) + ") forked from the "
                             "spare template (pid " + std::to_string(templ) + ") ahead"));
+  CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid " +
+                           std::to_string(replacement) + ") is ready and takes rank 1"));
+  CHECK_THAT(out, !Contains("restarting the worker group"));
+  checkSamples(dir);
+}
+
+TEST_CASE("shrink without spares: the replacement is asked for at the shrink, not once the "
+          "survivors re-formed: with a survivor SIGSTOPped it is forked all the same, and the "
+          "group grows back once the survivor goes on, every sample once",
+          "[recovery][shrink][grow][template][ahead][slow]") {
+  if (!haveData()) return skipWithoutData();
+  TempDir dir;
+  // (the stopped survivor is not to be taken for frozen)
+  Job job(rankTemplateJob(dir, {"--peer-timeout=120"}), sampleLogEnv(dir), dir / "log");
+  const auto pids = ranksOf(job, dir, 3);
+  readyRankTemplate(job);
+  REQUIRE(::kill(pids[2], SIGSTOP) == 0);
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  // Rank 2 cannot announce the shrink's generation while it is stopped: the replacement was
+  // not waiting for that.
+  const bool forked = waitForOutput(job, "spare 0 forked from the spare template (pid ",
+                                    std::chrono::seconds(60));
+  const char state = ddprun::launcher::lookup::processTable()[pids[2]].state;
+  const std::string during = job.output();
+  REQUIRE(::kill(pids[2], SIGCONT) == 0);
+  INFO(during);
+  CHECK(forked);
+  CHECK(state == 'T');
+  CHECK_THAT(during, !Contains("the group grew"));
+  const std::string out = finishOk(job);
+  const pid_t replacement = forkedSparePid(out, 0);
+  REQUIRE(replacement > 0);
   CHECK_THAT(out, Contains("grow back (generation 2): spare 0 (pid " +
                            std::to_string(replacement) + ") is ready and takes rank 1"));
   CHECK_THAT(out, !Contains("restarting the worker group"));

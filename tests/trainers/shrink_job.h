@@ -117,10 +117,13 @@ inline pid_t heldTemplate(Job& job) {
 inline constexpr int kGrowEpochs = 24;
 
 // The job of the tests of the spare template forked from rank 0: 3 ranks, shrink without
-// spares, long enough for a grow back (kGrowEpochs).
-inline std::vector<std::string> rankTemplateJob(const TempDir& dir) {
-  return underDdprun(3, dir.path(), {"--max-restarts=1", "--recovery=in-process",
-                                     "--recovery-policy=shrink"}, kGrowEpochs);
+// spares, long enough for a grow back (kGrowEpochs); `more` launcher flags after those.
+inline std::vector<std::string> rankTemplateJob(const TempDir& dir,
+                                                const std::vector<std::string>& more = {}) {
+  std::vector<std::string> flags = {"--max-restarts=1", "--recovery=in-process",
+                                    "--recovery-policy=shrink"};
+  flags.insert(flags.end(), more.begin(), more.end());
+  return underDdprun(3, dir.path(), flags, kGrowEpochs);
 }
 
 // That job's spare template, once it said ready (required found).
