@@ -804,6 +804,7 @@ std::unique_ptr<Runtime> init(InitOptions options) {
   }
   TakenRank taken;  // a hot spare's, once it has taken a rank
   if (templateFd >= 0) {
+    resolveThreadPoolControls();  // once here, not in each spare it forks
     // The template runs the program's warm-up once, before its first fork (spare/spare_template.h):
     // every spare it forks starts warm. Unless a death already waits for it: started under
     // SCHED_IDLE (DDPRUN_SPARE_TEMPLATE_IDLE=1, shrink without spares), it is out of it only

@@ -15,25 +15,43 @@ int positiveEnv(const char* name) {
   return n > 0 ? n : 0;
 }
 
+// OpenBLAS's controls, when the program has OpenBLAS: looked up once per process.
+struct BlasControls {
+  void (*setThreads)(int) = nullptr;
+  int procs = 0;  // its CPU count (the machine's: the same in every fork)
+};
+
+const BlasControls& blasControls() {
+  static const BlasControls controls = [] {
+    BlasControls c;
+    using GetInt = int (*)();
+    c.setThreads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    auto procs = reinterpret_cast<GetInt>(dlsym(RTLD_DEFAULT, "openblas_get_num_procs"));
+    if (c.setThreads == nullptr || procs == nullptr) return BlasControls{};
+    c.procs = procs();
+    return c;
+  }();
+  return controls;
+}
+
 }  // namespace
+
+void resolveThreadPoolControls() { (void)blasControls(); }
 
 std::string matchThreadPools() {
   const int torchThreads = at::intraop_default_num_threads();
   at::set_num_threads(torchThreads);
   std::string line = "LibTorch " + std::to_string(torchThreads) + " thread" +
                      (torchThreads == 1 ? "" : "s");
-  using SetThreads = void (*)(int);
-  using GetInt = int (*)();
-  auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  auto procs = reinterpret_cast<GetInt>(dlsym(RTLD_DEFAULT, "openblas_get_num_procs"));
-  if (set == nullptr || procs == nullptr) return line;
-  int blas = positiveEnv("OPENBLAS_NUM_THREADS");
-  if (blas == 0) blas = positiveEnv("GOTO_NUM_THREADS");
-  if (blas == 0) blas = positiveEnv("OMP_NUM_THREADS");
-  if (blas == 0) blas = procs();
-  if (blas < 1) blas = 1;
-  set(blas);
-  return line + ", OpenBLAS " + std::to_string(blas);
+  const BlasControls& blas = blasControls();
+  if (blas.setThreads == nullptr) return line;
+  int threads = positiveEnv("OPENBLAS_NUM_THREADS");
+  if (threads == 0) threads = positiveEnv("GOTO_NUM_THREADS");
+  if (threads == 0) threads = positiveEnv("OMP_NUM_THREADS");
+  if (threads == 0) threads = blas.procs;
+  if (threads < 1) threads = 1;
+  blas.setThreads(threads);
+  return line + ", OpenBLAS " + std::to_string(threads);
 }
 
 void oneThreadPerPool() { at::set_num_threads(1); }

@@ -22,6 +22,12 @@ namespace ddprun::runtime {
 // it needs more than one. Returns one line for the log ("LibTorch 2 threads, OpenBLAS 2").
 std::string matchThreadPools();
 
+// Looks up OpenBLAS's controls (and its CPU count), once per process, for matchThreadPools().
+// The lookup is a dlsym() over every library the program loaded: 4-8 ms in a forked spare, whose
+// page tables have none of those libraries' symbol tables yet, on the path of a grow back. The
+// spare template calls this before its first fork, so that every spare inherits the answer.
+void resolveThreadPoolControls();
+
 // A template forked from a rank (spare/spare_template.h) keeps the rank's pool sizes: LibTorch's back
 // to one thread, as an exec'd template's environment sets it, so its warm-up starts no thread.
 // (OpenBLAS starts its pool as it loads: a rank with more than one thread forks no template.)

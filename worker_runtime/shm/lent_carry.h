@@ -17,8 +17,11 @@
 // it is and the others open it through the lowest such rank's /proc/<pid>/fd/<fd> (checked by
 // device, inode, no name left and the pid in the segment; round "opened");
 // then every rank checks, through its own mapping, the random value each rank wrote at the start
-// of its region (round "checked"). Should anything fail on any rank, every rank maps a new
-// buffer as before. The carry holds at most one mapping per lend number, and only the newest.
+// of its region (round "checked"). The offers go through the store (the replacement reads them
+// there); rounds "opened" and "checked" are an allgather of each rank's status through the
+// generation's segment, with none of the store's round trips. Should anything fail on any
+// rank, every rank maps a new buffer as before. The carry holds at most one mapping per lend
+// number, and only the newest.
 // (The store is not trusted with the memory: ShmCommunicator::reuseCarried, docs/security.md.)
 //
 // Safety: a carried buffer is used only once its tensor was freed, so no job of the old

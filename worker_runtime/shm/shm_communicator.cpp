@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <random>
@@ -160,7 +161,11 @@ class ShmCommunicator final : public QueuedCommunicator {
 
   // The k-th lend's buffer carried from an earlier generation (lent_carry.h has the protocol),
   // or null when the ranks carry none they can all map: then every rank maps a new one. Throws
-  // TimeoutError (a rank never answered).
+  // TimeoutError (a rank never answered) or BackendError (the segment failed).
+  //
+  // Round 1 goes through the store (a replacement opens the buffer by what it reads there);
+  // rounds 2 and 3, a status from each rank, through the segment (statusRound): an allgather among
+  // the ranks themselves, not three round trips to the store each.
   //
   // The store is not trusted with the memory (docs/security.md): every rank goes through the
   // same rounds whatever it read, so that ranks shown different offers still meet; a rank uses what
@@ -180,7 +185,7 @@ class ShmCommunicator final : public QueuedCommunicator {
     }
     RankControl& mine = segment_->control()[rank()];
     mine.lentCheck.store(check, std::memory_order_release);
-    if (everyoneOpened(scoped, opened) && everyoneSees(scoped, opened.mapping.get(), region)) {
+    if (everyoneOpened(opened) && everyoneSees(opened.mapping.get(), region)) {
       return opened.mapping;
     }
     mine.lentCheck.store(0, std::memory_order_release);
@@ -240,12 +245,11 @@ class ShmCommunicator final : public QueuedCommunicator {
     }
   }
 
-  // Round 2 (opened/): "1" mapped, "-" nothing to reuse, "!why" failed. True when every rank
-  // mapped the buffer; rank 0 logs another rank's failure.
-  bool everyoneOpened(rendezvous::Store& scoped, const Opened& opened) {
-    scoped.set("opened/" + std::to_string(rank()),
-               !opened.failure.empty() ? "!" + opened.failure : opened.mapping ? "1" : "-");
-    const auto answers = everyone(scoped, "opened/");
+  // Round 2: "1" mapped, "-" nothing to reuse, "!why" failed. True when every rank mapped the
+  // buffer; rank 0 logs another rank's failure.
+  bool everyoneOpened(const Opened& opened) {
+    const auto answers =
+        statusRound(!opened.failure.empty() ? "!" + opened.failure : opened.mapping ? "1" : "-");
     for (int r = 0; r < size(); ++r) {
       if (answers[r] == "1") continue;
       if (rank() == 0 && !answers[r].empty() && answers[r][0] == '!') {
@@ -257,11 +261,11 @@ class ShmCommunicator final : public QueuedCommunicator {
     return true;
   }
 
-  // Round 3 (checked/): through its own mapping, this rank reads the check value every rank
-  // wrote at the start of its region, against the one in that rank's control. A round of its
-  // own, after round 2, because a rank that returns writes into its region at once. True when
-  // every rank saw every value; rank 0 logs what one did not.
-  bool everyoneSees(rendezvous::Store& scoped, const SharedMapping* mapping, size_t region) {
+  // Round 3: through its own mapping, this rank reads the check value every rank wrote at the
+  // start of its region, against the one in that rank's control. A round of its own, after
+  // round 2, because a rank that returns writes into its region at once. True when every rank
+  // saw every value; rank 0 logs what one did not.
+  bool everyoneSees(const SharedMapping* mapping, size_t region) {
     // (Only a forged "opened" lets a rank without a mapping get here: its peers find its 0.)
     std::string mismatch =
         mapping ? std::string() : "local rank " + std::to_string(rank()) + " mapped nothing";
@@ -275,8 +279,7 @@ class ShmCommunicator final : public QueuedCommunicator {
                    "'s mapping, it wrote " + std::to_string(want);
       }
     }
-    scoped.set("checked/" + std::to_string(rank()), mismatch.empty() ? "1" : "!" + mismatch);
-    const auto answers = everyone(scoped, "checked/");
+    const auto answers = statusRound(mismatch.empty() ? "1" : "!" + mismatch);
     for (int r = 0; r < size(); ++r) {
       if (answers[r] == "1") continue;
       if (rank() == 0) {
@@ -287,6 +290,26 @@ class ShmCommunicator final : public QueuedCommunicator {
       return false;
     }
     return true;
+  }
+
+  // A round among the ranks through the segment: every rank's `status`, cut at
+  // kStatusBytes - 1 (a failure's text; it is only logged). Throws as a collective does.
+  static constexpr size_t kStatusBytes = 256;
+  std::vector<std::string> statusRound(const std::string& status) {
+    std::vector<char> mine(kStatusBytes, '\0');
+    std::vector<char> all(kStatusBytes * static_cast<size_t>(size()));
+    std::memcpy(mine.data(), status.data(), std::min(status.size(), kStatusBytes - 1));
+    queue_.runInline([&] {
+      guarded("lend round", kStatusBytes, [&](Clock::time_point deadline) {
+        collectives_->allgather(mine.data(), kStatusBytes, all.data(), deadline);
+      });
+    });
+    std::vector<std::string> statuses;
+    for (int r = 0; r < size(); ++r) {
+      const char* text = all.data() + static_cast<size_t>(r) * kStatusBytes;
+      statuses.emplace_back(text, ::strnlen(text, kStatusBytes));
+    }
+    return statuses;
   }
 
   // Every rank's value of `what`<rank>, once all are there (bounded by the timeout).
