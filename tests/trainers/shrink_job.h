@@ -1,13 +1,16 @@
 #pragma once
 // What the shrink tests (shrink_test.cpp, fork_ahead_test.cpp) share: the job they run (the real
-// mnist_mlp under the real ddprun, --recovery-policy=shrink, a sample log), and the checks of what
-// it trained on (every sample of an epoch once, the world size of each step).
+// mnist_mlp under the real ddprun, --recovery-policy=shrink, a sample log), the checks of what
+// it trained on (every sample of an epoch once, the world size of each step), and the spare
+// template's pair forked ahead of the grow back's request.
 #include "tests/support/catch_torch.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +18,8 @@
 #include "job_runner.h"
 #include "sample_log_check.h"
 #include "test_files.h"
+#include "launcher/worker_lookup.h"
+#include "tests/support/process.h"
 
 namespace ddprun::trainers::testing {
 
@@ -132,6 +137,48 @@ inline pid_t readyRankTemplate(Job& job) {
   const pid_t templ = rankTemplatePid(job.pid(), "mnist_mlp");
   REQUIRE(templ > 0);
   return templ;
+}
+
+// The first number the regex `pattern` captures in `text`, or -1.
+inline pid_t capturedPid(const std::string& text, const std::string& pattern) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(pattern))) return -1;
+  return static_cast<pid_t>(std::stol(m[1]));
+}
+
+// The only living child of `parent`, or -1 (none, or more than one).
+inline pid_t onlyChild(pid_t parent) {
+  const auto table = ddprun::launcher::lookup::processTable();
+  pid_t found = -1;
+  int n = 0;
+  for (const auto& [pid, s] : table) {
+    if (s.parent == parent && s.state != 'Z') {
+      found = pid;
+      ++n;
+    }
+  }
+  return n == 1 ? found : -1;
+}
+
+// The guard and spare the template forked ahead, per its ready line, checked where they wait:
+// the guard ddprun's child named ddprun-guard, the spare its child running the program, both in
+// the template's process group.
+inline std::pair<pid_t, pid_t> aheadPair(const Job& job, pid_t templ) {
+  namespace lookup = ddprun::launcher::lookup;
+  const pid_t guard = capturedPid(job.output(), R"(ready: loaded, forks the spares started from )"
+                                                R"(now on \(one forked ahead, guard pid (\d+)\))");
+  REQUIRE(guard > 0);
+  CHECK(procParent(guard) == job.pid());
+  CHECK(::getpgid(guard) == ::getpgid(templ));
+  // (forked at the template's idle priority, they name themselves a moment after its line)
+  using ddprun::testing::waitUntil;
+  constexpr std::chrono::seconds kSetUp(30);
+  CHECK(waitUntil([&] { return lookup::procComm(guard) == "ddprun-guard"; }, kSetUp));
+  pid_t spare = -1;
+  REQUIRE(waitUntil([&] { return (spare = onlyChild(guard)) > 0; }, kSetUp));
+  CHECK(waitUntil([&] { return lookup::procComm(spare) == "mnist_mlp"; }, kSetUp));
+  CHECK(::getpgid(spare) == ::getpgid(templ));
+  return {guard, spare};
 }
 
 }  // namespace ddprun::trainers::testing

@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "base/fd_passing.h"
@@ -31,15 +32,41 @@ void Request::closeFds() {
   }
 }
 
+namespace {
+
+// One message on the template's socket pairs (agent -> template -> G -> W): a request's header
+// carrying `fds`, then the environment it announces. The header may arrive in parts; the
+// descriptors come with its first byte.
+bool sendMessage(int fd, const wire::Request& head, std::span<const int> fds,
+                 const std::vector<char>& env) {
+  const ssize_t sent = sendWithFds(fd, &head, sizeof head, fds);
+  return sent >= 0 &&
+         (static_cast<size_t>(sent) == sizeof head ||
+          sendAll(fd, reinterpret_cast<const char*>(&head) + sent,
+                  sizeof head - static_cast<size_t>(sent))) &&
+         sendAll(fd, env.data(), env.size());
+}
+
+// The header and its descriptors (`got` of them; the caller closes what came, read or not).
+// False on EOF or a short read.
+bool receiveHeader(int fd, wire::Request& head, std::span<int> fds, size_t& got) {
+  const ssize_t n = receiveWithFds(fd, &head, sizeof head, fds, got);
+  return n > 0 && (static_cast<size_t>(n) == sizeof head ||
+                   readAll(fd, reinterpret_cast<char*>(&head) + n,
+                           sizeof head - static_cast<size_t>(n)));
+}
+
+// The environment the header announces (at most kMaxEnvBytes: checked by receive()).
+bool receiveEnv(int fd, const wire::Request& head, std::vector<char>& env) {
+  env.resize(head.envBytes);
+  return readAll(fd, env.data(), env.size());
+}
+
+}  // namespace
+
 bool receive(int fd, Request& r) {
   size_t got = 0;
-  const ssize_t n = receiveWithFds(fd, &r.head, sizeof r.head, r.fds, got);
-  if (n <= 0) {
-    r.closeFds();
-    return false;
-  }
-  if (static_cast<size_t>(n) < sizeof r.head &&
-      !readAll(fd, reinterpret_cast<char*>(&r.head) + n, sizeof r.head - static_cast<size_t>(n))) {
+  if (!receiveHeader(fd, r.head, r.fds, got)) {
     r.closeFds();
     return false;
   }
@@ -50,22 +77,14 @@ bool receive(int fd, Request& r) {
     r.closeFds();
     return false;
   }
-  r.env.resize(r.head.envBytes);
-  if (!readAll(fd, r.env.data(), r.env.size())) {
+  if (!receiveEnv(fd, r.head, r.env)) {
     r.closeFds();
     return false;
   }
   return true;
 }
 
-bool send(int fd, const Request& r) {
-  const ssize_t sent = sendWithFds(fd, &r.head, sizeof r.head, r.fds);
-  return sent >= 0 &&
-         (static_cast<size_t>(sent) == sizeof r.head ||
-          sendAll(fd, reinterpret_cast<const char*>(&r.head) + sent,
-                  sizeof r.head - static_cast<size_t>(sent))) &&
-         sendAll(fd, r.env.data(), r.env.size());
-}
+bool send(int fd, const Request& r) { return sendMessage(fd, r.head, r.fds, r.env); }
 
 pid_t forkAsSibling() {
   // glibc has no wrapper for CLONE_PARENT. A raw clone skips glibc's fork bookkeeping: fine in a
@@ -274,16 +293,10 @@ struct HandOver {
   std::vector<char> env;
 };
 
+// G checked the request it passes on (receive()).
 bool receiveHandOver(int fd, HandOver& h) {
   size_t got = 0;
-  const ssize_t n = receiveWithFds(fd, &h.head, sizeof h.head, h.fds, got);
-  if (n <= 0 || got != 2 ||
-      (static_cast<size_t>(n) < sizeof h.head &&
-       !readAll(fd, reinterpret_cast<char*>(&h.head) + n, sizeof h.head - static_cast<size_t>(n)))) {
-    return false;
-  }
-  h.env.resize(h.head.envBytes);  // at most kMaxEnvBytes: G read it with receive()
-  return readAll(fd, h.env.data(), h.env.size());
+  return receiveHeader(fd, h.head, h.fds, got) && got == 2 && receiveEnv(fd, h.head, h.env);
 }
 
 // In W, forked ahead: copies the pages, then waits for its hand-over (every signal blocked but
@@ -344,15 +357,9 @@ Spare waitAsSpare(int link, const Names& names, pid_t templatePid, const sigset_
     ::_exit(127);
   }
   ::setpgid(worker, ::getpid());  // W waited in the template's group: into G's, as on request
-  const HandOver h{.head = r.head, .fds = {r.fds[2], r.fds[3]}};
-  const ssize_t sent = sendWithFds(toSpare, &h.head, sizeof h.head, h.fds);
-  const bool ok = sent >= 0 &&
-                  (static_cast<size_t>(sent) == sizeof h.head ||
-                   sendAll(toSpare, reinterpret_cast<const char*>(&h.head) + sent,
-                           sizeof h.head - static_cast<size_t>(sent))) &&
-                  sendAll(toSpare, r.env.data(), r.env.size());
+  const int output[2] = {r.fds[2], r.fds[3]};  // W's part: its stdout and stderr
   // W died since it was last looked at: reported as a spare that exited at once (guardSpare).
-  if (!ok) ::kill(worker, SIGKILL);
+  if (!sendMessage(toSpare, r.head, output, r.env)) ::kill(worker, SIGKILL);
   ::close(toSpare);
   // G back from the template's priority (which the agent moved out of SCHED_IDLE for this
   // request, or not) to what was asked; W takes its own in enterSpare().
