@@ -12,19 +12,19 @@ namespace ddprun::launcher {
 // ---- Grow back ----
 //
 // After a shrink the agent starts a replacement as it starts a hot spare (hot_spares.h: loaded,
-// connected, waiting in the store): a fork of the spare template, asked at the shrink itself
-// (the template forked it ahead of the request), or, without a loaded template, once the
-// survivors have re-formed (each announced the new generation), in the background (under
-// SCHED_IDLE so that the survivors' steps are not slowed). Nothing waits for it. When its ready key is set and every
-// worker has announced the newest generation (no recovery in flight), the agent publishes the
-// grow record (rendezvous/grow_record.h) and the spare's assignment in one turn of its loop; each
+// connected, waiting in the store): a fork of the spare template, asked at the shrink itself (the
+// template forked it ahead of the request), or, without a loaded template, once the survivors have
+// re-formed (each announced the new generation), in the background (under SCHED_IDLE so that the
+// survivors' steps are not slowed). Nothing waits for it. When its ready key is set and every
+// worker has announced the newest generation (no recovery in flight), the agent publishes the grow
+// record (rendezvous/grow_record.h) and the spare's assignment in one turn of its loop; each
 // worker's runtime sees the record through its watch thread and takes it at its next commit
-// (runElastic), so the survivors have nothing to roll back; the replacement heals from the
-// lowest rank's memory and the trainers split the rest of the epoch over the larger group.
-// A grow is no failure: it spends no restart. The joining replacement's death before it
-// healed spends none either (the survivors lose no step, they re-form at a commit): the group
-// goes on without it, and grows back no more (one line says so), so a replacement that cannot
-// join costs a bounded number of re-forms. After it healed it is a worker like any other.
+// (runElastic), so the survivors have nothing to roll back; the replacement heals from the lowest
+// rank's memory and the trainers split the rest of the epoch over the larger group. A grow is no
+// failure: it spends no restart. The joining replacement's death before it healed spends none
+// either (the survivors lose no step, they re-form at a commit): the group goes on without it, and
+// grows back no more (one line says so), so a replacement that cannot join costs a bounded number
+// of re-forms. After it healed it is a worker like any other.
 
 bool Agent::Impl::growBackUsable(std::string& why) const {
   if (options_.recovery == LaunchOptions::Recovery::Restart) {
