@@ -208,7 +208,8 @@ void Agent::Impl::afterLocalFailure(const JobDecision& d) {
     for (const auto& r : group_->results()) {
       if (r.localRank != rc.localRank && r.failed() && !r.spare) report.others.push_back(r);
     }
-    if (runDir_->temporary()) report.keptDirectory = runDir_->path();
+    // Named only when there is something in it to read (RunDirectory keeps it only then).
+    if (runDir_->temporary() && runDir_->holdsFiles()) report.keptDirectory = runDir_->path();
     Console::of(STDERR_FILENO).flush(kConsoleFlushBound);  // workers' lines before the report
     writeFully(STDERR_FILENO, formatFailureReport(report));
     events::instant("failure report", "agent",

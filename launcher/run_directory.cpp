@@ -76,11 +76,26 @@ RunDirectory::RunDirectory(const std::string& logDir, const std::string& rawRunI
 
 RunDirectory::~RunDirectory() {
   if (!temporary_ || base_.empty()) return;  // never created: nothing to keep or remove
-  if (keep_) {
+  if (keep_ && holdsFiles()) {
     DDPRUN_LOG(INFO, "launcher") << "worker logs and error files are kept in " << base_;
     return;
   }
   removeTemporary();
+}
+
+bool RunDirectory::holdsFiles() const {
+  if (base_.empty()) return false;
+  std::error_code ec;
+  std::filesystem::recursive_directory_iterator it(
+      base_, std::filesystem::directory_options::skip_permission_denied, ec);
+  if (ec) return ec != std::errc::no_such_file_or_directory;  // unreadable: kept, to be safe
+  for (; it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) return true;  // a listing failed: kept, to be safe
+    // Not followed: a symlink, even to a directory, is a file here.
+    const auto type = it->symlink_status(ec).type();
+    if (ec || type != std::filesystem::file_type::directory) return true;
+  }
+  return ec.operator bool();
 }
 
 void RunDirectory::removeTemporary() const {

@@ -7,7 +7,10 @@
 // is reused by every static job), DIR/<run_id>.1, .2, ... so no earlier job's logs are
 // overwritten. Without --log-dir, base is a fresh temporary directory, removed at the end
 // unless it holds logs the user asked for or the job failed (its error files are named in the
-// failure report). k counts the starts of the worker group.
+// failure report); a failed job's directory that holds no file at all (workers that wrote no
+// error file, a job interrupted with Ctrl-C) is removed too: on a cluster every node's agent
+// would otherwise leave an empty tree in /tmp per failed job. k counts the starts of the
+// worker group.
 //
 // A temporary base is created at its first use (path() or workerDir(), when the first workers
 // start), not when the agent starts: a node's rendezvous creates nothing on disk, and an agent
@@ -35,8 +38,12 @@ class RunDirectory {
   bool temporary() const { return temporary_; }
   // Creates (if needed) and returns <base>/attempt_<attempt>/<localRank>.
   std::string workerDir(uint64_t attempt, int localRank) const;
-  // Keep a temporary directory at exit (it holds redirected output, or a failed job's files).
+  // Keep a temporary directory at exit (it holds redirected output, or a failed job's files),
+  // if by then it holds a file: an empty tree is removed all the same.
   void keep() { keep_ = true; }
+  // Whether a directory made and not yet removed holds a file (anything but a directory)
+  // anywhere below it: what a kept directory would be kept for.
+  bool holdsFiles() const;
 
  private:
   void removeTemporary() const;

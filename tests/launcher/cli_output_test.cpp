@@ -304,6 +304,32 @@ TEST_CASE("a failed job keeps its run directory: the error file the report names
   CHECK_FALSE(std::filesystem::exists(base));
 }
 
+TEST_CASE("a failed job whose workers wrote no file leaves nothing in TMPDIR, and its report "
+          "names no directory", "[launcher][cli][report]") {
+  TempDir tmp;
+  Env env = baseEnv();
+  env["TMPDIR"] = tmp.path();
+  // No error file, no redirected output: the run directory holds only empty worker directories.
+  auto r = runDdprun({"--standalone", "--nproc-per-node=2", "sh", "-c",
+                      "test -d $(dirname $TORCHELASTIC_ERROR_FILE) || exit 9; "
+                      "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"},
+                     env);
+  CHECK(r.code == 3);
+  CHECK_THAT(r.err, Catch::Contains("exit code 3 -> ddprun exits with 3"));
+  CHECK_THAT(r.err, !Catch::Contains("are kept in"));
+  CHECK(std::filesystem::is_empty(tmp.path()));
+  // One file anywhere in it (a worker's own, not an error file): the directory is kept and named.
+  auto kept = runDdprun({"--standalone", "--nproc-per-node=2", "sh", "-c",
+                         "if [ $RANK = 1 ]; then echo partial > $(dirname "
+                         "$TORCHELASTIC_ERROR_FILE)/notes.txt; exit 3; fi; sleep 30"},
+                        env);
+  CHECK(kept.code == 3);
+  std::smatch m;
+  REQUIRE(std::regex_search(kept.err, m, std::regex(R"(are kept in (\S+) \(ddprun deletes)")));
+  CHECK(std::filesystem::path(m[1].str()).parent_path() == std::filesystem::path(tmp.path()));
+  CHECK(readFile(m[1].str() + "/attempt_0/1/notes.txt") == "partial\n");
+}
+
 TEST_CASE("the run directory is made when the workers start: the rendezvous creates nothing",
           "[launcher][cli][report]") {
   // A job whose workers never start (its rendezvous times out) leaves nothing in TMPDIR.
