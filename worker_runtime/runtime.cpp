@@ -878,6 +878,8 @@ std::unique_ptr<Runtime> init(InitOptions options) {
     if (auto* tcp = dynamic_cast<TcpStore*>(base.get());
         tcp && tcp->options().dialect == StoreDialect::Ddprun) {
       try {
+        // On the timeline too: a replacement measures on the path the survivors wait on.
+        ddprun::timeline::Scope measuring("clock offset", "runtime");
         if (const auto c = rendezvous::measureClockOffset(*tcp)) {
           ddprun::timeline::recordClockOffset(c->offsetUs, c->boundUs, c->rttUs, c->samples,
                                               tcp->address());
