@@ -95,7 +95,7 @@ bool RunDirectory::holdsFiles() const {
     const auto type = it->symlink_status(ec).type();
     if (ec || type != std::filesystem::file_type::directory) return true;
   }
-  return ec.operator bool();
+  return static_cast<bool>(ec);  // the last increment failed
 }
 
 void RunDirectory::removeTemporary() const {

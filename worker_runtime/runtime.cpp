@@ -190,8 +190,6 @@ std::shared_ptr<rendezvous::Store> connectAgentStore(const WorkerEnv& env, Milli
   return connect(env, timeout, StoreDialect::Current);
 }
 
-
-
 // Whether the launcher may keep this process alive after a peer's death (Runtime::inProcessRecovery,
 // before the store is connected): DDPRUN_RECOVERY=in-process|auto, the agent's store (on several
 // nodes node rank 0's agent's, which every node's workers use), more than one rank.
@@ -331,8 +329,6 @@ std::shared_ptr<Communicator> makeCommunicator(WorkerEnv& env,
   }
   return comm;
 }
-
-
 
 // A grow record (rendezvous/grow_record.h) applied to a rank of generation g-1 (`env`): its rank in
 // generation g and g's world size. A record that cannot be read, or that does not follow g-1,
