@@ -5,9 +5,10 @@
 // batch and steps) twice per repeat with the same flags: once undisturbed, once while this
 // benchmark SIGKILLs a worker k times, spread over the run. Time lost per failure =
 // (wall time with k kills - wall time without) / k, one sample per repeat; the table shows p50
-// and p95 over the repeats. The two runs of a repeat come in turns: undisturbed first in even
-// repeats, killed first in odd ones. Wall time is the launcher's, start to exit (start-up, data loading
-// and every recovery count).
+// and p95 over the repeats. Wall time is the launcher's, start to exit (start-up, data loading
+// and every recovery count). The two runs of a repeat come in turns, undisturbed first in even
+// repeats and killed first in odd ones, so that what a run leaves the next (the memory it freed,
+// caches) falls on both sides alike.
 //
 // Where a kill lands: kill j waits until the job has checkpointed step t_j (t_j spread evenly
 // over the run, at least two checkpoint intervals apart), then a seeded random fraction of the
@@ -596,16 +597,16 @@ int benchRecovery(int argc, char** argv) {
       for (const auto& mode : o.modes) {
         const fs::path dir = work / (mode + "-" + std::to_string(n) + "-" + std::to_string(rep));
         Sample s;
-        // The pair's order alternates with the repeat: what a run leaves the next one (the
-        // memory it freed, which the VM's host takes back, caches) falls on both sides alike.
-        // With the undisturbed run always first, the second of a pair was ~0.15 ms per step
-        // slower even before its kill (4 ranks, spare mode; stop 72, docs/recovery.md#measured),
-        // and that counted as time lost.
-        const bool killedFirst = rep % 2 == 1;
-        std::optional<RunResult> first;
-        if (killedFirst) first = bench.run(mode, n, plan, dir / "killed");
-        const RunResult clean = bench.run(mode, n, {}, dir / "clean");
-        const RunResult killed = killedFirst ? std::move(*first) : bench.run(mode, n, plan, dir / "killed");
+        // In turns (see the top): the second run of a pair ran ~0.15 ms per step slower even
+        // before its kill (4 ranks, spare; stop 72, docs/recovery.md#measured).
+        RunResult clean, killed;
+        if (rep % 2 == 0) {
+          clean = bench.run(mode, n, {}, dir / "clean");
+          killed = bench.run(mode, n, plan, dir / "killed");
+        } else {
+          killed = bench.run(mode, n, plan, dir / "killed");
+          clean = bench.run(mode, n, {}, dir / "clean");
+        }
         s.clean = clean.wallSeconds;
         s.killed = killed.wallSeconds;
         s.inProcess = killed.inProcessRecoveries;
